@@ -1,0 +1,1 @@
+"""A demo model gateway and chat subscriber for token-relay."""

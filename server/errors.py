@@ -1,0 +1,50 @@
+"""The relay's exceptions.
+
+Every exception the relay raises on purpose derives from :class:`RelayError`::
+
+    RelayError
+    ├── ConfigError        our operator's fault: a setting is invalid; the relay won't start
+    └── FrameRejected      the peer's fault: one frame broke the protocol; answer it with
+                           an error frame and keep the connection serving
+
+A rejected frame is never our exception to propagate: the connection layer turns
+it into an ``error`` frame and goes on with the next frame.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["ConfigError", "ErrorCode", "FrameRejected", "RelayError"]
+
+
+class ErrorCode(StrEnum):
+    """Stable, machine-readable codes carried by ``error`` frames."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_EVENT = "invalid_event"
+    INVALID_FRAME = "invalid_frame"
+    UNKNOWN_FRAME = "unknown_frame"
+    BINARY_NOT_SUPPORTED = "binary_not_supported"
+    CHANNEL_REQUIRED = "channel_required"
+    CHANNEL_MISMATCH = "channel_mismatch"
+    TOO_MANY_MESSAGES = "too_many_messages"
+    TOO_MANY_CHANNELS = "too_many_channels"
+
+
+class RelayError(Exception):
+    """Root of every exception the relay raises on purpose."""
+
+
+class ConfigError(RelayError):
+    """A setting is invalid, so the relay refuses to start."""
+
+
+class FrameRejected(RelayError):
+    """A peer's frame broke the protocol; it is answered with an error frame."""
+
+    def __init__(self, code: ErrorCode, message: str, message_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.message_id = message_id

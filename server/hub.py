@@ -1,0 +1,85 @@
+"""Which subscribers listen to which channels.
+
+The hub is a pure, two-way index: channel -> subscribers and subscriber ->
+channels. It knows nothing of sockets; a subscriber is any hashable handle.
+
+Limits: a subscriber may hold at most ``max_channels_per_subscriber``
+subscriptions; one more is rejected with ``too_many_channels`` and the existing
+ones are kept. Empty channels are removed at once, so the map never holds more
+channels than there are live subscriptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Set
+from typing import Generic, TypeVar
+
+from .errors import ErrorCode, FrameRejected
+
+__all__ = ["ChannelHub"]
+
+S = TypeVar("S", bound=Hashable)
+
+_NONE: frozenset[object] = frozenset()
+
+
+class ChannelHub(Generic[S]):
+    """Subscriptions of subscribers to channels."""
+
+    __slots__ = ("_channels_of", "_max_channels", "_subscribers_of")
+
+    def __init__(self, max_channels_per_subscriber: int) -> None:
+        if max_channels_per_subscriber < 1:
+            raise ValueError("max_channels_per_subscriber must be at least 1")
+        self._max_channels = max_channels_per_subscriber
+        self._subscribers_of: dict[str, set[S]] = {}
+        self._channels_of: dict[S, set[str]] = {}
+
+    def subscribe(self, subscriber: S, channel: str) -> bool:
+        """Add a subscription. Returns False if it already existed."""
+        channels = self._channels_of.setdefault(subscriber, set())
+        if channel in channels:
+            return False
+        if len(channels) >= self._max_channels:
+            raise FrameRejected(
+                ErrorCode.TOO_MANY_CHANNELS,
+                f"a subscriber may hold at most {self._max_channels} channels",
+            )
+        channels.add(channel)
+        self._subscribers_of.setdefault(channel, set()).add(subscriber)
+        return True
+
+    def unsubscribe(self, subscriber: S, channel: str) -> bool:
+        """Remove a subscription. Returns False if there was none."""
+        channels = self._channels_of.get(subscriber)
+        if channels is None or channel not in channels:
+            return False
+        channels.discard(channel)
+        if not channels:
+            del self._channels_of[subscriber]
+        members = self._subscribers_of[channel]
+        members.discard(subscriber)
+        if not members:
+            del self._subscribers_of[channel]
+        return True
+
+    def remove(self, subscriber: S) -> None:
+        """Drop every subscription of a subscriber that went away."""
+        for channel in self._channels_of.pop(subscriber, ()):
+            members = self._subscribers_of[channel]
+            members.discard(subscriber)
+            if not members:
+                del self._subscribers_of[channel]
+
+    def subscribers(self, channel: str) -> Set[S]:
+        """The live set of a channel's subscribers (do not mutate it)."""
+        return self._subscribers_of.get(channel, _NONE)  # type: ignore[return-value]
+
+    def channels(self, subscriber: S) -> Set[str]:
+        """The channels a subscriber holds."""
+        return self._channels_of.get(subscriber, frozenset())
+
+    @property
+    def channel_count(self) -> int:
+        """Number of channels with at least one subscriber."""
+        return len(self._subscribers_of)

@@ -1,0 +1,246 @@
+"""Wire frames, as pydantic models, and their validation.
+
+Every frame is one JSON text frame. Frames a peer sends are validated strictly
+(``extra="forbid"``, no coercion); frames the relay sends are built from the
+same kind of models and serialized once. The JSON Schema printed by
+``python -m server schema`` is generated from these models.
+
+Producer -> relay: :class:`ProducerEvent`.
+Subscriber -> relay: :data:`SubscriberFrame` (tagged on ``type``).
+Relay -> peers: :data:`ServerFrame` (tagged on ``type``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import MISSING, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
+
+from .errors import ErrorCode, FrameRejected
+
+__all__ = [
+    "PRODUCER_EVENT",
+    "SERVER_FRAME",
+    "SUBSCRIBER_FRAME",
+    "Ack",
+    "ChannelName",
+    "ErrorFrame",
+    "MessageFrame",
+    "MessageId",
+    "ProducerEvent",
+    "ServerFrame",
+    "Subscribe",
+    "SubscriberFrame",
+    "Subscribed",
+    "Unsubscribe",
+    "Unsubscribed",
+    "decode_producer_event",
+    "decode_subscriber_frame",
+    "encode",
+    "json_schema",
+]
+
+MAX_NAME_LENGTH = 256
+
+ChannelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+"""A channel name: 1 to 256 characters."""
+
+MessageId = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
+"""A message id: any string up to 256 characters (the empty string is a valid id)."""
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# ---------------------------------------------------------------- producer -> relay
+
+
+class ProducerEvent(_Frame):
+    """One delta event from a producer. Absent ``delta`` and ``channel`` stay ``MISSING``."""
+
+    id: MessageId
+    delta: str | MISSING = MISSING  # type: ignore[valid-type]
+    final: bool = False
+    channel: ChannelName | MISSING = MISSING  # type: ignore[valid-type]
+
+
+# -------------------------------------------------------------- subscriber -> relay
+
+
+class Subscribe(_Frame):
+    """Start receiving a channel's completed messages."""
+
+    type: Literal["subscribe"]
+    channel: ChannelName
+
+
+class Unsubscribe(_Frame):
+    """Stop receiving a channel."""
+
+    type: Literal["unsubscribe"]
+    channel: ChannelName
+
+
+SubscriberFrame = Annotated[Subscribe | Unsubscribe, Field(discriminator="type")]
+
+# ----------------------------------------------------------------- relay -> peers
+
+
+class Ack(_Frame):
+    """Answer to every ``final: true`` event, repeated finals included."""
+
+    type: Literal["ack"] = "ack"
+    id: str
+    channel: str
+
+
+class ErrorFrame(_Frame):
+    """Answer to a rejected frame. ``id`` is the event's id when it could be read."""
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    id: str | None = None
+
+
+class Subscribed(_Frame):
+    """Confirms a subscription."""
+
+    type: Literal["subscribed"] = "subscribed"
+    channel: str
+
+
+class Unsubscribed(_Frame):
+    """Confirms an unsubscription."""
+
+    type: Literal["unsubscribed"] = "unsubscribed"
+    channel: str
+
+
+class MessageFrame(_Frame):
+    """A completed message, delivered exactly once to each subscriber of its channel."""
+
+    type: Literal["message"] = "message"
+    channel: str
+    id: str
+    text: str
+
+
+ServerFrame = Annotated[
+    Ack | ErrorFrame | Subscribed | Unsubscribed | MessageFrame,
+    Field(discriminator="type"),
+]
+
+PRODUCER_EVENT: TypeAdapter[ProducerEvent] = TypeAdapter(ProducerEvent)
+SUBSCRIBER_FRAME: TypeAdapter[Subscribe | Unsubscribe] = TypeAdapter(SubscriberFrame)
+SERVER_FRAME: TypeAdapter[Ack | ErrorFrame | Subscribed | Unsubscribed | MessageFrame] = (
+    TypeAdapter(ServerFrame)
+)
+
+
+def encode(frame: BaseModel) -> str:
+    """Serialize a frame to its JSON text, once; absent optional fields are left out."""
+    return frame.model_dump_json()
+
+
+# ----------------------------------------------------------------- decoding errors
+
+
+def _field(error: ErrorDetails) -> str:
+    return ".".join(str(part) for part in error["loc"]) or "frame"
+
+
+def _describe(error: ErrorDetails) -> str:
+    """One human sentence naming the offending field."""
+    kind = error["type"]
+    field = _field(error)
+    if kind == "missing":
+        return f"'{field}' is required"
+    if kind == "extra_forbidden":
+        return f"unknown field '{field}'"
+    if kind == "string_type":
+        return f"'{field}' must be a string"
+    if kind == "bool_type":
+        return f"'{field}' must be a boolean (true or false)"
+    if kind == "string_too_short":
+        return f"'{field}' must not be empty"
+    if kind == "string_too_long":
+        return f"'{field}' is longer than {MAX_NAME_LENGTH} characters"
+    if kind == "literal_error":
+        return f"'{field}' has an unexpected value"
+    return f"'{field}': {error['msg']}"
+
+
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
+
+
+def _peek_id(raw: str | bytes) -> str | None:
+    """Best effort: the ``id`` of a rejected frame, so the error can name it. Cold path."""
+    import json
+
+    try:
+        parsed: Any = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(parsed, dict):
+        message_id = parsed.get("id")
+        if isinstance(message_id, str):
+            return message_id
+    return None
+
+
+def _rejection(
+    exc: ValidationError, raw: str | bytes, invalid: ErrorCode, what: str
+) -> FrameRejected:
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    first = errors[0]
+    kind = first["type"]
+    if kind == "json_invalid":
+        return FrameRejected(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {first['msg']}")
+    if not first["loc"] and kind in _NOT_AN_OBJECT:
+        return FrameRejected(ErrorCode.INVALID_JSON, f"{what} must be a JSON object")
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return FrameRejected(
+            ErrorCode.UNKNOWN_FRAME,
+            "unknown frame type; expected 'type' to be 'subscribe' or 'unsubscribe'"
+            if kind == "union_tag_invalid"
+            else "frame has no 'type'; expected 'subscribe' or 'unsubscribe'",
+        )
+    # Tagged-union locations start with the tag ("subscribe", "channel"); drop it.
+    cleaned = [
+        {**error, "loc": error["loc"][1:]}
+        if invalid is ErrorCode.INVALID_FRAME and error["loc"]
+        else error
+        for error in errors
+    ]
+    message = "; ".join(_describe(error) for error in cleaned)  # type: ignore[arg-type]
+    return FrameRejected(invalid, message, _peek_id(raw))
+
+
+def decode_producer_event(raw: str | bytes) -> ProducerEvent:
+    """Validate one producer frame, or raise :class:`FrameRejected`."""
+    try:
+        return PRODUCER_EVENT.validate_json(raw)
+    except ValidationError as exc:
+        raise _rejection(exc, raw, ErrorCode.INVALID_EVENT, "an event") from None
+
+
+def decode_subscriber_frame(raw: str | bytes) -> Subscribe | Unsubscribe:
+    """Validate one subscriber frame, or raise :class:`FrameRejected`."""
+    try:
+        return SUBSCRIBER_FRAME.validate_json(raw)
+    except ValidationError as exc:
+        raise _rejection(exc, raw, ErrorCode.INVALID_FRAME, "a frame") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The protocol's JSON Schema, generated from the models."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "token-relay wire protocol",
+        "producer_to_relay": PRODUCER_EVENT.json_schema(),
+        "subscriber_to_relay": SUBSCRIBER_FRAME.json_schema(),
+        "relay_to_client": SERVER_FRAME.json_schema(mode="serialization"),
+    }

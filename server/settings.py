@@ -1,0 +1,78 @@
+"""The relay's settings: defaults, command-line flags and ``RELAY_*`` environment variables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+from .errors import ConfigError
+
+__all__ = ["Settings"]
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every tunable of a relay process. Each limit's policy is in the README."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    max_frame_bytes: int = MIB
+    """A bigger incoming frame closes the connection with 1009."""
+    max_streaming_per_producer: int = 1000
+    """Unfinished messages per producer connection; one more gets ``too_many_messages``."""
+    max_completed_per_producer: int = 1000
+    """Finalized ids a producer connection remembers (LRU) for idempotent finals."""
+    max_channels_per_subscriber: int = 100
+    """Subscriptions per subscriber connection; one more gets ``too_many_channels``."""
+    max_subscriber_buffer_bytes: int = 4 * MIB
+    """Unsent bytes queued to one subscriber; above it the subscriber is closed with 1013."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be between 0 and 65535, not {self.port}")
+        for field in fields(self):
+            if field.name.startswith("max_") and getattr(self, field.name) < 1:
+                raise ConfigError(f"{field.name} must be at least 1")
+
+    @classmethod
+    def from_args(
+        cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Build settings from flags, falling back to ``RELAY_<NAME>`` variables, then defaults."""
+        parser = cls.parser(environ if environ is not None else os.environ)
+        namespace = parser.parse_args(argv)
+        return cls(**{field.name: getattr(namespace, field.name) for field in fields(cls)})
+
+    @classmethod
+    def parser(cls, environ: Mapping[str, str]) -> argparse.ArgumentParser:
+        """The ``python -m server`` argument parser, with defaults read from ``environ``."""
+        parser = argparse.ArgumentParser(
+            prog="python -m server",
+            description="token-relay: assemble streamed model deltas and fan them out. "
+            "Every flag can also be set as RELAY_<FLAG> in the environment "
+            "(for example RELAY_PORT=9000). 'python -m server schema' prints the "
+            "protocol's JSON Schema.",
+        )
+        for field in fields(cls):
+            env_name = "RELAY_" + field.name.upper()
+            default = field.default
+            kind = type(default)
+            raw = environ.get(env_name)
+            if raw is not None:
+                try:
+                    default = kind(raw)
+                except ValueError:
+                    raise ConfigError(f"{env_name}={raw!r} is not a valid {kind.__name__}") from None
+            parser.add_argument(
+                "--" + field.name.replace("_", "-"),
+                dest=field.name,
+                type=kind,
+                default=default,
+                metavar="N" if kind is int else field.name.upper(),
+                help=f"(env {env_name}, default {default})",
+            )
+        return parser
