@@ -1,0 +1,63 @@
+"""Shared fixtures: a real relay on a free port, and small client helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from server import Relay, Settings
+
+
+@dataclass
+class RunningRelay:
+    """A relay serving on 127.0.0.1 at ``url``."""
+
+    relay: Relay
+    url: str
+
+    def connect(self, path: str, **kwargs: Any) -> Any:
+        """Open a real WebSocket client to ``path`` (for example ``/subscribe?channel=a``)."""
+        return connect(self.url + path, **kwargs)
+
+
+async def start_relay(**overrides: Any) -> tuple[RunningRelay, Any]:
+    """Start a relay on a free port with the given settings."""
+    relay = Relay(Settings(port=0, **overrides))
+    server = await relay.start()
+    port = server.sockets[0].getsockname()[1]
+    return RunningRelay(relay, f"ws://127.0.0.1:{port}"), server
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[RunningRelay]:
+    """A relay with default settings, closed after the test."""
+    running, server = await start_relay()
+    async with server:
+        yield running
+
+
+async def recv_json(ws: ClientConnection, timeout: float = 5.0) -> dict[str, Any]:
+    """The next frame, decoded; fails the test if none arrives within ``timeout``."""
+    raw = await asyncio.wait_for(ws.recv(), timeout)
+    frame: dict[str, Any] = json.loads(raw)
+    return frame
+
+
+async def assert_silent(ws: ClientConnection, wait: float = 0.3) -> None:
+    """Assert that no frame arrives within ``wait`` seconds."""
+    try:
+        raw = await asyncio.wait_for(ws.recv(), wait)
+    except TimeoutError:
+        return
+    raise AssertionError(f"unexpected frame: {raw!r}")
+
+
+async def send_json(ws: ClientConnection, frame: Any) -> None:
+    """Send one JSON text frame."""
+    await ws.send(json.dumps(frame))

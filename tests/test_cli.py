@@ -1,0 +1,138 @@
+"""``python -m server`` and ``python -m client_demo`` as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosedOK
+
+from server import ConfigError, Settings
+
+from .conftest import recv_json, send_json
+
+LISTENING = re.compile(rb"listening on port (\d+): producers (ws://\S+), subscribers (ws://\S+)")
+
+
+async def _wait_for_port(process: asyncio.subprocess.Process) -> tuple[int, bytes]:
+    assert process.stderr is not None
+    seen = b""
+    while True:
+        line = await asyncio.wait_for(process.stderr.readline(), 10)
+        assert line, f"relay exited before listening: {seen!r}"
+        seen += line
+        match = LISTENING.search(line)
+        if match:
+            return int(match.group(1)), seen
+
+
+@pytest.fixture
+async def relay_process() -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server", "--port", "0",
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    try:
+        port, _ = await _wait_for_port(process)
+        yield process, port
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_port_zero_prints_real_port_and_sigterm_closes_with_1001(
+    relay_process: tuple[asyncio.subprocess.Process, int],
+) -> None:
+    process, port = relay_process
+    assert port > 0
+    async with (
+        connect(f"ws://127.0.0.1:{port}/subscribe?channel=c") as sub,
+        connect(f"ws://127.0.0.1:{port}/produce?channel=c") as producer,
+    ):
+        assert await recv_json(sub) == {"type": "subscribed", "channel": "c"}
+        await send_json(producer, {"id": "m", "delta": "hi", "final": True})
+        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m",
+                                        "text": "hi"}
+        process.send_signal(signal.SIGTERM)
+        with pytest.raises(ConnectionClosedOK) as closed:
+            await recv_json(sub)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+    assert await asyncio.wait_for(process.wait(), 10) == 0
+    assert process.stderr is not None
+    rest = await process.stderr.read()
+    assert b"Traceback" not in rest
+    assert b"stopped" in rest
+
+
+async def test_ctrl_c_stops_cleanly(
+    relay_process: tuple[asyncio.subprocess.Process, int],
+) -> None:
+    process, _ = relay_process
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 10) == 0
+    assert process.stderr is not None
+    assert b"Traceback" not in await process.stderr.read()
+
+
+def test_schema_command_prints_generated_schema() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "schema"], capture_output=True, check=True, timeout=30
+    )
+    schema = json.loads(result.stdout)
+    producer = schema["producer_to_relay"]
+    assert producer["required"] == ["id"]
+    assert set(producer["properties"]) == {"id", "delta", "final", "channel"}
+    assert producer["additionalProperties"] is False
+    server_types = {
+        variant["properties"]["type"]["const"]
+        for variant in schema["relay_to_client"]["$defs"].values()
+        if "type" in variant.get("properties", {})
+    }
+    assert server_types == {"ack", "error", "subscribed", "unsubscribed", "message"}
+
+
+def test_settings_come_from_flags_then_environment() -> None:
+    env = {"RELAY_PORT": "9001", "RELAY_MAX_FRAME_BYTES": "2048", "RELAY_HOST": "0.0.0.0"}
+    assert Settings.from_args([], env) == Settings(
+        host="0.0.0.0", port=9001, max_frame_bytes=2048
+    )
+    assert Settings.from_args(["--port", "9002"], env).port == 9002
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [(["--port", "70000"], {}), (["--max-frame-bytes", "0"], {}), ([], {"RELAY_PORT": "x"})],
+)
+def test_invalid_settings_are_refused(argv: list[str], env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        Settings.from_args(argv, env)
+
+
+def test_invalid_setting_exits_with_a_clear_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--port", "70000"],
+        capture_output=True, timeout=30, check=False,
+    )
+    assert result.returncode == 2
+    assert b"port must be between 0 and 65535" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def test_client_demo_streams_three_exact_replies() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "client_demo", "--serve"],
+        capture_output=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode()
+    assert "3 messages received, text exact: True" in out
+    for reply_id in ("reply-1", "reply-2", "reply-3"):
+        assert f"] {reply_id}:" in out
