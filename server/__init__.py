@@ -5,5 +5,12 @@ from .errors import ConfigError, ErrorCode, FrameRejected, RelayError
 from .relay import Relay
 from .settings import Settings
 
-__all__ = ["ConfigError", "ErrorCode", "FrameRejected", "Relay", "RelayError", "Settings",
-           "TokenAssembler"]
+__all__ = [
+    "ConfigError",
+    "ErrorCode",
+    "FrameRejected",
+    "Relay",
+    "RelayError",
+    "Settings",
+    "TokenAssembler",
+]

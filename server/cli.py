@@ -32,7 +32,13 @@ async def run(settings: Settings) -> None:
         display = f"[{host}]" if ":" in host else host
         log.info(
             "token-relay listening on port %d: producers ws://%s:%d%s, subscribers ws://%s:%d%s",
-            port, display, port, PRODUCE_PATH, display, port, SUBSCRIBE_PATH,
+            port,
+            display,
+            port,
+            PRODUCE_PATH,
+            display,
+            port,
+            SUBSCRIBE_PATH,
         )
         await server.wait_closed()
     log.info("token-relay stopped")

@@ -20,8 +20,6 @@ __all__ = ["ChannelHub"]
 
 S = TypeVar("S", bound=Hashable)
 
-_NONE: frozenset[object] = frozenset()
-
 
 class ChannelHub(Generic[S]):
     """Subscriptions of subscribers to channels."""
@@ -73,7 +71,7 @@ class ChannelHub(Generic[S]):
 
     def subscribers(self, channel: str) -> Set[S]:
         """The live set of a channel's subscribers (do not mutate it)."""
-        return self._subscribers_of.get(channel, _NONE)  # type: ignore[return-value]
+        return self._subscribers_of.get(channel) or frozenset()
 
     def channels(self, subscriber: S) -> Set[str]:
         """The channels a subscriber holds."""

@@ -46,8 +46,14 @@ class Applied:
 class ProducerSession:
     """Assembly state of one producer connection."""
 
-    __slots__ = ("_completed", "_streaming", "assembler", "default_channel", "max_completed",
-                 "max_streaming")
+    __slots__ = (
+        "_completed",
+        "_streaming",
+        "assembler",
+        "default_channel",
+        "max_completed",
+        "max_streaming",
+    )
 
     def __init__(
         self,

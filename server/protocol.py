@@ -31,8 +31,8 @@ __all__ = [
     "ProducerEvent",
     "ServerFrame",
     "Subscribe",
-    "SubscriberFrame",
     "Subscribed",
+    "SubscriberFrame",
     "Unsubscribe",
     "Unsubscribed",
     "decode_producer_event",
@@ -61,9 +61,9 @@ class ProducerEvent(_Frame):
     """One delta event from a producer. Absent ``delta`` and ``channel`` stay ``MISSING``."""
 
     id: MessageId
-    delta: str | MISSING = MISSING  # type: ignore[valid-type]
+    delta: str | MISSING = MISSING
     final: bool = False
-    channel: ChannelName | MISSING = MISSING  # type: ignore[valid-type]
+    channel: ChannelName | MISSING = MISSING
 
 
 # -------------------------------------------------------------- subscriber -> relay

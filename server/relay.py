@@ -147,9 +147,7 @@ class Relay:
                             channel=applied.channel, id=applied.message_id, text=applied.text
                         ),
                     )
-                await connection.send(
-                    encode(Ack(id=applied.message_id, channel=applied.channel))
-                )
+                await connection.send(encode(Ack(id=applied.message_id, channel=applied.channel)))
         finally:
             session.close()
 

@@ -59,14 +59,16 @@ class Settings:
         )
         for field in fields(cls):
             env_name = "RELAY_" + field.name.upper()
-            default = field.default
-            kind = type(default)
+            default: object = field.default
+            kind: type[int] | type[str] = int if isinstance(default, int) else str
             raw = environ.get(env_name)
             if raw is not None:
                 try:
                     default = kind(raw)
                 except ValueError:
-                    raise ConfigError(f"{env_name}={raw!r} is not a valid {kind.__name__}") from None
+                    raise ConfigError(
+                        f"{env_name}={raw!r} is not a valid {kind.__name__}"
+                    ) from None
             parser.add_argument(
                 "--" + field.name.replace("_", "-"),
                 dest=field.name,

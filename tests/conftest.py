@@ -42,9 +42,9 @@ async def relay() -> AsyncIterator[RunningRelay]:
         yield running
 
 
-async def recv_json(ws: ClientConnection, timeout: float = 5.0) -> dict[str, Any]:
-    """The next frame, decoded; fails the test if none arrives within ``timeout``."""
-    raw = await asyncio.wait_for(ws.recv(), timeout)
+async def recv_json(ws: ClientConnection, wait: float = 5.0) -> dict[str, Any]:
+    """The next frame, decoded; fails the test if none arrives within ``wait`` seconds."""
+    raw = await asyncio.wait_for(ws.recv(), wait)
     frame: dict[str, Any] = json.loads(raw)
     return frame
 

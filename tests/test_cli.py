@@ -36,8 +36,13 @@ async def _wait_for_port(process: asyncio.subprocess.Process) -> tuple[int, byte
 @pytest.fixture
 async def relay_process() -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server", "--port", "0",
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "server",
+        "--port",
+        "0",
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
         port, _ = await _wait_for_port(process)
@@ -59,8 +64,7 @@ async def test_port_zero_prints_real_port_and_sigterm_closes_with_1001(
     ):
         assert await recv_json(sub) == {"type": "subscribed", "channel": "c"}
         await send_json(producer, {"id": "m", "delta": "hi", "final": True})
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m",
-                                        "text": "hi"}
+        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m", "text": "hi"}
         process.send_signal(signal.SIGTERM)
         with pytest.raises(ConnectionClosedOK) as closed:
             await recv_json(sub)
@@ -101,9 +105,7 @@ def test_schema_command_prints_generated_schema() -> None:
 
 def test_settings_come_from_flags_then_environment() -> None:
     env = {"RELAY_PORT": "9001", "RELAY_MAX_FRAME_BYTES": "2048", "RELAY_HOST": "0.0.0.0"}
-    assert Settings.from_args([], env) == Settings(
-        host="0.0.0.0", port=9001, max_frame_bytes=2048
-    )
+    assert Settings.from_args([], env) == Settings(host="0.0.0.0", port=9001, max_frame_bytes=2048)
     assert Settings.from_args(["--port", "9002"], env).port == 9002
 
 
@@ -119,7 +121,9 @@ def test_invalid_settings_are_refused(argv: list[str], env: dict[str, str]) -> N
 def test_invalid_setting_exits_with_a_clear_error() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "server", "--port", "70000"],
-        capture_output=True, timeout=30, check=False,
+        capture_output=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 2
     assert b"port must be between 0 and 65535" in result.stderr
@@ -129,7 +133,9 @@ def test_invalid_setting_exits_with_a_clear_error() -> None:
 def test_client_demo_streams_three_exact_replies() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "client_demo", "--serve"],
-        capture_output=True, timeout=60, check=False,
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout.decode()

@@ -18,8 +18,10 @@ async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) 
         for ws in subscribers:
             assert await recv_json(ws) == {"type": "subscribed", "channel": "chat"}
         async with relay.connect("/produce?channel=chat") as producer:
-            streams = {mid: [text[i : i + 3] for i in range(0, len(text), 3)] for mid, text in
-                       texts.items()}
+            streams = {
+                mid: [text[i : i + 3] for i in range(0, len(text), 3)]
+                for mid, text in texts.items()
+            }
             rng = random.Random(7)
             while streams:
                 mid = rng.choice(sorted(streams))
@@ -27,8 +29,11 @@ async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) 
                 if not streams[mid]:
                     del streams[mid]
                     await send_json(producer, {"id": mid, "final": True})
-                    assert await recv_json(producer) == {"type": "ack", "id": mid,
-                                                         "channel": "chat"}
+                    assert await recv_json(producer) == {
+                        "type": "ack",
+                        "id": mid,
+                        "channel": "chat",
+                    }
         for ws in subscribers:
             got = {}
             for _ in texts:
@@ -54,10 +59,18 @@ async def test_channel_isolation(relay: RunningRelay) -> None:
         await send_json(producer, {"id": "y", "delta": "for b", "final": True, "channel": "b"})
         assert await recv_json(producer) == {"type": "ack", "id": "x", "channel": "a"}
         assert await recv_json(producer) == {"type": "ack", "id": "y", "channel": "b"}
-        assert await recv_json(sub_a) == {"type": "message", "channel": "a", "id": "x",
-                                          "text": "for a"}
-        assert await recv_json(sub_b) == {"type": "message", "channel": "b", "id": "y",
-                                          "text": "for b"}
+        assert await recv_json(sub_a) == {
+            "type": "message",
+            "channel": "a",
+            "id": "x",
+            "text": "for a",
+        }
+        assert await recv_json(sub_b) == {
+            "type": "message",
+            "channel": "b",
+            "id": "y",
+            "text": "for b",
+        }
         await assert_silent(sub_a)
         await assert_silent(sub_b, 0.05)
 
@@ -77,8 +90,12 @@ async def test_subscribe_and_unsubscribe_by_frame(relay: RunningRelay) -> None:
         assert await recv_json(sub) == {"type": "unsubscribed", "channel": "c1"}
         await send_json(producer, {"id": "3", "delta": "gone", "final": True, "channel": "c1"})
         await send_json(producer, {"id": "4", "delta": "kept", "final": True, "channel": "c2"})
-        assert await recv_json(sub) == {"type": "message", "channel": "c2", "id": "4",
-                                        "text": "kept"}
+        assert await recv_json(sub) == {
+            "type": "message",
+            "channel": "c2",
+            "id": "4",
+            "text": "kept",
+        }
         await assert_silent(sub)
 
 
@@ -94,8 +111,12 @@ async def test_repeated_final_is_acked_but_never_rebroadcast(relay: RunningRelay
         await send_json(producer, {"id": "m", "final": True})
         for _ in range(3):
             assert await recv_json(producer) == {"type": "ack", "id": "m", "channel": "c"}
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m",
-                                        "text": "hello"}
+        assert await recv_json(sub) == {
+            "type": "message",
+            "channel": "c",
+            "id": "m",
+            "text": "hello",
+        }
         await assert_silent(sub)
 
 
@@ -110,8 +131,7 @@ async def test_empty_and_absent_deltas(relay: RunningRelay) -> None:
         await send_json(producer, {"id": "f", "delta": "x"})
         await send_json(producer, {"id": "f", "delta": "", "final": True})
         assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "e", "text": ""}
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "f",
-                                        "text": "x"}
+        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "f", "text": "x"}
 
 
 async def test_same_id_on_two_producers_never_mixes(relay: RunningRelay) -> None:
@@ -140,8 +160,12 @@ async def test_producer_close_frees_its_state(relay: RunningRelay) -> None:
         async with relay.connect("/produce?channel=c") as producer:
             await send_json(producer, {"id": "m", "delta": "fresh", "final": True})
             await recv_json(producer)
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m",
-                                        "text": "fresh"}
+        assert await recv_json(sub) == {
+            "type": "message",
+            "channel": "c",
+            "id": "m",
+            "text": "fresh",
+        }
 
 
 BAD_PRODUCER_FRAMES = [
@@ -176,8 +200,12 @@ async def test_bad_producer_frame_gets_error_and_nothing_is_lost(
         assert isinstance(error["message"], str) and error["message"]
         await send_json(producer, {"id": "keep", "delta": "after", "final": True})
         assert await recv_json(producer) == {"type": "ack", "id": "keep", "channel": "c"}
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "keep",
-                                        "text": "before after"}
+        assert await recv_json(sub) == {
+            "type": "message",
+            "channel": "c",
+            "id": "keep",
+            "text": "before after",
+        }
         await assert_silent(sub, 0.05)
 
 
@@ -217,7 +245,9 @@ async def test_channel_required_and_channel_mismatch(relay: RunningRelay) -> Non
         await recv_json(sub)
         await send_json(producer, {"id": "m", "delta": "no channel"})
         assert await recv_json(producer) == {
-            "type": "error", "code": "channel_required", "id": "m",
+            "type": "error",
+            "code": "channel_required",
+            "id": "m",
             "message": "'channel' is required: name it in the event or in the URL (?channel=)",
         }
         await send_json(producer, {"id": "m", "delta": "in a ", "channel": "a"})
@@ -264,8 +294,12 @@ async def test_bad_subscriber_frame_gets_error_and_subscription_survives(
         error = await recv_json(sub)
         assert (error["type"], error["code"]) == ("error", code)
         await send_json(producer, {"id": "m", "delta": "still here", "final": True})
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m",
-                                        "text": "still here"}
+        assert await recv_json(sub) == {
+            "type": "message",
+            "channel": "c",
+            "id": "m",
+            "text": "still here",
+        }
 
 
 async def test_oversized_frame_closes_with_1009() -> None:
