@@ -9,8 +9,8 @@ adds the relay's rules on top of the seed assembler:
   with neither is rejected (``channel_required``). A message's channel is fixed
   by its first event; a later event whose channel differs is rejected
   (``channel_mismatch``) and changes nothing.
-* Limits: at most ``max_streaming`` unfinished messages; an event that would
-  open one more is rejected (``too_many_messages``) and changes nothing. At
+* Limits: at most ``max_streaming`` unfinished messages; a non-final event that
+  would open one more is rejected (``too_many_messages``) and changes nothing. At
   most ``max_completed`` finalized ids are remembered, least recently used
   first out. A forgotten id is unknown again: an event for it starts a new
   message.
@@ -93,7 +93,8 @@ class ProducerSession:
 
         streaming_in = self._streaming.get(message_id)
         if streaming_in is None:
-            if len(self._streaming) >= self.max_streaming:
+            # A one-shot event (new id, final) never stays open, so it passes at the limit.
+            if not event.final and len(self._streaming) >= self.max_streaming:
                 raise FrameRejected(
                     ErrorCode.TOO_MANY_MESSAGES,
                     f"a producer connection may have at most {self.max_streaming} "

@@ -1,0 +1,158 @@
+"""Tests for server.hub: the channel <-> subscriber index and its limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.errors import ErrorCode, FrameRejected
+from server.hub import ChannelHub
+
+
+def test_subscribe_returns_true_then_false() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    assert hub.subscribe("s1", "c") is True
+    assert hub.subscribe("s1", "c") is False
+    assert hub.subscribers("c") == {"s1"}
+    assert hub.channels("s1") == {"c"}
+    assert hub.channel_count == 1
+
+
+def test_unsubscribe_returns_true_then_false() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    hub.subscribe("s1", "c")
+    assert hub.unsubscribe("s1", "c") is True
+    assert hub.unsubscribe("s1", "c") is False
+    assert hub.subscribers("c") == set()
+    assert hub.channels("s1") == set()
+
+
+def test_unsubscribe_unknown_subscriber_or_channel() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    hub.subscribe("s1", "c")
+    assert hub.unsubscribe("s2", "c") is False
+    assert hub.unsubscribe("s1", "other") is False
+    assert hub.subscribers("c") == {"s1"}
+    assert hub.channel_count == 1
+
+
+def test_several_subscribers_and_channels() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    hub.subscribe("s1", "a")
+    hub.subscribe("s2", "a")
+    hub.subscribe("s2", "b")
+    assert hub.subscribers("a") == {"s1", "s2"}
+    assert hub.subscribers("b") == {"s2"}
+    assert hub.channels("s2") == {"a", "b"}
+    assert hub.channel_count == 2
+
+
+def test_channel_removed_when_last_subscriber_leaves() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    hub.subscribe("s1", "c")
+    hub.subscribe("s2", "c")
+    hub.unsubscribe("s1", "c")
+    assert hub.channel_count == 1
+    assert hub.subscribers("c") == {"s2"}
+    hub.unsubscribe("s2", "c")
+    assert hub.channel_count == 0
+    assert hub.subscribers("c") == set()
+
+
+def test_remove_drops_every_subscription() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    hub.subscribe("s1", "a")
+    hub.subscribe("s1", "b")
+    hub.subscribe("s2", "b")
+    hub.remove("s1")
+    assert hub.channels("s1") == set()
+    assert hub.subscribers("a") == set()
+    assert hub.subscribers("b") == {"s2"}
+    assert hub.channel_count == 1
+    assert hub.unsubscribe("s1", "b") is False
+
+
+def test_remove_is_idempotent_and_accepts_unknown() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    hub.subscribe("s1", "c")
+    hub.remove("s1")
+    hub.remove("s1")
+    hub.remove("never")
+    assert hub.channel_count == 0
+    assert hub.subscribers("c") == set()
+
+
+def test_subscribe_again_after_remove() -> None:
+    hub: ChannelHub[str] = ChannelHub(1)
+    hub.subscribe("s1", "a")
+    hub.remove("s1")
+    assert hub.subscribe("s1", "b") is True
+    assert hub.channels("s1") == {"b"}
+    assert hub.channel_count == 1
+
+
+def test_subscribers_of_unknown_channel_is_empty() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    assert hub.subscribers("nothing") == set()
+    assert len(hub.subscribers("nothing")) == 0
+    assert hub.channel_count == 0
+
+
+def test_channels_of_unknown_subscriber_is_empty() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    assert hub.channels("nobody") == set()
+
+
+def test_too_many_channels_at_limit_keeps_existing() -> None:
+    hub: ChannelHub[str] = ChannelHub(2)
+    assert hub.subscribe("s1", "a") is True
+    assert hub.subscribe("s1", "b") is True
+    with pytest.raises(FrameRejected) as info:
+        hub.subscribe("s1", "c")
+    assert info.value.code is ErrorCode.TOO_MANY_CHANNELS
+    assert info.value.message == "a subscriber may hold at most 2 channels"
+    assert info.value.message_id is None
+    assert hub.channels("s1") == {"a", "b"}
+    assert hub.subscribers("a") == {"s1"}
+    assert hub.subscribers("b") == {"s1"}
+    assert hub.subscribers("c") == set()
+    assert hub.channel_count == 2
+
+
+def test_existing_channel_at_limit_is_not_rejected() -> None:
+    hub: ChannelHub[str] = ChannelHub(1)
+    hub.subscribe("s1", "a")
+    assert hub.subscribe("s1", "a") is False
+    assert hub.channels("s1") == {"a"}
+
+
+def test_limit_is_per_subscriber() -> None:
+    hub: ChannelHub[str] = ChannelHub(1)
+    hub.subscribe("s1", "a")
+    assert hub.subscribe("s2", "b") is True
+    assert hub.channel_count == 2
+
+
+def test_unsubscribe_frees_a_slot() -> None:
+    hub: ChannelHub[str] = ChannelHub(1)
+    hub.subscribe("s1", "a")
+    with pytest.raises(FrameRejected):
+        hub.subscribe("s1", "b")
+    hub.unsubscribe("s1", "a")
+    assert hub.subscribe("s1", "b") is True
+    assert hub.channels("s1") == {"b"}
+    assert hub.channel_count == 1
+
+
+def test_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError):
+        ChannelHub(0)
+
+
+def test_subscribers_may_be_any_hashable() -> None:
+    first, second = object(), object()
+    hub: ChannelHub[object] = ChannelHub(10)
+    hub.subscribe(first, "c")
+    hub.subscribe(second, "c")
+    assert hub.subscribers("c") == {first, second}
+    hub.remove(first)
+    assert hub.subscribers("c") == {second}
