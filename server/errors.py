@@ -30,6 +30,9 @@ class ErrorCode(StrEnum):
     CHANNEL_MISMATCH = "channel_mismatch"
     TOO_MANY_MESSAGES = "too_many_messages"
     TOO_MANY_CHANNELS = "too_many_channels"
+    MESSAGE_ABORTED = "message_aborted"
+    UNKNOWN_MESSAGE = "unknown_message"
+    NOT_SUBSCRIBED = "not_subscribed"
 
 
 class RelayError(Exception):

@@ -1,11 +1,13 @@
-"""Which subscribers listen to which channels.
+"""Which subscribers listen to which channels, and which of them want live deltas.
 
 The hub is a pure, two-way index: channel -> subscribers and subscriber ->
 channels. It knows nothing of sockets; a subscriber is any hashable handle.
+Each channel keeps two sets: everyone (for completed messages, aborts) and
+those who asked for deltas, so forwarding a delta never filters per receiver.
 
 Limits: a subscriber may hold at most ``max_channels_per_subscriber``
 subscriptions; one more is rejected with ``too_many_channels`` and the existing
-ones are kept. Empty channels are removed at once, so the map never holds more
+ones are kept. Empty channels are removed at once, so the maps never hold more
 channels than there are live subscriptions.
 """
 
@@ -21,31 +23,46 @@ __all__ = ["ChannelHub"]
 S = TypeVar("S", bound=Hashable)
 
 
+def _discard(index: dict[str, set[S]], channel: str, subscriber: S) -> None:
+    members = index.get(channel)
+    if members is not None:
+        members.discard(subscriber)
+        if not members:
+            del index[channel]
+
+
 class ChannelHub(Generic[S]):
     """Subscriptions of subscribers to channels."""
 
-    __slots__ = ("_channels_of", "_max_channels", "_subscribers_of")
+    __slots__ = ("_channels_of", "_deltas_of", "_max_channels", "_subscribers_of")
 
     def __init__(self, max_channels_per_subscriber: int) -> None:
         if max_channels_per_subscriber < 1:
             raise ValueError("max_channels_per_subscriber must be at least 1")
         self._max_channels = max_channels_per_subscriber
         self._subscribers_of: dict[str, set[S]] = {}
+        self._deltas_of: dict[str, set[S]] = {}
         self._channels_of: dict[S, set[str]] = {}
 
-    def subscribe(self, subscriber: S, channel: str) -> bool:
-        """Add a subscription. Returns False if it already existed."""
+    def subscribe(self, subscriber: S, channel: str, deltas: bool = False) -> bool:
+        """Add a subscription, or change whether it gets deltas. False if it already existed."""
         channels = self._channels_of.setdefault(subscriber, set())
-        if channel in channels:
-            return False
-        if len(channels) >= self._max_channels:
-            raise FrameRejected(
-                ErrorCode.TOO_MANY_CHANNELS,
-                f"a subscriber may hold at most {self._max_channels} channels",
-            )
-        channels.add(channel)
-        self._subscribers_of.setdefault(channel, set()).add(subscriber)
-        return True
+        existed = channel in channels
+        if not existed:
+            if len(channels) >= self._max_channels:
+                if not channels:
+                    del self._channels_of[subscriber]
+                raise FrameRejected(
+                    ErrorCode.TOO_MANY_CHANNELS,
+                    f"a subscriber may hold at most {self._max_channels} channels",
+                )
+            channels.add(channel)
+            self._subscribers_of.setdefault(channel, set()).add(subscriber)
+        if deltas:
+            self._deltas_of.setdefault(channel, set()).add(subscriber)
+        else:
+            _discard(self._deltas_of, channel, subscriber)
+        return not existed
 
     def unsubscribe(self, subscriber: S, channel: str) -> bool:
         """Remove a subscription. Returns False if there was none."""
@@ -55,27 +72,31 @@ class ChannelHub(Generic[S]):
         channels.discard(channel)
         if not channels:
             del self._channels_of[subscriber]
-        members = self._subscribers_of[channel]
-        members.discard(subscriber)
-        if not members:
-            del self._subscribers_of[channel]
+        _discard(self._subscribers_of, channel, subscriber)
+        _discard(self._deltas_of, channel, subscriber)
         return True
 
     def remove(self, subscriber: S) -> None:
         """Drop every subscription of a subscriber that went away."""
         for channel in self._channels_of.pop(subscriber, ()):
-            members = self._subscribers_of[channel]
-            members.discard(subscriber)
-            if not members:
-                del self._subscribers_of[channel]
+            _discard(self._subscribers_of, channel, subscriber)
+            _discard(self._deltas_of, channel, subscriber)
 
     def subscribers(self, channel: str) -> Set[S]:
         """The live set of a channel's subscribers (do not mutate it)."""
         return self._subscribers_of.get(channel) or frozenset()
 
+    def delta_subscribers(self, channel: str) -> Set[S]:
+        """The live set of a channel's subscribers that asked for deltas."""
+        return self._deltas_of.get(channel) or frozenset()
+
     def channels(self, subscriber: S) -> Set[str]:
         """The channels a subscriber holds."""
         return self._channels_of.get(subscriber, frozenset())
+
+    def is_subscribed(self, subscriber: S, channel: str) -> bool:
+        """Whether ``subscriber`` holds ``channel``."""
+        return channel in self._channels_of.get(subscriber, ())
 
     @property
     def channel_count(self) -> int:

@@ -9,13 +9,18 @@ adds the relay's rules on top of the seed assembler:
   with neither is rejected (``channel_required``). A message's channel is fixed
   by its first event; a later event whose channel differs is rejected
   (``channel_mismatch``) and changes nothing.
+* Ending: a message ends by completing (``final``) or by being aborted: its
+  producer went away (:meth:`close`) or it had no event for too long
+  (:meth:`expire`). An aborted id is remembered; events for it are rejected
+  (``message_aborted``), so a late delta can't start a bogus new message.
 * Limits: at most ``max_streaming`` unfinished messages; a non-final event that
-  would open one more is rejected (``too_many_messages``) and changes nothing. At
-  most ``max_completed`` finalized ids are remembered, least recently used
-  first out. A forgotten id is unknown again: an event for it starts a new
-  message.
+  would open one more is rejected (``too_many_messages``) and changes nothing.
+  At most ``max_completed`` completed ids, and as many aborted ids, are
+  remembered, least recently used first out. A forgotten id is unknown again:
+  an event for it starts a new message.
 
-The session is pure: the connection layer turns its answers into frames.
+The session is pure: the caller passes the time, and the connection layer
+turns its answers into frames.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from .assembler import TokenAssembler
 from .errors import ErrorCode, FrameRejected
 from .protocol import ProducerEvent
 
-__all__ = ["Applied", "ProducerSession"]
+__all__ = ["Applied", "ProducerSession", "Unfinished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +44,36 @@ class Applied:
     message_id: str
     text: str | None
     """The completed text if the event was final (repeated finals included), else None."""
-    first_completion: bool
+    first_completion: bool = False
     """True only for the event that finalized the message: broadcast it then, once."""
+    delta: str | None = None
+    """The delta appended to an unfinished message by this event, if any."""
+    opened: bool = False
+    """True if this event created the message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """A message that ended without a final, and the text it had."""
+
+    channel: str
+    message_id: str
+    text: str
+
+
+class _Open:
+    __slots__ = ("channel", "last_event")
+
+    def __init__(self, channel: str, now: float) -> None:
+        self.channel = channel
+        self.last_event = now
 
 
 class ProducerSession:
     """Assembly state of one producer connection."""
 
     __slots__ = (
+        "_aborted",
         "_completed",
         "_streaming",
         "assembler",
@@ -68,10 +95,11 @@ class ProducerSession:
         self.max_streaming = max_streaming
         self.max_completed = max_completed
         self.assembler = TokenAssembler()
-        self._streaming: dict[str, str] = {}
+        self._streaming: dict[str, _Open] = {}
         self._completed: dict[str, str] = {}
+        self._aborted: dict[str, str] = {}
 
-    def receive(self, event: ProducerEvent) -> Applied:
+    def receive(self, event: ProducerEvent, now: float = 0.0) -> Applied:
         """Apply one event, or raise :class:`FrameRejected` leaving all state unchanged."""
         message_id = event.id
         channel = self.default_channel if event.channel is MISSING else event.channel
@@ -81,46 +109,71 @@ class ProducerSession:
                 "'channel' is required: name it in the event or in the URL (?channel=)",
                 message_id,
             )
+        state = self._streaming.get(message_id)
+        if state is not None:
+            _check_channel(message_id, state.channel, channel)
+            state.last_event = now
+            delta = None if event.delta is MISSING else event.delta
+            text = self.assembler.feed(message_id, delta, event.final)
+            if text is None:
+                return Applied(channel, message_id, None, delta=delta)
+            del self._streaming[message_id]
+            self._remember(self._completed, message_id, channel)
+            return Applied(channel, message_id, text, True, delta)
+
         completed_in = self._completed.get(message_id)
         if completed_in is not None:
-            self._check_channel(message_id, completed_in, channel)
+            _check_channel(message_id, completed_in, channel)
             if not event.final:
-                return Applied(channel, message_id, None, False)
+                return Applied(channel, message_id, None)
             # A repeated final refreshes the id's place in the LRU.
             del self._completed[message_id]
             self._completed[message_id] = channel
-            return Applied(channel, message_id, self.assembler.get(message_id), False)
+            return Applied(channel, message_id, self.assembler.get(message_id))
 
-        streaming_in = self._streaming.get(message_id)
-        if streaming_in is None:
-            # A one-shot event (new id, final) never stays open, so it passes at the limit.
-            if not event.final and len(self._streaming) >= self.max_streaming:
-                raise FrameRejected(
-                    ErrorCode.TOO_MANY_MESSAGES,
-                    f"a producer connection may have at most {self.max_streaming} "
-                    "unfinished messages; finish one first",
-                    message_id,
-                )
-            self._streaming[message_id] = channel
-        else:
-            self._check_channel(message_id, streaming_in, channel)
+        aborted_in = self._aborted.get(message_id)
+        if aborted_in is not None:
+            raise FrameRejected(
+                ErrorCode.MESSAGE_ABORTED,
+                f"message '{message_id}' was aborted; send new text under a new id",
+                message_id,
+            )
 
+        # A one-shot event (new id, final) never stays open, so it passes at the limit.
+        if not event.final and len(self._streaming) >= self.max_streaming:
+            raise FrameRejected(
+                ErrorCode.TOO_MANY_MESSAGES,
+                f"a producer connection may have at most {self.max_streaming} "
+                "unfinished messages; finish one first",
+                message_id,
+            )
         delta = None if event.delta is MISSING else event.delta
         text = self.assembler.feed(message_id, delta, event.final)
         if text is None:
-            return Applied(channel, message_id, None, False)
-        del self._streaming[message_id]
-        self._remember(message_id, channel)
-        return Applied(channel, message_id, text, True)
+            self._streaming[message_id] = _Open(channel, now)
+            return Applied(channel, message_id, None, delta=delta, opened=True)
+        self._remember(self._completed, message_id, channel)
+        return Applied(channel, message_id, text, True, delta, opened=True)
 
-    def close(self) -> list[tuple[str, str, str]]:
-        """Free all state. Returns ``(channel, id, partial text)`` of unfinished messages."""
-        unfinished = [
-            (channel, message_id, self.assembler.discard(message_id) or "")
-            for message_id, channel in self._streaming.items()
-        ]
-        self._streaming.clear()
+    def partial(self, message_id: str) -> str | None:
+        """The text so far of an unfinished message, or None."""
+        return self.assembler.get(message_id) if message_id in self._streaming else None
+
+    def channel_of(self, message_id: str) -> str | None:
+        """The channel of an unfinished message, or None."""
+        state = self._streaming.get(message_id)
+        return None if state is None else state.channel
+
+    def expire(self, deadline: float) -> list[Unfinished]:
+        """Abort every unfinished message whose last event came before ``deadline``."""
+        stale = [mid for mid, state in self._streaming.items() if state.last_event < deadline]
+        return [self._abort(message_id) for message_id in stale]
+
+    def close(self) -> list[Unfinished]:
+        """Abort every unfinished message and free all state."""
+        unfinished = [self._abort(message_id) for message_id in list(self._streaming)]
         self._completed.clear()
+        self._aborted.clear()
         self.assembler = TokenAssembler()
         return unfinished
 
@@ -134,18 +187,26 @@ class ProducerSession:
         """Finalized ids this connection still remembers."""
         return len(self._completed)
 
-    @staticmethod
-    def _check_channel(message_id: str, fixed: str, channel: str) -> None:
-        if channel != fixed:
-            raise FrameRejected(
-                ErrorCode.CHANNEL_MISMATCH,
-                f"message '{message_id}' belongs to channel '{fixed}', not '{channel}'",
-                message_id,
-            )
+    def _abort(self, message_id: str) -> Unfinished:
+        state = self._streaming.pop(message_id)
+        text = self.assembler.discard(message_id) or ""
+        self._remember(self._aborted, message_id, state.channel)
+        return Unfinished(state.channel, message_id, text)
 
-    def _remember(self, message_id: str, channel: str) -> None:
-        self._completed[message_id] = channel
-        if len(self._completed) > self.max_completed:
-            oldest = next(iter(self._completed))
-            del self._completed[oldest]
+    def _remember(self, memory: dict[str, str], message_id: str, channel: str) -> None:
+        """Note an ended id in ``memory`` (completed or aborted), evicting the oldest."""
+        memory[message_id] = channel
+        if len(memory) > self.max_completed:
+            oldest = next(iter(memory))
+            del memory[oldest]
+            # The two memories never share an id, so this frees only a completed text.
             self.assembler.forget(oldest)
+
+
+def _check_channel(message_id: str, fixed: str, channel: str) -> None:
+    if channel != fixed:
+        raise FrameRejected(
+            ErrorCode.CHANNEL_MISMATCH,
+            f"message '{message_id}' belongs to channel '{fixed}', not '{channel}'",
+            message_id,
+        )

@@ -12,6 +12,7 @@ Relay -> peers: :data:`ServerFrame` (tagged on ``type``).
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import MISSING, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -23,13 +24,20 @@ __all__ = [
     "PRODUCER_EVENT",
     "SERVER_FRAME",
     "SUBSCRIBER_FRAME",
+    "AbortReason",
+    "Aborted",
     "Ack",
+    "AnyServerFrame",
+    "Cancel",
     "ChannelName",
+    "DeltaFrame",
     "ErrorFrame",
     "MessageFrame",
     "MessageId",
     "ProducerEvent",
     "ServerFrame",
+    "Since",
+    "Snapshot",
     "Subscribe",
     "Subscribed",
     "SubscriberFrame",
@@ -50,8 +58,32 @@ MessageId = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
 """A message id: any string up to 256 characters (the empty string is a valid id)."""
 
 
+MAX_POSITIONS = 1000
+"""How many message ids a subscribe frame's ``positions`` may name."""
+
+Offset = Annotated[int, Field(ge=0)]
+"""A per-channel offset: the first completed message of a channel has offset 1."""
+
+Epoch = Annotated[str, Field(max_length=64)]
+"""Names one unbroken history of a channel; it changes whenever history is lost."""
+
+
 class _Frame(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        serialize_by_alias=True,
+        validate_by_alias=True,
+        validate_by_name=True,
+    )
+
+
+class AbortReason(StrEnum):
+    """Why a message died unfinished."""
+
+    PRODUCER_DISCONNECTED = "producer_disconnected"
+    IDLE_TIMEOUT = "idle_timeout"
 
 
 # ---------------------------------------------------------------- producer -> relay
@@ -69,11 +101,29 @@ class ProducerEvent(_Frame):
 # -------------------------------------------------------------- subscriber -> relay
 
 
+class Since(_Frame):
+    """The last position a resuming subscriber holds: ``offset`` within ``epoch``."""
+
+    offset: Offset
+    epoch: Epoch
+
+
 class Subscribe(_Frame):
-    """Start receiving a channel's completed messages."""
+    """Start receiving a channel: completed messages, and live deltas if ``deltas``.
+
+    ``since`` resumes after a drop: every message after that offset is replayed
+    first. ``positions`` maps an in-progress message id to the number of
+    characters (Unicode code points) the client already holds, so its snapshot
+    carries only the rest.
+    """
 
     type: Literal["subscribe"]
     channel: ChannelName
+    deltas: bool = False
+    since: Since | MISSING = MISSING
+    positions: Annotated[dict[MessageId, Offset], Field(max_length=MAX_POSITIONS)] | MISSING = (
+        MISSING
+    )
 
 
 class Unsubscribe(_Frame):
@@ -83,7 +133,15 @@ class Unsubscribe(_Frame):
     channel: ChannelName
 
 
-SubscriberFrame = Annotated[Subscribe | Unsubscribe, Field(discriminator="type")]
+class Cancel(_Frame):
+    """Stop a generation. Sent by a subscriber, and forwarded as is to the owning producer."""
+
+    type: Literal["cancel"] = "cancel"
+    channel: ChannelName
+    id: MessageId
+
+
+SubscriberFrame = Annotated[Subscribe | Unsubscribe | Cancel, Field(discriminator="type")]
 
 # ----------------------------------------------------------------- relay -> peers
 
@@ -106,10 +164,17 @@ class ErrorFrame(_Frame):
 
 
 class Subscribed(_Frame):
-    """Confirms a subscription."""
+    """Confirms a subscription, with the channel's current ``offset`` and ``epoch``.
+
+    ``recovered`` is present only when the subscribe frame had ``since``: true if
+    every missed message was replayed, false if the gap could not be filled.
+    """
 
     type: Literal["subscribed"] = "subscribed"
     channel: str
+    offset: int
+    epoch: str
+    recovered: bool | MISSING = MISSING
 
 
 class Unsubscribed(_Frame):
@@ -126,18 +191,62 @@ class MessageFrame(_Frame):
     channel: str
     id: str
     text: str
+    offset: int
+    epoch: str
 
 
-ServerFrame = Annotated[
-    Ack | ErrorFrame | Subscribed | Unsubscribed | MessageFrame,
-    Field(discriminator="type"),
-]
+class DeltaFrame(_Frame):
+    """One accepted, non-empty delta, for subscribers that asked for deltas."""
+
+    type: Literal["delta"] = "delta"
+    channel: str
+    id: str
+    delta: str
+
+
+class Snapshot(_Frame):
+    """The text so far of a message in progress, sent when a deltas subscriber joins.
+
+    Without ``from`` the text is the whole partial text; with it, only the part
+    after the first ``from`` characters the client said it holds.
+    """
+
+    type: Literal["snapshot"] = "snapshot"
+    channel: str
+    id: str
+    text: str
+    from_: int | MISSING = Field(default=MISSING, alias="from")
+
+
+class Aborted(_Frame):
+    """A message died unfinished; ``text`` is what it had. It takes an offset like a message."""
+
+    type: Literal["aborted"] = "aborted"
+    channel: str
+    id: str
+    text: str
+    reason: AbortReason
+    offset: int
+    epoch: str
+
+
+AnyServerFrame = (
+    Ack
+    | ErrorFrame
+    | Subscribed
+    | Unsubscribed
+    | MessageFrame
+    | DeltaFrame
+    | Snapshot
+    | Aborted
+    | Cancel
+)
+
+ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
 
 PRODUCER_EVENT: TypeAdapter[ProducerEvent] = TypeAdapter(ProducerEvent)
-SUBSCRIBER_FRAME: TypeAdapter[Subscribe | Unsubscribe] = TypeAdapter(SubscriberFrame)
-SERVER_FRAME: TypeAdapter[Ack | ErrorFrame | Subscribed | Unsubscribed | MessageFrame] = (
-    TypeAdapter(ServerFrame)
-)
+SUBSCRIBER_FRAME: TypeAdapter[Subscribe | Unsubscribe | Cancel] = TypeAdapter(SubscriberFrame)
+SERVER_FRAME: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
 
 
 def encode(frame: BaseModel) -> str:
@@ -168,6 +277,14 @@ def _describe(error: ErrorDetails) -> str:
         return f"'{field}' must not be empty"
     if kind == "string_too_long":
         return f"'{field}' is longer than {MAX_NAME_LENGTH} characters"
+    if kind == "greater_than_equal":
+        return f"'{field}' must not be negative"
+    if kind == "int_type":
+        return f"'{field}' must be an integer"
+    if kind in ("model_type", "dict_type"):
+        return f"'{field}' must be an object"
+    if kind == "too_long":
+        return f"'{field}' has too many entries"
     if kind == "literal_error":
         return f"'{field}' has an unexpected value"
     return f"'{field}': {error['msg']}"
@@ -204,9 +321,9 @@ def _rejection(
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         return FrameRejected(
             ErrorCode.UNKNOWN_FRAME,
-            "unknown frame type; expected 'type' to be 'subscribe' or 'unsubscribe'"
+            "unknown frame type; expected 'type' to be 'subscribe', 'unsubscribe' or 'cancel'"
             if kind == "union_tag_invalid"
-            else "frame has no 'type'; expected 'subscribe' or 'unsubscribe'",
+            else "frame has no 'type'; expected 'subscribe', 'unsubscribe' or 'cancel'",
         )
     # Tagged-union locations start with the tag ("subscribe", "channel"); drop it.
     cleaned = [
@@ -227,7 +344,7 @@ def decode_producer_event(raw: str | bytes) -> ProducerEvent:
         raise _rejection(exc, raw, ErrorCode.INVALID_EVENT, "an event") from None
 
 
-def decode_subscriber_frame(raw: str | bytes) -> Subscribe | Unsubscribe:
+def decode_subscriber_frame(raw: str | bytes) -> Subscribe | Unsubscribe | Cancel:
     """Validate one subscriber frame, or raise :class:`FrameRejected`."""
     try:
         return SUBSCRIBER_FRAME.validate_json(raw)

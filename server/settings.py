@@ -30,6 +30,16 @@ class Settings:
     """Subscriptions per subscriber connection; one more gets ``too_many_channels``."""
     max_subscriber_buffer_bytes: int = 4 * MIB
     """Unsent bytes queued to one subscriber; above it the subscriber is closed with 1013."""
+    history_size: int = 100
+    """Completed (or aborted) messages kept per channel for resume by offset."""
+    history_ttl: float = 3600.0
+    """Seconds a message stays in a channel's history."""
+    max_history_channels: int = 10_000
+    """Channels whose history is kept; the least recently used one is dropped (new epoch)."""
+    idle_timeout: float = 60.0
+    """Seconds without an event after which an unfinished message is aborted."""
+    web_root: str = ""
+    """A folder of static files (the demo page) to serve over HTTP; empty serves none."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -37,6 +47,12 @@ class Settings:
         for field in fields(self):
             if field.name.startswith("max_") and getattr(self, field.name) < 1:
                 raise ConfigError(f"{field.name} must be at least 1")
+        for name in ("history_size",):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        for name in ("history_ttl", "idle_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
 
     @classmethod
     def from_args(
@@ -60,7 +76,9 @@ class Settings:
         for field in fields(cls):
             env_name = "RELAY_" + field.name.upper()
             default: object = field.default
-            kind: type[int] | type[str] = int if isinstance(default, int) else str
+            kind: type[int] | type[float] | type[str] = (
+                int if isinstance(default, int) else float if isinstance(default, float) else str
+            )
             raw = environ.get(env_name)
             if raw is not None:
                 try:
@@ -74,7 +92,7 @@ class Settings:
                 dest=field.name,
                 type=kind,
                 default=default,
-                metavar="N" if kind is int else field.name.upper(),
+                metavar=field.name.upper() if kind is str else "N",
                 help=f"(env {env_name}, default {default})",
             )
         return parser

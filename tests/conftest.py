@@ -49,6 +49,14 @@ async def recv_json(ws: ClientConnection, wait: float = 5.0) -> dict[str, Any]:
     return frame
 
 
+async def recv_core(ws: ClientConnection, wait: float = 5.0) -> dict[str, Any]:
+    """The next frame without its history position (``offset``, ``epoch``)."""
+    frame = await recv_json(ws, wait)
+    frame.pop("offset", None)
+    frame.pop("epoch", None)
+    return frame
+
+
 async def assert_silent(ws: ClientConnection, wait: float = 0.3) -> None:
     """Assert that no frame arrives within ``wait`` seconds."""
     try:

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosedOK
 
 from server import ConfigError, Settings
 
-from .conftest import recv_json, send_json
+from .conftest import recv_core, send_json
 
 LISTENING = re.compile(rb"listening on port (\d+): producers (ws://\S+), subscribers (ws://\S+)")
 
@@ -62,12 +62,12 @@ async def test_port_zero_prints_real_port_and_sigterm_closes_with_1001(
         connect(f"ws://127.0.0.1:{port}/subscribe?channel=c") as sub,
         connect(f"ws://127.0.0.1:{port}/produce?channel=c") as producer,
     ):
-        assert await recv_json(sub) == {"type": "subscribed", "channel": "c"}
+        assert await recv_core(sub) == {"type": "subscribed", "channel": "c"}
         await send_json(producer, {"id": "m", "delta": "hi", "final": True})
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "m", "text": "hi"}
+        assert await recv_core(sub) == {"type": "message", "channel": "c", "id": "m", "text": "hi"}
         process.send_signal(signal.SIGTERM)
         with pytest.raises(ConnectionClosedOK) as closed:
-            await recv_json(sub)
+            await recv_core(sub)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
     assert await asyncio.wait_for(process.wait(), 10) == 0
     assert process.stderr is not None
@@ -100,7 +100,23 @@ def test_schema_command_prints_generated_schema() -> None:
         for variant in schema["relay_to_client"]["$defs"].values()
         if "type" in variant.get("properties", {})
     }
-    assert server_types == {"ack", "error", "subscribed", "unsubscribed", "message"}
+    assert server_types == {
+        "ack",
+        "error",
+        "subscribed",
+        "unsubscribed",
+        "message",
+        "delta",
+        "snapshot",
+        "aborted",
+        "cancel",
+    }
+    subscriber_types = {
+        variant["properties"]["type"]["const"]
+        for variant in schema["subscriber_to_relay"]["$defs"].values()
+        if "type" in variant.get("properties", {})
+    }
+    assert subscriber_types == {"subscribe", "unsubscribe", "cancel"}
 
 
 def test_settings_come_from_flags_then_environment() -> None:

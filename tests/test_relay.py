@@ -8,7 +8,7 @@ import random
 import pytest
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
-from .conftest import RunningRelay, assert_silent, recv_json, send_json, start_relay
+from .conftest import RunningRelay, assert_silent, recv_core, send_json, start_relay
 
 
 async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) -> None:
@@ -16,7 +16,7 @@ async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) 
     subscribers = [await relay.connect("/subscribe?channel=chat").__aenter__() for _ in range(20)]
     try:
         for ws in subscribers:
-            assert await recv_json(ws) == {"type": "subscribed", "channel": "chat"}
+            assert await recv_core(ws) == {"type": "subscribed", "channel": "chat"}
         async with relay.connect("/produce?channel=chat") as producer:
             streams = {
                 mid: [text[i : i + 3] for i in range(0, len(text), 3)]
@@ -29,7 +29,7 @@ async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) 
                 if not streams[mid]:
                     del streams[mid]
                     await send_json(producer, {"id": mid, "final": True})
-                    assert await recv_json(producer) == {
+                    assert await recv_core(producer) == {
                         "type": "ack",
                         "id": mid,
                         "channel": "chat",
@@ -37,7 +37,7 @@ async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) 
         for ws in subscribers:
             got = {}
             for _ in texts:
-                frame = await recv_json(ws)
+                frame = await recv_core(ws)
                 assert frame["type"] == "message" and frame["channel"] == "chat"
                 got[frame["id"]] = frame["text"]
             assert got == texts
@@ -53,19 +53,19 @@ async def test_channel_isolation(relay: RunningRelay) -> None:
         relay.connect("/subscribe?channel=b") as sub_b,
         relay.connect("/produce") as producer,
     ):
-        await recv_json(sub_a)
-        await recv_json(sub_b)
+        await recv_core(sub_a)
+        await recv_core(sub_b)
         await send_json(producer, {"id": "x", "delta": "for a", "final": True, "channel": "a"})
         await send_json(producer, {"id": "y", "delta": "for b", "final": True, "channel": "b"})
-        assert await recv_json(producer) == {"type": "ack", "id": "x", "channel": "a"}
-        assert await recv_json(producer) == {"type": "ack", "id": "y", "channel": "b"}
-        assert await recv_json(sub_a) == {
+        assert await recv_core(producer) == {"type": "ack", "id": "x", "channel": "a"}
+        assert await recv_core(producer) == {"type": "ack", "id": "y", "channel": "b"}
+        assert await recv_core(sub_a) == {
             "type": "message",
             "channel": "a",
             "id": "x",
             "text": "for a",
         }
-        assert await recv_json(sub_b) == {
+        assert await recv_core(sub_b) == {
             "type": "message",
             "channel": "b",
             "id": "y",
@@ -78,19 +78,19 @@ async def test_channel_isolation(relay: RunningRelay) -> None:
 async def test_subscribe_and_unsubscribe_by_frame(relay: RunningRelay) -> None:
     async with relay.connect("/subscribe") as sub, relay.connect("/produce") as producer:
         await send_json(sub, {"type": "subscribe", "channel": "c1"})
-        assert await recv_json(sub) == {"type": "subscribed", "channel": "c1"}
+        assert await recv_core(sub) == {"type": "subscribed", "channel": "c1"}
         await send_json(sub, {"type": "subscribe", "channel": "c2"})
-        assert await recv_json(sub) == {"type": "subscribed", "channel": "c2"}
+        assert await recv_core(sub) == {"type": "subscribed", "channel": "c2"}
         await send_json(producer, {"id": "1", "delta": "one", "final": True, "channel": "c1"})
         await send_json(producer, {"id": "2", "delta": "two", "final": True, "channel": "c2"})
-        assert (await recv_json(sub))["id"] == "1"
-        assert (await recv_json(sub))["id"] == "2"
+        assert (await recv_core(sub))["id"] == "1"
+        assert (await recv_core(sub))["id"] == "2"
 
         await send_json(sub, {"type": "unsubscribe", "channel": "c1"})
-        assert await recv_json(sub) == {"type": "unsubscribed", "channel": "c1"}
+        assert await recv_core(sub) == {"type": "unsubscribed", "channel": "c1"}
         await send_json(producer, {"id": "3", "delta": "gone", "final": True, "channel": "c1"})
         await send_json(producer, {"id": "4", "delta": "kept", "final": True, "channel": "c2"})
-        assert await recv_json(sub) == {
+        assert await recv_core(sub) == {
             "type": "message",
             "channel": "c2",
             "id": "4",
@@ -104,14 +104,14 @@ async def test_repeated_final_is_acked_but_never_rebroadcast(relay: RunningRelay
         relay.connect("/subscribe?channel=c") as sub,
         relay.connect("/produce?channel=c") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await send_json(producer, {"id": "m", "delta": "hel"})
         await send_json(producer, {"id": "m", "delta": "lo", "final": True})
         await send_json(producer, {"id": "m", "delta": "ignored", "final": True})
         await send_json(producer, {"id": "m", "final": True})
         for _ in range(3):
-            assert await recv_json(producer) == {"type": "ack", "id": "m", "channel": "c"}
-        assert await recv_json(sub) == {
+            assert await recv_core(producer) == {"type": "ack", "id": "m", "channel": "c"}
+        assert await recv_core(sub) == {
             "type": "message",
             "channel": "c",
             "id": "m",
@@ -125,13 +125,13 @@ async def test_empty_and_absent_deltas(relay: RunningRelay) -> None:
         relay.connect("/subscribe?channel=c") as sub,
         relay.connect("/produce?channel=c") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await send_json(producer, {"id": "e", "final": True})
         await send_json(producer, {"id": "f", "delta": ""})
         await send_json(producer, {"id": "f", "delta": "x"})
         await send_json(producer, {"id": "f", "delta": "", "final": True})
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "e", "text": ""}
-        assert await recv_json(sub) == {"type": "message", "channel": "c", "id": "f", "text": "x"}
+        assert await recv_core(sub) == {"type": "message", "channel": "c", "id": "e", "text": ""}
+        assert await recv_core(sub) == {"type": "message", "channel": "c", "id": "f", "text": "x"}
 
 
 async def test_same_id_on_two_producers_never_mixes(relay: RunningRelay) -> None:
@@ -140,27 +140,34 @@ async def test_same_id_on_two_producers_never_mixes(relay: RunningRelay) -> None
         relay.connect("/produce?channel=c") as p1,
         relay.connect("/produce?channel=c") as p2,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         for i in range(10):
             await send_json(p1, {"id": "same", "delta": f"A{i}"})
             await send_json(p2, {"id": "same", "delta": f"B{i}"})
         await send_json(p1, {"id": "same", "final": True})
-        await recv_json(p1)
+        await recv_core(p1)
         await send_json(p2, {"id": "same", "final": True})
-        await recv_json(p2)
-        texts = [(await recv_json(sub))["text"] for _ in range(2)]
+        await recv_core(p2)
+        texts = [(await recv_core(sub))["text"] for _ in range(2)]
         assert texts == ["".join(f"A{i}" for i in range(10)), "".join(f"B{i}" for i in range(10))]
 
 
 async def test_producer_close_frees_its_state(relay: RunningRelay) -> None:
     async with relay.connect("/subscribe?channel=c") as sub:
-        await recv_json(sub)
+        await recv_core(sub)
         async with relay.connect("/produce?channel=c") as producer:
             await send_json(producer, {"id": "m", "delta": "lost"})
+        assert await recv_core(sub) == {
+            "type": "aborted",
+            "channel": "c",
+            "id": "m",
+            "text": "lost",
+            "reason": "producer_disconnected",
+        }
         async with relay.connect("/produce?channel=c") as producer:
             await send_json(producer, {"id": "m", "delta": "fresh", "final": True})
-            await recv_json(producer)
-        assert await recv_json(sub) == {
+            await recv_core(producer)
+        assert await recv_core(sub) == {
             "type": "message",
             "channel": "c",
             "id": "m",
@@ -190,17 +197,17 @@ async def test_bad_producer_frame_gets_error_and_nothing_is_lost(
         relay.connect("/subscribe?channel=c") as sub,
         relay.connect("/produce?channel=c") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await send_json(producer, {"id": "keep", "delta": "before "})
         await producer.send(raw)
-        error = await recv_json(producer)
+        error = await recv_core(producer)
         assert error["type"] == "error"
         assert error["code"] == code
         assert error["id"] == error_id
         assert isinstance(error["message"], str) and error["message"]
         await send_json(producer, {"id": "keep", "delta": "after", "final": True})
-        assert await recv_json(producer) == {"type": "ack", "id": "keep", "channel": "c"}
-        assert await recv_json(sub) == {
+        assert await recv_core(producer) == {"type": "ack", "id": "keep", "channel": "c"}
+        assert await recv_core(sub) == {
             "type": "message",
             "channel": "c",
             "id": "keep",
@@ -219,7 +226,7 @@ async def test_error_message_names_the_offending_field(relay: RunningRelay) -> N
         }
         for raw, field in cases.items():
             await producer.send(raw)
-            assert f"'{field}'" in (await recv_json(producer))["message"]
+            assert f"'{field}'" in (await recv_core(producer))["message"]
 
 
 async def test_binary_frame_is_rejected_and_connection_stays(relay: RunningRelay) -> None:
@@ -227,14 +234,14 @@ async def test_binary_frame_is_rejected_and_connection_stays(relay: RunningRelay
         relay.connect("/subscribe?channel=c") as sub,
         relay.connect("/produce?channel=c") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await producer.send(b'{"id": "m", "delta": "x", "final": true}')
-        error = await recv_json(producer)
+        error = await recv_core(producer)
         assert error["code"] == "binary_not_supported" and error["id"] is None
         await sub.send(b'{"type": "subscribe", "channel": "d"}')
-        assert (await recv_json(sub))["code"] == "binary_not_supported"
+        assert (await recv_core(sub))["code"] == "binary_not_supported"
         await send_json(producer, {"id": "m", "delta": "ok", "final": True})
-        assert (await recv_json(sub))["text"] == "ok"
+        assert (await recv_core(sub))["text"] == "ok"
 
 
 async def test_channel_required_and_channel_mismatch(relay: RunningRelay) -> None:
@@ -242,9 +249,9 @@ async def test_channel_required_and_channel_mismatch(relay: RunningRelay) -> Non
         relay.connect("/subscribe?channel=a") as sub,
         relay.connect("/produce") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await send_json(producer, {"id": "m", "delta": "no channel"})
-        assert await recv_json(producer) == {
+        assert await recv_core(producer) == {
             "type": "error",
             "code": "channel_required",
             "id": "m",
@@ -252,11 +259,11 @@ async def test_channel_required_and_channel_mismatch(relay: RunningRelay) -> Non
         }
         await send_json(producer, {"id": "m", "delta": "in a ", "channel": "a"})
         await send_json(producer, {"id": "m", "delta": "moved", "channel": "b"})
-        error = await recv_json(producer)
+        error = await recv_core(producer)
         assert (error["code"], error["id"]) == ("channel_mismatch", "m")
         await send_json(producer, {"id": "m", "delta": "still a", "final": True, "channel": "a"})
-        assert await recv_json(producer) == {"type": "ack", "id": "m", "channel": "a"}
-        assert (await recv_json(sub))["text"] == "in a still a"
+        assert await recv_core(producer) == {"type": "ack", "id": "m", "channel": "a"}
+        assert (await recv_core(sub))["text"] == "in a still a"
 
 
 async def test_event_channel_overrides_connection_default(relay: RunningRelay) -> None:
@@ -264,10 +271,10 @@ async def test_event_channel_overrides_connection_default(relay: RunningRelay) -
         relay.connect("/subscribe?channel=other") as sub,
         relay.connect("/produce?channel=default") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await send_json(producer, {"id": "m", "delta": "x", "final": True, "channel": "other"})
-        assert await recv_json(producer) == {"type": "ack", "id": "m", "channel": "other"}
-        assert (await recv_json(sub))["channel"] == "other"
+        assert await recv_core(producer) == {"type": "ack", "id": "m", "channel": "other"}
+        assert (await recv_core(sub))["channel"] == "other"
 
 
 BAD_SUBSCRIBER_FRAMES = [
@@ -289,12 +296,12 @@ async def test_bad_subscriber_frame_gets_error_and_subscription_survives(
         relay.connect("/subscribe?channel=c") as sub,
         relay.connect("/produce?channel=c") as producer,
     ):
-        await recv_json(sub)
+        await recv_core(sub)
         await sub.send(raw)
-        error = await recv_json(sub)
+        error = await recv_core(sub)
         assert (error["type"], error["code"]) == ("error", code)
         await send_json(producer, {"id": "m", "delta": "still here", "final": True})
-        assert await recv_json(sub) == {
+        assert await recv_core(sub) == {
             "type": "message",
             "channel": "c",
             "id": "m",
@@ -307,7 +314,7 @@ async def test_oversized_frame_closes_with_1009() -> None:
     async with server, running.connect("/produce?channel=c") as producer:
         await send_json(producer, {"id": "m", "delta": "x" * 2000})
         with pytest.raises(ConnectionClosedError) as closed:
-            await recv_json(producer)
+            await recv_core(producer)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
@@ -317,25 +324,25 @@ async def test_too_many_unfinished_messages_is_rejected() -> None:
         await send_json(producer, {"id": "a", "delta": "1"})
         await send_json(producer, {"id": "b", "delta": "2"})
         await send_json(producer, {"id": "c", "delta": "3"})
-        error = await recv_json(producer)
+        error = await recv_core(producer)
         assert (error["code"], error["id"]) == ("too_many_messages", "c")
         await send_json(producer, {"id": "a", "final": True})
-        assert (await recv_json(producer))["type"] == "ack"
+        assert (await recv_core(producer))["type"] == "ack"
         await send_json(producer, {"id": "c", "delta": "3", "final": True})
-        assert await recv_json(producer) == {"type": "ack", "id": "c", "channel": "c"}
+        assert await recv_core(producer) == {"type": "ack", "id": "c", "channel": "c"}
 
 
 async def test_too_many_channels_is_rejected() -> None:
     running, server = await start_relay(max_channels_per_subscriber=2)
     async with server, running.connect("/subscribe?channel=a&channel=b") as sub:
-        assert await recv_json(sub) == {"type": "subscribed", "channel": "a"}
-        assert await recv_json(sub) == {"type": "subscribed", "channel": "b"}
+        assert await recv_core(sub) == {"type": "subscribed", "channel": "a"}
+        assert await recv_core(sub) == {"type": "subscribed", "channel": "b"}
         await send_json(sub, {"type": "subscribe", "channel": "c"})
-        assert (await recv_json(sub))["code"] == "too_many_channels"
+        assert (await recv_core(sub))["code"] == "too_many_channels"
         await send_json(sub, {"type": "unsubscribe", "channel": "a"})
-        assert (await recv_json(sub))["type"] == "unsubscribed"
+        assert (await recv_core(sub))["type"] == "unsubscribed"
         await send_json(sub, {"type": "subscribe", "channel": "c"})
-        assert await recv_json(sub) == {"type": "subscribed", "channel": "c"}
+        assert await recv_core(sub) == {"type": "subscribed", "channel": "c"}
 
 
 @pytest.mark.parametrize(
@@ -357,15 +364,15 @@ async def test_slow_subscriber_is_closed_and_others_keep_receiving() -> None:
         running.connect("/subscribe?channel=c", max_size=None) as slow,
         running.connect("/produce?channel=c") as producer,
     ):
-        await recv_json(fast)
-        await recv_json(slow)
+        await recv_core(fast)
+        await recv_core(slow)
         # The slow client stops reading: pause its transport so bytes pile up at the relay.
         slow.transport.pause_reading()
         text = "y" * 200_000
         for i in range(40):
             await send_json(producer, {"id": f"m{i}", "delta": text, "final": True})
-            await recv_json(producer)
-            assert (await recv_json(fast))["id"] == f"m{i}"
+            await recv_core(producer)
+            assert (await recv_core(fast))["id"] == f"m{i}"
         slow.transport.resume_reading()
         with pytest.raises(ConnectionClosedError) as closed:
             while True:

@@ -1,0 +1,120 @@
+"""Per-channel offsets, epochs and a bounded history of terminal frames, for resume.
+
+Theory of operation
+-------------------
+Each channel has a log: an ``epoch`` (a random string naming one unbroken
+history), the ``offset`` of its last terminal frame (``message`` or
+``aborted``; the first one gets offset 1), and the last ``size`` of those
+frames, already serialized, with the time they were recorded.
+
+A resuming subscriber says the last offset it holds and in which epoch. If the
+epoch matches and every frame after that offset is still retained, the log
+hands them back in order (``recovered``); otherwise it says so, and the client
+knows to refetch. It never hands back a partial run.
+
+Limits:
+
+* ``size`` frames per channel; the oldest falls out first.
+* ``ttl`` seconds; older frames fall out when the channel is next touched.
+* ``max_channels`` logs; touching a channel (subscribe or publish) makes it
+  the most recently used, and the least recently used log is dropped when one
+  more is needed. A dropped channel that comes back starts a new epoch, so its
+  old subscribers learn that history was lost.
+
+The store is pure: the caller passes the time.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["ChannelLog", "HistoryStore", "Replay"]
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The answer to a resume: the frames to send, and whether they close the gap."""
+
+    recovered: bool
+    frames: list[str]
+    offset: int
+    epoch: str
+
+
+def new_epoch() -> str:
+    """A fresh, unguessable epoch name."""
+    return secrets.token_urlsafe(9)
+
+
+class ChannelLog:
+    """One channel's offset, epoch and retained frames."""
+
+    __slots__ = ("_entries", "epoch", "offset")
+
+    def __init__(self, size: int) -> None:
+        self.epoch = new_epoch()
+        self.offset = 0
+        self._entries: deque[tuple[int, float, str]] = deque(maxlen=size)
+
+    def record(self, now: float, render: Callable[[int, str], str]) -> str:
+        """Give the next offset to a frame rendered by ``render(offset, epoch)``; keep it."""
+        self.offset += 1
+        payload = render(self.offset, self.epoch)
+        self._entries.append((self.offset, now, payload))
+        return payload
+
+    def prune(self, oldest_allowed: float) -> None:
+        """Drop frames recorded before ``oldest_allowed``."""
+        entries = self._entries
+        while entries and entries[0][1] < oldest_allowed:
+            entries.popleft()
+
+    def replay(self, since: int, epoch: str) -> Replay:
+        """The frames after offset ``since`` of ``epoch``, if none of them is lost."""
+        if epoch != self.epoch or since > self.offset:
+            return Replay(False, [], self.offset, self.epoch)
+        missed = self.offset - since
+        if missed == 0:
+            return Replay(True, [], self.offset, self.epoch)
+        if missed > len(self._entries):
+            return Replay(False, [], self.offset, self.epoch)
+        frames = [payload for _, _, payload in list(self._entries)[-missed:]]
+        return Replay(True, frames, self.offset, self.epoch)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class HistoryStore:
+    """The logs of every channel, bounded in count, per-channel size and age."""
+
+    __slots__ = ("_logs", "max_channels", "size", "ttl")
+
+    def __init__(self, *, size: int, ttl: float, max_channels: int) -> None:
+        if size < 1 or ttl <= 0 or max_channels < 1:
+            raise ValueError("size, ttl and max_channels must be positive")
+        self.size = size
+        self.ttl = ttl
+        self.max_channels = max_channels
+        self._logs: dict[str, ChannelLog] = {}
+
+    def log(self, channel: str, now: float) -> ChannelLog:
+        """The channel's log, created if needed, pruned to ``ttl`` and marked recently used."""
+        log = self._logs.pop(channel, None)
+        if log is None:
+            if len(self._logs) >= self.max_channels:
+                del self._logs[next(iter(self._logs))]
+            log = ChannelLog(self.size)
+        self._logs[channel] = log
+        log.prune(now - self.ttl)
+        return log
+
+    def record(self, channel: str, now: float, render: Callable[[int, str], str]) -> str:
+        """Record a terminal frame on ``channel``; returns its serialized form."""
+        return self.log(channel, now).record(now, render)
+
+    def __len__(self) -> int:
+        return len(self._logs)

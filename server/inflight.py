@@ -1,0 +1,54 @@
+"""Which messages are in progress on each channel, and who produces them.
+
+The relay needs this for two things: a deltas subscriber joining a channel gets
+a snapshot of each message in progress there, and a ``cancel`` for a channel
+and id must reach the producer connection that owns that message (two producers
+may stream the same id at once; both own theirs).
+
+Entries are added when a message opens and removed when it completes or is
+aborted, so the index never outgrows the producers' own limits on unfinished
+messages. Empty channels are removed at once. Pure; an owner is any hashable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["InflightIndex"]
+
+OwnerT = TypeVar("OwnerT", bound=Hashable)
+
+
+class InflightIndex(Generic[OwnerT]):
+    """Messages in progress, by channel, in the order they opened."""
+
+    __slots__ = ("_by_channel",)
+
+    def __init__(self) -> None:
+        self._by_channel: dict[str, dict[tuple[OwnerT, str], None]] = {}
+
+    def add(self, channel: str, owner: OwnerT, message_id: str) -> None:
+        """Record that ``owner`` opened ``message_id`` on ``channel``."""
+        self._by_channel.setdefault(channel, {})[(owner, message_id)] = None
+
+    def remove(self, channel: str, owner: OwnerT, message_id: str) -> None:
+        """Forget a message that completed or was aborted."""
+        entries = self._by_channel.get(channel)
+        if entries is None:
+            return
+        entries.pop((owner, message_id), None)
+        if not entries:
+            del self._by_channel[channel]
+
+    def in_channel(self, channel: str) -> list[tuple[OwnerT, str]]:
+        """``(owner, message_id)`` of every message in progress on ``channel``, oldest first."""
+        return list(self._by_channel.get(channel, ()))
+
+    def owners(self, channel: str, message_id: str) -> list[OwnerT]:
+        """The owners of ``message_id`` on ``channel`` (usually one, possibly none)."""
+        entries = self._by_channel.get(channel, ())
+        return [owner for owner, open_id in entries if open_id == message_id]
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._by_channel.values())

@@ -1,0 +1,59 @@
+"""Serve a folder of static files (the demo page and browser client) over plain HTTP.
+
+Files are read once, at start-up, from the top level of one folder: no
+sub-folders, no path traversal, nothing read per request. ``/`` serves
+``index.html``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from http import HTTPStatus
+from pathlib import Path
+
+from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Response
+
+__all__ = ["StaticFiles"]
+
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".json": "application/json",
+}
+
+MAX_FILE_BYTES = 1024 * 1024
+
+
+class StaticFiles:
+    """The files of one folder, held in memory, keyed by URL path."""
+
+    def __init__(self, root: Path) -> None:
+        self.files: dict[str, tuple[str, bytes]] = {}
+        for path in sorted(root.iterdir()):
+            content_type = CONTENT_TYPES.get(path.suffix)
+            if content_type is None or not path.is_file():
+                continue
+            if path.stat().st_size > MAX_FILE_BYTES:
+                continue
+            self.files["/" + path.name] = (content_type, path.read_bytes())
+        if "/index.html" in self.files:
+            self.files["/"] = self.files["/index.html"]
+
+    def respond(self, connection: ServerConnection, path: str) -> Response | None:
+        """The response for ``path``, or None if there is no such file."""
+        found = self.files.get(path)
+        if found is None:
+            return None
+        content_type, body = found
+        response = connection.respond(HTTPStatus.OK, "")
+        del response.headers["Content-Type"]
+        del response.headers["Content-Length"]
+        response.headers["Content-Type"] = content_type
+        response.headers["Content-Length"] = str(len(body))
+        response.headers["Cache-Control"] = "no-cache"
+        return dataclasses.replace(response, body=body)
