@@ -1,4 +1,4 @@
-"""Play a model gateway: stream canned replies token by token into a relay channel."""
+"""Play a model gateway: stream replies token by token into a relay channel, and stop on cancel."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from websockets.asyncio.client import ClientConnection
 
-__all__ = ["REPLIES", "Reply", "stream_replies", "tokenize"]
+__all__ = ["REPLIES", "DemoGateway", "Reply", "compose_answer", "tokenize"]
 
 
 @dataclass(frozen=True)
@@ -47,24 +47,72 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
-async def stream_replies(
-    producer: ClientConnection,
-    replies: tuple[Reply, ...] = REPLIES,
-    *,
-    pace: tuple[float, float] = (0.01, 0.05),
-    seed: int | None = None,
-) -> None:
-    """Stream every reply at once, interleaved, with a random pause between tokens."""
-    rng = random.Random(seed)
+def compose_answer(prompt: str) -> str:
+    """A canned, longish answer to a prompt, so there is time to watch it or stop it."""
+    return (
+        f"You asked: “{prompt.strip()[:200]}”. I am the demo gateway, so I can't think, but "
+        "I can stream. Each of these words left me as a separate delta frame; the relay "
+        "appended them in order and forwarded each one to your browser as it arrived. If "
+        "your connection drops now, the page reconnects, tells the relay how many characters "
+        "it already shows, and gets only the rest. When I finish, the relay sends the "
+        "completed text once, and the page swaps in that exact text. Press Stop to cancel "
+        "me: the relay routes your cancel to this gateway, which stops generating and "
+        "finalizes what it has."
+    )
 
-    async def stream(reply: Reply) -> None:
+
+class DemoGateway:
+    """A fake model gateway on one producer connection."""
+
+    def __init__(
+        self,
+        producer: ClientConnection,
+        *,
+        pace: tuple[float, float] = (0.01, 0.05),
+        seed: int | None = None,
+    ) -> None:
+        self.producer = producer
+        self.pace = pace
+        self.rng = random.Random(seed)
+        self.cancelled: set[str] = set()
+
+    async def read_replies(self) -> None:
+        """Consume the relay's frames: note cancels; acks need no action."""
+        async for raw in self.producer:
+            frame = json.loads(raw)
+            if frame.get("type") == "cancel":
+                self.cancelled.add(frame["id"])
+
+    async def stream(self, reply: Reply, channel: str | None = None) -> bool:
+        """Stream one reply; returns False if it was cancelled part way."""
+        route = {} if channel is None else {"channel": channel}
+        send = self.producer.send
         # Gateways often open with an empty delta; it creates the message and adds nothing.
-        await producer.send(json.dumps({"id": reply.message_id, "delta": ""}))
+        await send(json.dumps({"id": reply.message_id, "delta": "", **route}))
+        finished = True
         for token in tokenize(reply.text):
-            await producer.send(json.dumps({"id": reply.message_id, "delta": token}))
-            await asyncio.sleep(rng.uniform(*pace))
+            if reply.message_id in self.cancelled:
+                finished = False
+                break
+            await send(json.dumps({"id": reply.message_id, "delta": token, **route}))
+            await asyncio.sleep(self.rng.uniform(*self.pace))
         # A retried final is harmless: it is acknowledged again but never re-broadcast.
         for _ in range(2):
-            await producer.send(json.dumps({"id": reply.message_id, "final": True}))
+            await send(json.dumps({"id": reply.message_id, "final": True, **route}))
+        return finished
 
-    await asyncio.gather(*(stream(reply) for reply in replies))
+    async def stream_all(self, replies: tuple[Reply, ...] = REPLIES) -> None:
+        """Stream every reply at once, interleaved on this one connection."""
+        await asyncio.gather(*(self.stream(reply) for reply in replies))
+
+    async def answer_prompts(self, prompts: ClientConnection, channel: str) -> None:
+        """Answer each prompt message arriving on ``prompts`` with a reply on ``channel``."""
+        tasks: set[asyncio.Task[bool]] = set()
+        async for raw in prompts:
+            frame = json.loads(raw)
+            if frame.get("type") != "message":
+                continue
+            reply = Reply(f"re-{frame['id']}", compose_answer(frame["text"]))
+            task = asyncio.create_task(self.stream(reply, channel))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)

@@ -148,7 +148,7 @@ def test_invalid_setting_exits_with_a_clear_error() -> None:
 
 def test_client_demo_streams_three_exact_replies() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "client_demo", "--serve"],
+        [sys.executable, "-m", "client_demo", "--serve", "--port", "0", "--once"],
         capture_output=True,
         timeout=60,
         check=False,
