@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.errors import ErrorCode, FrameRejected
-from server.producer import Applied, ProducerSession
+from server.producer import Applied, ProducerSession, Unfinished
 from server.protocol import ProducerEvent, decode_producer_event
 
 
@@ -20,20 +20,22 @@ def _rejected(session: ProducerSession, event: ProducerEvent) -> FrameRejected:
 
 def test_default_channel_is_used() -> None:
     session = ProducerSession("room")
-    assert session.receive(ProducerEvent(id="m", delta="hi")) == Applied("room", "m", None, False)
+    assert session.receive(ProducerEvent(id="m", delta="hi")) == Applied(
+        "room", "m", None, delta="hi", opened=True
+    )
     assert session.receive(ProducerEvent(id="m", final=True)) == Applied("room", "m", "hi", True)
 
 
 def test_event_channel_overrides_default() -> None:
     session = ProducerSession("room")
     applied = session.receive(ProducerEvent(id="m", delta="x", final=True, channel="other"))
-    assert applied == Applied("other", "m", "x", True)
+    assert applied == Applied("other", "m", "x", True, delta="x", opened=True)
 
 
 def test_event_channel_without_default() -> None:
     session = ProducerSession()
     assert session.receive(decode_producer_event('{"id": "m", "channel": "c"}')) == Applied(
-        "c", "m", None, False
+        "c", "m", None, opened=True
     )
 
 
@@ -41,7 +43,7 @@ def test_naming_the_default_channel_explicitly_is_not_a_mismatch() -> None:
     session = ProducerSession("room")
     session.receive(ProducerEvent(id="m", delta="a"))
     applied = session.receive(ProducerEvent(id="m", delta="b", final=True, channel="room"))
-    assert applied == Applied("room", "m", "ab", True)
+    assert applied == Applied("room", "m", "ab", True, delta="b")
 
 
 def test_channel_required_when_neither() -> None:
@@ -52,7 +54,7 @@ def test_channel_required_when_neither() -> None:
     assert session.streaming_count == 0
     assert session.assembler.get("m") is None
     applied = session.receive(ProducerEvent(id="m", delta="kept", final=True, channel="c"))
-    assert applied == Applied("c", "m", "kept", True)
+    assert applied == Applied("c", "m", "kept", True, delta="kept", opened=True)
 
 
 def test_channel_mismatch_on_streaming_id() -> None:
@@ -66,7 +68,7 @@ def test_channel_mismatch_on_streaming_id() -> None:
     assert session.streaming_count == 1
     assert session.completed_count == 0
     applied = session.receive(ProducerEvent(id="m", delta="b", final=True, channel="c1"))
-    assert applied == Applied("c1", "m", "ab", True)
+    assert applied == Applied("c1", "m", "ab", True, delta="b")
 
 
 def test_channel_mismatch_against_default_channel() -> None:
@@ -101,7 +103,7 @@ def test_first_completion_true_only_once() -> None:
     first = session.receive(ProducerEvent(id="m", delta="lo", final=True))
     second = session.receive(ProducerEvent(id="m", delta="ignored", final=True))
     third = session.receive(ProducerEvent(id="m", final=True))
-    assert first == Applied("c", "m", "hello", True)
+    assert first == Applied("c", "m", "hello", True, delta="lo")
     assert second == Applied("c", "m", "hello", False)
     assert third == Applied("c", "m", "hello", False)
 
@@ -117,17 +119,20 @@ def test_non_final_after_completion_changes_nothing() -> None:
 
 def test_final_of_unseen_id_completes_empty() -> None:
     session = ProducerSession("c")
-    assert session.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "", True)
+    assert session.receive(ProducerEvent(id="m", final=True)) == Applied(
+        "c", "m", "", True, opened=True
+    )
     assert session.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "", False)
 
 
 def test_empty_deltas_kept() -> None:
     session = ProducerSession("c")
-    session.receive(decode_producer_event('{"id": "m", "delta": ""}'))
+    first = session.receive(decode_producer_event('{"id": "m", "delta": ""}'))
+    assert first == Applied("c", "m", None, delta="", opened=True)
     assert session.streaming_count == 1
     session.receive(decode_producer_event('{"id": "m", "delta": "a"}'))
     applied = session.receive(decode_producer_event('{"id": "m", "delta": "", "final": true}'))
-    assert applied == Applied("c", "m", "a", True)
+    assert applied == Applied("c", "m", "a", True, delta="")
 
 
 def test_interleaved_messages_on_different_channels() -> None:
@@ -154,7 +159,7 @@ def test_too_many_messages_at_max_streaming() -> None:
     assert session.streaming_count == 2
     assert session.assembler.get("c") is None
     # Existing messages still take deltas at the limit.
-    assert session.receive(ProducerEvent(id="a", delta="x")) == Applied("c", "a", None, False)
+    assert session.receive(ProducerEvent(id="a", delta="x")) == Applied("c", "a", None, delta="x")
     assert session.assembler.get("a") == "1x"
 
 
@@ -165,7 +170,9 @@ def test_finished_message_frees_a_slot() -> None:
         session.receive(ProducerEvent(id="b", delta="2"))
     session.receive(ProducerEvent(id="a", final=True))
     assert session.streaming_count == 0
-    assert session.receive(ProducerEvent(id="b", delta="2")) == Applied("c", "b", None, False)
+    assert session.receive(ProducerEvent(id="b", delta="2")) == Applied(
+        "c", "b", None, delta="2", opened=True
+    )
     assert session.streaming_count == 1
 
 
@@ -173,7 +180,7 @@ def test_one_shot_final_passes_at_the_streaming_limit() -> None:
     session = ProducerSession("c", max_streaming=1)
     session.receive(ProducerEvent(id="open", delta="o"))
     assert session.receive(ProducerEvent(id="once", delta="whole", final=True)) == Applied(
-        "c", "once", "whole", True
+        "c", "once", "whole", True, delta="whole", opened=True
     )
     assert session.streaming_count == 1
 
@@ -195,7 +202,9 @@ def test_max_completed_evicts_least_recently_used() -> None:
     assert session.assembler.get("b") == "B"
     assert session.assembler.get("c") == "C"
     # The evicted id is unknown again: an event for it starts a new message.
-    assert session.receive(ProducerEvent(id="a", delta="new")) == Applied("c", "a", None, False)
+    assert session.receive(ProducerEvent(id="a", delta="new")) == Applied(
+        "c", "a", None, delta="new", opened=True
+    )
     assert session.streaming_count == 1
     assert session.receive(ProducerEvent(id="a", final=True)) == Applied("c", "a", "new", True)
 
@@ -205,7 +214,7 @@ def test_evicted_id_may_start_on_another_channel() -> None:
     session.receive(ProducerEvent(id="a", delta="A", final=True, channel="c1"))
     session.receive(ProducerEvent(id="b", delta="B", final=True, channel="c1"))
     applied = session.receive(ProducerEvent(id="a", delta="x", final=True, channel="c2"))
-    assert applied == Applied("c2", "a", "x", True)
+    assert applied == Applied("c2", "a", "x", True, delta="x", opened=True)
 
 
 def test_repeated_final_refreshes_lru_position() -> None:
@@ -218,7 +227,9 @@ def test_repeated_final_refreshes_lru_position() -> None:
     assert session.assembler.get("a") == "A"
     assert session.assembler.get("b") is None
     assert session.receive(ProducerEvent(id="a", final=True)) == Applied("c", "a", "A", False)
-    assert session.receive(ProducerEvent(id="b", final=True)) == Applied("c", "b", "", True)
+    assert session.receive(ProducerEvent(id="b", final=True)) == Applied(
+        "c", "b", "", True, opened=True
+    )
 
 
 def test_non_final_event_does_not_refresh_lru_position() -> None:
@@ -247,7 +258,7 @@ def test_close_returns_unfinished_and_frees_state() -> None:
     session.receive(ProducerEvent(id="b", channel="other"))
     session.receive(ProducerEvent(id="done", delta="D", final=True))
     session.receive(ProducerEvent(id="a", delta="tial"))
-    assert session.close() == [("c", "a", "partial"), ("other", "b", "")]
+    assert session.close() == [Unfinished("c", "a", "partial"), Unfinished("other", "b", "")]
     assert session.streaming_count == 0
     assert session.completed_count == 0
     assert session.assembler.get("a") is None
@@ -261,10 +272,10 @@ def test_close_then_ids_start_afresh() -> None:
     session.receive(ProducerEvent(id="b", delta="old"))
     session.close()
     assert session.receive(ProducerEvent(id="a", delta="new", final=True)) == Applied(
-        "c", "a", "new", True
+        "c", "a", "new", True, delta="new", opened=True
     )
     assert session.receive(ProducerEvent(id="b", delta="new", final=True)) == Applied(
-        "c", "b", "new", True
+        "c", "b", "new", True, delta="new", opened=True
     )
 
 
@@ -277,3 +288,290 @@ def test_two_sessions_with_same_id_do_not_mix() -> None:
     assert second.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "two", True)
     assert first.streaming_count == 1
     assert first.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "one1", True)
+
+
+# -------------------------------------------------------------- delta and opened
+
+
+def test_delta_reports_each_appended_delta() -> None:
+    session = ProducerSession("c")
+    assert session.receive(ProducerEvent(id="m", delta="he")) == Applied(
+        "c", "m", None, delta="he", opened=True
+    )
+    assert session.receive(ProducerEvent(id="m", delta="")) == Applied("c", "m", None, delta="")
+    assert session.receive(ProducerEvent(id="m", delta="llo")) == Applied(
+        "c", "m", None, delta="llo"
+    )
+    assert session.receive(ProducerEvent(id="m", delta="!", final=True)) == Applied(
+        "c", "m", "hello!", True, delta="!"
+    )
+
+
+def test_delta_is_none_without_a_delta_key() -> None:
+    session = ProducerSession("c")
+    opened = session.receive(ProducerEvent(id="m"))
+    assert opened == Applied("c", "m", None, opened=True)
+    assert opened.delta is None
+    session.receive(ProducerEvent(id="m", delta="x"))
+    keepalive = session.receive(ProducerEvent(id="m"))
+    assert keepalive == Applied("c", "m", None)
+    assert keepalive.delta is None
+    assert session.partial("m") == "x"
+
+
+def test_delta_is_none_for_events_on_completed_ids() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="done", final=True))
+    late = session.receive(ProducerEvent(id="m", delta="late"))
+    assert late == Applied("c", "m", None)
+    assert late.delta is None
+    again = session.receive(ProducerEvent(id="m", delta="again", final=True))
+    assert again == Applied("c", "m", "done")
+    assert again.delta is None
+    empty = session.receive(ProducerEvent(id="m", delta=""))
+    assert empty.delta is None
+    assert session.assembler.get("m") == "done"
+
+
+def test_opened_only_on_first_event() -> None:
+    session = ProducerSession("c")
+    results = [
+        session.receive(ProducerEvent(id="m", delta="a")),
+        session.receive(ProducerEvent(id="m", delta="b")),
+        session.receive(ProducerEvent(id="m", final=True)),
+        session.receive(ProducerEvent(id="m", final=True)),
+        session.receive(ProducerEvent(id="m", delta="z")),
+    ]
+    assert [applied.opened for applied in results] == [True, False, False, False, False]
+
+
+def test_opened_true_for_a_one_shot_final() -> None:
+    session = ProducerSession("c")
+    once = session.receive(ProducerEvent(id="m", delta="all", final=True))
+    assert once == Applied("c", "m", "all", True, delta="all", opened=True)
+    repeat = session.receive(ProducerEvent(id="m", final=True))
+    assert repeat == Applied("c", "m", "all")
+    assert repeat.opened is False
+
+
+def test_opened_is_per_id() -> None:
+    session = ProducerSession("c")
+    assert session.receive(ProducerEvent(id="a", delta="1")).opened is True
+    assert session.receive(ProducerEvent(id="b", delta="2")).opened is True
+    assert session.receive(ProducerEvent(id="a", delta="3")).opened is False
+
+
+# ------------------------------------------------------------ partial, channel_of
+
+
+def test_partial_of_unfinished_message() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="par"))
+    assert session.partial("m") == "par"
+    session.receive(ProducerEvent(id="m", delta="tial"))
+    assert session.partial("m") == "partial"
+
+
+def test_partial_of_opened_message_without_delta_is_empty() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m"))
+    assert session.partial("m") == ""
+
+
+def test_partial_is_none_for_unknown_and_completed_ids() -> None:
+    session = ProducerSession("c")
+    assert session.partial("unseen") is None
+    session.receive(ProducerEvent(id="m", delta="done", final=True))
+    assert session.partial("m") is None
+    assert session.assembler.get("m") == "done"
+
+
+def test_channel_of_unfinished_message() -> None:
+    session = ProducerSession("room")
+    session.receive(ProducerEvent(id="a", delta="1"))
+    session.receive(ProducerEvent(id="b", delta="2", channel="other"))
+    assert session.channel_of("a") == "room"
+    assert session.channel_of("b") == "other"
+
+
+def test_channel_of_is_none_for_unknown_and_completed_ids() -> None:
+    session = ProducerSession("room")
+    assert session.channel_of("unseen") is None
+    session.receive(ProducerEvent(id="m", delta="x"))
+    session.receive(ProducerEvent(id="m", final=True))
+    assert session.channel_of("m") is None
+
+
+def test_partial_and_channel_of_are_none_after_abort() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="x"), now=1.0)
+    session.expire(2.0)
+    assert session.partial("m") is None
+    assert session.channel_of("m") is None
+
+
+# ------------------------------------------------------------------------ expire
+
+
+def test_expire_aborts_only_messages_idle_before_the_deadline() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="old", delta="o"), now=1.0)
+    session.receive(ProducerEvent(id="fresh", delta="f", channel="x"), now=5.0)
+    assert session.expire(3.0) == [Unfinished("c", "old", "o")]
+    assert session.streaming_count == 1
+    assert session.partial("fresh") == "f"
+    assert session.partial("old") is None
+
+
+def test_expire_uses_the_last_event_not_the_first() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    session.receive(ProducerEvent(id="m", delta="b"), now=10.0)
+    assert session.expire(5.0) == []
+    assert session.partial("m") == "ab"
+    assert session.expire(11.0) == [Unfinished("c", "m", "ab")]
+
+
+def test_expire_keeps_a_message_whose_last_event_is_at_the_deadline() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=4.0)
+    assert session.expire(4.0) == []
+    assert session.streaming_count == 1
+    assert session.expire(4.5) == [Unfinished("c", "m", "a")]
+
+
+def test_expire_returns_every_stale_message_in_open_order_with_its_channel() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="b", delta="B"), now=1.0)
+    session.receive(ProducerEvent(id="a", channel="x"), now=2.0)
+    session.receive(ProducerEvent(id="b", delta="2"), now=3.0)
+    assert session.expire(10.0) == [Unfinished("c", "b", "B2"), Unfinished("x", "a", "")]
+    assert session.streaming_count == 0
+
+
+def test_expire_ignores_completed_messages() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="done", delta="d", final=True), now=1.0)
+    assert session.expire(100.0) == []
+    assert session.completed_count == 1
+    assert session.receive(ProducerEvent(id="done", final=True)) == Applied("c", "done", "d")
+
+
+def test_expire_with_nothing_open() -> None:
+    assert ProducerSession("c").expire(1.0) == []
+
+
+def test_rejected_event_does_not_refresh_the_idle_timer() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    with pytest.raises(FrameRejected):
+        session.receive(ProducerEvent(id="m", delta="X", channel="other"), now=9.0)
+    assert session.expire(5.0) == [Unfinished("c", "m", "a")]
+
+
+def test_event_for_aborted_id_is_rejected_and_changes_nothing() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="part"), now=1.0)
+    session.receive(ProducerEvent(id="other", delta="o"), now=9.0)
+    assert session.expire(5.0) == [Unfinished("c", "m", "part")]
+    for event in (
+        ProducerEvent(id="m", delta="late"),
+        ProducerEvent(id="m", delta="late", final=True),
+        ProducerEvent(id="m", final=True),
+        ProducerEvent(id="m"),
+    ):
+        with pytest.raises(FrameRejected) as info:
+            session.receive(event, now=10.0)
+        assert info.value.code is ErrorCode.MESSAGE_ABORTED
+        assert info.value.message_id == "m"
+        assert info.value.message == "message 'm' was aborted; send new text under a new id"
+    assert session.streaming_count == 1
+    assert session.completed_count == 0
+    assert session.partial("m") is None
+    assert session.channel_of("m") is None
+    assert session.assembler.get("m") is None
+    assert session.partial("other") == "o"
+
+
+def test_aborted_id_is_rejected_on_any_channel() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    session.expire(2.0)
+    with pytest.raises(FrameRejected) as info:
+        session.receive(ProducerEvent(id="m", delta="b", channel="elsewhere"))
+    assert info.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+def test_aborted_message_frees_a_streaming_slot() -> None:
+    session = ProducerSession("c", max_streaming=1)
+    session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
+    session.expire(2.0)
+    assert session.streaming_count == 0
+    assert session.receive(ProducerEvent(id="b", delta="2"), now=3.0) == Applied(
+        "c", "b", None, delta="2", opened=True
+    )
+
+
+def test_aborted_ids_do_not_use_completed_memory() -> None:
+    session = ProducerSession("c", max_completed=1)
+    session.receive(ProducerEvent(id="done", delta="d", final=True), now=1.0)
+    session.receive(ProducerEvent(id="m", delta="x"), now=1.0)
+    session.expire(2.0)
+    assert session.completed_count == 1
+    assert session.receive(ProducerEvent(id="done", final=True)) == Applied("c", "done", "d")
+    with pytest.raises(FrameRejected) as info:
+        session.receive(ProducerEvent(id="m", delta="y"))
+    assert info.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+def test_aborted_memory_is_bounded_by_max_completed() -> None:
+    session = ProducerSession("c", max_completed=2)
+    for now, message_id in enumerate(["a", "b", "c"]):
+        session.receive(ProducerEvent(id=message_id, delta=message_id.upper()), now=float(now))
+        session.expire(float(now) + 0.5)
+    # "a" was aborted first and is forgotten: an event for it starts a fresh message.
+    assert session.receive(ProducerEvent(id="a", delta="new"), now=10.0) == Applied(
+        "c", "a", None, delta="new", opened=True
+    )
+    assert session.partial("a") == "new"
+    assert session.receive(ProducerEvent(id="a", final=True), now=11.0) == Applied(
+        "c", "a", "new", True
+    )
+    for message_id in ("b", "c"):
+        with pytest.raises(FrameRejected) as info:
+            session.receive(ProducerEvent(id=message_id, delta="late"))
+        assert info.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+# ------------------------------------------------------------------- close (aborts)
+
+
+def test_close_returns_every_open_message_in_open_order() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="x", delta="1"), now=1.0)
+    session.receive(ProducerEvent(id="y", delta="2", channel="d"), now=2.0)
+    session.receive(ProducerEvent(id="z"), now=3.0)
+    assert session.close() == [
+        Unfinished("c", "x", "1"),
+        Unfinished("d", "y", "2"),
+        Unfinished("c", "z", ""),
+    ]
+    assert session.streaming_count == 0
+
+
+def test_close_with_only_completed_messages_returns_nothing() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="d", final=True))
+    assert session.close() == []
+    assert session.completed_count == 0
+
+
+def test_close_forgets_aborted_ids() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="old"), now=1.0)
+    session.expire(2.0)
+    session.close()
+    assert session.receive(ProducerEvent(id="m", delta="new")) == Applied(
+        "c", "m", None, delta="new", opened=True
+    )
+    assert session.partial("m") == "new"
