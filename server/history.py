@@ -61,9 +61,11 @@ class ChannelLog:
 
     def record(self, now: float, render: Callable[[int, str], str]) -> str:
         """Give the next offset to a frame rendered by ``render(offset, epoch)``; keep it."""
-        self.offset += 1
-        payload = render(self.offset, self.epoch)
-        self._entries.append((self.offset, now, payload))
+        offset = self.offset + 1
+        payload = render(offset, self.epoch)
+        # Only a rendered frame takes the offset, so offsets and entries never drift apart.
+        self.offset = offset
+        self._entries.append((offset, now, payload))
         return payload
 
     def prune(self, oldest_allowed: float) -> None:

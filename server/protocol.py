@@ -258,7 +258,9 @@ def encode(frame: BaseModel) -> str:
 
 
 def _field(error: ErrorDetails) -> str:
-    return ".".join(str(part) for part in error["loc"]) or "frame"
+    name = ".".join(str(part) for part in error["loc"]) or "frame"
+    # Keys of a map (positions) come from the peer: never echo a huge one back.
+    return name if len(name) <= 80 else name[:77] + "..."
 
 
 def _describe(error: ErrorDetails) -> str:
@@ -276,7 +278,8 @@ def _describe(error: ErrorDetails) -> str:
     if kind == "string_too_short":
         return f"'{field}' must not be empty"
     if kind == "string_too_long":
-        return f"'{field}' is longer than {MAX_NAME_LENGTH} characters"
+        limit = error.get("ctx", {}).get("max_length", MAX_NAME_LENGTH)
+        return f"'{field}' is longer than {limit} characters"
     if kind == "greater_than_equal":
         return f"'{field}' must not be negative"
     if kind == "int_type":
@@ -311,7 +314,7 @@ def _peek_id(raw: str | bytes) -> str | None:
 def _rejection(
     exc: ValidationError, raw: str | bytes, invalid: ErrorCode, what: str
 ) -> FrameRejected:
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    errors = exc.errors(include_url=False, include_input=False)
     first = errors[0]
     kind = first["type"]
     if kind == "json_invalid":
