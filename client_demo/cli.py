@@ -65,8 +65,9 @@ async def main_async(args: argparse.Namespace) -> int:
     if not args.serve:
         return await demo(args.url, args.channel, forever=args.forever)
     settings = Settings(host=args.host, port=args.port, web_root=str(WEB_ROOT))
-    async with await Relay(settings).start() as server:
-        port = server.sockets[0].getsockname()[1]
+    async with Relay(settings) as relay:
+        assert relay.server is not None
+        port = relay.server.sockets[0].getsockname()[1]
         print(
             f"relay listening on ws://{args.host}:{port} (producers /produce, "
             "subscribers /subscribe)"

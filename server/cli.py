@@ -27,7 +27,7 @@ async def run(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.close)
-    async with server:
+    async with relay:
         host, port = server.sockets[0].getsockname()[:2]
         display = f"[{host}]" if ":" in host else host
         log.info(

@@ -4,8 +4,10 @@ Every exception the relay raises on purpose derives from :class:`RelayError`::
 
     RelayError
     ├── ConfigError        our operator's fault: a setting is invalid; the relay won't start
-    └── FrameRejected      the peer's fault: one frame broke the protocol; answer it with
-                           an error frame and keep the connection serving
+    ├── FrameRejected      the peer's fault: one frame broke the protocol; answer it with
+    │                      an error frame and keep the connection serving
+    └── BrokerUnavailable  the world's fault: the shared broker can't be reached; answer
+                           ``broker_unavailable`` for what could not be done, and retry
 
 A rejected frame is never our exception to propagate: the connection layer turns
 it into an ``error`` frame and goes on with the next frame.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["ConfigError", "ErrorCode", "FrameRejected", "RelayError"]
+__all__ = ["BrokerUnavailable", "ConfigError", "ErrorCode", "FrameRejected", "RelayError"]
 
 
 class ErrorCode(StrEnum):
@@ -33,6 +35,7 @@ class ErrorCode(StrEnum):
     MESSAGE_ABORTED = "message_aborted"
     UNKNOWN_MESSAGE = "unknown_message"
     NOT_SUBSCRIBED = "not_subscribed"
+    BROKER_UNAVAILABLE = "broker_unavailable"
 
 
 class RelayError(Exception):
@@ -41,6 +44,10 @@ class RelayError(Exception):
 
 class ConfigError(RelayError):
     """A setting is invalid, so the relay refuses to start."""
+
+
+class BrokerUnavailable(RelayError):
+    """The broker could not be reached; what was asked of it did not happen."""
 
 
 class FrameRejected(RelayError):

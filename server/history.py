@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ChannelLog", "HistoryStore", "Replay"]
+__all__ = ["ChannelLog", "HistoryStore", "Replay", "judge_replay", "new_epoch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,28 @@ class Replay:
     frames: list[str]
     offset: int
     epoch: str
+
+
+def judge_replay(
+    since: int,
+    epoch: str,
+    offset: int,
+    current_epoch: str,
+    tail: list[tuple[int, float, str]],
+) -> Replay:
+    """Decide a resume from the retained entries after ``since`` (``(offset, time, frame)``).
+
+    Recovered only if the epoch matches and ``tail`` holds every offset from
+    ``since + 1`` to ``offset``, in order: never a partial run.
+    """
+    if epoch != current_epoch or since > offset:
+        return Replay(False, [], offset, current_epoch)
+    expected = range(since + 1, offset + 1)
+    if len(tail) != len(expected) or any(
+        entry[0] != want for entry, want in zip(tail, expected, strict=True)
+    ):
+        return Replay(False, [], offset, current_epoch)
+    return Replay(True, [entry[2] for entry in tail], offset, current_epoch)
 
 
 def new_epoch() -> str:
@@ -76,15 +98,9 @@ class ChannelLog:
 
     def replay(self, since: int, epoch: str) -> Replay:
         """The frames after offset ``since`` of ``epoch``, if none of them is lost."""
-        if epoch != self.epoch or since > self.offset:
-            return Replay(False, [], self.offset, self.epoch)
         missed = self.offset - since
-        if missed == 0:
-            return Replay(True, [], self.offset, self.epoch)
-        if missed > len(self._entries):
-            return Replay(False, [], self.offset, self.epoch)
-        frames = [payload for _, _, payload in list(self._entries)[-missed:]]
-        return Replay(True, frames, self.offset, self.epoch)
+        tail = list(self._entries)[-missed:] if 0 < missed <= len(self._entries) else []
+        return judge_replay(since, epoch, self.offset, self.epoch, tail)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -94,6 +94,10 @@ class ChannelHub(Generic[S]):
         """The channels a subscriber holds."""
         return self._channels_of.get(subscriber, frozenset())
 
+    def subscriber_handles(self) -> list[S]:
+        """Every subscriber holding at least one channel."""
+        return list(self._channels_of)
+
     def is_subscribed(self, subscriber: S, channel: str) -> bool:
         """Whether ``subscriber`` holds ``channel``."""
         return channel in self._channels_of.get(subscriber, ())

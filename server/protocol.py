@@ -46,7 +46,9 @@ __all__ = [
     "decode_producer_event",
     "decode_subscriber_frame",
     "encode",
+    "encode_unpositioned",
     "json_schema",
+    "with_position",
 ]
 
 MAX_NAME_LENGTH = 256
@@ -252,6 +254,26 @@ SERVER_FRAME: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
 def encode(frame: BaseModel) -> str:
     """Serialize a frame to its JSON text, once; absent optional fields are left out."""
     return frame.model_dump_json()
+
+
+_POSITION = {"offset", "epoch"}
+
+
+def encode_unpositioned(frame: MessageFrame | Aborted) -> str:
+    """Serialize a terminal frame without its ``offset`` and ``epoch`` (its last two fields).
+
+    The broker that assigns the offset completes it with :func:`with_position`,
+    so the frame is serialized once, wherever the offset is decided.
+    """
+    return frame.model_dump_json(exclude=_POSITION)
+
+
+def with_position(body: str, offset: int, epoch: str) -> str:
+    """Complete an unpositioned terminal frame; equals ``encode`` of the positioned model.
+
+    ``epoch`` is URL-safe base64 (:func:`server.history.new_epoch`), so it needs no escaping.
+    """
+    return f'{body[:-1]},"offset":{offset},"epoch":"{epoch}"}}'
 
 
 # ----------------------------------------------------------------- decoding errors

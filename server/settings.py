@@ -38,6 +38,10 @@ class Settings:
     """Channels whose history is kept; the least recently used one is dropped (new epoch)."""
     idle_timeout: float = 60.0
     """Seconds without an event after which an unfinished message is aborted."""
+    broker: str = "memory://"
+    """Where channels are shared: ``memory://`` (this process) or ``redis://HOST:PORT/DB``."""
+    workers: int = 1
+    """Relay processes sharing the port (SO_REUSEPORT); more than one needs a shared broker."""
     web_root: str = ""
     """A folder of static files (the demo page) to serve over HTTP; empty serves none."""
 
@@ -47,7 +51,13 @@ class Settings:
         for field in fields(self):
             if field.name.startswith("max_") and getattr(self, field.name) < 1:
                 raise ConfigError(f"{field.name} must be at least 1")
-        for name in ("history_size",):
+        if self.workers > 1 and self.broker.startswith("memory:"):
+            raise ConfigError(
+                f"--workers {self.workers} needs a shared broker: with memory:// each process "
+                "would keep its own channels and history, so a producer and a subscriber that "
+                "land on different processes would never meet. Use --broker redis://HOST:PORT/DB"
+            )
+        for name in ("history_size", "workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
         for name in ("history_ttl", "idle_timeout"):

@@ -26,12 +26,12 @@ class RunningRelay:
         return connect(self.url + path, **kwargs)
 
 
-async def start_relay(**overrides: Any) -> tuple[RunningRelay, Any]:
-    """Start a relay on a free port with the given settings."""
+async def start_relay(**overrides: Any) -> tuple[RunningRelay, Relay]:
+    """Start a relay on a free port; use the returned relay as ``async with`` to stop it."""
     relay = Relay(Settings(port=0, **overrides))
     server = await relay.start()
     port = server.sockets[0].getsockname()[1]
-    return RunningRelay(relay, f"ws://127.0.0.1:{port}"), server
+    return RunningRelay(relay, f"ws://127.0.0.1:{port}"), relay
 
 
 @pytest.fixture

@@ -105,7 +105,8 @@ async def test_page_reconnects_and_shows_missed_messages_exactly_once(
         await _shows(page, "open", "abc", "streaming")
 
         # The relay drops the page's socket with no close frame, as a network would.
-        for connection in list(server.connections):
+        assert server.server is not None
+        for connection in list(server.server.connections):
             if connection.request.path.startswith("/subscribe"):
                 connection.transport.abort()
         await _until(lambda: not running.relay.hub.subscribers("web"))
