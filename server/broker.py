@@ -98,6 +98,9 @@ class BrokerListener(Protocol):
     def partial(self, owner: str, message_id: str) -> str | None:
         """The text so far of a message owned by a local producer (for in-process brokers)."""
 
+    def owned_messages(self) -> list[tuple[str, str, str]]:
+        """``(channel, owner, id)`` of every message in progress on this process's producers."""
+
     def on_restored(self) -> None:
         """The broker came back after an outage: events may have been missed meanwhile."""
 

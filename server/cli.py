@@ -1,15 +1,19 @@
-"""``python -m server``: run the relay, or print the protocol's JSON Schema."""
+"""``python -m server``: run the relay (one process or several), or print the JSON Schema."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import multiprocessing
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
+from .broker import open_broker
 from .errors import ConfigError
 from .protocol import json_schema
 from .relay import PRODUCE_PATH, SUBSCRIBE_PATH, Relay
@@ -19,29 +23,78 @@ __all__ = ["main", "run"]
 
 log = logging.getLogger("token_relay")
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
-async def run(settings: Settings) -> None:
+
+def _announce(host: str, port: int, workers: int) -> None:
+    display = f"[{host}]" if ":" in host else host
+    log.info(
+        "token-relay listening on port %d: producers ws://%s:%d%s, subscribers ws://%s:%d%s%s",
+        port,
+        display,
+        port,
+        PRODUCE_PATH,
+        display,
+        port,
+        SUBSCRIBE_PATH,
+        f" ({workers} worker processes)" if workers > 1 else "",
+    )
+
+
+async def run(relay: Relay, *, announce: bool = True) -> None:
     """Serve until SIGINT or SIGTERM, then close every connection with 1001."""
-    relay = Relay(settings)
     server = await relay.start()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.close)
     async with relay:
-        host, port = server.sockets[0].getsockname()[:2]
-        display = f"[{host}]" if ":" in host else host
-        log.info(
-            "token-relay listening on port %d: producers ws://%s:%d%s, subscribers ws://%s:%d%s",
-            port,
-            display,
-            port,
-            PRODUCE_PATH,
-            display,
-            port,
-            SUBSCRIBE_PATH,
-        )
+        if announce:
+            host, port = server.sockets[0].getsockname()[:2]
+            _announce(host, port, 1)
         await server.wait_closed()
     log.info("token-relay stopped")
+
+
+def _worker(settings: Settings) -> None:
+    """One of several processes sharing the port."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(Relay(settings), announce=False))
+
+
+def _run_workers(settings: Settings) -> int:
+    """Start ``settings.workers`` processes on one port (SO_REUSEPORT) and supervise them."""
+    # Reserve the port here, so that with --port 0 every worker binds the same one.
+    reservation = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    reservation.bind((settings.host, settings.port))
+    port = reservation.getsockname()[1]
+    shared = dataclasses.replace(settings, port=port)
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, args=(shared,), name=f"relay-worker-{n}")
+        for n in range(settings.workers)
+    ]
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.pid is not None and worker.is_alive():
+                worker.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for worker in workers:
+        worker.start()
+    _announce(settings.host, port, settings.workers)
+    for worker in workers:
+        worker.join()
+    reservation.close()
+    failed = [worker.exitcode for worker in workers if worker.exitcode not in (0, -signal.SIGTERM)]
+    log.info("token-relay stopped")
+    return 1 if failed and not stopping else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,12 +103,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["schema"]:
         print(json.dumps(json_schema(), indent=2))
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         settings = Settings.from_args(args)
+        relay = Relay(settings) if settings.workers == 1 else None
+        if relay is None:
+            open_broker(settings, "probe")  # refuse a bad --broker before forking
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if relay is None:
+        return _run_workers(settings)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings))
+        asyncio.run(run(relay))
     return 0

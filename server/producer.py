@@ -159,6 +159,10 @@ class ProducerSession:
         """The text so far of an unfinished message, or None."""
         return self.assembler.get(message_id) if message_id in self._streaming else None
 
+    def streaming(self) -> list[tuple[str, str]]:
+        """``(id, channel)`` of every unfinished message, oldest first."""
+        return [(message_id, state.channel) for message_id, state in self._streaming.items()]
+
     def channel_of(self, message_id: str) -> str | None:
         """The channel of an unfinished message, or None."""
         state = self._streaming.get(message_id)

@@ -453,6 +453,14 @@ class Relay:
         producer = self.producers.get(owner)
         return None if producer is None else producer.session.partial(message_id)
 
+    def owned_messages(self) -> list[tuple[str, str, str]]:
+        """Every message in progress on this process's producers."""
+        return [
+            (channel, owner, message_id)
+            for owner, producer in self.producers.items()
+            for message_id, channel in producer.session.streaming()
+        ]
+
     def on_restored(self) -> None:
         """Events may have been missed during a broker outage: have subscribers resume."""
         subscribers = list(self.hub.subscriber_handles())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from server import Relay, Settings
+
+from .redis_server import RedisServer
 
 
 @dataclass
@@ -69,3 +71,14 @@ async def assert_silent(ws: ClientConnection, wait: float = 0.3) -> None:
 async def send_json(ws: ClientConnection, frame: Any) -> None:
     """Send one JSON text frame."""
     await ws.send(json.dumps(frame))
+
+
+@pytest.fixture
+def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
+    """A private redis-server on a free port, killed after the test."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
