@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import json
 import logging
 import multiprocessing
+import os
+import queue
 import signal
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .broker import open_broker
 from .errors import ConfigError
@@ -24,6 +29,7 @@ __all__ = ["main", "run"]
 log = logging.getLogger("token_relay")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+PR_SET_PDEATHSIG = 1
 
 
 def _announce(host: str, port: int, workers: int) -> None:
@@ -41,25 +47,39 @@ def _announce(host: str, port: int, workers: int) -> None:
     )
 
 
-async def run(relay: Relay, *, announce: bool = True) -> None:
-    """Serve until SIGINT or SIGTERM, then close every connection with 1001."""
+async def run(relay: Relay, ready: Any = None) -> None:
+    """Serve until SIGINT or SIGTERM, then close every connection with 1001.
+
+    A worker process reports to its supervisor through ``ready`` once it listens;
+    a lone process announces its URLs itself.
+    """
     server = await relay.start()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, server.close)
     async with relay:
-        if announce:
+        if ready is None:
             host, port = server.sockets[0].getsockname()[:2]
             _announce(host, port, 1)
+        else:
+            ready.put(os.getpid())
         await server.wait_closed()
     log.info("token-relay stopped")
 
 
-def _worker(settings: Settings) -> None:
+def _die_with_parent() -> None:
+    """Ask Linux to stop this worker if its supervisor dies, so no worker is orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _worker(settings: Settings, ready: Any) -> None:
     """One of several processes sharing the port."""
+    _die_with_parent()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(Relay(settings), announce=False))
+        asyncio.run(run(Relay(settings), ready))
 
 
 def _run_workers(settings: Settings) -> int:
@@ -71,8 +91,9 @@ def _run_workers(settings: Settings) -> int:
     port = reservation.getsockname()[1]
     shared = dataclasses.replace(settings, port=port)
     context = multiprocessing.get_context("spawn")
+    ready = context.Queue()
     workers = [
-        context.Process(target=_worker, args=(shared,), name=f"relay-worker-{n}")
+        context.Process(target=_worker, args=(shared, ready), name=f"relay-worker-{n}")
         for n in range(settings.workers)
     ]
     stopping = False
@@ -88,13 +109,23 @@ def _run_workers(settings: Settings) -> int:
     signal.signal(signal.SIGINT, stop)
     for worker in workers:
         worker.start()
-    _announce(settings.host, port, settings.workers)
+    started = 0
+    while started < len(workers) and not stopping:
+        try:
+            ready.get(timeout=0.2)
+            started += 1
+        except queue.Empty:
+            if any(not worker.is_alive() for worker in workers):
+                log.error("a worker process exited while starting")
+                stop(signal.SIGTERM, None)
+    if not stopping:
+        _announce(settings.host, port, settings.workers)
     for worker in workers:
         worker.join()
     reservation.close()
     failed = [worker.exitcode for worker in workers if worker.exitcode not in (0, -signal.SIGTERM)]
     log.info("token-relay stopped")
-    return 1 if failed and not stopping else 0
+    return 1 if failed or started < len(workers) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

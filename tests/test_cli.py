@@ -158,3 +158,19 @@ def test_client_demo_streams_three_exact_replies() -> None:
     assert "3 messages received, text exact: True" in out
     for reply_id in ("reply-1", "reply-2", "reply-3"):
         assert f"] {reply_id}:" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--workers", "2"], b"--workers 2 needs a shared broker"),
+        (["--broker", "kafka://somewhere"], b"unknown broker 'kafka://somewhere'"),
+    ],
+)
+def test_bad_broker_settings_are_refused_with_the_reason(argv: list[str], says: bytes) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server", *argv], capture_output=True, timeout=30, check=False
+    )
+    assert result.returncode == 2
+    assert says in result.stderr
+    assert b"Traceback" not in result.stderr
