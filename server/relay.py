@@ -363,6 +363,7 @@ class Relay:
             self._joining.pop(key, None)
             if not was_subscribed:
                 self.hub.unsubscribe(connection, channel)
+                await self._update_interest(channel)
             raise _broker_rejected(None) from None
         buffered = self._joining.pop(key, None)
         if buffered is None:  # dropped as slow while joining
