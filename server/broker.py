@@ -145,6 +145,9 @@ class Broker(Protocol):
     async def ready(self) -> bool:
         """Check the broker end to end (for readiness probes)."""
 
+    async def flush(self) -> None:
+        """Return once every event published so far has reached this process's listener."""
+
 
 BrokerFactory = Callable[[str, Settings, str], Broker]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import ctypes
@@ -18,8 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .auth import Role, mint
 from .broker import open_broker
 from .errors import ConfigError
+from .logs import configure as configure_logs
 from .protocol import json_schema
 from .relay import PRODUCE_PATH, SUBSCRIBE_PATH, Relay
 from .settings import Settings
@@ -28,7 +31,6 @@ __all__ = ["main", "run"]
 
 log = logging.getLogger("token_relay")
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 PR_SET_PDEATHSIG = 1
 
 
@@ -55,15 +57,21 @@ async def run(relay: Relay, ready: Any = None) -> None:
     """
     server = await relay.start()
     loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, server.close)
-    async with relay:
-        if ready is None:
-            host, port = server.sockets[0].getsockname()[:2]
-            _announce(host, port, 1)
-        else:
-            ready.put(os.getpid())
-        await server.wait_closed()
+        loop.add_signal_handler(signum, stopping.set)
+    if ready is None:
+        host, port = server.sockets[0].getsockname()[:2]
+        _announce(host, port, 1)
+    else:
+        ready.put(os.getpid())
+    closed = asyncio.ensure_future(server.wait_closed())
+    signalled = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait([closed, signalled], return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    log.info("token-relay stopping: aborting messages in progress, closing connections")
+    await relay.stop()
+    closed.cancel()
     log.info("token-relay stopped")
 
 
@@ -77,7 +85,7 @@ def _die_with_parent() -> None:
 def _worker(settings: Settings, ready: Any) -> None:
     """One of several processes sharing the port."""
     _die_with_parent()
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logs(settings.log_format)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(Relay(settings), ready))
 
@@ -128,15 +136,49 @@ def _run_workers(settings: Settings) -> int:
     return 1 if failed or started < len(workers) else 0
 
 
+def _mint(args: Sequence[str]) -> int:
+    """``python -m server token``: print a signed connection token."""
+    parser = argparse.ArgumentParser(
+        prog="python -m server token",
+        description="Mint an HS256 connection token for a relay started with the same secret.",
+    )
+    parser.add_argument("--role", choices=[role.value for role in Role], required=True)
+    parser.add_argument(
+        "--channel",
+        action="append",
+        required=True,
+        help="a channel name or glob pattern such as 'chat-*' (repeatable)",
+    )
+    parser.add_argument("--ttl", type=float, default=3600.0, help="seconds until it expires")
+    parser.add_argument(
+        "--secret", default=os.environ.get("RELAY_SECRET", ""), help="(env RELAY_SECRET)"
+    )
+    options = parser.parse_args(args)
+    if not options.secret:
+        print("error: give --secret or set RELAY_SECRET", file=sys.stderr)
+        return 2
+    print(mint(options.secret, Role(options.role), options.channel, options.ttl))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["schema"]:
         print(json.dumps(json_schema(), indent=2))
         return 0
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    if args[:1] == ["token"]:
+        return _mint(args[1:])
+    configure_logs("plain")
     try:
         settings = Settings.from_args(args)
+        configure_logs(settings.log_format)
+        if settings.insecure and settings.open_access:
+            log.warning(
+                "RUNNING WITHOUT AUTHENTICATION on %s: anyone who can reach this port can read "
+                "and write every channel (--insecure)",
+                settings.host,
+            )
         relay = Relay(settings) if settings.workers == 1 else None
         if relay is None:
             open_broker(settings, "probe")  # refuse a bad --broker before forking

@@ -36,6 +36,9 @@ class ErrorCode(StrEnum):
     UNKNOWN_MESSAGE = "unknown_message"
     NOT_SUBSCRIBED = "not_subscribed"
     BROKER_UNAVAILABLE = "broker_unavailable"
+    FORBIDDEN = "forbidden"
+    RATE_LIMITED = "rate_limited"
+    MESSAGE_TOO_LARGE = "message_too_large"
 
 
 class RelayError(Exception):

@@ -94,6 +94,9 @@ class MemoryBroker:
         """Always ready."""
         return True
 
+    async def flush(self) -> None:
+        """Nothing to wait for: events are delivered inside each call."""
+
     def _emit(self, channel: str, kind: FrameKind, payload: str) -> None:
         self._seq += 1
         if self._listener is not None:

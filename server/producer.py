@@ -33,7 +33,7 @@ from .assembler import TokenAssembler
 from .errors import ErrorCode, FrameRejected
 from .protocol import ProducerEvent
 
-__all__ = ["Applied", "ProducerSession", "Unfinished"]
+__all__ = ["Applied", "MessageTooLarge", "ProducerSession", "Unfinished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,10 @@ class Applied:
     """The delta appended to an unfinished message by this event, if any."""
     opened: bool = False
     """True if this event created the message."""
+    delta_wait: float | None = None
+    """For a non-empty delta: seconds since the message's previous one, or since it opened."""
+    first_delta: bool = False
+    """True if ``delta_wait`` counts from the message's opening (its first non-empty delta)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +65,29 @@ class Unfinished:
     text: str
 
 
+class MessageTooLarge(FrameRejected):
+    """A delta would take its message past the size limit; the message was aborted."""
+
+    def __init__(self, unfinished: Unfinished | None, limit: int) -> None:
+        message_id = unfinished.message_id if unfinished else None
+        super().__init__(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"a message may have at most {limit} characters; "
+            + ("it was aborted" if unfinished else "nothing was applied"),
+            message_id,
+        )
+        self.unfinished = unfinished
+
+
 class _Open:
-    __slots__ = ("channel", "last_event")
+    __slots__ = ("channel", "chars", "last_delta", "last_event", "opened")
 
     def __init__(self, channel: str, now: float) -> None:
         self.channel = channel
+        self.opened = now
         self.last_event = now
+        self.last_delta: float | None = None
+        self.chars = 0
 
 
 class ProducerSession:
@@ -78,6 +99,7 @@ class ProducerSession:
         "_streaming",
         "assembler",
         "default_channel",
+        "max_chars",
         "max_completed",
         "max_streaming",
     )
@@ -88,9 +110,11 @@ class ProducerSession:
         *,
         max_streaming: int = 1000,
         max_completed: int = 1000,
+        max_chars: int = 1 << 20,
     ) -> None:
-        if max_streaming < 1 or max_completed < 1:
-            raise ValueError("max_streaming and max_completed must be at least 1")
+        if max_streaming < 1 or max_completed < 1 or max_chars < 1:
+            raise ValueError("max_streaming, max_completed and max_chars must be at least 1")
+        self.max_chars = max_chars
         self.default_channel = default_channel
         self.max_streaming = max_streaming
         self.max_completed = max_completed
@@ -114,12 +138,21 @@ class ProducerSession:
             _check_channel(message_id, state.channel, channel)
             state.last_event = now
             delta = None if event.delta is MISSING else event.delta
+            wait = previous = None
+            if delta:
+                state.chars += len(delta)
+                if state.chars > self.max_chars:
+                    raise MessageTooLarge(self._abort(message_id), self.max_chars)
+                previous = state.last_delta
+                wait = now - (state.opened if previous is None else previous)
+                state.last_delta = now
+            first = wait is not None and previous is None
             text = self.assembler.feed(message_id, delta, event.final)
             if text is None:
-                return Applied(channel, message_id, None, delta=delta)
+                return Applied(channel, message_id, None, False, delta, False, wait, first)
             del self._streaming[message_id]
             self._remember(self._completed, message_id, channel)
-            return Applied(channel, message_id, text, True, delta)
+            return Applied(channel, message_id, text, True, delta, False, wait, first)
 
         completed_in = self._completed.get(message_id)
         if completed_in is not None:
@@ -148,12 +181,18 @@ class ProducerSession:
                 message_id,
             )
         delta = None if event.delta is MISSING else event.delta
+        if delta is not None and len(delta) > self.max_chars:
+            raise MessageTooLarge(None, self.max_chars)
         text = self.assembler.feed(message_id, delta, event.final)
+        wait = 0.0 if delta else None
         if text is None:
-            self._streaming[message_id] = _Open(channel, now)
-            return Applied(channel, message_id, None, delta=delta, opened=True)
+            state = self._streaming[message_id] = _Open(channel, now)
+            if delta:
+                state.chars = len(delta)
+                state.last_delta = now
+            return Applied(channel, message_id, None, False, delta, True, wait, bool(delta))
         self._remember(self._completed, message_id, channel)
-        return Applied(channel, message_id, text, True, delta, opened=True)
+        return Applied(channel, message_id, text, True, delta, True, wait, bool(delta))
 
     def partial(self, message_id: str) -> str | None:
         """The text so far of an unfinished message, or None."""

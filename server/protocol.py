@@ -86,6 +86,8 @@ class AbortReason(StrEnum):
 
     PRODUCER_DISCONNECTED = "producer_disconnected"
     IDLE_TIMEOUT = "idle_timeout"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    SHUTDOWN = "shutdown"
 
 
 # ---------------------------------------------------------------- producer -> relay

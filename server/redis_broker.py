@@ -185,6 +185,7 @@ class RedisBroker:
         self._pubsub: Any = None
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._dirty: set[tuple[str, str, str]] = set()
+        self._flushes: dict[str, asyncio.Future[None]] = {}
         self._healthy = False
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox = _key("i", instance)
@@ -226,6 +227,19 @@ class RedisBroker:
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
         self._healthy = False
+
+    async def flush(self) -> None:
+        """Wait until a marker published now comes back: pub/sub keeps order on one connection."""
+        token = secrets.token_hex(8)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flushes[token] = waiter
+        try:
+            await self._client().publish(self._inbox, f"f|{token}|")
+            await asyncio.wait_for(waiter, 5)
+        except (*_DOWN, TimeoutError) as exc:
+            raise BrokerUnavailable(str(exc)) from None
+        finally:
+            self._flushes.pop(token, None)
 
     async def ready(self) -> bool:
         """Ping Redis."""
@@ -451,8 +465,13 @@ class RedisBroker:
                 continue
             data: bytes = message["data"]
             if topic == inbox:
-                _, owner, payload = data.split(b"|", 2)
-                listener.on_cancel(owner.decode(), payload)
+                what, name, payload = data.split(b"|", 2)
+                if what == b"f":
+                    waiter = self._flushes.get(name.decode())
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    listener.on_cancel(name.decode(), payload)
                 continue
             frame_kind, seq, payload = data.split(b"|", 2)
             listener.on_frame(topic[5:].decode(), FrameKind(frame_kind.decode()), int(seq), payload)

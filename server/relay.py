@@ -1,16 +1,12 @@
-"""The WebSocket edge: routes connections, feeds frames to the core, writes what it returns.
+"""The WebSocket edge: admits connections, feeds frames to the core, writes what it returns.
 
 Endpoints
 ---------
 * ``/produce[?channel=C]``: a producer (model gateway) pushes delta events.
 * ``/subscribe[?channel=C[&deltas=1]]``: a subscriber (chat frontend) receives
   completed messages and, if asked, live deltas.
-* ``GET /healthz`` (the process is up) and ``GET /readyz`` (its broker is
-  reachable), and with ``--web-root`` the files of that folder (``/`` is
-  ``index.html``).
-
-Anything else is answered with HTTP 404 before the handshake, and a malformed
-``channel`` query with HTTP 400.
+* ``GET /healthz``, ``/readyz``, ``/metrics``, and with ``--web-root`` the demo
+  page; see :mod:`server.gate` for admission (tokens, origins, limits).
 
 Events
 ------
@@ -24,11 +20,15 @@ snapshots, then the live stream, with no gap and no overlap.
 Writes
 ------
 Producer replies (``ack``, ``error``) are awaited, which gives each producer
-backpressure. Frames to subscribers never wait: each is serialized once and
-handed to websockets' ``broadcast()``. A peer whose unsent bytes exceed
-``max_subscriber_buffer_bytes`` is dropped from every channel and closed with
-1013 (try again later), so one stuck reader can neither stall the others nor
-grow the relay's memory without bound; it can resume by offset.
+backpressure. Frames to subscribers never wait: :mod:`server.fanout` writes
+each once to every ready socket and merges the deltas of slow ones.
+
+Shutdown
+--------
+:meth:`stop` stops accepting, aborts every message in progress with reason
+``shutdown`` (subscribers get the ``aborted`` frame first), lets slow
+subscribers' backlogs drain, then closes every connection with 1001, all
+within ``--shutdown-timeout``.
 """
 
 from __future__ import annotations
@@ -38,25 +38,26 @@ import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import Coroutine, Iterable
-from http import HTTPStatus
-from pathlib import Path
+import time
 from types import TracebackType
 from typing import Any, NamedTuple
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import MISSING
 from websockets import CloseCode
-from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
+from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from websockets.typing import Origin
 
+from .auth import Grant
 from .broker import Broker, FrameKind, open_broker
 from .errors import BrokerUnavailable, ErrorCode, FrameRejected
+from .fanout import Fanout
+from .gate import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
 from .hub import ChannelHub
-from .producer import ProducerSession, Unfinished
+from .metrics import Metrics
+from .producer import MessageTooLarge, ProducerSession, Unfinished
 from .protocol import (
-    MAX_NAME_LENGTH,
     Aborted,
     AbortReason,
     Ack,
@@ -74,17 +75,15 @@ from .protocol import (
     encode,
     encode_unpositioned,
 )
+from .ratelimit import TokenBucket
 from .settings import Settings
-from .web import StaticFiles
 
 __all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Relay"]
 
 log = logging.getLogger("token_relay")
 
-PRODUCE_PATH = "/produce"
-SUBSCRIBE_PATH = "/subscribe"
-SLOW_CONSUMER_REASON = "slow consumer: outgoing buffer over limit; resume by offset"
 BROKER_RESTORED_REASON = "broker reconnected: resume by offset"
+SHUTDOWN_REASON = "relay shutting down"
 MAX_JOIN_BUFFER = 10_000
 """Frames buffered for one joining subscription while its catch-up is read."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -93,10 +92,6 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 class _Producer(NamedTuple):
     connection: ServerConnection
     session: ProducerSession
-
-
-def _query(path: str) -> dict[str, list[str]]:
-    return parse_qs(urlsplit(path).query, keep_blank_values=True)
 
 
 def _binary_rejected() -> FrameRejected:
@@ -113,37 +108,37 @@ def _broker_rejected(message_id: str | None) -> FrameRejected:
     )
 
 
-def _error_frame(exc: FrameRejected) -> str:
-    return encode(ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id))
-
-
 class Relay:
     """One relay process: local connections and subscriptions, joined by a broker."""
 
     def __init__(self, settings: Settings | None = None, broker: Broker | None = None) -> None:
         self.settings = settings or Settings()
         self.broker = broker or open_broker(self.settings, secrets.token_hex(4))
+        self.metrics = Metrics()
         self.hub: ChannelHub[ServerConnection] = ChannelHub(
             self.settings.max_channels_per_subscriber
         )
+        self.gate = Gate(self.settings, self.metrics, lambda: self.broker.healthy)
+        self.fanout = Fanout(self.settings, self.metrics, self.hub.remove)
         self.producers: dict[str, _Producer] = {}
-        self.web = StaticFiles(Path(self.settings.web_root)) if self.settings.web_root else None
         self.server: Server | None = None
         self._joining: dict[tuple[ServerConnection, str], list[tuple[FrameKind, int, Any]]] = {}
         self._owner_numbers = itertools.count(1)
-        self._background: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> Server:
         """Connect the broker and start listening."""
         await self.broker.start(self)
+        origins = self.settings.allowed_origins
         self.server = await serve(
             self._handle,
             self.settings.host,
             self.settings.port,
-            process_request=self._check_request,
+            process_request=self.gate.check,
+            origins=[*(Origin(origin) for origin in origins), None] if origins else None,
             max_size=self.settings.max_frame_bytes,
             # Frames are small and mostly unique; deflate would cost CPU and ~50 KiB per
             # connection for little gain, so it is off for every endpoint.
@@ -154,17 +149,39 @@ class Relay:
         return self.server
 
     async def stop(self) -> None:
-        """Close every connection (1001), then the broker."""
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        """Shut down gracefully within ``--shutdown-timeout``; see the module docstring."""
+        if self._stopping:
+            return
+        self._stopping = True
+        deadline = time.monotonic() + self.settings.shutdown_timeout
+        server = self.server
+        if server is not None:
+            server.close(close_connections=False)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._abort_everything(AbortReason.SHUTDOWN)
+                while self.fanout.backlogs:  # noqa: ASYNC110 - drained by fanout tasks
+                    await asyncio.sleep(0.01)
+        if server is not None:
+            try:
+                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                    await asyncio.gather(
+                        *(
+                            connection.close(CloseCode.GOING_AWAY, SHUTDOWN_REASON)
+                            for connection in list(server.connections)
+                        ),
+                        return_exceptions=True,
+                    )
+                    await server.wait_closed()
+            except TimeoutError:
+                for connection in list(server.connections):
+                    if connection.transport is not None:
+                        connection.transport.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.fanout.stop()
         await self.broker.close()
 
     async def __aenter__(self) -> Relay:
@@ -180,80 +197,139 @@ class Relay:
     ) -> None:
         await self.stop()
 
-    # ------------------------------------------------------------------ handshake
+    async def _abort_everything(self, reason: AbortReason) -> None:
+        for owner, producer in list(self.producers.items()):
+            for unfinished in producer.session.close():
+                await self._abort(owner, unfinished, reason)
+        with contextlib.suppress(BrokerUnavailable):
+            await self.broker.flush()
 
-    def _check_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = urlsplit(request.path).path
-        if path == "/healthz":
-            return connection.respond(HTTPStatus.OK, "ok\n")
-        if path == "/readyz":
-            if self.broker.healthy:
-                return connection.respond(HTTPStatus.OK, "ready\n")
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "broker unreachable\n")
-        if path not in (PRODUCE_PATH, SUBSCRIBE_PATH):
-            page = self.web.respond(connection, path) if self.web else None
-            return page or connection.respond(
-                HTTPStatus.NOT_FOUND, f"no endpoint at {path}; use /produce or /subscribe\n"
-            )
-        channels = _query(request.path).get("channel", [])
-        if path == PRODUCE_PATH and len(channels) > 1:
-            return connection.respond(HTTPStatus.BAD_REQUEST, "give at most one ?channel=\n")
-        for channel in channels:
-            if not 1 <= len(channel) <= MAX_NAME_LENGTH:
-                return connection.respond(
-                    HTTPStatus.BAD_REQUEST,
-                    f"?channel= must be 1 to {MAX_NAME_LENGTH} characters\n",
-                )
-        return None
+    # ------------------------------------------------------------------ connections
 
     async def _handle(self, connection: ServerConnection) -> None:
         request = connection.request
         assert request is not None  # the handshake is done
-        query = _query(request.path)
-        # A peer that vanishes without a close frame ends its handler; that is the
-        # world's doing (trio would say Broken), not an error of ours to log.
-        with contextlib.suppress(ConnectionClosed):
-            if urlsplit(request.path).path == PRODUCE_PATH:
-                channels = query.get("channel")
-                await self._serve_producer(connection, channels[0] if channels else None)
-            else:
-                deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
-                initial = [
-                    Subscribe(type="subscribe", channel=c, deltas=deltas)
-                    for c in query.get("channel", [])
-                ]
-                await self._serve_subscriber(connection, initial)
+        path = urlsplit(request.path).path
+        role = "producer" if path == PRODUCE_PATH else "subscriber"
+        grant = self.gate.admit(connection)
+        gauge = self.metrics.connections.labels(role)
+        gauge.inc()
+        opened = time.monotonic()
+        peer = connection.remote_address[0] if connection.remote_address else None
+        log.info(
+            "%s connected from %s (%s)",
+            role,
+            peer,
+            connection.id,
+            extra={
+                "event": "open",
+                "role": role,
+                "peer": peer,
+                "connection": str(connection.id),
+                "path": path,
+            },
+        )
+        query = query_of(request.path)
+        try:
+            # A peer that vanishes without a close frame ends its handler; that is the
+            # world's doing (trio would say Broken), not an error of ours to log.
+            with contextlib.suppress(ConnectionClosed):
+                if role == "producer":
+                    channels = query.get("channel")
+                    await self._serve_producer(connection, channels[0] if channels else None, grant)
+                else:
+                    deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
+                    initial = [
+                        Subscribe(type="subscribe", channel=c, deltas=deltas)
+                        for c in query.get("channel", [])
+                    ]
+                    await self._serve_subscriber(connection, initial, grant)
+        finally:
+            gauge.dec()
+            self.gate.release(connection)
+            code = connection.close_code
+            log.info(
+                "%s %s closed (%s)",
+                role,
+                connection.id,
+                code,
+                extra={
+                    "event": "close",
+                    "role": role,
+                    "peer": peer,
+                    "connection": str(connection.id),
+                    "code": code,
+                    "seconds": round(time.monotonic() - opened, 3),
+                },
+            )
+
+    async def _reject(self, connection: ServerConnection, exc: FrameRejected) -> None:
+        self.metrics.errors.labels(exc.code.value).inc()
+        await connection.send(
+            encode(ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id))
+        )
+
+    def _reject_now(self, connection: ServerConnection, exc: FrameRejected) -> None:
+        self.metrics.errors.labels(exc.code.value).inc()
+        self.fanout.send(
+            (connection,), encode(ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id))
+        )
 
     # ------------------------------------------------------------------ producers
 
-    async def _serve_producer(self, connection: ServerConnection, channel: str | None) -> None:
+    async def _serve_producer(
+        self, connection: ServerConnection, channel: str | None, grant: Grant | None
+    ) -> None:
+        settings = self.settings
         owner = f"{self.broker.instance}.{next(self._owner_numbers)}"
         session = ProducerSession(
             channel,
-            max_streaming=self.settings.max_streaming_per_producer,
-            max_completed=self.settings.max_completed_per_producer,
+            max_streaming=settings.max_streaming_per_producer,
+            max_completed=settings.max_completed_per_producer,
+            max_chars=settings.max_message_chars,
         )
         self.producers[owner] = _Producer(connection, session)
         # Completed here but not yet published (the broker was down): a repeated final retries.
         unpublished: dict[str, None] = {}
         loop = asyncio.get_running_loop()
+        bucket = TokenBucket(
+            settings.max_events_per_second, settings.max_events_per_second, loop.time()
+        )
         broker = self.broker
+        metrics = self.metrics
+        received = metrics.frames_in_producer
         try:
             async for raw in connection:
+                received.inc()
+                if self._stopping:
+                    break
+                now = loop.time()
                 try:
                     if isinstance(raw, bytes):
                         raise _binary_rejected()
-                    applied = session.receive(decode_producer_event(raw), loop.time())
-                    channel_name, message_id, text = (
-                        applied.channel,
-                        applied.message_id,
-                        applied.text,
-                    )
+                    event = decode_producer_event(raw)
+                    if not bucket.take(now):
+                        raise FrameRejected(
+                            ErrorCode.RATE_LIMITED,
+                            f"over {settings.max_events_per_second:g} events per second; "
+                            "this event was not applied, send it again",
+                            event.id,
+                        )
+                    if grant is not None and event.channel is not MISSING:
+                        grant.check(event.channel, event.id)
+                    applied = session.receive(event, now)
+                    channel_name, message_id = applied.channel, applied.message_id
+                    text = applied.text
                     if applied.opened and text is None:
                         broker.open(channel_name, owner, message_id)
                     if applied.delta:
                         frame = DeltaFrame(channel=channel_name, id=message_id, delta=applied.delta)
                         broker.delta(channel_name, owner, message_id, applied.delta, encode(frame))
+                        if applied.delta_wait is not None:
+                            histogram = (
+                                metrics.first_delta if applied.first_delta else metrics.delta_gap
+                            )
+                            histogram.observe(applied.delta_wait)
                     if text is None:
                         continue
                     if applied.first_completion or message_id in unpublished:
@@ -266,12 +342,19 @@ class Relay:
                             await broker.terminal(channel_name, owner, message_id, body)
                         except BrokerUnavailable:
                             unpublished[message_id] = None
-                            if len(unpublished) > self.settings.max_completed_per_producer:
+                            if len(unpublished) > settings.max_completed_per_producer:
                                 del unpublished[next(iter(unpublished))]
                             raise _broker_rejected(message_id) from None
                         unpublished.pop(message_id, None)
+                        metrics.completed.inc()
+                        metrics.final_to_delivery.observe(loop.time() - now)
+                except MessageTooLarge as exc:
+                    if exc.unfinished is not None:
+                        await self._abort(owner, exc.unfinished, AbortReason.MESSAGE_TOO_LARGE)
+                    await self._reject(connection, exc)
+                    continue
                 except FrameRejected as exc:
-                    await connection.send(_error_frame(exc))
+                    await self._reject(connection, exc)
                     continue
                 await connection.send(encode(Ack(id=message_id, channel=channel_name)))
         finally:
@@ -288,6 +371,7 @@ class Relay:
             offset=0,
             epoch="",
         )
+        self.metrics.messages.labels(reason.value).inc()
         try:
             await self.broker.terminal(
                 unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame)
@@ -313,21 +397,23 @@ class Relay:
     # ---------------------------------------------------------------- subscribers
 
     async def _serve_subscriber(
-        self, connection: ServerConnection, initial: list[Subscribe]
+        self, connection: ServerConnection, initial: list[Subscribe], grant: Grant | None
     ) -> None:
+        received = self.metrics.frames_in_subscriber
         try:
             for frame in initial:
-                await self._answer(connection, frame)
+                await self._answer(connection, frame, grant)
             async for raw in connection:
+                received.inc()
                 if isinstance(raw, bytes):
-                    self._deliver([connection], _error_frame(_binary_rejected()))
+                    self._reject_now(connection, _binary_rejected())
                     continue
                 try:
                     request = decode_subscriber_frame(raw)
                 except FrameRejected as exc:
-                    self._deliver([connection], _error_frame(exc))
+                    self._reject_now(connection, exc)
                     continue
-                await self._answer(connection, request)
+                await self._answer(connection, request, grant)
         finally:
             channels = list(self.hub.channels(connection))
             self.hub.remove(connection)
@@ -335,19 +421,26 @@ class Relay:
                 await self._update_interest(channel)
 
     async def _answer(
-        self, connection: ServerConnection, frame: Subscribe | Unsubscribe | Cancel
+        self,
+        connection: ServerConnection,
+        frame: Subscribe | Unsubscribe | Cancel,
+        grant: Grant | None,
     ) -> None:
         try:
             if isinstance(frame, Subscribe):
+                if grant is not None:
+                    grant.check(frame.channel)
                 await self._subscribe(connection, frame)
             elif isinstance(frame, Unsubscribe):
                 self.hub.unsubscribe(connection, frame.channel)
-                self._deliver([connection], encode(Unsubscribed(channel=frame.channel)))
+                self.fanout.send((connection,), encode(Unsubscribed(channel=frame.channel)))
                 await self._update_interest(frame.channel)
             else:
+                if grant is not None:
+                    grant.check(frame.channel, frame.id)
                 await self._cancel(connection, frame)
         except FrameRejected as exc:
-            self._deliver([connection], _error_frame(exc))
+            self._reject_now(connection, exc)
 
     async def _subscribe(self, connection: ServerConnection, frame: Subscribe) -> None:
         """Subscribe; send the confirmation, replayed history, snapshots, then what followed."""
@@ -388,7 +481,7 @@ class Relay:
             owed = was_subscribed and kind is FrameKind.TERMINAL and since is None
             if seq > cut.seq or owed:
                 replies.append(payload)
-        self._deliver_each(connection, replies)
+        self.fanout.send_each(connection, replies)
 
     async def _update_interest(self, channel: str) -> None:
         """Tell the broker whether this process still needs the channel's traffic."""
@@ -421,12 +514,10 @@ class Relay:
 
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         """Deliver one event's frame to this process's subscribers of ``channel``."""
-        hub = self.hub
-        receivers = (
-            hub.subscribers(channel)
-            if kind is FrameKind.TERMINAL
-            else hub.delta_subscribers(channel)
-        )
+        if kind is FrameKind.TERMINAL:
+            receivers = self.hub.subscribers(channel)
+        else:
+            receivers = self.hub.delta_subscribers(channel)
         if not receivers:
             return
         if self._joining:
@@ -439,15 +530,17 @@ class Relay:
                     buffer.append((kind, seq, payload))
                 else:
                     del self._joining[(receiver, channel)]
-                    self._drop(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
-            receivers = ready  # type: ignore[assignment]
-        self._deliver(receivers, payload)
+                    self.metrics.slow_closes.inc()
+                    self.fanout.close(receiver, CloseCode.TRY_AGAIN_LATER, "too slow to join")
+            self.fanout.send(ready, payload, kind is FrameKind.DELTA)
+            return
+        self.fanout.send(receivers, payload, kind is FrameKind.DELTA)
 
     def on_cancel(self, owner: str, payload: str | bytes) -> None:
         """Pass a ``cancel`` frame to the local producer that owns the message."""
         producer = self.producers.get(owner)
         if producer is not None:
-            self._deliver([producer.connection], payload)
+            self.fanout.send((producer.connection,), payload)
 
     def partial(self, owner: str, message_id: str) -> str | None:
         """The text so far of a local producer's message."""
@@ -464,40 +557,8 @@ class Relay:
 
     def on_restored(self) -> None:
         """Events may have been missed during a broker outage: have subscribers resume."""
-        subscribers = list(self.hub.subscriber_handles())
+        subscribers = self.hub.subscriber_handles()
         if subscribers:
             log.warning("broker restored: closing %d subscribers so they resume", len(subscribers))
         for connection in subscribers:
-            self._drop(connection, CloseCode.SERVICE_RESTART, BROKER_RESTORED_REASON)
-
-    # ---------------------------------------------------------------- fan-out
-
-    def _deliver_each(self, connection: ServerConnection, payloads: Iterable[str | bytes]) -> None:
-        for payload in payloads:
-            self._deliver([connection], payload)
-
-    def _deliver(self, receivers: Iterable[ServerConnection], payload: str | bytes) -> None:
-        limit = self.settings.max_subscriber_buffer_bytes
-        ready: list[ServerConnection] = []
-        slow: list[ServerConnection] = []
-        for receiver in receivers:
-            transport = receiver.transport
-            if transport is not None and transport.get_write_buffer_size() > limit:
-                slow.append(receiver)
-            else:
-                ready.append(receiver)
-        broadcast(ready, payload, text=True)
-        for connection in slow:
-            log.warning("closing slow peer %s: outgoing buffer over limit", connection.id)
-            self._drop(connection, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
-
-    def _drop(self, connection: ServerConnection, code: CloseCode, reason: str) -> None:
-        self.hub.remove(connection)
-        for key in [key for key in self._joining if key[0] is connection]:
-            del self._joining[key]
-        self._spawn(connection.close(code, reason))
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+            self.fanout.close(connection, CloseCode.SERVICE_RESTART, BROKER_RESTORED_REASON)

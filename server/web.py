@@ -14,7 +14,7 @@ from pathlib import Path
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Response
 
-__all__ = ["StaticFiles"]
+__all__ = ["StaticFiles", "with_body"]
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -50,10 +50,15 @@ class StaticFiles:
         if found is None:
             return None
         content_type, body = found
-        response = connection.respond(HTTPStatus.OK, "")
-        del response.headers["Content-Type"]
-        del response.headers["Content-Length"]
-        response.headers["Content-Type"] = content_type
-        response.headers["Content-Length"] = str(len(body))
+        response = with_body(connection.respond(HTTPStatus.OK, ""), body, content_type)
         response.headers["Cache-Control"] = "no-cache"
-        return dataclasses.replace(response, body=body)
+        return response
+
+
+def with_body(response: Response, body: bytes, content_type: str) -> Response:
+    """``response`` with another body and content type."""
+    del response.headers["Content-Type"]
+    del response.headers["Content-Length"]
+    response.headers["Content-Type"] = content_type
+    response.headers["Content-Length"] = str(len(body))
+    return dataclasses.replace(response, body=body)

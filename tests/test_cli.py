@@ -120,14 +120,38 @@ def test_schema_command_prints_generated_schema() -> None:
 
 
 def test_settings_come_from_flags_then_environment() -> None:
-    env = {"RELAY_PORT": "9001", "RELAY_MAX_FRAME_BYTES": "2048", "RELAY_HOST": "0.0.0.0"}
-    assert Settings.from_args([], env) == Settings(host="0.0.0.0", port=9001, max_frame_bytes=2048)
+    env = {
+        "RELAY_PORT": "9001",
+        "RELAY_MAX_FRAME_BYTES": "2048",
+        "RELAY_HOST": "0.0.0.0",
+        "RELAY_SECRET": "s3cret",
+        "RELAY_ALLOWED_ORIGINS": "https://a.example, https://b.example",
+        "RELAY_IDLE_TIMEOUT": "2.5",
+    }
+    assert Settings.from_args([], env) == Settings(
+        host="0.0.0.0",
+        port=9001,
+        max_frame_bytes=2048,
+        secret="s3cret",
+        allowed_origins=("https://a.example", "https://b.example"),
+        idle_timeout=2.5,
+    )
+    flags = ["--allowed-origin", "https://c.example", "--insecure", "--host", "0.0.0.0"]
+    from_flags = Settings.from_args(flags, {})
+    assert from_flags.allowed_origins == ("https://c.example",)
+    assert from_flags.insecure is True
     assert Settings.from_args(["--port", "9002"], env).port == 9002
 
 
 @pytest.mark.parametrize(
     ("argv", "env"),
-    [(["--port", "70000"], {}), (["--max-frame-bytes", "0"], {}), ([], {"RELAY_PORT": "x"})],
+    [
+        (["--port", "70000"], {}),
+        (["--max-frame-bytes", "0"], {}),
+        ([], {"RELAY_PORT": "x"}),
+        (["--host", "0.0.0.0"], {}),
+        (["--log-format", "xml"], {}),
+    ],
 )
 def test_invalid_settings_are_refused(argv: list[str], env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):

@@ -1,0 +1,29 @@
+"""A token bucket: at most ``rate`` events per second, in bursts of up to ``burst``."""
+
+from __future__ import annotations
+
+__all__ = ["TokenBucket"]
+
+
+class TokenBucket:
+    """Pure: the caller passes the time."""
+
+    __slots__ = ("burst", "rate", "stamp", "tokens")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be positive and burst at least 1")
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.stamp = now
+
+    def take(self, now: float) -> bool:
+        """Spend one token if there is one."""
+        tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if tokens < 1:
+            self.tokens = tokens
+            return False
+        self.tokens = tokens - 1
+        return True
