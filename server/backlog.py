@@ -18,18 +18,23 @@ from collections import deque
 
 from .protocol import DeltaFrame, encode
 
-__all__ = ["Backlog"]
+__all__ = ["MAX_MERGED_CHARS", "Backlog"]
 
 Payload = str | bytes
 
+MAX_MERGED_CHARS = 64 * 1024
+"""A merged delta stops growing here and the next one starts a new frame, so no merged
+frame outgrows what clients accept (1 MiB by default in websockets)."""
+
 
 class _MergedDelta:
-    __slots__ = ("channel", "message_id", "parts")
+    __slots__ = ("channel", "chars", "message_id", "parts")
 
     def __init__(self, channel: str, message_id: str, delta: str) -> None:
         self.channel = channel
         self.message_id = message_id
         self.parts = [delta]
+        self.chars = len(delta)
 
     def render(self) -> str:
         frame = DeltaFrame(channel=self.channel, id=self.message_id, delta="".join(self.parts))
@@ -63,11 +68,13 @@ class Backlog:
             self._items.append(payload)
             return False
         pending = self._open.get(key)
-        if pending is not None:
-            pending.parts.append(frame["delta"])
+        delta = frame["delta"]
+        if pending is not None and pending.chars + len(delta) <= MAX_MERGED_CHARS:
+            pending.parts.append(delta)
+            pending.chars += len(delta)
             self.merged += 1
             return True
-        pending = _MergedDelta(key[0], key[1], frame["delta"])
+        pending = _MergedDelta(key[0], key[1], delta)
         self._open[key] = pending
         self._items.append(pending)
         return False

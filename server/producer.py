@@ -68,8 +68,7 @@ class Unfinished:
 class MessageTooLarge(FrameRejected):
     """A delta would take its message past the size limit; the message was aborted."""
 
-    def __init__(self, unfinished: Unfinished | None, limit: int) -> None:
-        message_id = unfinished.message_id if unfinished else None
+    def __init__(self, unfinished: Unfinished | None, limit: int, message_id: str) -> None:
         super().__init__(
             ErrorCode.MESSAGE_TOO_LARGE,
             f"a message may have at most {limit} characters; "
@@ -142,7 +141,7 @@ class ProducerSession:
             if delta:
                 state.chars += len(delta)
                 if state.chars > self.max_chars:
-                    raise MessageTooLarge(self._abort(message_id), self.max_chars)
+                    raise MessageTooLarge(self._abort(message_id), self.max_chars, message_id)
                 previous = state.last_delta
                 wait = now - (state.opened if previous is None else previous)
                 state.last_delta = now
@@ -182,7 +181,7 @@ class ProducerSession:
             )
         delta = None if event.delta is MISSING else event.delta
         if delta is not None and len(delta) > self.max_chars:
-            raise MessageTooLarge(None, self.max_chars)
+            raise MessageTooLarge(None, self.max_chars, message_id)
         text = self.assembler.feed(message_id, delta, event.final)
         wait = 0.0 if delta else None
         if text is None:

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import MISSING
-from websockets import CloseCode
+from websockets import CloseCode, State
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Origin
@@ -163,20 +163,23 @@ class Relay:
                 while self.fanout.backlogs:  # noqa: ASYNC110 - drained by fanout tasks
                     await asyncio.sleep(0.01)
         if server is not None:
-            try:
-                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
-                    await asyncio.gather(
-                        *(
-                            connection.close(CloseCode.GOING_AWAY, SHUTDOWN_REASON)
-                            for connection in list(server.connections)
-                        ),
-                        return_exceptions=True,
-                    )
-                    await server.wait_closed()
-            except TimeoutError:
-                for connection in list(server.connections):
-                    if connection.transport is not None:
-                        connection.transport.abort()
+            # A peer that never answers the close handshake must not hold the process:
+            # whatever is still open at the deadline is cut.
+            connections = list(server.connections)
+            closing = [
+                asyncio.ensure_future(connection.close(CloseCode.GOING_AWAY, SHUTDOWN_REASON))
+                for connection in connections
+            ]
+            if closing:
+                await asyncio.wait(closing, timeout=max(0.1, deadline - time.monotonic()))
+            for connection in connections:
+                if connection.state is not State.CLOSED and connection.transport is not None:
+                    connection.transport.abort()
+            for task in closing:
+                task.cancel()
+            await asyncio.gather(*closing, return_exceptions=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), 1)
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -112,7 +112,9 @@ class Settings:
         parser = cls.parser(environ if environ is not None else os.environ)
         namespace = parser.parse_args(argv)
         values = {item.name: getattr(namespace, item.name) for item in fields(cls)}
-        values["allowed_origins"] = tuple(values["allowed_origins"])
+        for name, fallback in getattr(parser, "list_defaults", {}).items():
+            given = values[name]
+            values[name] = tuple(fallback if given is None else given)
         return cls(**values)
 
     @classmethod
@@ -126,6 +128,8 @@ class Settings:
             "'python -m server schema' prints the protocol's JSON Schema; "
             "'python -m server token --help' mints connection tokens.",
         )
+        list_defaults: dict[str, list[str]] = {}
+        parser.list_defaults = list_defaults  # type: ignore[attr-defined]
         for item in fields(cls):
             env_name = "RELAY_" + item.name.upper()
             flag = item.metadata.get("flag", "--" + item.name.replace("_", "-"))
@@ -145,11 +149,13 @@ class Settings:
             if isinstance(default, tuple):
                 if raw is not None:
                     default = [part.strip() for part in raw.split(",") if part.strip()]
+                # Flags replace the environment's list rather than add to it.
+                list_defaults[item.name] = list(default)
                 parser.add_argument(
                     flag,
                     dest=item.name,
                     action="append",
-                    default=list(default),
+                    default=None,
                     metavar="VALUE",
                     help=f"repeatable (env {env_name}, comma-separated)",
                 )
