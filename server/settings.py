@@ -42,7 +42,7 @@ class Settings:
     """Unfinished messages per producer connection; one more gets ``too_many_messages``."""
     max_completed_per_producer: int = 1000
     """Finalized ids a producer connection remembers (LRU) for idempotent finals."""
-    max_events_per_second: float = 5000.0
+    max_events_per_second: float = 50_000.0
     """Events per second per producer connection, in bursts of one second; then ``rate_limited``."""
     max_channels_per_subscriber: int = 100
     """Subscriptions per subscriber connection; one more gets ``too_many_channels``."""

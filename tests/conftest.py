@@ -82,3 +82,8 @@ def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--soak-seconds``: how long the soak test runs (longer runs are for release checks)."""
+    parser.addoption("--soak-seconds", type=float, default=20.0, help="soak test duration")

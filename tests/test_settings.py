@@ -31,7 +31,7 @@ def test_defaults() -> None:
     assert settings.max_message_chars == 1024 * 1024
     assert settings.max_streaming_per_producer == 1000
     assert settings.max_completed_per_producer == 1000
-    assert settings.max_events_per_second == 5000.0
+    assert settings.max_events_per_second == 50_000.0
     assert settings.max_channels_per_subscriber == 100
     assert settings.max_connections_per_ip == 256
     assert settings.subscriber_high_water_bytes == 256 * 1024
