@@ -95,6 +95,9 @@ class BrokerListener(Protocol):
     def on_cancel(self, owner: str, payload: str | bytes) -> None:
         """Deliver a ``cancel`` frame to the local producer connection ``owner``."""
 
+    def wants_deltas(self, channel: str) -> bool:
+        """Whether any local subscriber of ``channel`` asked for deltas."""
+
     def partial(self, owner: str, message_id: str) -> str | None:
         """The text so far of a message owned by a local producer (for in-process brokers)."""
 
@@ -127,8 +130,8 @@ class Broker(Protocol):
     def open(self, channel: str, owner: str, message_id: str) -> None:
         """A message opened. Ordered after earlier calls for the same owner."""
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, frame: str) -> None:
-        """A non-empty delta (``frame`` is its serialized ``delta`` frame). Ordered, no wait."""
+    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+        """A non-empty delta. Ordered after earlier calls for the same owner; never waits."""
 
     async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         """Give a terminal frame its offset, record and publish it; returns the full frame.

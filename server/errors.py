@@ -56,8 +56,16 @@ class BrokerUnavailable(RelayError):
 class FrameRejected(RelayError):
     """A peer's frame broke the protocol; it is answered with an error frame."""
 
-    def __init__(self, code: ErrorCode, message: str, message_id: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        message_id: str | None = None,
+        index: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.message_id = message_id
+        self.index = index
+        """The event's position in a batch frame, if it came in one."""

@@ -13,7 +13,7 @@ import time
 from .broker import BrokerListener, CatchUp, FrameKind, LiveMessage
 from .history import HistoryStore
 from .inflight import InflightIndex
-from .protocol import with_position
+from .protocol import encode_delta, with_position
 from .settings import Settings
 
 __all__ = ["MemoryBroker"]
@@ -53,9 +53,13 @@ class MemoryBroker:
         """Index the message for snapshots and cancel."""
         self.inflight.add(channel, owner, message_id)
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, frame: str) -> None:
-        """Hand the delta frame straight to the listener."""
-        self._emit(channel, FrameKind.DELTA, frame)
+    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+        """Hand the delta frame straight to the listener, built only if someone wants it."""
+        listener = self._listener
+        if listener is not None and listener.wants_deltas(channel):
+            self._emit(channel, FrameKind.DELTA, encode_delta(channel, message_id, delta))
+        else:
+            self._seq += 1
 
     async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         """Number, record and deliver a terminal frame."""

@@ -27,6 +27,8 @@ __all__ = [
     "AbortReason",
     "Aborted",
     "Ack",
+    "AckBatch",
+    "AckEntry",
     "AnyServerFrame",
     "Cancel",
     "ChannelName",
@@ -44,8 +46,10 @@ __all__ = [
     "Unsubscribe",
     "Unsubscribed",
     "decode_producer_event",
+    "decode_producer_frame",
     "decode_subscriber_frame",
     "encode",
+    "encode_delta",
     "encode_unpositioned",
     "json_schema",
     "with_position",
@@ -59,6 +63,9 @@ ChannelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 MessageId = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
 """A message id: any string up to 256 characters (the empty string is a valid id)."""
 
+
+MAX_BATCH = 10_000
+"""Events one batch frame may hold."""
 
 MAX_POSITIONS = 1000
 """How many message ids a subscribe frame's ``positions`` may name."""
@@ -159,12 +166,31 @@ class Ack(_Frame):
 
 
 class ErrorFrame(_Frame):
-    """Answer to a rejected frame. ``id`` is the event's id when it could be read."""
+    """Answer to a rejected frame or event.
+
+    ``id`` is the event's id when it could be read; ``index`` is the event's
+    position when it came in a batch frame.
+    """
 
     type: Literal["error"] = "error"
     code: ErrorCode
     message: str
     id: str | None = None
+    index: int | MISSING = MISSING
+
+
+class AckEntry(_Frame):
+    """One final acknowledged in an ``acks`` frame."""
+
+    id: str
+    channel: str
+
+
+class AckBatch(_Frame):
+    """Answer to a batch frame: one entry per final in it, in order."""
+
+    type: Literal["acks"] = "acks"
+    acks: list[AckEntry]
 
 
 class Subscribed(_Frame):
@@ -236,6 +262,7 @@ class Aborted(_Frame):
 
 AnyServerFrame = (
     Ack
+    | AckBatch
     | ErrorFrame
     | Subscribed
     | Unsubscribed
@@ -249,6 +276,9 @@ AnyServerFrame = (
 ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
 
 PRODUCER_EVENT: TypeAdapter[ProducerEvent] = TypeAdapter(ProducerEvent)
+PRODUCER_BATCH: TypeAdapter[list[ProducerEvent]] = TypeAdapter(
+    Annotated[list[ProducerEvent], Field(min_length=1, max_length=MAX_BATCH)]
+)
 SUBSCRIBER_FRAME: TypeAdapter[Subscribe | Unsubscribe | Cancel] = TypeAdapter(SubscriberFrame)
 SERVER_FRAME: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
 
@@ -256,6 +286,11 @@ SERVER_FRAME: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
 def encode(frame: BaseModel) -> str:
     """Serialize a frame to its JSON text, once; absent optional fields are left out."""
     return frame.model_dump_json()
+
+
+def encode_delta(channel: str, message_id: str, delta: str) -> str:
+    """Serialize a ``delta`` frame from values already validated: no second validation."""
+    return DeltaFrame.model_construct(channel=channel, id=message_id, delta=delta).model_dump_json()
 
 
 _POSITION = {"offset", "epoch"}
@@ -320,7 +355,7 @@ def _describe(error: ErrorDetails) -> str:
 _NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
-def _peek_id(raw: str | bytes) -> str | None:
+def _peek_id(raw: str | bytes, index: int | None = None) -> str | None:
     """Best effort: the ``id`` of a rejected frame, so the error can name it. Cold path."""
     import json
 
@@ -328,6 +363,8 @@ def _peek_id(raw: str | bytes) -> str | None:
         parsed: Any = json.loads(raw)
     except ValueError:
         return None
+    if index is not None:
+        parsed = parsed[index] if isinstance(parsed, list) and index < len(parsed) else None
     if isinstance(parsed, dict):
         message_id = parsed.get("id")
         if isinstance(message_id, str):
@@ -364,11 +401,50 @@ def _rejection(
 
 
 def decode_producer_event(raw: str | bytes) -> ProducerEvent:
-    """Validate one producer frame, or raise :class:`FrameRejected`."""
+    """Validate one producer event frame, or raise :class:`FrameRejected`."""
     try:
         return PRODUCER_EVENT.validate_json(raw)
     except ValidationError as exc:
         raise _rejection(exc, raw, ErrorCode.INVALID_EVENT, "an event") from None
+
+
+def decode_producer_frame(raw: str | bytes) -> ProducerEvent | list[ProducerEvent]:
+    """Validate a producer frame: one event, or a JSON array of them (all or nothing)."""
+    head = raw[:1]
+    if head in ("[", b"[") or (head.isspace() and raw.lstrip()[:1] in ("[", b"[")):
+        try:
+            return PRODUCER_BATCH.validate_json(raw)
+        except ValidationError as exc:
+            raise _batch_rejection(exc, raw) from None
+    return decode_producer_event(raw)
+
+
+def _batch_rejection(exc: ValidationError, raw: str | bytes) -> FrameRejected:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = first["loc"]
+    if first["type"] == "json_invalid":
+        return FrameRejected(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {first['msg']}")
+    if not loc:
+        limit = f"1 to {MAX_BATCH}"
+        return FrameRejected(ErrorCode.INVALID_EVENT, f"a batch must hold {limit} events")
+    index = int(loc[0])
+    if len(loc) == 1:
+        # The same code as for a lone frame that is not an object.
+        return FrameRejected(
+            ErrorCode.INVALID_JSON, f"event {index} must be a JSON object", None, index
+        )
+    details = [
+        {**error, "loc": error["loc"][1:]}
+        for error in exc.errors(include_url=False, include_input=False)
+        if error["loc"] and error["loc"][0] == index
+    ]
+    message = "; ".join(_describe(error) for error in details)  # type: ignore[arg-type]
+    return FrameRejected(
+        ErrorCode.INVALID_EVENT,
+        f"event {index}: {message}; nothing in this batch was applied",
+        _peek_id(raw, index),
+        index,
+    )
 
 
 def decode_subscriber_frame(raw: str | bytes) -> Subscribe | Unsubscribe | Cancel:
@@ -384,7 +460,10 @@ def json_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "token-relay wire protocol",
-        "producer_to_relay": PRODUCER_EVENT.json_schema(),
+        "producer_to_relay": TypeAdapter(
+            ProducerEvent
+            | Annotated[list[ProducerEvent], Field(min_length=1, max_length=MAX_BATCH)]
+        ).json_schema(),
         "subscriber_to_relay": SUBSCRIBER_FRAME.json_schema(),
         "relay_to_client": SERVER_FRAME.json_schema(mode="serialization"),
     }

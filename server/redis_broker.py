@@ -59,7 +59,7 @@ from redis.asyncio import Redis
 from .broker import BrokerListener, CatchUp, FrameKind, LiveMessage
 from .errors import BrokerUnavailable
 from .history import judge_replay, new_epoch
-from .protocol import Snapshot, encode
+from .protocol import Snapshot, encode, encode_delta
 from .settings import Settings
 
 __all__ = ["RedisBroker"]
@@ -264,7 +264,7 @@ class RedisBroker:
             (channel, owner, message_id),
         )
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, frame: str) -> None:
+    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
         """Append to the message's text in Redis and publish the delta frame."""
         target = (channel, owner, message_id)
         if target in self._dirty:
@@ -280,7 +280,7 @@ class RedisBroker:
                     _key("text", member),
                     _key("d", channel),
                 ],
-                [delta, frame, self._text_ttl, KEY_TTL],
+                [delta, encode_delta(channel, message_id, delta), self._text_ttl, KEY_TTL],
                 message=target,
             ),
             target,

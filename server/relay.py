@@ -39,6 +39,7 @@ import itertools
 import logging
 import secrets
 import time
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -61,16 +62,18 @@ from .protocol import (
     Aborted,
     AbortReason,
     Ack,
+    AckBatch,
+    AckEntry,
     Cancel,
-    DeltaFrame,
     ErrorFrame,
     MessageFrame,
+    ProducerEvent,
     Snapshot,
     Subscribe,
     Subscribed,
     Unsubscribe,
     Unsubscribed,
-    decode_producer_event,
+    decode_producer_frame,
     decode_subscriber_frame,
     encode,
     encode_unpositioned,
@@ -94,10 +97,29 @@ class _Producer(NamedTuple):
     session: ProducerSession
 
 
+@dataclass(slots=True)
+class _ProducerLink:
+    """What the relay keeps per producer connection besides its assembler."""
+
+    owner: str
+    session: ProducerSession
+    grant: Grant | None
+    bucket: TokenBucket
+    unpublished: dict[str, None] = field(default_factory=dict)
+    """Completed here but not yet published (the broker was down): a repeated final retries."""
+
+
 def _binary_rejected() -> FrameRejected:
     return FrameRejected(
         ErrorCode.BINARY_NOT_SUPPORTED, "binary frames are not supported; send JSON text frames"
     )
+
+
+def _error_frame(exc: FrameRejected) -> str:
+    frame = ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id)
+    if exc.index is not None:
+        frame = frame.model_copy(update={"index": exc.index})
+    return encode(frame)
 
 
 def _broker_rejected(message_id: str | None) -> FrameRejected:
@@ -268,15 +290,11 @@ class Relay:
 
     async def _reject(self, connection: ServerConnection, exc: FrameRejected) -> None:
         self.metrics.errors.labels(exc.code.value).inc()
-        await connection.send(
-            encode(ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id))
-        )
+        await connection.send(_error_frame(exc))
 
     def _reject_now(self, connection: ServerConnection, exc: FrameRejected) -> None:
         self.metrics.errors.labels(exc.code.value).inc()
-        self.fanout.send(
-            (connection,), encode(ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id))
-        )
+        self.fanout.send((connection,), _error_frame(exc))
 
     # ------------------------------------------------------------------ producers
 
@@ -284,23 +302,22 @@ class Relay:
         self, connection: ServerConnection, channel: str | None, grant: Grant | None
     ) -> None:
         settings = self.settings
-        owner = f"{self.broker.instance}.{next(self._owner_numbers)}"
-        session = ProducerSession(
-            channel,
-            max_streaming=settings.max_streaming_per_producer,
-            max_completed=settings.max_completed_per_producer,
-            max_chars=settings.max_message_chars,
-        )
-        self.producers[owner] = _Producer(connection, session)
-        # Completed here but not yet published (the broker was down): a repeated final retries.
-        unpublished: dict[str, None] = {}
         loop = asyncio.get_running_loop()
-        bucket = TokenBucket(
-            settings.max_events_per_second, settings.max_events_per_second, loop.time()
+        link = _ProducerLink(
+            owner=f"{self.broker.instance}.{next(self._owner_numbers)}",
+            session=ProducerSession(
+                channel,
+                max_streaming=settings.max_streaming_per_producer,
+                max_completed=settings.max_completed_per_producer,
+                max_chars=settings.max_message_chars,
+            ),
+            grant=grant,
+            bucket=TokenBucket(
+                settings.max_events_per_second, settings.max_events_per_second, loop.time()
+            ),
         )
-        broker = self.broker
-        metrics = self.metrics
-        received = metrics.frames_in_producer
+        self.producers[link.owner] = _Producer(connection, link.session)
+        received = self.metrics.frames_in_producer
         try:
             async for raw in connection:
                 received.inc()
@@ -310,60 +327,93 @@ class Relay:
                 try:
                     if isinstance(raw, bytes):
                         raise _binary_rejected()
-                    event = decode_producer_event(raw)
-                    if not bucket.take(now):
-                        raise FrameRejected(
-                            ErrorCode.RATE_LIMITED,
-                            f"over {settings.max_events_per_second:g} events per second; "
-                            "this event was not applied, send it again",
-                            event.id,
-                        )
-                    if grant is not None and event.channel is not MISSING:
-                        grant.check(event.channel, event.id)
-                    applied = session.receive(event, now)
-                    channel_name, message_id = applied.channel, applied.message_id
-                    text = applied.text
-                    if applied.opened and text is None:
-                        broker.open(channel_name, owner, message_id)
-                    if applied.delta:
-                        frame = DeltaFrame(channel=channel_name, id=message_id, delta=applied.delta)
-                        broker.delta(channel_name, owner, message_id, applied.delta, encode(frame))
-                        if applied.delta_wait is not None:
-                            histogram = (
-                                metrics.first_delta if applied.first_delta else metrics.delta_gap
-                            )
-                            histogram.observe(applied.delta_wait)
-                    if text is None:
-                        continue
-                    if applied.first_completion or message_id in unpublished:
-                        body = encode_unpositioned(
-                            MessageFrame(
-                                channel=channel_name, id=message_id, text=text, offset=0, epoch=""
-                            )
-                        )
-                        try:
-                            await broker.terminal(channel_name, owner, message_id, body)
-                        except BrokerUnavailable:
-                            unpublished[message_id] = None
-                            if len(unpublished) > settings.max_completed_per_producer:
-                                del unpublished[next(iter(unpublished))]
-                            raise _broker_rejected(message_id) from None
-                        unpublished.pop(message_id, None)
-                        metrics.completed.inc()
-                        metrics.final_to_delivery.observe(loop.time() - now)
-                except MessageTooLarge as exc:
-                    if exc.unfinished is not None:
-                        await self._abort(owner, exc.unfinished, AbortReason.MESSAGE_TOO_LARGE)
-                    await self._reject(connection, exc)
-                    continue
+                    frame = decode_producer_frame(raw)
                 except FrameRejected as exc:
                     await self._reject(connection, exc)
                     continue
-                await connection.send(encode(Ack(id=message_id, channel=channel_name)))
+                if isinstance(frame, list):
+                    acks = []
+                    for index, event in enumerate(frame):
+                        ack = await self._event(connection, link, event, now, index)
+                        if ack is not None:
+                            acks.append(AckEntry(id=ack[1], channel=ack[0]))
+                    if acks:
+                        await connection.send(encode(AckBatch(acks=acks)))
+                else:
+                    ack = await self._event(connection, link, frame, now, None)
+                    if ack is not None:
+                        await connection.send(encode(Ack(id=ack[1], channel=ack[0])))
         finally:
-            del self.producers[owner]
-            for unfinished in session.close():
-                await self._abort(owner, unfinished, AbortReason.PRODUCER_DISCONNECTED)
+            del self.producers[link.owner]
+            for unfinished in link.session.close():
+                await self._abort(link.owner, unfinished, AbortReason.PRODUCER_DISCONNECTED)
+
+    async def _event(
+        self,
+        connection: ServerConnection,
+        link: _ProducerLink,
+        event: ProducerEvent,
+        now: float,
+        index: int | None,
+    ) -> tuple[str, str] | None:
+        """Apply one event; returns ``(channel, id)`` to acknowledge, or None.
+
+        A rejected event is answered with an error frame (naming ``index`` in a batch)
+        and changes nothing else.
+        """
+        metrics = self.metrics
+        broker = self.broker
+        try:
+            if not link.bucket.take(now):
+                raise FrameRejected(
+                    ErrorCode.RATE_LIMITED,
+                    f"over {self.settings.max_events_per_second:g} events per second; "
+                    "this event was not applied, send it again",
+                    event.id,
+                )
+            if link.grant is not None and event.channel is not MISSING:
+                link.grant.check(event.channel, event.id)
+            applied = link.session.receive(event, now)
+            channel, message_id, text = applied.channel, applied.message_id, applied.text
+            if applied.opened and text is None:
+                broker.open(channel, link.owner, message_id)
+            if applied.delta:
+                broker.delta(channel, link.owner, message_id, applied.delta)
+                if applied.delta_wait is not None:
+                    timings = metrics.first_delta if applied.first_delta else metrics.delta_gap
+                    timings.observe(applied.delta_wait)
+            if text is None:
+                return None
+            if applied.first_completion or message_id in link.unpublished:
+                await self._publish(link, channel, message_id, text)
+                metrics.completed.inc()
+                metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
+            return channel, message_id
+        except MessageTooLarge as exc:
+            if exc.unfinished is not None:
+                await self._abort(link.owner, exc.unfinished, AbortReason.MESSAGE_TOO_LARGE)
+            exc.index = index
+            await self._reject(connection, exc)
+        except FrameRejected as exc:
+            exc.index = index
+            await self._reject(connection, exc)
+        return None
+
+    async def _publish(self, link: _ProducerLink, channel: str, message_id: str, text: str) -> None:
+        """Publish a completed message once; if the broker is down, keep it for a retried final."""
+        body = encode_unpositioned(
+            MessageFrame.model_construct(
+                channel=channel, id=message_id, text=text, offset=0, epoch=""
+            )
+        )
+        try:
+            await self.broker.terminal(channel, link.owner, message_id, body)
+        except BrokerUnavailable:
+            link.unpublished[message_id] = None
+            if len(link.unpublished) > self.settings.max_completed_per_producer:
+                del link.unpublished[next(iter(link.unpublished))]
+            raise _broker_rejected(message_id) from None
+        link.unpublished.pop(message_id, None)
 
     async def _abort(self, owner: str, unfinished: Unfinished, reason: AbortReason) -> None:
         frame = Aborted(
@@ -544,6 +594,10 @@ class Relay:
         producer = self.producers.get(owner)
         if producer is not None:
             self.fanout.send((producer.connection,), payload)
+
+    def wants_deltas(self, channel: str) -> bool:
+        """Whether a local subscriber of ``channel`` asked for deltas."""
+        return bool(self.hub.delta_subscribers(channel))
 
     def partial(self, owner: str, message_id: str) -> str | None:
         """The text so far of a local producer's message."""

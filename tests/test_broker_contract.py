@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from server.broker import Broker, CatchUp, FrameKind, LiveMessage, open_broker
-from server.protocol import Aborted, AbortReason, MessageFrame, encode, encode_unpositioned
+from server.protocol import (
+    Aborted,
+    AbortReason,
+    DeltaFrame,
+    MessageFrame,
+    encode,
+    encode_unpositioned,
+)
 from server.settings import Settings
 
 from .redis_server import RedisServer
@@ -33,6 +40,9 @@ class Recorder:
 
     def partial(self, owner: str, message_id: str) -> str | None:
         return self.texts.get((owner, message_id))
+
+    def wants_deltas(self, channel: str) -> bool:
+        return True
 
     def owned_messages(self) -> list[tuple[str, str, str]]:
         return []
@@ -119,11 +129,13 @@ async def test_listened_events_reach_the_listener_in_order(broker: Broker) -> No
     await broker.listen("c", True, True)
     broker.open("c", "inst.1", "m")
     for delta in ["a", "b", "c"]:
-        broker.delta("c", "inst.1", "m", delta, f'{{"delta":"{delta}"}}')
+        broker.delta("c", "inst.1", "m", delta)
     await broker.terminal("c", "inst.1", "m", message_body("c", "m", "abc"))
     await until(lambda: len(recorder.frames) == 4)
     kinds = [(kind, payload) for _, kind, _, payload in recorder.frames]
-    assert kinds[:3] == [(FrameKind.DELTA, f'{{"delta":"{d}"}}') for d in "abc"]
+    assert kinds[:3] == [
+        (FrameKind.DELTA, encode(DeltaFrame(channel="c", id="m", delta=d))) for d in "abc"
+    ]
     assert kinds[3][0] is FrameKind.TERMINAL and '"text":"abc"' in kinds[3][1]
     seqs = [seq for _, _, seq, _ in recorder.frames]
     assert seqs == sorted(seqs) and len(set(seqs)) == 4
@@ -167,7 +179,7 @@ async def test_catch_up_lists_messages_in_progress_with_their_text(broker: Broke
     broker.open("c", "inst.2", "m")
     for owner, delta in [("inst.1", "ab"), ("inst.2", "x"), ("inst.1", "c")]:
         recorder.texts[(owner, "m")] = recorder.texts.get((owner, "m"), "") + delta
-        broker.delta("c", owner, "m", delta, "{}")
+        broker.delta("c", owner, "m", delta)
     broker.open("other", "inst.1", "n")
     recorder.texts[("inst.1", "n")] = ""
 
@@ -203,13 +215,13 @@ async def test_catch_up_seq_covers_every_event_already_delivered(broker: Broker)
     recorder = recorder_of(broker)
     await broker.listen("c", True, True)
     broker.open("c", "inst.1", "m")
-    broker.delta("c", "inst.1", "m", "a", "{}")
+    broker.delta("c", "inst.1", "m", "a")
     await broker.terminal("c", "inst.1", "m", message_body("c", "m", "a"))
     await until(lambda: len(recorder.frames) == 2)
     cut = await broker.catch_up("c", None, True)
     assert cut.seq >= max(seq for _, _, seq, _ in recorder.frames)
     broker.open("c", "inst.1", "n")
-    broker.delta("c", "inst.1", "n", "b", "{}")
+    broker.delta("c", "inst.1", "n", "b")
     await until(lambda: len(recorder.frames) == 3)
     assert recorder.frames[-1][2] > cut.seq
 

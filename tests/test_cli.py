@@ -92,9 +92,12 @@ def test_schema_command_prints_generated_schema() -> None:
     )
     schema = json.loads(result.stdout)
     producer = schema["producer_to_relay"]
-    assert producer["required"] == ["id"]
-    assert set(producer["properties"]) == {"id", "delta", "final", "channel"}
-    assert producer["additionalProperties"] is False
+    event = producer["$defs"]["ProducerEvent"]
+    assert event["required"] == ["id"]
+    assert set(event["properties"]) == {"id", "delta", "final", "channel"}
+    assert event["additionalProperties"] is False
+    batch = next(choice for choice in producer["anyOf"] if choice.get("type") == "array")
+    assert (batch["minItems"], batch["maxItems"]) == (1, 10_000)
     server_types = {
         variant["properties"]["type"]["const"]
         for variant in schema["relay_to_client"]["$defs"].values()
@@ -102,6 +105,7 @@ def test_schema_command_prints_generated_schema() -> None:
     }
     assert server_types == {
         "ack",
+        "acks",
         "error",
         "subscribed",
         "unsubscribed",

@@ -238,7 +238,7 @@ async def test_slow_subscriber_gets_merged_deltas_and_the_exact_text() -> None:
         assert received == "".join(tokens) == frame["text"]
         # The socket buffers take the first few megabytes; past them, 16 tokens go per frame.
         assert frames < len(tokens) * 3 / 4
-        coalesced = relay.metrics.deltas_coalesced._value.get()
+        coalesced = relay.metrics.deltas_coalesced.value
         assert coalesced == 2 * len(tokens) - frames - len(fast_deltas)
 
 

@@ -701,7 +701,7 @@ def test_json_schema_keys() -> None:
 
 
 def test_json_schema_producer_event() -> None:
-    producer = json_schema()["producer_to_relay"]
+    producer = json_schema()["producer_to_relay"]["$defs"]["ProducerEvent"]
     assert producer["type"] == "object"
     assert producer["additionalProperties"] is False
     assert producer["required"] == ["id"]

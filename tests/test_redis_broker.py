@@ -49,7 +49,7 @@ async def test_only_listening_processes_receive_a_channel(
     assert await _numsub(redis_server.url, "tr:m:c") == 1
     assert await _numsub(redis_server.url, "tr:d:c") == 0
     alpha.open("c", "alpha.1", "m")
-    alpha.delta("c", "alpha.1", "m", "x", '{"delta":"x"}')
+    alpha.delta("c", "alpha.1", "m", "x")
     await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "x"))
     await until(lambda: beta_seen.frames)
     assert [kind.value for _, kind, _, _ in beta_seen.frames] == ["t"]
