@@ -57,7 +57,7 @@ from .fanout import Fanout
 from .gate import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
 from .hub import ChannelHub
 from .metrics import Metrics
-from .producer import MessageTooLarge, ProducerSession, Unfinished
+from .producer import Applied, MessageTooLarge, ProducerSession, Unfinished
 from .protocol import (
     Aborted,
     AbortReason,
@@ -331,38 +331,49 @@ class Relay:
                 except FrameRejected as exc:
                     await self._reject(connection, exc)
                     continue
-                if isinstance(frame, list):
-                    acks = []
-                    for index, event in enumerate(frame):
-                        ack = await self._event(connection, link, event, now, index)
+                events = frame if isinstance(frame, list) else (frame,)
+                acks: list[tuple[str, str]] = []
+                for index, event in enumerate(events):
+                    applied = self._apply(
+                        connection, link, event, now, index if events is frame else None
+                    )
+                    if applied is None:
+                        continue
+                    if isinstance(applied, MessageTooLarge):
+                        if applied.unfinished is not None:
+                            await self._abort(
+                                link.owner, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE
+                            )
+                        continue
+                    if applied.text is not None:
+                        ack = await self._complete(connection, link, applied, now)
                         if ack is not None:
-                            acks.append(AckEntry(id=ack[1], channel=ack[0]))
-                    if acks:
-                        await connection.send(encode(AckBatch(acks=acks)))
+                            acks.append(ack)
+                if not acks:
+                    continue
+                if events is frame:
+                    entries = [AckEntry(id=message_id, channel=name) for name, message_id in acks]
+                    await connection.send(encode(AckBatch(acks=entries)))
                 else:
-                    ack = await self._event(connection, link, frame, now, None)
-                    if ack is not None:
-                        await connection.send(encode(Ack(id=ack[1], channel=ack[0])))
+                    await connection.send(encode(Ack(id=acks[0][1], channel=acks[0][0])))
         finally:
             del self.producers[link.owner]
             for unfinished in link.session.close():
                 await self._abort(link.owner, unfinished, AbortReason.PRODUCER_DISCONNECTED)
 
-    async def _event(
+    def _apply(
         self,
         connection: ServerConnection,
         link: _ProducerLink,
         event: ProducerEvent,
         now: float,
         index: int | None,
-    ) -> tuple[str, str] | None:
-        """Apply one event; returns ``(channel, id)`` to acknowledge, or None.
+    ) -> Applied | MessageTooLarge | None:
+        """Apply one event and pass its delta on; None if it was rejected (and answered).
 
         A rejected event is answered with an error frame (naming ``index`` in a batch)
-        and changes nothing else.
+        and changes nothing else. This never waits: only completing a message does.
         """
-        metrics = self.metrics
-        broker = self.broker
         try:
             if not link.bucket.take(now):
                 raise FrameRejected(
@@ -374,30 +385,35 @@ class Relay:
             if link.grant is not None and event.channel is not MISSING:
                 link.grant.check(event.channel, event.id)
             applied = link.session.receive(event, now)
-            channel, message_id, text = applied.channel, applied.message_id, applied.text
-            if applied.opened and text is None:
-                broker.open(channel, link.owner, message_id)
-            if applied.delta:
-                broker.delta(channel, link.owner, message_id, applied.delta)
-                if applied.delta_wait is not None:
-                    timings = metrics.first_delta if applied.first_delta else metrics.delta_gap
-                    timings.observe(applied.delta_wait)
-            if text is None:
-                return None
-            if applied.first_completion or message_id in link.unpublished:
-                await self._publish(link, channel, message_id, text)
-                metrics.completed.inc()
-                metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
-            return channel, message_id
-        except MessageTooLarge as exc:
-            if exc.unfinished is not None:
-                await self._abort(link.owner, exc.unfinished, AbortReason.MESSAGE_TOO_LARGE)
-            exc.index = index
-            await self._reject(connection, exc)
         except FrameRejected as exc:
             exc.index = index
-            await self._reject(connection, exc)
-        return None
+            self._reject_now(connection, exc)
+            return exc if isinstance(exc, MessageTooLarge) else None
+        if applied.opened and applied.text is None:
+            self.broker.open(applied.channel, link.owner, applied.message_id)
+        if applied.delta:
+            self.broker.delta(applied.channel, link.owner, applied.message_id, applied.delta)
+            if applied.delta_wait is not None:
+                metrics = self.metrics
+                timings = metrics.first_delta if applied.first_delta else metrics.delta_gap
+                timings.observe(applied.delta_wait)
+        return applied
+
+    async def _complete(
+        self, connection: ServerConnection, link: _ProducerLink, applied: Applied, now: float
+    ) -> tuple[str, str] | None:
+        """Publish a message its final completed; returns ``(channel, id)`` to acknowledge."""
+        channel, message_id, text = applied.channel, applied.message_id, applied.text
+        assert text is not None
+        if applied.first_completion or message_id in link.unpublished:
+            try:
+                await self._publish(link, channel, message_id, text)
+            except FrameRejected as exc:
+                self._reject_now(connection, exc)
+                return None
+            self.metrics.completed.inc()
+            self.metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
+        return channel, message_id
 
     async def _publish(self, link: _ProducerLink, channel: str, message_id: str, text: str) -> None:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
