@@ -16,7 +16,7 @@ import queue
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .auth import Role, mint
@@ -86,8 +86,11 @@ def _worker(settings: Settings, ready: Any) -> None:
     """One of several processes sharing the port."""
     _die_with_parent()
     configure_logs(settings.log_format)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(Relay(settings), ready))
+    with (
+        contextlib.suppress(KeyboardInterrupt),
+        asyncio.Runner(loop_factory=_loop_factory(settings)) as runner,
+    ):
+        runner.run(run(Relay(settings), ready))
 
 
 def _run_workers(settings: Settings) -> int:
@@ -180,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings.host,
             )
         relay = Relay(settings) if settings.workers == 1 else None
+        loop_factory = _loop_factory(settings)
         if relay is None:
             open_broker(settings, "probe")  # refuse a bad --broker before forking
     except ConfigError as exc:
@@ -187,6 +191,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if relay is None:
         return _run_workers(settings)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(relay))
+    with (
+        contextlib.suppress(KeyboardInterrupt),
+        asyncio.Runner(loop_factory=loop_factory) as runner,
+    ):
+        runner.run(run(relay))
     return 0
+
+
+def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``--loop`` asks for; uvloop is imported only then."""
+    if settings.loop != "uvloop":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        raise ConfigError("--loop uvloop needs uvloop: pip install 'token-relay[fast]'") from None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

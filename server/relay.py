@@ -80,10 +80,18 @@ from .protocol import (
 )
 from .ratelimit import TokenBucket
 from .settings import Settings
+from .window import DeltaWindow
 
 __all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Relay"]
 
 log = logging.getLogger("token_relay")
+
+try:
+    import websockets.speedups  # noqa: F401
+
+    SPEEDUPS = True
+except ImportError:  # pragma: no cover - depends on the installed wheel
+    SPEEDUPS = False
 
 BROKER_RESTORED_REASON = "broker reconnected: resume by offset"
 SHUTDOWN_REASON = "relay shutting down"
@@ -148,11 +156,17 @@ class Relay:
         self._owner_numbers = itertools.count(1)
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
+        self._window = DeltaWindow() if self.settings.delta_flush_ms > 0 else None
+        # Channels with a subscriber joining: their deltas skip the window, so a merged
+        # frame never straddles a joiner's catch-up cut.
+        self._joining_channels: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> Server:
         """Connect the broker and start listening."""
+        if not SPEEDUPS:
+            log.warning("websockets' C speedups are missing: frames are masked in pure Python")
         await self.broker.start(self)
         origins = self.settings.allowed_origins
         self.server = await serve(
@@ -514,20 +528,25 @@ class Relay:
     async def _subscribe(self, connection: ServerConnection, frame: Subscribe) -> None:
         """Subscribe; send the confirmation, replayed history, snapshots, then what followed."""
         channel = frame.channel
+        if self._window is not None and self._window.holds(channel):
+            self._flush_window(channel)
         was_subscribed = not self.hub.subscribe(connection, channel, frame.deltas)
         key = (connection, channel)
         self._joining[key] = []
+        self._joining_channels[channel] = self._joining_channels.get(channel, 0) + 1
         try:
             await self._update_interest(channel)
             since = None if frame.since is MISSING else (frame.since.offset, frame.since.epoch)
             cut = await self.broker.catch_up(channel, since, frame.deltas)
         except BrokerUnavailable:
             self._joining.pop(key, None)
+            self._done_joining(channel)
             if not was_subscribed:
                 self.hub.unsubscribe(connection, channel)
                 await self._update_interest(channel)
             raise _broker_rejected(None) from None
         buffered = self._joining.pop(key, None)
+        self._done_joining(channel)
         if buffered is None:  # dropped as slow while joining
             return
         confirmation = Subscribed(channel=channel, offset=cut.offset, epoch=cut.epoch)
@@ -551,6 +570,13 @@ class Relay:
             if seq > cut.seq or owed:
                 replies.append(payload)
         self.fanout.send_each(connection, replies)
+
+    def _done_joining(self, channel: str) -> None:
+        left = self._joining_channels.get(channel, 1) - 1
+        if left > 0:
+            self._joining_channels[channel] = left
+        else:
+            self._joining_channels.pop(channel, None)
 
     async def _update_interest(self, channel: str) -> None:
         """Tell the broker whether this process still needs the channel's traffic."""
@@ -583,6 +609,24 @@ class Relay:
 
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         """Deliver one event's frame to this process's subscribers of ``channel``."""
+        window = self._window
+        if window is not None:
+            if kind is FrameKind.DELTA and not self._joining_channels.get(channel):
+                if window.add(channel, seq, payload):
+                    asyncio.get_running_loop().call_later(
+                        self.settings.delta_flush_ms / 1000, self._flush_window, channel
+                    )
+                return
+            if window.holds(channel):
+                self._flush_window(channel)
+        self._dispatch(channel, kind, seq, payload)
+
+    def _flush_window(self, channel: str) -> None:
+        assert self._window is not None
+        for seq, payload in self._window.take(channel):
+            self._dispatch(channel, FrameKind.DELTA, seq, payload)
+
+    def _dispatch(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         if kind is FrameKind.TERMINAL:
             receivers = self.hub.subscribers(channel)
         else:

@@ -16,6 +16,7 @@ __all__ = ["Settings"]
 MIB = 1024 * 1024
 KIB = 1024
 LOG_FORMATS = ("plain", "json")
+LOOPS = ("asyncio", "uvloop")
 
 
 def _flag(name: str) -> dict[str, Any]:
@@ -52,6 +53,8 @@ class Settings:
     """Unsent bytes to a subscriber above which its pending deltas are merged, not queued."""
     max_subscriber_buffer_bytes: int = 4 * MIB
     """Unsent bytes to one subscriber, merged backlog included; above it, close with 1013."""
+    delta_flush_ms: float = 0.0
+    """With more than 0, a channel's deltas are held this long and merged per message."""
     history_size: int = 100
     """Completed (or aborted) messages kept per channel for resume by offset."""
     history_ttl: float = 3600.0
@@ -68,6 +71,8 @@ class Settings:
     """Relay processes sharing the port (SO_REUSEPORT); more than one needs a shared broker."""
     web_root: str = ""
     """A folder of static files (the demo page) to serve over HTTP; empty serves none."""
+    loop: str = "asyncio"
+    """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
     log_format: str = "plain"
     """``plain`` or ``json`` (one object per line)."""
 
@@ -84,6 +89,10 @@ class Settings:
         for name in ("history_ttl", "idle_timeout", "shutdown_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.delta_flush_ms < 0:
+            raise ConfigError("delta_flush_ms must not be negative")
+        if self.loop not in LOOPS:
+            raise ConfigError(f"loop must be one of {', '.join(LOOPS)}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
         if self.workers > 1 and self.broker.startswith("memory:"):
