@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "forbidden"
     RATE_LIMITED = "rate_limited"
     MESSAGE_TOO_LARGE = "message_too_large"
+    SEQ_GAP = "seq_gap"
 
 
 class RelayError(Exception):
@@ -62,6 +63,8 @@ class FrameRejected(RelayError):
         message: str,
         message_id: str | None = None,
         index: int | None = None,
+        *,
+        expected: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -69,3 +72,5 @@ class FrameRejected(RelayError):
         self.message_id = message_id
         self.index = index
         """The event's position in a batch frame, if it came in one."""
+        self.expected = expected
+        """For ``seq_gap``: the seq the relay expects next for that message."""

@@ -9,6 +9,11 @@ adds the relay's rules on top of the seed assembler:
   with neither is rejected (``channel_required``). A message's channel is fixed
   by its first event; a later event whose channel differs is rejected
   (``channel_mismatch``) and changes nothing.
+* Sequence numbers: an event may carry ``seq``. A message's first event has
+  seq 1 and each next one the next integer. An event at or below the last
+  applied seq is a duplicate and changes nothing (a duplicate final is acked
+  again); one past the next is rejected (``seq_gap``, with the seq expected),
+  so the producer can send again from there. Without seq, the seed rules hold.
 * Ending: a message ends by completing (``final``) or by being aborted: its
   producer went away (:meth:`close`) or it had no event for too long
   (:meth:`expire`). An aborted id is remembered; events for it are rejected
@@ -54,6 +59,8 @@ class Applied:
     """For a non-empty delta: seconds since the message's previous one, or since it opened."""
     first_delta: bool = False
     """True if ``delta_wait`` counts from the message's opening (its first non-empty delta)."""
+    duplicate: bool = False
+    """True if the event's ``seq`` was already applied: nothing was done (a final is re-acked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +86,11 @@ class MessageTooLarge(FrameRejected):
 
 
 class _Open:
-    __slots__ = ("channel", "chars", "last_delta", "last_event", "opened")
+    __slots__ = ("channel", "chars", "last_delta", "last_event", "opened", "seq")
 
-    def __init__(self, channel: str, now: float) -> None:
+    def __init__(self, channel: str, now: float, seq: int) -> None:
         self.channel = channel
+        self.seq = seq
         self.opened = now
         self.last_event = now
         self.last_delta: float | None = None
@@ -95,6 +103,7 @@ class ProducerSession:
     __slots__ = (
         "_aborted",
         "_completed",
+        "_final_seq",
         "_streaming",
         "assembler",
         "default_channel",
@@ -120,6 +129,7 @@ class ProducerSession:
         self.assembler = TokenAssembler()
         self._streaming: dict[str, _Open] = {}
         self._completed: dict[str, str] = {}
+        self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
 
     def receive(self, event: ProducerEvent, now: float = 0.0) -> Applied:
@@ -132,9 +142,16 @@ class ProducerSession:
                 "'channel' is required: name it in the event or in the URL (?channel=)",
                 message_id,
             )
+        seq = None if event.seq is MISSING else event.seq
         state = self._streaming.get(message_id)
         if state is not None:
             _check_channel(message_id, state.channel, channel)
+            if seq is not None:
+                if seq <= state.seq:
+                    return Applied(channel, message_id, None, duplicate=True)
+                if seq != state.seq + 1:
+                    raise _seq_gap(message_id, state.seq + 1, seq)
+                state.seq = seq
             state.last_event = now
             delta = None if event.delta is MISSING else event.delta
             wait = previous = None
@@ -151,17 +168,21 @@ class ProducerSession:
                 return Applied(channel, message_id, None, False, delta, False, wait, first)
             del self._streaming[message_id]
             self._remember(self._completed, message_id, channel)
+            if state.seq:
+                self._final_seq[message_id] = state.seq
             return Applied(channel, message_id, text, True, delta, False, wait, first)
 
         completed_in = self._completed.get(message_id)
         if completed_in is not None:
             _check_channel(message_id, completed_in, channel)
+            duplicate = seq is not None and seq <= self._final_seq.get(message_id, 0)
             if not event.final:
-                return Applied(channel, message_id, None)
+                return Applied(channel, message_id, None, duplicate=duplicate)
             # A repeated final refreshes the id's place in the LRU.
             del self._completed[message_id]
             self._completed[message_id] = channel
-            return Applied(channel, message_id, self.assembler.get(message_id))
+            text = self.assembler.get(message_id)
+            return Applied(channel, message_id, text, duplicate=duplicate)
 
         aborted_in = self._aborted.get(message_id)
         if aborted_in is not None:
@@ -179,18 +200,22 @@ class ProducerSession:
                 "unfinished messages; finish one first",
                 message_id,
             )
+        if seq is not None and seq != 1:
+            raise _seq_gap(message_id, 1, seq)
         delta = None if event.delta is MISSING else event.delta
         if delta is not None and len(delta) > self.max_chars:
             raise MessageTooLarge(None, self.max_chars, message_id)
         text = self.assembler.feed(message_id, delta, event.final)
         wait = 0.0 if delta else None
         if text is None:
-            state = self._streaming[message_id] = _Open(channel, now)
+            state = self._streaming[message_id] = _Open(channel, now, seq or 0)
             if delta:
                 state.chars = len(delta)
                 state.last_delta = now
             return Applied(channel, message_id, None, False, delta, True, wait, bool(delta))
         self._remember(self._completed, message_id, channel)
+        if seq:
+            self._final_seq[message_id] = seq
         return Applied(channel, message_id, text, True, delta, True, wait, bool(delta))
 
     def partial(self, message_id: str) -> str | None:
@@ -215,6 +240,7 @@ class ProducerSession:
         """Abort every unfinished message and free all state."""
         unfinished = [self._abort(message_id) for message_id in list(self._streaming)]
         self._completed.clear()
+        self._final_seq.clear()
         self._aborted.clear()
         self.assembler = TokenAssembler()
         return unfinished
@@ -241,8 +267,19 @@ class ProducerSession:
         if len(memory) > self.max_completed:
             oldest = next(iter(memory))
             del memory[oldest]
+            self._final_seq.pop(oldest, None)
             # The two memories never share an id, so this frees only a completed text.
             self.assembler.forget(oldest)
+
+
+def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:
+    return FrameRejected(
+        ErrorCode.SEQ_GAP,
+        f"message '{message_id}' expects seq {expected}, not {got}; "
+        f"send its events again from seq {expected}",
+        message_id,
+        expected=expected,
+    )
 
 
 def _check_channel(message_id: str, fixed: str, channel: str) -> None:

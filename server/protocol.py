@@ -38,6 +38,7 @@ __all__ = [
     "MessageId",
     "ProducerEvent",
     "ServerFrame",
+    "SessionFrame",
     "Since",
     "Snapshot",
     "Subscribe",
@@ -107,6 +108,7 @@ class ProducerEvent(_Frame):
     delta: str | MISSING = MISSING
     final: bool = False
     channel: ChannelName | MISSING = MISSING
+    seq: Annotated[int, Field(ge=1)] | MISSING = MISSING
 
 
 # -------------------------------------------------------------- subscriber -> relay
@@ -158,11 +160,26 @@ SubscriberFrame = Annotated[Subscribe | Unsubscribe | Cancel, Field(discriminato
 
 
 class Ack(_Frame):
-    """Answer to every ``final: true`` event, repeated finals included."""
+    """Answer to every ``final: true`` event, repeated finals included.
+
+    ``duplicate`` is present (true) when the final's ``seq`` had already been applied.
+    """
 
     type: Literal["ack"] = "ack"
     id: str
     channel: str
+    duplicate: bool | MISSING = MISSING
+
+
+class SessionFrame(_Frame):
+    """Sent to a producer on connecting: the token that resumes this connection's state.
+
+    ``resumed`` says whether a ``?session=`` given on the URL was resumed.
+    """
+
+    type: Literal["session"] = "session"
+    session: str
+    resumed: bool
 
 
 class ErrorFrame(_Frame):
@@ -177,6 +194,7 @@ class ErrorFrame(_Frame):
     message: str
     id: str | None = None
     index: int | MISSING = MISSING
+    expected: int | MISSING = MISSING
 
 
 class AckEntry(_Frame):
@@ -184,6 +202,7 @@ class AckEntry(_Frame):
 
     id: str
     channel: str
+    duplicate: bool | MISSING = MISSING
 
 
 class AckBatch(_Frame):
@@ -262,6 +281,7 @@ class Aborted(_Frame):
 
 AnyServerFrame = (
     Ack
+    | SessionFrame
     | AckBatch
     | ErrorFrame
     | Subscribed
@@ -340,7 +360,8 @@ def _describe(error: ErrorDetails) -> str:
         limit = error.get("ctx", {}).get("max_length", MAX_NAME_LENGTH)
         return f"'{field}' is longer than {limit} characters"
     if kind == "greater_than_equal":
-        return f"'{field}' must not be negative"
+        limit = error.get("ctx", {}).get("ge", 0)
+        return f"'{field}' must be at least {limit}" if limit else f"'{field}' must not be negative"
     if kind == "int_type":
         return f"'{field}' must be an integer"
     if kind in ("model_type", "dict_type"):

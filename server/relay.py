@@ -39,9 +39,11 @@ import itertools
 import logging
 import secrets
 import time
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import MISSING
@@ -68,6 +70,7 @@ from .protocol import (
     ErrorFrame,
     MessageFrame,
     ProducerEvent,
+    SessionFrame,
     Snapshot,
     Subscribe,
     Subscribed,
@@ -100,21 +103,29 @@ MAX_JOIN_BUFFER = 10_000
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
-class _Producer(NamedTuple):
-    connection: ServerConnection
-    session: ProducerSession
+MAX_PARKED_CANCELS = 100
+"""Cancels kept for a parked producer session, delivered when it resumes."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _ProducerLink:
-    """What the relay keeps per producer connection besides its assembler."""
+    """A producer session: its assembler and what the relay keeps beside it.
+
+    It outlives its connection by up to ``--session-grace`` when the connection
+    vanishes, so a producer that reconnects with the session token continues.
+    """
 
     owner: str
+    token: str
     session: ProducerSession
     grant: Grant | None
     bucket: TokenBucket
+    connection: ServerConnection | None
     unpublished: dict[str, None] = field(default_factory=dict)
     """Completed here but not yet published (the broker was down): a repeated final retries."""
+    cancels: deque[str | bytes] = field(default_factory=lambda: deque(maxlen=MAX_PARKED_CANCELS))
+    """Cancels that arrived while the session was parked."""
+    expiry: asyncio.TimerHandle | None = None
 
 
 def _binary_rejected() -> FrameRejected:
@@ -125,9 +136,29 @@ def _binary_rejected() -> FrameRejected:
 
 def _error_frame(exc: FrameRejected) -> str:
     frame = ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id)
-    if exc.index is not None:
-        frame = frame.model_copy(update={"index": exc.index})
+    extra = {
+        name: value
+        for name, value in (("index", exc.index), ("expected", exc.expected))
+        if value is not None
+    }
+    if extra:
+        frame = frame.model_copy(update=extra)
     return encode(frame)
+
+
+def _acks(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
+    """One ``ack`` frame for a single event, one ``acks`` frame for a batch."""
+    if not batch:
+        channel, message_id, duplicate = acks[0]
+        ack = Ack(id=message_id, channel=channel)
+        return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack)
+    entries = [
+        AckEntry(id=message_id, channel=channel).model_copy(update={"duplicate": True})
+        if duplicate
+        else AckEntry(id=message_id, channel=channel)
+        for channel, message_id, duplicate in acks
+    ]
+    return encode(AckBatch(acks=entries))
 
 
 def _broker_rejected(message_id: str | None) -> FrameRejected:
@@ -150,7 +181,10 @@ class Relay:
         )
         self.gate = Gate(self.settings, self.metrics, lambda: self.broker.healthy)
         self.fanout = Fanout(self.settings, self.metrics, self.hub.remove)
-        self.producers: dict[str, _Producer] = {}
+        self.producers: dict[str, _ProducerLink] = {}
+        self._sessions: dict[str, _ProducerLink] = {}
+        self._parked: dict[str, _ProducerLink] = {}
+        self._background: set[asyncio.Task[Any]] = set()
         self.server: Server | None = None
         self._joining: dict[tuple[ServerConnection, str], list[tuple[FrameKind, int, Any]]] = {}
         self._owner_numbers = itertools.count(1)
@@ -221,6 +255,9 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await self.fanout.stop()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.broker.close()
 
     async def __aenter__(self) -> Relay:
@@ -238,6 +275,8 @@ class Relay:
 
     async def _abort_everything(self, reason: AbortReason) -> None:
         for owner, producer in list(self.producers.items()):
+            if producer.expiry is not None:
+                producer.expiry.cancel()
             for unfinished in producer.session.close():
                 await self._abort(owner, unfinished, reason)
         with contextlib.suppress(BrokerUnavailable):
@@ -275,7 +314,10 @@ class Relay:
             with contextlib.suppress(ConnectionClosed):
                 if role == "producer":
                     channels = query.get("channel")
-                    await self._serve_producer(connection, channels[0] if channels else None, grant)
+                    resume = query.get("session", [""])[-1] or None
+                    await self._serve_producer(
+                        connection, channels[0] if channels else None, grant, resume
+                    )
                 else:
                     deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
                     initial = [
@@ -313,29 +355,23 @@ class Relay:
     # ------------------------------------------------------------------ producers
 
     async def _serve_producer(
-        self, connection: ServerConnection, channel: str | None, grant: Grant | None
+        self,
+        connection: ServerConnection,
+        channel: str | None,
+        grant: Grant | None,
+        resume: str | None,
     ) -> None:
-        settings = self.settings
         loop = asyncio.get_running_loop()
-        link = _ProducerLink(
-            owner=f"{self.broker.instance}.{next(self._owner_numbers)}",
-            session=ProducerSession(
-                channel,
-                max_streaming=settings.max_streaming_per_producer,
-                max_completed=settings.max_completed_per_producer,
-                max_chars=settings.max_message_chars,
-            ),
-            grant=grant,
-            bucket=TokenBucket(
-                settings.max_events_per_second, settings.max_events_per_second, loop.time()
-            ),
-        )
-        self.producers[link.owner] = _Producer(connection, link.session)
+        link, resumed = self._attach(connection, grant, resume)
+        link.session.default_channel = channel
+        await connection.send(encode(SessionFrame(session=link.token, resumed=resumed)))
+        while link.cancels:
+            self.fanout.send((connection,), link.cancels.popleft())
         received = self.metrics.frames_in_producer
         try:
             async for raw in connection:
                 received.inc()
-                if self._stopping:
+                if self._stopping or link.connection is not connection:
                     break
                 now = loop.time()
                 try:
@@ -346,7 +382,7 @@ class Relay:
                     await self._reject(connection, exc)
                     continue
                 events = frame if isinstance(frame, list) else (frame,)
-                acks: list[tuple[str, str]] = []
+                acks: list[tuple[str, str, bool]] = []
                 for index, event in enumerate(events):
                     applied = self._apply(
                         connection, link, event, now, index if events is frame else None
@@ -363,17 +399,79 @@ class Relay:
                         ack = await self._complete(connection, link, applied, now)
                         if ack is not None:
                             acks.append(ack)
-                if not acks:
-                    continue
-                if events is frame:
-                    entries = [AckEntry(id=message_id, channel=name) for name, message_id in acks]
-                    await connection.send(encode(AckBatch(acks=entries)))
-                else:
-                    await connection.send(encode(Ack(id=acks[0][1], channel=acks[0][0])))
+                if acks:
+                    await connection.send(_acks(acks, batch=events is frame))
         finally:
-            del self.producers[link.owner]
-            for unfinished in link.session.close():
-                await self._abort(link.owner, unfinished, AbortReason.PRODUCER_DISCONNECTED)
+            await self._detach(connection, link)
+
+    def _attach(
+        self, connection: ServerConnection, grant: Grant | None, resume: str | None
+    ) -> tuple[_ProducerLink, bool]:
+        """This connection's producer state: a parked session it resumes, or a new one."""
+        link = self._sessions.get(resume) if resume else None
+        if link is not None and link.grant != grant:
+            link = None  # a session token is bound to the identity that opened it
+        if link is not None:
+            if link.expiry is not None:
+                link.expiry.cancel()
+                link.expiry = None
+            self._parked.pop(link.token, None)
+            previous = link.connection
+            if previous is not None:
+                # The old connection is half-open or still alive: this one takes over.
+                self.fanout.close(previous, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
+            link.connection = connection
+            return link, True
+        settings = self.settings
+        link = _ProducerLink(
+            owner=f"{self.broker.instance}.{next(self._owner_numbers)}",
+            token=secrets.token_urlsafe(24),
+            session=ProducerSession(
+                None,
+                max_streaming=settings.max_streaming_per_producer,
+                max_completed=settings.max_completed_per_producer,
+                max_chars=settings.max_message_chars,
+            ),
+            grant=grant,
+            bucket=TokenBucket(
+                settings.max_events_per_second,
+                settings.max_events_per_second,
+                asyncio.get_running_loop().time(),
+            ),
+            connection=connection,
+        )
+        self.producers[link.owner] = link
+        self._sessions[link.token] = link
+        return link, False
+
+    async def _detach(self, connection: ServerConnection, link: _ProducerLink) -> None:
+        """The connection ended: park the session for a resume, or end it now."""
+        if link.connection is not connection:
+            return  # another connection resumed this session
+        link.connection = None
+        grace = self.settings.session_grace
+        # A producer that said goodbye (a close frame) is done; one that vanished may be back.
+        vanished = connection.protocol.close_rcvd is None
+        if vanished and grace > 0 and not self._stopping:
+            self._parked[link.token] = link
+            while len(self._parked) > self.settings.max_parked_sessions:
+                oldest = self._parked.pop(next(iter(self._parked)))
+                self._spawn(self._end_session(oldest))
+            link.expiry = asyncio.get_running_loop().call_later(
+                grace, lambda: self._spawn(self._end_session(link))
+            )
+            return
+        await self._end_session(link)
+
+    async def _end_session(self, link: _ProducerLink) -> None:
+        """Forget a producer's session and abort what it left unfinished."""
+        if link.connection is not None:
+            return  # resumed meanwhile
+        self._parked.pop(link.token, None)
+        self._sessions.pop(link.token, None)
+        self.producers.pop(link.owner, None)
+        for unfinished in link.session.close():
+            await self._abort(link.owner, unfinished, AbortReason.PRODUCER_DISCONNECTED)
 
     def _apply(
         self,
@@ -415,8 +513,8 @@ class Relay:
 
     async def _complete(
         self, connection: ServerConnection, link: _ProducerLink, applied: Applied, now: float
-    ) -> tuple[str, str] | None:
-        """Publish a message its final completed; returns ``(channel, id)`` to acknowledge."""
+    ) -> tuple[str, str, bool] | None:
+        """Publish a message its final completed; returns ``(channel, id, duplicate)`` to ack."""
         channel, message_id, text = applied.channel, applied.message_id, applied.text
         assert text is not None
         if applied.first_completion or message_id in link.unpublished:
@@ -427,7 +525,7 @@ class Relay:
                 return None
             self.metrics.completed.inc()
             self.metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
-        return channel, message_id
+        return channel, message_id, applied.duplicate
 
     async def _publish(self, link: _ProducerLink, channel: str, message_id: str, text: str) -> None:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
@@ -652,7 +750,11 @@ class Relay:
     def on_cancel(self, owner: str, payload: str | bytes) -> None:
         """Pass a ``cancel`` frame to the local producer that owns the message."""
         producer = self.producers.get(owner)
-        if producer is not None:
+        if producer is None:
+            return
+        if producer.connection is None:
+            producer.cancels.append(payload)  # parked: delivered when it resumes
+        else:
             self.fanout.send((producer.connection,), payload)
 
     def wants_deltas(self, channel: str) -> bool:
@@ -671,6 +773,11 @@ class Relay:
             for owner, producer in self.producers.items()
             for message_id, channel in producer.session.streaming()
         ]
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def on_restored(self) -> None:
         """Events may have been missed during a broker outage: have subscribers resume."""

@@ -53,6 +53,10 @@ class Settings:
     """Unsent bytes to a subscriber above which its pending deltas are merged, not queued."""
     max_subscriber_buffer_bytes: int = 4 * MIB
     """Unsent bytes to one subscriber, merged backlog included; above it, close with 1013."""
+    session_grace: float = 30.0
+    """Seconds a vanished producer's session waits for it to reconnect; 0 ends it at once."""
+    max_parked_sessions: int = 10_000
+    """Producer sessions awaiting a reconnect; past it the oldest ends (its messages abort)."""
     delta_flush_ms: float = 0.0
     """With more than 0, a channel's deltas are held this long and merged per message."""
     history_size: int = 100
@@ -89,6 +93,8 @@ class Settings:
         for name in ("history_ttl", "idle_timeout", "shutdown_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.session_grace < 0:
+            raise ConfigError("session_grace must not be negative")
         if self.delta_flush_ms < 0:
             raise ConfigError("delta_flush_ms must not be negative")
         if self.loop not in LOOPS:

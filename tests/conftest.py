@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,23 @@ class RunningRelay:
     url: str
 
     def connect(self, path: str, **kwargs: Any) -> Any:
-        """Open a real WebSocket client to ``path`` (for example ``/subscribe?channel=a``)."""
+        """Open a real WebSocket client to ``path`` (for example ``/subscribe?channel=a``).
+
+        A producer's ``session`` frame is read and checked on the way in.
+        """
+        if path.startswith("/produce"):
+            return open_producer(self.url + path, **kwargs)
         return connect(self.url + path, **kwargs)
+
+
+@asynccontextmanager
+async def open_producer(url: str, **kwargs: Any) -> AsyncIterator[ClientConnection]:
+    """A producer connection whose first frame, the ``session`` frame, is already read."""
+    async with connect(url, **kwargs) as ws:
+        session = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert session["type"] == "session" and len(session["session"]) >= 32, session
+        ws.session = session  # type: ignore[attr-defined]
+        yield ws
 
 
 async def start_relay(**overrides: Any) -> tuple[RunningRelay, Relay]:

@@ -8,7 +8,7 @@ import signal
 
 from websockets.asyncio.client import connect
 
-from .conftest import RunningRelay, assert_silent, recv_json, send_json, start_relay
+from .conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json, start_relay
 from .processes import RelayProcess
 
 
@@ -142,7 +142,7 @@ async def test_relay_runs_on_uvloop() -> None:
     try:
         async with (
             connect(f"{relay.url}/subscribe?channel=c") as sub,
-            connect(f"{relay.url}/produce?channel=c") as producer,
+            open_producer(f"{relay.url}/produce?channel=c") as producer,
         ):
             await recv_json(sub)
             await producer.send(json.dumps({"id": "m", "delta": "fast", "final": True}))

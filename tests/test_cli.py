@@ -94,7 +94,7 @@ def test_schema_command_prints_generated_schema() -> None:
     producer = schema["producer_to_relay"]
     event = producer["$defs"]["ProducerEvent"]
     assert event["required"] == ["id"]
-    assert set(event["properties"]) == {"id", "delta", "final", "channel"}
+    assert set(event["properties"]) == {"id", "delta", "final", "channel", "seq"}
     assert event["additionalProperties"] is False
     batch = next(choice for choice in producer["anyOf"] if choice.get("type") == "array")
     assert (batch["minItems"], batch["maxItems"]) == (1, 10_000)
@@ -106,6 +106,7 @@ def test_schema_command_prints_generated_schema() -> None:
     assert server_types == {
         "ack",
         "acks",
+        "session",
         "error",
         "subscribed",
         "unsubscribed",

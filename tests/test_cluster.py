@@ -10,7 +10,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from .conftest import assert_silent, recv_json, send_json
+from .conftest import assert_silent, open_producer, recv_json, send_json
 from .processes import RelayProcess
 from .redis_server import RedisServer
 
@@ -44,7 +44,7 @@ async def test_producer_on_a_reaches_subscribers_on_a_and_b_exactly_once(
 ) -> None:
     a, b = pair
     subscribers = [await _subscribed(url) for url in (a.url, a.url, b.url, b.url)]
-    async with connect(f"{a.url}/produce?channel=c") as producer:
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
         for i in range(5):
             await send_json(producer, {"id": f"m{i}", "delta": f"text {i} é🚀"})
             await send_json(producer, {"id": f"m{i}", "final": True})
@@ -66,7 +66,7 @@ async def test_deltas_and_snapshot_across_instances(
 ) -> None:
     a, b = pair
     watcher = await _subscribed(a.url, "channel=c&deltas=1")
-    async with connect(f"{a.url}/produce?channel=c") as producer:
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
         await send_json(producer, {"id": "m", "delta": "Hel"})
         # Once a's own subscriber has the delta, it has passed through Redis.
         assert (await recv_json(watcher))["delta"] == "Hel"
@@ -90,7 +90,7 @@ async def test_resume_on_b_after_being_on_a(pair: tuple[RelayProcess, RelayProce
     first = await connect(f"{a.url}/subscribe")
     await send_json(first, {"type": "subscribe", "channel": "c"})
     epoch = (await recv_json(first))["epoch"]
-    async with connect(f"{a.url}/produce?channel=c") as producer:
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
         for i in range(2):
             await send_json(producer, {"id": f"m{i}", "delta": f"t{i}", "final": True})
             await recv_json(producer)
@@ -122,8 +122,8 @@ async def test_cancel_is_routed_across_instances(pair: tuple[RelayProcess, Relay
     a, b = pair
     watcher = await _subscribed(b.url, "channel=c&deltas=1")
     async with (
-        connect(f"{a.url}/produce?channel=c") as owner,
-        connect(f"{b.url}/produce?channel=c") as bystander,
+        open_producer(f"{a.url}/produce?channel=c") as owner,
+        open_producer(f"{b.url}/produce?channel=c") as bystander,
     ):
         await send_json(owner, {"id": "long", "delta": "thinking"})
         await send_json(bystander, {"id": "other", "delta": "busy"})
@@ -144,7 +144,7 @@ async def test_redis_killed_mid_stream_and_restarted(
     assert await a.http_status("/readyz") == 200
     watcher = await _subscribed(b.url, "channel=c&deltas=1")
     old_epoch = None
-    async with connect(f"{a.url}/produce?channel=c") as producer:
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
         await send_json(producer, {"id": "before", "delta": "safe", "final": True})
         assert (await recv_json(producer))["type"] == "ack"
         await send_json(producer, {"id": "m", "delta": "part one, "})
@@ -195,7 +195,7 @@ async def test_workers_share_one_port_through_redis(redis_server: RedisServer) -
     relay = await RelayProcess("--workers", "2", "--broker", redis_server.url).start()
     try:
         subscribers = [await _subscribed(relay.url) for _ in range(8)]
-        async with connect(f"{relay.url}/produce?channel=c") as producer:
+        async with open_producer(f"{relay.url}/produce?channel=c") as producer:
             await send_json(producer, {"id": "m", "delta": "to every worker", "final": True})
             assert (await recv_json(producer))["type"] == "ack"
         for ws in subscribers:

@@ -48,8 +48,9 @@ async def _spawn(script: str, url: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(sys.executable, "-c", script, url)
 
 
-async def test_killed_producer_process_aborts_its_message(relay: RunningRelay) -> None:
-    async with relay.connect("/subscribe?channel=c&deltas=1") as sub:
+async def test_killed_producer_process_aborts_its_message_after_the_grace() -> None:
+    relay, server = await start_relay(session_grace=1.0)
+    async with server, relay.connect("/subscribe?channel=c&deltas=1") as sub:
         await recv_json(sub)
         producer = await _spawn(STREAMER, relay.url + "/produce?channel=c")
         seen = ""
@@ -59,6 +60,12 @@ async def test_killed_producer_process_aborts_its_message(relay: RunningRelay) -
             seen += frame["delta"]
         producer.send_signal(signal.SIGKILL)
         await producer.wait()
+        # It vanished without a close frame: its session waits for a reconnect first.
+        async with asyncio.timeout(5):
+            while not any(  # noqa: ASYNC110 - waits for the relay to notice the drop
+                link.connection is None for link in relay.relay.producers.values()
+            ):
+                await asyncio.sleep(0.01)
         while (frame := await recv_json(sub))["type"] == "delta":
             seen += frame["delta"]
         assert (frame["type"], frame["id"], frame["reason"]) == (
@@ -67,6 +74,7 @@ async def test_killed_producer_process_aborts_its_message(relay: RunningRelay) -
             "producer_disconnected",
         )
         assert frame["text"] == seen
+        assert relay.relay.producers == {}
 
 
 async def test_killed_subscriber_process_leaves_others_unaffected(relay: RunningRelay) -> None:

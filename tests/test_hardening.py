@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.auth import Role, mint
 
-from .conftest import RunningRelay, assert_silent, recv_json, send_json, start_relay
+from .conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json, start_relay
 from .processes import RelayProcess
 
 SECRET = "test-secret-of-some-length-0123456789"
@@ -307,7 +307,9 @@ async def test_sigterm_during_traffic_aborts_and_exits_cleanly_with_json_logs() 
     try:
         async with (
             connect(f"{relay.url}/subscribe?channel=c&token={sub_token}") as sub,
-            connect(f"{relay.url}/produce?channel=c&token={token(Role.PRODUCE, 'c')}") as producer,
+            open_producer(
+                f"{relay.url}/produce?channel=c&token={token(Role.PRODUCE, 'c')}"
+            ) as producer,
         ):
             await recv_json(sub)
             for i in range(20):

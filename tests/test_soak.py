@@ -38,6 +38,7 @@ async def produce(
     rng = random.Random(number)
     acked = 0
     async with connect(f"{url}/produce", max_queue=None) as ws:
+        assert json.loads(await ws.recv())["type"] == "session"
         serial = 0
         while not stop.is_set():
             channel = f"soak-{rng.randrange(CHANNELS)}"
