@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-
-from websockets.asyncio.client import connect
 
 from server import Relay, Settings
+from server.client import RelayProducer, RelaySubscriber
+from server.protocol import Aborted, MessageFrame, Subscribed
 
 from . import WEB_ROOT
 from .gateway import REPLIES, DemoGateway
@@ -28,33 +27,33 @@ from .gateway import REPLIES, DemoGateway
 async def demo(url: str, channel: str, *, forever: bool) -> int:
     """Run the gateway and one console subscriber; return 0 if every reply arrived exactly."""
     expected = {reply.message_id: reply.text for reply in REPLIES}
+    received: dict[str, str] = {}
     async with (
-        connect(f"{url}/subscribe?channel={channel}") as subscriber,
-        connect(f"{url}/produce?channel={channel}") as producer,
-        connect(f"{url}/subscribe?channel={channel}-prompts") as prompts,
+        RelaySubscriber(url, [channel], deltas=False) as feed,
+        RelaySubscriber(url, [f"{channel}-prompts"], deltas=False) as prompts,
+        RelayProducer(url, channel=channel) as producer,
     ):
-        confirmation = json.loads(await subscriber.recv())
-        print(f"subscriber: subscribed to '{confirmation['channel']}'", flush=True)
         gateway = DemoGateway(producer)
         background = [
-            asyncio.create_task(gateway.read_replies()),
+            asyncio.create_task(gateway.watch_cancels()),
             asyncio.create_task(gateway.answer_prompts(prompts, channel)),
             asyncio.create_task(gateway.stream_all(REPLIES)),
         ]
-        received: dict[str, str] = {}
         try:
-            async for raw in subscriber:
-                frame = json.loads(raw)
-                if frame["type"] in ("message", "aborted"):
-                    received[frame["id"]] = frame["text"]
-                    tag = "" if frame["type"] == "message" else f" (aborted: {frame['reason']})"
-                    print(f"\n[{frame['channel']} #{frame['offset']}] {frame['id']}{tag}:")
-                    print(f"  {frame['text']}", flush=True)
+            async for frame in feed:
+                if isinstance(frame, Subscribed):
+                    print(f"subscriber: subscribed to '{frame.channel}'", flush=True)
+                elif isinstance(frame, MessageFrame | Aborted):
+                    received[frame.id] = frame.text
+                    tag = "" if isinstance(frame, MessageFrame) else f" ({frame.reason})"
+                    print(f"\n[{frame.channel} #{frame.offset}] {frame.id}{tag}:")
+                    print(f"  {frame.text}", flush=True)
                 if not forever and expected.keys() <= received.keys():
                     break
         finally:
             for task in background:
                 task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
     exact = all(received.get(mid) == text for mid, text in expected.items())
     print(f"\n{len(expected)} messages received, text exact: {exact}")
     return 0 if exact else 1

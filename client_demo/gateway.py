@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 from dataclasses import dataclass
 
-from websockets.asyncio.client import ClientConnection
+from server.client import RelayProducer, RelaySubscriber
+from server.protocol import MessageFrame
 
 __all__ = ["REPLIES", "DemoGateway", "Reply", "compose_answer", "tokenize"]
 
@@ -34,8 +34,8 @@ REPLIES = (
     ),
     Reply(
         "reply-3",
-        "Finalizing twice is harmless: the relay acknowledges both finals but broadcasts the "
-        "completed message only once.",
+        "Sequence numbers make resending safe: after a dropped connection the gateway sends "
+        "again what was not acknowledged, and the relay keeps each token exactly once.",
     ),
 )
 
@@ -62,11 +62,11 @@ def compose_answer(prompt: str) -> str:
 
 
 class DemoGateway:
-    """A fake model gateway on one producer connection."""
+    """A fake model gateway, streaming through :class:`server.client.RelayProducer`."""
 
     def __init__(
         self,
-        producer: ClientConnection,
+        producer: RelayProducer,
         *,
         pace: tuple[float, float] = (0.01, 0.05),
         seed: int | None = None,
@@ -76,43 +76,36 @@ class DemoGateway:
         self.rng = random.Random(seed)
         self.cancelled: set[str] = set()
 
-    async def read_replies(self) -> None:
-        """Consume the relay's frames: note cancels; acks need no action."""
-        async for raw in self.producer:
-            frame = json.loads(raw)
-            if frame.get("type") == "cancel":
-                self.cancelled.add(frame["id"])
+    async def watch_cancels(self) -> None:
+        """Note every cancel a subscriber sends (a user pressed Stop)."""
+        async for cancel in self.producer.cancellations():
+            self.cancelled.add(cancel.id)
 
     async def stream(self, reply: Reply, channel: str | None = None) -> bool:
         """Stream one reply; returns False if it was cancelled part way."""
-        route = {} if channel is None else {"channel": channel}
-        send = self.producer.send
-        # Gateways often open with an empty delta; it creates the message and adds nothing.
-        await send(json.dumps({"id": reply.message_id, "delta": "", **route}))
         finished = True
+        # Gateways often open with an empty delta; it creates the message and adds nothing.
+        await self.producer.send(reply.message_id, "", channel=channel)
         for token in tokenize(reply.text):
             if reply.message_id in self.cancelled:
                 finished = False
                 break
-            await send(json.dumps({"id": reply.message_id, "delta": token, **route}))
+            await self.producer.send(reply.message_id, token, channel=channel)
             await asyncio.sleep(self.rng.uniform(*self.pace))
-        # A retried final is harmless: it is acknowledged again but never re-broadcast.
-        for _ in range(2):
-            await send(json.dumps({"id": reply.message_id, "final": True, **route}))
+        await self.producer.finish(reply.message_id, channel=channel)
         return finished
 
     async def stream_all(self, replies: tuple[Reply, ...] = REPLIES) -> None:
         """Stream every reply at once, interleaved on this one connection."""
         await asyncio.gather(*(self.stream(reply) for reply in replies))
 
-    async def answer_prompts(self, prompts: ClientConnection, channel: str) -> None:
+    async def answer_prompts(self, prompts: RelaySubscriber, channel: str) -> None:
         """Answer each prompt message arriving on ``prompts`` with a reply on ``channel``."""
         tasks: set[asyncio.Task[bool]] = set()
-        async for raw in prompts:
-            frame = json.loads(raw)
-            if frame.get("type") != "message":
+        async for frame in prompts:
+            if not isinstance(frame, MessageFrame):
                 continue
-            reply = Reply(f"re-{frame['id']}", compose_answer(frame["text"]))
+            reply = Reply(f"re-{frame.id}", compose_answer(frame.text))
             task = asyncio.create_task(self.stream(reply, channel))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
