@@ -35,13 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,29 +56,19 @@ from .fanout import Fanout
 from .gate import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
 from .hub import ChannelHub
 from .metrics import Metrics
-from .producer import Applied, MessageTooLarge, ProducerSession, Unfinished
+from .producers import ProducerLink, Producers
 from .protocol import (
-    Aborted,
     AbortReason,
-    Ack,
-    AckBatch,
-    AckEntry,
     Cancel,
-    ErrorFrame,
-    MessageFrame,
-    ProducerEvent,
-    SessionFrame,
     Snapshot,
     Subscribe,
     Subscribed,
     Unsubscribe,
     Unsubscribed,
-    decode_producer_frame,
     decode_subscriber_frame,
     encode,
-    encode_unpositioned,
 )
-from .ratelimit import TokenBucket
+from .replies import binary_rejected, broker_rejected
 from .settings import Settings
 from .window import DeltaWindow
 
@@ -103,72 +90,6 @@ MAX_JOIN_BUFFER = 10_000
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
-MAX_PARKED_CANCELS = 100
-"""Cancels kept for a parked producer session, delivered when it resumes."""
-
-
-@dataclass(slots=True, eq=False)
-class _ProducerLink:
-    """A producer session: its assembler and what the relay keeps beside it.
-
-    It outlives its connection by up to ``--session-grace`` when the connection
-    vanishes, so a producer that reconnects with the session token continues.
-    """
-
-    owner: str
-    token: str
-    session: ProducerSession
-    grant: Grant | None
-    bucket: TokenBucket
-    connection: ServerConnection | None
-    unpublished: dict[str, None] = field(default_factory=dict)
-    """Completed here but not yet published (the broker was down): a repeated final retries."""
-    cancels: deque[str | bytes] = field(default_factory=lambda: deque(maxlen=MAX_PARKED_CANCELS))
-    """Cancels that arrived while the session was parked."""
-    expiry: asyncio.TimerHandle | None = None
-
-
-def _binary_rejected() -> FrameRejected:
-    return FrameRejected(
-        ErrorCode.BINARY_NOT_SUPPORTED, "binary frames are not supported; send JSON text frames"
-    )
-
-
-def _error_frame(exc: FrameRejected) -> str:
-    frame = ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id)
-    extra = {
-        name: value
-        for name, value in (("index", exc.index), ("expected", exc.expected))
-        if value is not None
-    }
-    if extra:
-        frame = frame.model_copy(update=extra)
-    return encode(frame)
-
-
-def _acks(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
-    """One ``ack`` frame for a single event, one ``acks`` frame for a batch."""
-    if not batch:
-        channel, message_id, duplicate = acks[0]
-        ack = Ack(id=message_id, channel=channel)
-        return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack)
-    entries = [
-        AckEntry(id=message_id, channel=channel).model_copy(update={"duplicate": True})
-        if duplicate
-        else AckEntry(id=message_id, channel=channel)
-        for channel, message_id, duplicate in acks
-    ]
-    return encode(AckBatch(acks=entries))
-
-
-def _broker_rejected(message_id: str | None) -> FrameRejected:
-    return FrameRejected(
-        ErrorCode.BROKER_UNAVAILABLE,
-        "the relay's broker is unreachable; nothing was published, retry shortly",
-        message_id,
-    )
-
-
 class Relay:
     """One relay process: local connections and subscriptions, joined by a broker."""
 
@@ -181,13 +102,17 @@ class Relay:
         )
         self.gate = Gate(self.settings, self.metrics, lambda: self.broker.healthy)
         self.fanout = Fanout(self.settings, self.metrics, self.hub.remove)
-        self.producers: dict[str, _ProducerLink] = {}
-        self._sessions: dict[str, _ProducerLink] = {}
-        self._parked: dict[str, _ProducerLink] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self.ingest = Producers(
+            self.settings,
+            self.broker,
+            self.metrics,
+            self.fanout,
+            stopping=lambda: self._stopping,
+            spawn=self._spawn,
+        )
         self.server: Server | None = None
         self._joining: dict[tuple[ServerConnection, str], list[tuple[FrameKind, int, Any]]] = {}
-        self._owner_numbers = itertools.count(1)
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
         self._window = DeltaWindow() if self.settings.delta_flush_ms > 0 else None
@@ -229,7 +154,9 @@ class Relay:
             server.close(close_connections=False)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                await self._abort_everything(AbortReason.SHUTDOWN)
+                await self.ingest.abort_everything(AbortReason.SHUTDOWN)
+                with contextlib.suppress(BrokerUnavailable):
+                    await self.broker.flush()
                 while self.fanout.backlogs:  # noqa: ASYNC110 - drained by fanout tasks
                     await asyncio.sleep(0.01)
         if server is not None:
@@ -273,15 +200,6 @@ class Relay:
     ) -> None:
         await self.stop()
 
-    async def _abort_everything(self, reason: AbortReason) -> None:
-        for owner, producer in list(self.producers.items()):
-            if producer.expiry is not None:
-                producer.expiry.cancel()
-            for unfinished in producer.session.close():
-                await self._abort(owner, unfinished, reason)
-        with contextlib.suppress(BrokerUnavailable):
-            await self.broker.flush()
-
     # ------------------------------------------------------------------ connections
 
     async def _handle(self, connection: ServerConnection) -> None:
@@ -315,7 +233,7 @@ class Relay:
                 if role == "producer":
                     channels = query.get("channel")
                     resume = query.get("session", [""])[-1] or None
-                    await self._serve_producer(
+                    await self.ingest.serve(
                         connection, channels[0] if channels else None, grant, resume
                     )
                 else:
@@ -344,237 +262,6 @@ class Relay:
                 },
             )
 
-    async def _reject(self, connection: ServerConnection, exc: FrameRejected) -> None:
-        self.metrics.errors.labels(exc.code.value).inc()
-        await connection.send(_error_frame(exc))
-
-    def _reject_now(self, connection: ServerConnection, exc: FrameRejected) -> None:
-        self.metrics.errors.labels(exc.code.value).inc()
-        self.fanout.send((connection,), _error_frame(exc))
-
-    # ------------------------------------------------------------------ producers
-
-    async def _serve_producer(
-        self,
-        connection: ServerConnection,
-        channel: str | None,
-        grant: Grant | None,
-        resume: str | None,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        link, resumed = self._attach(connection, grant, resume)
-        link.session.default_channel = channel
-        await connection.send(encode(SessionFrame(session=link.token, resumed=resumed)))
-        while link.cancels:
-            self.fanout.send((connection,), link.cancels.popleft())
-        received = self.metrics.frames_in_producer
-        try:
-            async for raw in connection:
-                received.inc()
-                if self._stopping or link.connection is not connection:
-                    break
-                now = loop.time()
-                try:
-                    if isinstance(raw, bytes):
-                        raise _binary_rejected()
-                    frame = decode_producer_frame(raw)
-                except FrameRejected as exc:
-                    await self._reject(connection, exc)
-                    continue
-                events = frame if isinstance(frame, list) else (frame,)
-                acks: list[tuple[str, str, bool]] = []
-                for index, event in enumerate(events):
-                    applied = self._apply(
-                        connection, link, event, now, index if events is frame else None
-                    )
-                    if applied is None:
-                        continue
-                    if isinstance(applied, MessageTooLarge):
-                        if applied.unfinished is not None:
-                            await self._abort(
-                                link.owner, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE
-                            )
-                        continue
-                    if applied.text is not None:
-                        ack = await self._complete(connection, link, applied, now)
-                        if ack is not None:
-                            acks.append(ack)
-                if acks:
-                    await connection.send(_acks(acks, batch=events is frame))
-        finally:
-            await self._detach(connection, link)
-
-    def _attach(
-        self, connection: ServerConnection, grant: Grant | None, resume: str | None
-    ) -> tuple[_ProducerLink, bool]:
-        """This connection's producer state: a parked session it resumes, or a new one."""
-        link = self._sessions.get(resume) if resume else None
-        if link is not None and link.grant != grant:
-            link = None  # a session token is bound to the identity that opened it
-        if link is not None:
-            if link.expiry is not None:
-                link.expiry.cancel()
-                link.expiry = None
-            self._parked.pop(link.token, None)
-            previous = link.connection
-            if previous is not None:
-                # The old connection is half-open or still alive: this one takes over.
-                self.fanout.close(previous, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
-            link.connection = connection
-            return link, True
-        settings = self.settings
-        link = _ProducerLink(
-            owner=f"{self.broker.instance}.{next(self._owner_numbers)}",
-            token=secrets.token_urlsafe(24),
-            session=ProducerSession(
-                None,
-                max_streaming=settings.max_streaming_per_producer,
-                max_completed=settings.max_completed_per_producer,
-                max_chars=settings.max_message_chars,
-            ),
-            grant=grant,
-            bucket=TokenBucket(
-                settings.max_events_per_second,
-                settings.max_events_per_second,
-                asyncio.get_running_loop().time(),
-            ),
-            connection=connection,
-        )
-        self.producers[link.owner] = link
-        self._sessions[link.token] = link
-        return link, False
-
-    async def _detach(self, connection: ServerConnection, link: _ProducerLink) -> None:
-        """The connection ended: park the session for a resume, or end it now."""
-        if link.connection is not connection:
-            return  # another connection resumed this session
-        link.connection = None
-        grace = self.settings.session_grace
-        # A producer that said goodbye (a close frame) is done; one that vanished may be back.
-        vanished = connection.protocol.close_rcvd is None
-        if vanished and grace > 0 and not self._stopping:
-            self._parked[link.token] = link
-            while len(self._parked) > self.settings.max_parked_sessions:
-                oldest = self._parked.pop(next(iter(self._parked)))
-                self._spawn(self._end_session(oldest))
-            link.expiry = asyncio.get_running_loop().call_later(
-                grace, lambda: self._spawn(self._end_session(link))
-            )
-            return
-        await self._end_session(link)
-
-    async def _end_session(self, link: _ProducerLink) -> None:
-        """Forget a producer's session and abort what it left unfinished."""
-        if link.connection is not None:
-            return  # resumed meanwhile
-        self._parked.pop(link.token, None)
-        self._sessions.pop(link.token, None)
-        self.producers.pop(link.owner, None)
-        for unfinished in link.session.close():
-            await self._abort(link.owner, unfinished, AbortReason.PRODUCER_DISCONNECTED)
-
-    def _apply(
-        self,
-        connection: ServerConnection,
-        link: _ProducerLink,
-        event: ProducerEvent,
-        now: float,
-        index: int | None,
-    ) -> Applied | MessageTooLarge | None:
-        """Apply one event and pass its delta on; None if it was rejected (and answered).
-
-        A rejected event is answered with an error frame (naming ``index`` in a batch)
-        and changes nothing else. This never waits: only completing a message does.
-        """
-        try:
-            if not link.bucket.take(now):
-                raise FrameRejected(
-                    ErrorCode.RATE_LIMITED,
-                    f"over {self.settings.max_events_per_second:g} events per second; "
-                    "this event was not applied, send it again",
-                    event.id,
-                )
-            if link.grant is not None and event.channel is not MISSING:
-                link.grant.check(event.channel, event.id)
-            applied = link.session.receive(event, now)
-        except FrameRejected as exc:
-            exc.index = index
-            self._reject_now(connection, exc)
-            return exc if isinstance(exc, MessageTooLarge) else None
-        if applied.opened and applied.text is None:
-            self.broker.open(applied.channel, link.owner, applied.message_id)
-        if applied.delta:
-            self.broker.delta(applied.channel, link.owner, applied.message_id, applied.delta)
-            if applied.delta_wait is not None:
-                metrics = self.metrics
-                timings = metrics.first_delta if applied.first_delta else metrics.delta_gap
-                timings.observe(applied.delta_wait)
-        return applied
-
-    async def _complete(
-        self, connection: ServerConnection, link: _ProducerLink, applied: Applied, now: float
-    ) -> tuple[str, str, bool] | None:
-        """Publish a message its final completed; returns ``(channel, id, duplicate)`` to ack."""
-        channel, message_id, text = applied.channel, applied.message_id, applied.text
-        assert text is not None
-        if applied.first_completion or message_id in link.unpublished:
-            try:
-                await self._publish(link, channel, message_id, text)
-            except FrameRejected as exc:
-                self._reject_now(connection, exc)
-                return None
-            self.metrics.completed.inc()
-            self.metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
-        return channel, message_id, applied.duplicate
-
-    async def _publish(self, link: _ProducerLink, channel: str, message_id: str, text: str) -> None:
-        """Publish a completed message once; if the broker is down, keep it for a retried final."""
-        body = encode_unpositioned(
-            MessageFrame.model_construct(
-                channel=channel, id=message_id, text=text, offset=0, epoch=""
-            )
-        )
-        try:
-            await self.broker.terminal(channel, link.owner, message_id, body)
-        except BrokerUnavailable:
-            link.unpublished[message_id] = None
-            if len(link.unpublished) > self.settings.max_completed_per_producer:
-                del link.unpublished[next(iter(link.unpublished))]
-            raise _broker_rejected(message_id) from None
-        link.unpublished.pop(message_id, None)
-
-    async def _abort(self, owner: str, unfinished: Unfinished, reason: AbortReason) -> None:
-        frame = Aborted(
-            channel=unfinished.channel,
-            id=unfinished.message_id,
-            text=unfinished.text,
-            reason=reason,
-            offset=0,
-            epoch="",
-        )
-        self.metrics.messages.labels(reason.value).inc()
-        try:
-            await self.broker.terminal(
-                unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame)
-            )
-        except BrokerUnavailable:
-            log.warning(
-                "could not publish abort of %r on %r: broker unreachable",
-                unfinished.message_id,
-                unfinished.channel,
-            )
-
-    async def _expire_idle(self) -> None:
-        """Abort messages with no event for ``idle_timeout`` seconds."""
-        timeout = self.settings.idle_timeout
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(timeout / 4, 1.0))
-            deadline = loop.time() - timeout
-            for owner, producer in list(self.producers.items()):
-                for unfinished in producer.session.expire(deadline):
-                    await self._abort(owner, unfinished, AbortReason.IDLE_TIMEOUT)
-
     # ---------------------------------------------------------------- subscribers
 
     async def _serve_subscriber(
@@ -587,12 +274,12 @@ class Relay:
             async for raw in connection:
                 received.inc()
                 if isinstance(raw, bytes):
-                    self._reject_now(connection, _binary_rejected())
+                    self.ingest.reject_now(connection, binary_rejected())
                     continue
                 try:
                     request = decode_subscriber_frame(raw)
                 except FrameRejected as exc:
-                    self._reject_now(connection, exc)
+                    self.ingest.reject_now(connection, exc)
                     continue
                 await self._answer(connection, request, grant)
         finally:
@@ -621,7 +308,7 @@ class Relay:
                     grant.check(frame.channel, frame.id)
                 await self._cancel(connection, frame)
         except FrameRejected as exc:
-            self._reject_now(connection, exc)
+            self.ingest.reject_now(connection, exc)
 
     async def _subscribe(self, connection: ServerConnection, frame: Subscribe) -> None:
         """Subscribe; send the confirmation, replayed history, snapshots, then what followed."""
@@ -642,7 +329,7 @@ class Relay:
             if not was_subscribed:
                 self.hub.unsubscribe(connection, channel)
                 await self._update_interest(channel)
-            raise _broker_rejected(None) from None
+            raise broker_rejected(None) from None
         buffered = self._joining.pop(key, None)
         self._done_joining(channel)
         if buffered is None:  # dropped as slow while joining
@@ -695,7 +382,7 @@ class Relay:
         try:
             owners = await self.broker.cancel(frame.channel, frame.id, encode(frame))
         except BrokerUnavailable:
-            raise _broker_rejected(frame.id) from None
+            raise broker_rejected(frame.id) from None
         if not owners:
             raise FrameRejected(
                 ErrorCode.UNKNOWN_MESSAGE,
@@ -747,32 +434,34 @@ class Relay:
             return
         self.fanout.send(receivers, payload, kind is FrameKind.DELTA)
 
-    def on_cancel(self, owner: str, payload: str | bytes) -> None:
-        """Pass a ``cancel`` frame to the local producer that owns the message."""
-        producer = self.producers.get(owner)
-        if producer is None:
-            return
-        if producer.connection is None:
-            producer.cancels.append(payload)  # parked: delivered when it resumes
-        else:
-            self.fanout.send((producer.connection,), payload)
+    @property
+    def producers(self) -> dict[str, ProducerLink]:
+        """Producer sessions by owner, parked ones included."""
+        return self.ingest.links
 
     def wants_deltas(self, channel: str) -> bool:
         """Whether a local subscriber of ``channel`` asked for deltas."""
         return bool(self.hub.delta_subscribers(channel))
 
+    def on_cancel(self, owner: str, payload: str | bytes) -> None:
+        """Pass a ``cancel`` frame to the local producer that owns the message."""
+        self.ingest.cancel(owner, payload)
+
     def partial(self, owner: str, message_id: str) -> str | None:
         """The text so far of a local producer's message."""
-        producer = self.producers.get(owner)
-        return None if producer is None else producer.session.partial(message_id)
+        return self.ingest.partial(owner, message_id)
 
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """Every message in progress on this process's producers."""
-        return [
-            (channel, owner, message_id)
-            for owner, producer in self.producers.items()
-            for message_id, channel in producer.session.streaming()
-        ]
+        return self.ingest.owned_messages()
+
+    async def _expire_idle(self) -> None:
+        """Abort messages with no event for ``idle_timeout`` seconds."""
+        timeout = self.settings.idle_timeout
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            await self.ingest.expire_idle(loop.time() - timeout)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
