@@ -17,57 +17,30 @@ import json
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from .errors import BenchError
-from .processes import Route
+from .messages import Message
+
+if TYPE_CHECKING:
+    from .processes import Route
 
 __all__ = [
+    "CheckingSubscriber",
     "LatencyResult",
-    "Message",
     "ThroughputResult",
-    "build_messages",
+    "all_or_first_failure",
     "measure_latency",
     "measure_throughput",
+    "short",
 ]
 
-# Pieces of about four characters, accented letters and an emoji among them, so that a
-# relay that splits or re-encodes text wrongly is caught by the exact comparison.
-PIECES = ("The ", "quic", "k br", "own ", "fox ", "jump", "s ov", "er é", "🚀 la", "zy d", "og. ")
 TIMEOUT_MARGIN = 30.0
 """Seconds a case may run beyond what its load should take before it is declared stuck."""
-
-
-def _encode(frame: dict[str, Any]) -> str:
-    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One message to send: its id, its frames pre-encoded as JSON text, and its text."""
-
-    id: str
-    frames: tuple[str, ...]
-    """``deltas`` delta events, then the final event (which carries no delta)."""
-    text: str
-
-
-def build_messages(count: int, deltas: int) -> list[Message]:
-    """``count`` distinct messages of ``deltas`` deltas (about four characters each) + final."""
-    messages = []
-    for index in range(count):
-        message_id = f"m{index}"
-        pieces = [f"#{index % 1000:03d}"]
-        pieces += [PIECES[(index + n) % len(PIECES)] for n in range(1, deltas)]
-        pieces = pieces[:deltas]
-        frames = [_encode({"id": message_id, "delta": piece}) for piece in pieces]
-        frames.append(_encode({"id": message_id, "final": True}))
-        messages.append(Message(message_id, tuple(frames), "".join(pieces)))
-    return messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +66,7 @@ class LatencyResult:
     samples: list[float]
 
 
-class _Subscriber:
+class CheckingSubscriber:
     """Reads one subscriber connection and checks every frame against what was sent."""
 
     def __init__(self, ws: ClientConnection, channel: str, messages: Sequence[Message]) -> None:
@@ -119,10 +92,10 @@ class _Subscriber:
     def _check(self, frame: dict[str, Any]) -> str:
         """Fail unless ``frame`` is the next expected ``message``; return its id."""
         if frame.get("type") != "message" or frame.get("channel") != self.channel:
-            raise BenchError(f"subscriber got an unexpected frame: {_short(frame)}")
+            raise BenchError(f"subscriber got an unexpected frame: {short(frame)}")
         message_id = frame.get("id")
         if not isinstance(message_id, str) or message_id not in self.expected:
-            raise BenchError(f"subscriber got a message that was never sent: {_short(frame)}")
+            raise BenchError(f"subscriber got a message that was never sent: {short(frame)}")
         if message_id in self.arrivals:
             raise BenchError(f"subscriber got message {message_id!r} twice")
         if frame.get("text") != self.expected[message_id]:
@@ -139,24 +112,29 @@ class _Subscriber:
 
 
 async def _read_acks(ws: ClientConnection, count: int, channel: str) -> None:
-    """Read the producer's frames until ``count`` acks have come; anything else fails."""
+    """Read the producer's frames until ``count`` acks have come.
+
+    The ``session`` frame a producer gets on connecting is skipped; anything else fails.
+    """
     acked = 0
     async for raw in ws:
         frame = json.loads(raw)
+        if frame.get("type") == "session":
+            continue
         if frame.get("type") != "ack" or frame.get("channel") != channel:
-            raise BenchError(f"producer got an unexpected frame: {_short(frame)}")
+            raise BenchError(f"producer got an unexpected frame: {short(frame)}")
         acked += 1
         if acked == count:
             return
     raise BenchError(f"producer connection closed with {acked} of {count} acks")
 
 
-def _short(frame: object, limit: int = 300) -> str:
+def short(frame: object, limit: int = 300) -> str:
     text = json.dumps(frame, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-async def _all_or_first_failure(*coroutines: Coroutine[Any, Any, None]) -> None:
+async def all_or_first_failure(*coroutines: Coroutine[Any, Any, None]) -> None:
     """Run the coroutines together; on the first failure cancel the rest and re-raise it."""
     tasks = [asyncio.create_task(coroutine) for coroutine in coroutines]
     try:
@@ -185,7 +163,7 @@ async def _connected(
         ):
             confirmation = json.loads(await asyncio.wait_for(sub.recv(), 10))
             if confirmation.get("type") != "subscribed" or confirmation.get("channel") != channel:
-                raise BenchError(f"subscribing got {_short(confirmation)}")
+                raise BenchError(f"subscribing got {short(confirmation)}")
             yield sub, producer
     except ConnectionClosed as exc:
         raise BenchError(f"{route.label}: a connection closed unexpectedly ({exc})") from None
@@ -197,7 +175,7 @@ async def measure_throughput(
     """Send every message as fast as possible and time until the subscriber holds them all."""
     frames = [frame for message in messages for frame in message.frames]
     async with _connected(route, channel) as (sub, producer):
-        subscriber = _Subscriber(sub, channel, messages)
+        subscriber = CheckingSubscriber(sub, channel, messages)
         start = 0.0
 
         async def send() -> None:
@@ -212,7 +190,7 @@ async def measure_throughput(
 
         try:
             async with asyncio.timeout(TIMEOUT_MARGIN + len(frames) / 500):
-                await _all_or_first_failure(
+                await all_or_first_failure(
                     send(), subscriber.run(), _read_acks(producer, len(messages), channel)
                 )
         except TimeoutError:
@@ -233,7 +211,7 @@ async def measure_latency(
     interval = 1.0 / (rate * per_message)
     sent: dict[str, float] = {}
     async with _connected(route, channel) as (sub, producer):
-        subscriber = _Subscriber(sub, channel, messages)
+        subscriber = CheckingSubscriber(sub, channel, messages)
 
         async def send() -> None:
             start = time.perf_counter()
@@ -247,7 +225,7 @@ async def measure_latency(
 
         try:
             async with asyncio.timeout(TIMEOUT_MARGIN + len(messages) / rate):
-                await _all_or_first_failure(
+                await all_or_first_failure(
                     send(), subscriber.run(), _read_acks(producer, len(messages), channel)
                 )
         except TimeoutError:
