@@ -30,7 +30,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlencode
 
 from pydantic import MISSING
@@ -92,40 +92,20 @@ class _Backoff:
         await asyncio.sleep(delay / 2 + random.random() * delay / 2)
 
 
-class RelayProducer:
-    """A resilient producer connection for a model gateway."""
+class _Background:
+    """A client whose connection lives in a background task, restarted after each drop."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        channel: str | None = None,
-        token: str | None = None,
-        max_unacked: int = 10_000,
-        backoff: tuple[float, float] = (0.05, 5.0),
-    ) -> None:
-        self.url = url
-        self.channel = channel
-        self.token = token
-        self.max_unacked = max_unacked
-        self.session: str | None = None
-        self.reconnects = 0
-        self._backoff = _Backoff(*backoff)
-        self._ws: ClientConnection | None = None
-        self._connected = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._room = asyncio.Condition()
-        self._seq: dict[str, int] = {}
-        self._unacked: dict[str, list[str]] = {}
-        self._buffered = 0
-        self._acks: dict[str, asyncio.Future[Ack]] = {}
-        self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
-        self._runner: asyncio.Task[None] | None = None
-        self._closing = False
+    _runner: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> RelayProducer:
+    def __init__(self) -> None:
+        self._started = asyncio.Event()
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
         self._runner = asyncio.create_task(self._run())
-        await asyncio.wait_for(self._connected.wait(), 30)
+        await asyncio.wait_for(self._started.wait(), 30)
         return self
 
     async def __aexit__(
@@ -137,12 +117,47 @@ class RelayProducer:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection (unfinished messages are aborted by the relay)."""
-        self._closing = True
+        """Stop the background task and its connection."""
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
+
+
+class RelayProducer(_Background):
+    """A resilient producer connection for a model gateway."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        channel: str | None = None,
+        token: str | None = None,
+        max_unacked: int = 10_000,
+        backoff: tuple[float, float] = (0.05, 5.0),
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self.channel = channel
+        self.token = token
+        self.max_unacked = max_unacked
+        self.session: str | None = None
+        self.reconnects = 0
+        self._backoff = _Backoff(*backoff)
+        self._ws: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+        self._room = asyncio.Condition()
+        self._seq: dict[str, int] = {}
+        self._unacked: dict[str, list[str]] = {}
+        self._buffered = 0
+        self._acks: dict[str, asyncio.Future[Ack]] = {}
+        self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
+        self._closing = False
+
+    async def close(self) -> None:
+        """Close the connection (unfinished messages are aborted by the relay)."""
+        self._closing = True
+        await super().close()
         if self._ws is not None:
             await self._ws.close()
         for future in self._acks.values():
@@ -239,7 +254,7 @@ class RelayProducer:
                 chunk = pending[start : start + RESEND_BATCH]
                 await ws.send("[" + ",".join(chunk) + "]")
             self._ws = ws
-        self._connected.set()
+        self._started.set()
 
     async def _handle(self, frame: AnyServerFrame) -> None:
         if isinstance(frame, Ack):
@@ -281,7 +296,7 @@ class RelayProducer:
                     await self._ws.send("[" + ",".join(frames) + "]")
 
 
-class RelaySubscriber:
+class RelaySubscriber(_Background):
     """A resilient subscriber: typed frames, resumed by offset and positions after a drop."""
 
     def __init__(
@@ -294,6 +309,7 @@ class RelaySubscriber:
         max_queue: int = 10_000,
         backoff: tuple[float, float] = (0.05, 5.0),
     ) -> None:
+        super().__init__()
         self.url = url
         self.channels = list(channels)
         self.deltas = deltas
@@ -305,24 +321,6 @@ class RelaySubscriber:
         """Text so far of messages in progress, by ``(channel, id)``."""
         self._backoff = _Backoff(*backoff)
         self._frames: asyncio.Queue[AnyServerFrame] = asyncio.Queue(max_queue)
-        self._runner: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
-
-    async def __aenter__(self) -> RelaySubscriber:
-        self._runner = asyncio.create_task(self._run())
-        await asyncio.wait_for(self._ready.wait(), 30)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self._runner is not None:
-            self._runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._runner
 
     def __aiter__(self) -> AsyncIterator[AnyServerFrame]:
         return self._iterate()
@@ -344,7 +342,7 @@ class RelaySubscriber:
                     for channel in self.channels:
                         await ws.send(encode(self._subscribe(channel)))
                     self._backoff.reset()
-                    self._ready.set()
+                    self._started.set()
                     async for raw in ws:
                         frame = SERVER_FRAME.validate_json(raw)
                         if self._take(frame):
