@@ -131,6 +131,10 @@ class Producers:
                     await self.reject(connection, exc)
                     continue
                 events = frame if isinstance(frame, list) else (frame,)
+                if not link.bucket.take(now, len(events)):
+                    # The whole frame is refused, so the producer sends it again as it was.
+                    await self.reject(connection, self._rate_limited(frame))
+                    continue
                 acks: list[tuple[str, str, bool]] = []
                 for index, event in enumerate(events):
                     applied = self._apply(
@@ -236,13 +240,6 @@ class Producers:
         and changes nothing else. This never waits: only completing a message does.
         """
         try:
-            if not link.bucket.take(now):
-                raise FrameRejected(
-                    ErrorCode.RATE_LIMITED,
-                    f"over {self.settings.max_events_per_second:g} events per second; "
-                    "this event was not applied, send it again",
-                    event.id,
-                )
             if link.grant is not None and event.channel is not MISSING:
                 link.grant.check(event.channel, event.id)
             applied = link.session.receive(event, now)
@@ -326,6 +323,20 @@ class Producers:
                 producer.expiry.cancel()
             for unfinished in producer.session.close():
                 await self.abort(owner, unfinished, reason)
+
+    def _rate_limited(self, frame: ProducerEvent | list[ProducerEvent]) -> FrameRejected:
+        limit = f"{self.settings.max_events_per_second:g}"
+        if isinstance(frame, list):
+            return FrameRejected(
+                ErrorCode.RATE_LIMITED,
+                f"over {limit} events per second; none of this batch's {len(frame)} events "
+                "was applied, send it again",
+            )
+        return FrameRejected(
+            ErrorCode.RATE_LIMITED,
+            f"over {limit} events per second; this event was not applied, send it again",
+            frame.id,
+        )
 
     async def reject(self, connection: ServerConnection, exc: FrameRejected) -> None:
         """Answer a rejected frame and wait until the producer can take more."""

@@ -18,12 +18,12 @@ class TokenBucket:
         self.tokens = burst
         self.stamp = now
 
-    def take(self, now: float) -> bool:
-        """Spend one token if there is one."""
+    def take(self, now: float, count: int = 1) -> bool:
+        """Spend ``count`` tokens if there are that many; otherwise spend none."""
         tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if tokens < 1:
+        if tokens < count:
             self.tokens = tokens
             return False
-        self.tokens = tokens - 1
+        self.tokens = tokens - count
         return True

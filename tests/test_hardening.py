@@ -341,3 +341,20 @@ async def test_sigterm_during_traffic_aborts_and_exits_cleanly_with_json_logs() 
     assert events.count(("open", "subscriber")) == 1 and events.count(("close", "subscriber")) == 1
     assert events.count(("open", "producer")) == 1 and events.count(("close", "producer")) == 1
     assert all({"time", "level", "message"} <= set(e) for e in entries)
+
+
+async def test_a_batch_over_the_rate_is_refused_whole() -> None:
+    running, relay = await start_relay(max_events_per_second=10)
+    async with (
+        relay,
+        running.connect("/subscribe?channel=c") as sub,
+        running.connect("/produce?channel=c") as producer,
+    ):
+        await recv_json(sub)
+        await send_json(producer, [{"id": "m", "delta": str(i)} for i in range(11)])
+        error = await recv_json(producer)
+        assert (error["code"], error["id"]) == ("rate_limited", None)
+        assert "none of this batch's 11 events" in error["message"]
+        await send_json(producer, [{"id": "m", "delta": "ok"}, {"id": "m", "final": True}])
+        assert (await recv_json(producer))["type"] == "acks"
+        assert (await recv_json(sub))["text"] == "ok"
