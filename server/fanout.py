@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A frame is serialized once and handed to websockets' ``broadcast()``, which
-writes it to every ready socket without waiting. A socket whose unsent bytes
+A frame is serialized once, header included, and written to every ready
+socket without waiting. A socket whose unsent bytes
 pass ``subscriber_high_water_bytes`` is not written to directly any more: its
 frames go to a :class:`~server.backlog.Backlog`, where its pending deltas
 merge losslessly, and one task per backlog drains it at the socket's pace.
@@ -23,9 +23,10 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from websockets import CloseCode
-from websockets.asyncio.server import ServerConnection, broadcast
+from websockets import CloseCode, State
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 
 from .backlog import Backlog, Payload
 from .metrics import Metrics
@@ -75,7 +76,7 @@ class Fanout:
             if backlog.bytes + _unsent(receiver) > self.hard_limit:
                 over.append(receiver)
         if ready:
-            broadcast(ready, payload, text=True)
+            _write_all(ready, payload)
             self.metrics.frames_out.inc(len(ready))
         # Closing edits the set being iterated above (the hub's), so it comes after.
         for receiver in over:
@@ -124,6 +125,22 @@ class Fanout:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _write_all(receivers: list[ServerConnection], payload: Payload) -> None:
+    """Write one text frame to every open receiver, serializing the frame once.
+
+    websockets' ``broadcast()`` encodes the message once but rebuilds the frame for
+    each connection. Compression is off and a server never masks, so the frame's
+    bytes are the same for everyone: build them once and hand them to each socket.
+    Only whole, unfragmented frames are ever written, so nothing can interleave.
+    """
+    data = payload.encode() if isinstance(payload, str) else payload
+    frame = Frame(Opcode.TEXT, data).serialize(mask=False)
+    for receiver in receivers:
+        transport = receiver.transport
+        if receiver.protocol.state is State.OPEN and transport is not None:
+            transport.write(frame)
 
 
 def _unsent(connection: ServerConnection) -> int:
