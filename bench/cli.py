@@ -10,6 +10,7 @@ import platform
 import secrets
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -38,13 +39,18 @@ from .workload import measure_latency, measure_throughput
 
 __all__ = ["Config", "main", "run"]
 
+WIDTH = 100
+
 NOTE = (
-    "Every row was measured in this run; each cell is the median over the repetitions (for\n"
-    "latencies, of each repetition's p50 and p99). Compare the ratios more than the absolute\n"
-    "numbers, which move from run to run on a shared machine. Relays run with default\n"
-    "settings except --max-events-per-second 1000000000 and --max-connections-per-ip 100000.\n"
-    "'server CPU' is the measured server's CPU time over the run's wall time: near 100%, the\n"
-    "server, not the load generator, was the limit."
+    "Every row was measured in this run; each cell is the median over the repetitions (for "
+    "latencies, of each repetition's p50 and p99); each ratio is the median of the "
+    "per-repetition ratios. Compare the ratios more than the absolute numbers, which move from "
+    "run to run on a shared machine. Relays run with their defaults "
+    "except --max-events-per-second 1000000000 and --max-connections-per-ip 100000{extra}. "
+    "'server CPU' and 'relay CPU' are the server's CPU time over the measured wall time "
+    "(fan-out: over the final-to-last-subscriber spans): near 100%, the server, not the load "
+    "generator or the clients, was the limit; 'clients' is the subscriber processes' CPU "
+    "time, all together, over the same spans."
 )
 
 
@@ -84,6 +90,8 @@ class Config:
     """Idle subscribers in the memory case."""
     in_flight: int
     """Unfinished messages in the memory case."""
+    relay_args: tuple[str, ...] = ()
+    """Extra flags for every relay process, such as ``--loop=uvloop``."""
 
 
 FULL: dict[str, Any] = {
@@ -153,6 +161,13 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Outputs]:
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=kind, help=f"{help_text} ({FULL[name]:g})"
         )
+    parser.add_argument(
+        "--relay-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra flag for every relay, e.g. --relay-arg=--loop=uvloop (repeatable)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result as JSON")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="draw the results as a PNG")
     parser.add_argument(
@@ -166,6 +181,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Outputs]:
             if given < 1 and not (name == "deltas" and given == 0):
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
             values[name] = given
+    values["relay_args"] = tuple(args.relay_arg)
     return Config(**values), Outputs(args.json, args.chart)
 
 
@@ -319,7 +335,7 @@ async def _fanout_phase(cluster: Cluster, config: Config, results: Results, run_
         _progress(f"fan-out: connecting {size:,} subscribers from {processes} processes")
         began = time.monotonic()
         async with SubscriberPool.running(
-            cluster.fan.port, channel, size, processes, deltas_per_message=config.deltas
+            cluster.fan.port, channel, size, processes, deltas_per_message=config.deltas, nice=10
         ) as pool:
             _progress(f"fan-out: {size:,} subscribed in {time.monotonic() - began:.1f} s")
             deltas_on = False
@@ -353,7 +369,9 @@ async def _fanout_phase(cluster: Cluster, config: Config, results: Results, run_
                             "samples_ms": [round(s * 1000, 3) for s in run.samples],
                             "first_arrival_ms": [round(s * 1000, 3) for s in run.first],
                             "relay_cpu_ms": [round(s * 1000, 1) for s in run.relay_cpu],
+                            "client_cpu_ms": [round(s * 1000, 1) for s in run.client_cpu],
                             "relay_busy": sum(run.relay_cpu) / sum(run.samples),
+                            "clients_busy": sum(run.client_cpu) / sum(run.samples),
                         },
                     )
                     _progress(
@@ -364,10 +382,10 @@ async def _fanout_phase(cluster: Cluster, config: Config, results: Results, run_
 
 async def _memory_phase(config: Config, results: Results, notable: list[str]) -> None:
     for repetition in range(1, config.repeat + 1):
-        idle = await idle_subscriber_bytes(config.idle_subscribers, 2, notable)
+        idle = await idle_subscriber_bytes(config.idle_subscribers, 2, notable, config.relay_args)
         results.add("memory.idle", idle.per_item)
         results.detail("memory.idle", {"repetition": repetition, **asdict(idle)})
-        flight = await in_flight_bytes(config.in_flight, notable)
+        flight = await in_flight_bytes(config.in_flight, notable, config.relay_args)
         results.add("memory.in_flight", flight.per_item)
         results.detail("memory.in_flight", {"repetition": repetition, **asdict(flight)})
         _progress(
@@ -386,7 +404,7 @@ async def run(config: Config) -> tuple[Results, list[str]]:
     run_id = secrets.token_hex(3)
     measure_assemblers(config, results)
     _progress("starting redis-server, relays S, A, B, F, the no-op server and the socketio relay")
-    async with running_cluster() as cluster:
+    async with running_cluster(config.relay_args) as cluster:
         try:
             await _warm_up(cluster, config, run_id)
             # Repetition-major: the cases of one repetition run close together in time, so
@@ -418,13 +436,14 @@ def _headline(config: Config) -> str:
 
 
 def _workloads(config: Config) -> str:
-    return (
+    return textwrap.fill(
         f"Workloads: ingest {config.ingest_messages:,} messages per run (socketio "
         f"{config.socketio_messages:,}), as fast as the server takes them; fan-out "
         f"{config.fanout_messages} messages per configuration and repetition, deltas "
         f"{DELTA_GAP * 1000:g} ms apart, final -> every subscriber holds it; latency "
         f"{config.latency_messages} messages at {config.rate:g} msg/s; Redis throughput "
-        f"{config.messages:,} messages as fast as possible."
+        f"{config.messages:,} messages as fast as possible.",
+        WIDTH,
     )
 
 
@@ -447,7 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{headline}\n")
     print(format_table(rows))
     print()
-    print(NOTE)
+    flags = "".join(f" {arg}" for arg in config.relay_args)
+    print(textwrap.fill(NOTE.format(extra=flags), WIDTH))
     print(_workloads(config))
     print("\nTargets:")
     print(format_targets(goals))

@@ -307,17 +307,20 @@ async def started(*services: ServiceProcess) -> AsyncIterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def running_cluster() -> AsyncIterator[Cluster]:
-    """Start redis-server, the relays and the peers; stop them all on the way out."""
+async def running_cluster(relay_args: Sequence[str] = ()) -> AsyncIterator[Cluster]:
+    """Start redis-server, the relays and the peers; stop them all on the way out.
+
+    Every relay gets :data:`RELAY_FLAGS` and ``relay_args``.
+    """
     raise_fd_limit()  # inherited by every child: the fan-out relay holds 10,000 sockets
     with tempfile.TemporaryDirectory(prefix="token-relay-bench-") as directory:
         redis = RedisServer(Path(directory))
         cluster = Cluster(
             redis=redis,
-            single=relay("S"),
-            a=relay("A", "--broker", redis.url),
-            b=relay("B", "--broker", redis.url),
-            fan=relay("F"),
+            single=relay("S", *relay_args),
+            a=relay("A", "--broker", redis.url, *relay_args),
+            b=relay("B", "--broker", redis.url, *relay_args),
+            fan=relay("F", *relay_args),
             noop=ServiceProcess("no-op server", "bench.noop_server"),
             socketio=ServiceProcess("socketio relay", "bench.sio_server"),
         )
@@ -447,6 +450,11 @@ class SubscriberPool:
             raise BenchError(
                 f"{self.connections} subscribers were not all subscribed within {seconds:g} s"
             ) from None
+
+    @property
+    def pids(self) -> list[int]:
+        """The client processes' ids."""
+        return [client.process.pid for client in self.clients]
 
     async def set_deltas(self, deltas: bool) -> None:
         """Subscribe every connection again, with or without live deltas."""

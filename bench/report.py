@@ -73,8 +73,16 @@ class Results:
         return statistics.median(values) if values else math.nan
 
     def ratio(self, key: str, baseline: str) -> float:
-        """The median of ``key`` over the median of ``baseline``."""
-        return _ratio(self.median(key), self.median(baseline))
+        """``key`` over ``baseline``: the median of the per-repetition ratios.
+
+        Both are measured in each repetition, close together in time, so pairing them
+        cancels most of a machine's slow and fast spells; when the counts differ, the
+        ratio of the medians.
+        """
+        values, bases = self.samples.get(key, []), self.samples.get(baseline, [])
+        if not values or len(values) != len(bases):
+            return _ratio(self.median(key), self.median(baseline))
+        return statistics.median(_ratio(v, b) for v, b in zip(values, bases, strict=True))
 
 
 def _rate(value: float, unit: str = "events/s") -> str:
@@ -139,9 +147,9 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
         )
     }
 
-    def cpu(key: str) -> str:
+    def cpu(key: str, before: str = "") -> str:
         value = busy.get(key, math.nan)
-        return "" if math.isnan(value) else f"server CPU {value:.0%}"
+        return "" if math.isnan(value) else f"{before}server CPU {value:.0%}"
 
     rows.append(
         (
@@ -149,7 +157,8 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
             "relay, 1 producer -> 1 subscriber",
             _rate(r.median("ingest.relay")),
             f"{_times(r.ratio('ingest.relay', 'ingest.noop'))} no-op, "
-            f"{_times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio; {cpu('ingest.relay')}",
+            f"{_times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio"
+            + cpu("ingest.relay", "; "),
         )
     )
     rows.append(
@@ -177,7 +186,8 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
             _rate(r.median("batched.relay")) if not batched_note else "not supported",
             (
                 f"{_times(r.ratio('batched.relay', 'ingest.relay'))} unbatched, "
-                f"{_times(r.ratio('batched.relay', 'batched.noop'))} no-op; {cpu('batched.relay')}"
+                f"{_times(r.ratio('batched.relay', 'batched.noop'))} no-op"
+                + cpu("batched.relay", "; ")
             )
             if not batched_note
             else batched_note[:60],
@@ -194,9 +204,12 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     for size in config["fanout_sizes"]:
         for mode, label in (("plain", ""), ("deltas", ", with deltas")):
             prefix = f"fanout.{size}.{mode}"
-            busy_values = [d["relay_busy"] for d in r.details.get(prefix, [])]
+            records = r.details.get(prefix, [])
             compared = (
-                f"relay CPU {statistics.median(busy_values):.0%} of it" if busy_values else ""
+                f"relay CPU {statistics.median(d['relay_busy'] for d in records):.0%}, "
+                f"clients {statistics.median(d['clients_busy'] for d in records):.0%}"
+                if records
+                else ""
             )
             rows.append(("fan-out", f"{size:,} subscribers{label}", _latency(r, prefix), compared))
     rows.append(
