@@ -64,6 +64,9 @@ log = logging.getLogger("token_relay.client")
 RESEND_BATCH = 500
 """Events per frame when sending buffered events again after a reconnect."""
 
+RETRY_DELAY = 0.25
+"""Seconds before sending again what the relay refused for now (rate limit, broker down)."""
+
 
 class MessageFailed(RelayError):
     """The relay refused a message for good (for example it was aborted); ``code`` says why."""
@@ -152,11 +155,15 @@ class RelayProducer(_Background):
         self._buffered = 0
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
+        self._retrying: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
     async def close(self) -> None:
         """Close the connection (unfinished messages are aborted by the relay)."""
         self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
         await super().close()
         if self._ws is not None:
             await self._ws.close()
@@ -266,16 +273,45 @@ class RelayProducer(_Background):
         elif isinstance(frame, Cancel):
             with contextlib.suppress(asyncio.QueueFull):
                 self._cancels.put_nowait(frame)
-        elif isinstance(frame, ErrorFrame) and frame.id is not None:
-            if frame.code is ErrorCode.SEQ_GAP and frame.expected is not MISSING:
+        elif isinstance(frame, ErrorFrame):
+            if frame.code in (ErrorCode.RATE_LIMITED, ErrorCode.BROKER_UNAVAILABLE):
+                # Transient: send again shortly; what was applied meanwhile is dropped by seq.
+                start = 1 if frame.expected is MISSING else frame.expected
+                self._retry_later(frame.id, start)
+            elif frame.id is None:
+                log.warning("relay refused a frame: %s: %s", frame.code, frame.message)
+            elif frame.code is ErrorCode.SEQ_GAP and frame.expected is not MISSING:
                 await self._resend_from(frame.id, frame.expected)
-            elif frame.code not in (ErrorCode.RATE_LIMITED, ErrorCode.BROKER_UNAVAILABLE):
+            else:
                 self._fail(frame.id, frame.code, frame.message)
                 await self._release(frame.id)
-            else:
-                log.warning("relay: %s for %r; will retry", frame.code, frame.id)
-                await asyncio.sleep(0.25)
-                await self._resend_from(frame.id, 1)
+
+    def _retry_later(self, message_id: str | None, start: int) -> None:
+        """Send again, after a pause, one message's events from ``start`` (or every message's).
+
+        One event per frame, so that a relay limiting the rate takes what it can of them.
+        """
+        key = message_id or ""
+        if key in self._retrying:
+            return
+        self._retrying.add(key)
+
+        async def retry() -> None:
+            try:
+                await asyncio.sleep(RETRY_DELAY)
+                targets = (
+                    [(message_id, start)]
+                    if message_id
+                    else [(target, 1) for target in list(self._unacked)]
+                )
+                for target, first in targets:
+                    await self._resend_from(target, first, batch=False)
+            finally:
+                self._retrying.discard(key)
+
+        task = asyncio.create_task(retry())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _acked(self, message_id: str, ack: Ack) -> None:
         future = self._acks.pop(message_id, None)
@@ -288,12 +324,17 @@ class RelayProducer(_Background):
         if future is not None and not future.done():
             future.set_exception(MessageFailed(message_id, code, reason))
 
-    async def _resend_from(self, message_id: str, seq: int) -> None:
+    async def _resend_from(self, message_id: str, seq: int, *, batch: bool = True) -> None:
         frames = self._unacked.get(message_id, [])[seq - 1 :]
         async with self._lock:
-            if self._ws is not None and frames:
-                with contextlib.suppress(ConnectionClosed):
+            if self._ws is None or not frames:
+                return
+            with contextlib.suppress(ConnectionClosed):
+                if batch:
                     await self._ws.send("[" + ",".join(frames) + "]")
+                else:
+                    for frame in frames:
+                        await self._ws.send(frame)
 
 
 class RelaySubscriber(_Background):

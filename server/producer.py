@@ -222,6 +222,13 @@ class ProducerSession:
             self._final_seq[message_id] = seq
         return Applied(channel, message_id, text, True, delta, True, wait, bool(delta))
 
+    def next_seq(self, message_id: str) -> int | None:
+        """The seq an unfinished message expects next, if its events are numbered."""
+        state = self._streaming.get(message_id)
+        if state is None:
+            return None if message_id in self._completed else 1
+        return state.seq + 1 if state.seq else None
+
     def partial(self, message_id: str) -> str | None:
         """The text so far of an unfinished message, or None."""
         return self.assembler.get(message_id) if message_id in self._streaming else None

@@ -133,7 +133,7 @@ class Producers:
                 events = frame if isinstance(frame, list) else (frame,)
                 if not link.bucket.take(now, len(events)):
                     # The whole frame is refused, so the producer sends it again as it was.
-                    await self.reject(connection, self._rate_limited(frame))
+                    await self.reject(connection, self._rate_limited(frame, link))
                     continue
                 acks: list[tuple[str, str, bool]] = []
                 for index, event in enumerate(events):
@@ -324,7 +324,9 @@ class Producers:
             for unfinished in producer.session.close():
                 await self.abort(owner, unfinished, reason)
 
-    def _rate_limited(self, frame: ProducerEvent | list[ProducerEvent]) -> FrameRejected:
+    def _rate_limited(
+        self, frame: ProducerEvent | list[ProducerEvent], link: ProducerLink
+    ) -> FrameRejected:
         limit = f"{self.settings.max_events_per_second:g}"
         if isinstance(frame, list):
             return FrameRejected(
@@ -332,10 +334,13 @@ class Producers:
                 f"over {limit} events per second; none of this batch's {len(frame)} events "
                 "was applied, send it again",
             )
+        # With seq, say where to send again from, so a producer resumes without duplicates.
+        expected = link.session.next_seq(frame.id) if frame.seq is not MISSING else None
         return FrameRejected(
             ErrorCode.RATE_LIMITED,
             f"over {limit} events per second; this event was not applied, send it again",
             frame.id,
+            expected=expected,
         )
 
     async def reject(self, connection: ServerConnection, exc: FrameRejected) -> None:

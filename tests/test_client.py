@@ -118,3 +118,21 @@ async def test_subscriber_resumes_after_a_cut_without_gaps_or_duplicates() -> No
         assert resumed[-1].recovered is True
         assert not any(isinstance(f, Aborted) for f in frames)
         assert [f.offset for f in frames if isinstance(f, MessageFrame)] == [1, 2, 3]
+
+
+async def test_producer_rides_out_the_rate_limit_without_losing_or_doubling_text() -> None:
+    running, relay = await start_relay(max_events_per_second=40)
+    tokens = [f"t{n} " for n in range(60)]
+    async with (
+        relay,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(running.url, channel="c") as producer,
+    ):
+        await recv_json(sub)
+        for token in tokens:
+            await producer.send("m", token)
+        ack = await asyncio.wait_for(producer.finish("m"), 20)
+        assert ack.id == "m"
+        message = await recv_json(sub, 10)
+        assert message["text"] == "".join(tokens)
+        assert relay.metrics.errors.labels("rate_limited")._value.get() > 0
