@@ -103,3 +103,21 @@ def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--soak-seconds``: how long the soak test runs (longer runs are for release checks)."""
     parser.addoption("--soak-seconds", type=float, default=20.0, help="soak test duration")
+
+
+@asynccontextmanager
+async def subscribed_pair(
+    running: RunningRelay,
+    *,
+    channel: str = "c",
+    deltas: bool = False,
+    producer: str | None = None,
+) -> AsyncIterator[tuple[ClientConnection, ClientConnection]]:
+    """A subscriber whose ``subscribed`` frame is already read, and a producer, on ``channel``."""
+    query = f"/subscribe?channel={channel}" + ("&deltas=1" if deltas else "")
+    async with (
+        running.connect(query) as sub,
+        running.connect(producer or f"/produce?channel={channel}") as produce,
+    ):
+        assert (await recv_json(sub))["type"] == "subscribed"
+        yield sub, produce

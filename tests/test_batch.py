@@ -8,16 +8,20 @@ import signal
 
 from websockets.asyncio.client import connect
 
-from .conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json, start_relay
+from .conftest import (
+    RunningRelay,
+    assert_silent,
+    open_producer,
+    recv_json,
+    send_json,
+    start_relay,
+    subscribed_pair,
+)
 from .processes import RelayProcess
 
 
 async def test_a_batch_is_applied_in_order_and_acked_in_one_frame(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c&deltas=1") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay, deltas=True) as (sub, producer):
         batch = [
             {"id": "a", "delta": "Hel"},
             {"id": "b", "delta": "Wor"},
@@ -51,11 +55,7 @@ async def test_a_batch_is_applied_in_order_and_acked_in_one_frame(relay: Running
 async def test_an_invalid_event_rejects_the_whole_batch_and_names_its_index(
     relay: RunningRelay,
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await send_json(
             producer, [{"id": "a", "delta": "x", "final": True}, {"id": "b", "delta": 5}]
         )
@@ -73,11 +73,7 @@ async def test_an_invalid_event_rejects_the_whole_batch_and_names_its_index(
 async def test_a_rejected_event_in_a_batch_leaves_the_others_applied(
     relay: RunningRelay,
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay, producer="/produce") as (sub, producer):
         await send_json(
             producer,
             [

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import RunningRelay, assert_silent, recv_json, send_json, start_relay
+from .conftest import (
+    RunningRelay,
+    assert_silent,
+    recv_json,
+    send_json,
+    start_relay,
+    subscribed_pair,
+)
 
 
 async def _subscribe(ws: Any, channel: str, **fields: Any) -> dict[str, Any]:
@@ -288,11 +295,7 @@ async def test_cancel_reaches_only_the_owning_producer(relay: RunningRelay) -> N
 async def test_cancel_of_unknown_finished_or_unsubscribed_id_is_an_error(
     relay: RunningRelay,
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await send_json(sub, {"type": "cancel", "channel": "c", "id": "nope"})
         assert (await recv_json(sub))["code"] == "unknown_message"
         await send_json(producer, {"id": "done", "delta": "d", "final": True})

@@ -8,7 +8,14 @@ import random
 import pytest
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
-from .conftest import RunningRelay, assert_silent, recv_core, send_json, start_relay
+from .conftest import (
+    RunningRelay,
+    assert_silent,
+    recv_core,
+    send_json,
+    start_relay,
+    subscribed_pair,
+)
 
 
 async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) -> None:
@@ -100,11 +107,7 @@ async def test_subscribe_and_unsubscribe_by_frame(relay: RunningRelay) -> None:
 
 
 async def test_repeated_final_is_acked_but_never_rebroadcast(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_core(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await send_json(producer, {"id": "m", "delta": "hel"})
         await send_json(producer, {"id": "m", "delta": "lo", "final": True})
         await send_json(producer, {"id": "m", "delta": "ignored", "final": True})
@@ -121,11 +124,7 @@ async def test_repeated_final_is_acked_but_never_rebroadcast(relay: RunningRelay
 
 
 async def test_empty_and_absent_deltas(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_core(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await send_json(producer, {"id": "e", "final": True})
         await send_json(producer, {"id": "f", "delta": ""})
         await send_json(producer, {"id": "f", "delta": "x"})
@@ -193,11 +192,7 @@ BAD_PRODUCER_FRAMES = [
 async def test_bad_producer_frame_gets_error_and_nothing_is_lost(
     relay: RunningRelay, raw: str, code: str, error_id: str | None
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_core(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await send_json(producer, {"id": "keep", "delta": "before "})
         await producer.send(raw)
         error = await recv_core(producer)
@@ -230,11 +225,7 @@ async def test_error_message_names_the_offending_field(relay: RunningRelay) -> N
 
 
 async def test_binary_frame_is_rejected_and_connection_stays(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_core(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await producer.send(b'{"id": "m", "delta": "x", "final": true}')
         error = await recv_core(producer)
         assert error["code"] == "binary_not_supported" and error["id"] is None
@@ -292,11 +283,7 @@ BAD_SUBSCRIBER_FRAMES = [
 async def test_bad_subscriber_frame_gets_error_and_subscription_survives(
     relay: RunningRelay, raw: str, code: str
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_core(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await sub.send(raw)
         error = await recv_core(sub)
         assert (error["type"], error["code"]) == ("error", code)

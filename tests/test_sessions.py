@@ -9,17 +9,20 @@ from websockets.exceptions import ConnectionClosed
 
 from server.auth import Role, mint
 
-from .conftest import RunningRelay, assert_silent, recv_json, send_json, start_relay
+from .conftest import (
+    RunningRelay,
+    assert_silent,
+    recv_json,
+    send_json,
+    start_relay,
+    subscribed_pair,
+)
 
 
 async def test_seq_duplicates_are_dropped_and_a_duplicate_final_is_acked_as_such(
     relay: RunningRelay,
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c&deltas=1") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay, deltas=True) as (sub, producer):
         for seq, delta in [(1, "a"), (2, "b"), (2, "b"), (1, "a"), (3, "c")]:
             await send_json(producer, {"id": "m", "delta": delta, "seq": seq})
         await send_json(producer, {"id": "m", "final": True, "seq": 4})
@@ -38,11 +41,7 @@ async def test_seq_duplicates_are_dropped_and_a_duplicate_final_is_acked_as_such
 
 
 async def test_without_seq_repeats_append_again(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         for _ in range(2):
             await send_json(producer, {"id": "m", "delta": "ab"})
         await send_json(producer, {"id": "m", "final": True})
@@ -53,11 +52,7 @@ async def test_without_seq_repeats_append_again(relay: RunningRelay) -> None:
 async def test_a_seq_gap_is_refused_with_the_expected_seq_and_changes_nothing(
     relay: RunningRelay,
 ) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         await send_json(producer, {"id": "m", "delta": "a", "seq": 1})
         await send_json(producer, {"id": "m", "delta": "c", "seq": 3})
         error = await recv_json(producer)
@@ -79,11 +74,7 @@ async def test_a_seq_gap_is_refused_with_the_expected_seq_and_changes_nothing(
 
 
 async def test_seq_in_batches_dedupes_and_names_the_gap(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+    async with subscribed_pair(relay) as (sub, producer):
         first = [{"id": "m", "delta": str(n), "seq": n} for n in range(1, 6)]
         await send_json(producer, first)
         # A gateway unsure what arrived sends it all again, plus more and a gap.
