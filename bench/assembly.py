@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from server import TokenAssembler
+from token_relay import TokenAssembler
 
 from .errors import BenchError
 from .messages import Message

@@ -1,7 +1,7 @@
 """The processes a run needs, each in its own process, and their clean-up.
 
 * a private ``redis-server``;
-* relays (``python -m server``): S on the memory broker, A and B sharing Redis, F for the
+* relays (``python -m token_relay``): S on the memory broker, A and B sharing Redis, F for the
   fan-out case, and a fresh one per repetition for the memory case;
 * the peers: a no-op websockets server (:mod:`bench.noop_server`) and a python-socketio
   relay (:mod:`bench.sio_server`);
@@ -252,7 +252,7 @@ class ServiceProcess:
 
 def relay(name: str, *args: str) -> ServiceProcess:
     """A relay process with :data:`RELAY_FLAGS` and ``args``."""
-    return ServiceProcess(name, "server", *RELAY_FLAGS, *args)
+    return ServiceProcess(name, "token_relay", *RELAY_FLAGS, *args)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ import argparse
 import asyncio
 import contextlib
 
-from server import Relay, Settings
-from server.client import RelayProducer, RelaySubscriber
-from server.protocol import Aborted, MessageFrame, Subscribed
+from token_relay import Relay, Settings
+from token_relay.client import RelayProducer, RelaySubscriber
+from token_relay.core.protocol import Aborted, MessageFrame, Subscribed
 
 from . import WEB_ROOT
 from .gateway import REPLIES, DemoGateway

@@ -7,8 +7,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from server.client import RelayProducer, RelaySubscriber
-from server.protocol import MessageFrame
+from token_relay.client import RelayProducer, RelaySubscriber
+from token_relay.core.protocol import MessageFrame
 
 __all__ = ["REPLIES", "DemoGateway", "Reply", "compose_answer", "tokenize"]
 
@@ -62,7 +62,7 @@ def compose_answer(prompt: str) -> str:
 
 
 class DemoGateway:
-    """A fake model gateway, streaming through :class:`server.client.RelayProducer`."""
+    """A fake model gateway, streaming through :class:`token_relay.client.RelayProducer`."""
 
     def __init__(
         self,

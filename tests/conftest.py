@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from token_relay import Relay, Settings
+from token_relay.testing import RedisServer
 from websockets.asyncio.client import ClientConnection, connect
-
-from server import Relay, Settings
-
-from .redis_server import RedisServer
 
 
 @dataclass

@@ -1,0 +1,186 @@
+"""The broker contract: what a relay process needs from the engine that joins processes.
+
+Theory of operation
+-------------------
+A relay process keeps its connections, its producers' assemblers and its local
+subscriptions to itself. Everything that must be shared between processes goes
+through a broker:
+
+* **Events out.** A producer's message opening, each non-empty delta, and its
+  terminal frame (``message`` or ``aborted``). The broker gives terminal frames
+  the channel's next offset and keeps them in the channel's history.
+* **Events in.** The broker hands every event of a channel this process listens
+  to back to :class:`BrokerListener.on_frame`, in one order per channel, each
+  with a per-channel sequence number ``seq``. This includes the process's own
+  events: local and remote subscribers see the same order.
+* **Catch-up.** A subscriber joining a channel gets a consistent cut: the
+  channel's offset, epoch and ``seq``, the history it missed, and the text of
+  each message in progress. Events with ``seq`` up to the cut's are already in
+  it; the relay buffers what arrives while the cut is read and drops those.
+* **Cancel.** A cancel for a channel and id reaches the producers that own it,
+  whichever process they are on.
+
+Brokers are chosen by URL scheme from :data:`BROKERS`; optional dependencies
+(Redis) are imported only when their scheme is asked for.
+
+Every method that talks to a remote engine raises :class:`BrokerUnavailable`
+when it can't, and ``healthy`` says whether it currently can.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from ..core.errors import ConfigError
+from ..core.settings import Settings
+
+__all__ = [
+    "BROKERS",
+    "Broker",
+    "BrokerListener",
+    "CatchUp",
+    "FrameKind",
+    "LiveMessage",
+    "open_broker",
+]
+
+
+class FrameKind(StrEnum):
+    """What an event carries, which decides who receives it."""
+
+    TERMINAL = "t"
+    """A ``message`` or ``aborted`` frame: every subscriber of the channel."""
+    DELTA = "d"
+    """A ``delta`` frame: deltas subscribers only."""
+    SNAPSHOT = "s"
+    """A ``snapshot`` frame replacing a message's text (after a broker outage): deltas only."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveMessage:
+    """A message in progress: its owner (a producer connection), id and text so far."""
+
+    owner: str
+    message_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """A consistent cut of a channel, for a joining subscriber."""
+
+    offset: int
+    epoch: str
+    recovered: bool | None
+    """None when no ``since`` was given; else whether ``frames`` close the gap."""
+    frames: list[str]
+    """The missed terminal frames, in offset order (empty unless recovered)."""
+    seq: int
+    """Events with a ``seq`` up to this one are reflected in the cut."""
+    live: list[LiveMessage]
+    """Messages in progress (only when asked for)."""
+
+
+class BrokerListener(Protocol):
+    """What a broker calls back into: the relay process's local side."""
+
+    def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
+        """Deliver an event's frame to this process's subscribers of ``channel``."""
+
+    def on_cancel(self, owner: str, payload: str | bytes) -> None:
+        """Deliver a ``cancel`` frame to the local producer connection ``owner``."""
+
+    def wants_deltas(self, channel: str) -> bool:
+        """Whether any local subscriber of ``channel`` asked for deltas."""
+
+    def partial(self, owner: str, message_id: str) -> str | None:
+        """The text so far of a message owned by a local producer (for in-process brokers)."""
+
+    def owned_messages(self) -> list[tuple[str, str, str]]:
+        """``(channel, owner, id)`` of every message in progress on this process's producers."""
+
+    def on_restored(self) -> None:
+        """The broker came back after an outage: events may have been missed meanwhile."""
+
+
+class Broker(Protocol):
+    """The engine that joins relay processes. See the module docstring."""
+
+    instance: str
+    """This process's name among all processes on the broker."""
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the broker is reachable right now."""
+
+    async def start(self, listener: BrokerListener) -> None:
+        """Connect, and start delivering events to ``listener``."""
+
+    async def close(self) -> None:
+        """Disconnect and stop delivering."""
+
+    async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
+        """Receive (or stop receiving) a channel's terminal frames and its deltas."""
+
+    def open(self, channel: str, owner: str, message_id: str) -> None:
+        """A message opened. Ordered after earlier calls for the same owner."""
+
+    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+        """A non-empty delta. Ordered after earlier calls for the same owner; never waits."""
+
+    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+        """Give a terminal frame its offset, record and publish it; returns the full frame.
+
+        ``body`` is the frame serialized without ``offset`` and ``epoch``.
+        """
+
+    async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
+        """A consistent cut of ``channel`` for a joining subscriber."""
+
+    async def cancel(self, channel: str, message_id: str, frame: str) -> int:
+        """Send a ``cancel`` frame to every owner of the message; returns how many there are."""
+
+    async def ready(self) -> bool:
+        """Check the broker end to end (for readiness probes)."""
+
+    async def flush(self) -> None:
+        """Return once every event published so far has reached this process's listener."""
+
+
+BrokerFactory = Callable[[str, Settings, str], Broker]
+
+
+def _memory(url: str, settings: Settings, instance: str) -> Broker:
+    from .memory import MemoryBroker
+
+    return MemoryBroker(settings, instance)
+
+
+def _redis(url: str, settings: Settings, instance: str) -> Broker:
+    try:
+        module = importlib.import_module("token_relay.brokers.redis")
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ConfigError(
+            f"--broker {url} needs the Redis client: pip install 'token-relay[redis]' ({exc})"
+        ) from None
+    broker: Broker = module.RedisBroker(url, settings, instance)
+    return broker
+
+
+BROKERS: dict[str, BrokerFactory] = {"memory": _memory, "redis": _redis}
+"""Broker factories by URL scheme."""
+
+
+def open_broker(settings: Settings, instance: str) -> Broker:
+    """The broker named by ``settings.broker``, not yet started."""
+    scheme = urlsplit(settings.broker).scheme
+    factory = BROKERS.get(scheme)
+    if factory is None:
+        known = ", ".join(f"{name}://" for name in BROKERS)
+        raise ConfigError(f"unknown broker {settings.broker!r}; use one of {known}")
+    return factory(settings.broker, settings, instance)

@@ -1,0 +1,107 @@
+"""The in-process broker (``memory://``): one relay process, nothing shared.
+
+Everything happens synchronously inside each call, so events reach the
+listener in call order and a catch-up can never race an event. History lives
+in a :class:`~token_relay.core.history.HistoryStore` and is lost with the process, which
+is why every channel's epoch is new after a restart.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..core.history import HistoryStore
+from ..core.inflight import InflightIndex
+from ..core.protocol import encode_delta, with_position
+from ..core.settings import Settings
+from . import BrokerListener, CatchUp, FrameKind, LiveMessage
+
+__all__ = ["MemoryBroker"]
+
+
+class MemoryBroker:
+    """A broker for a single relay process."""
+
+    def __init__(self, settings: Settings, instance: str = "local") -> None:
+        self.instance = instance
+        self.history = HistoryStore(
+            size=settings.history_size,
+            ttl=settings.history_ttl,
+            max_channels=settings.max_history_channels,
+        )
+        self.inflight: InflightIndex[str] = InflightIndex()
+        self._seq = 0
+        self._listener: BrokerListener | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Always: nothing to reach."""
+        return True
+
+    async def start(self, listener: BrokerListener) -> None:
+        """Start delivering events to ``listener``."""
+        self._listener = listener
+
+    async def close(self) -> None:
+        """Stop delivering events."""
+        self._listener = None
+
+    async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
+        """Nothing to do: every event is handed to the listener, which filters locally."""
+
+    def open(self, channel: str, owner: str, message_id: str) -> None:
+        """Index the message for snapshots and cancel."""
+        self.inflight.add(channel, owner, message_id)
+
+    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+        """Hand the delta frame straight to the listener, built only if someone wants it."""
+        listener = self._listener
+        if listener is not None and listener.wants_deltas(channel):
+            self._emit(channel, FrameKind.DELTA, encode_delta(channel, message_id, delta))
+        else:
+            self._seq += 1
+
+    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+        """Number, record and deliver a terminal frame."""
+        self.inflight.remove(channel, owner, message_id)
+        payload = self.history.record(
+            channel, time.monotonic(), lambda offset, epoch: with_position(body, offset, epoch)
+        )
+        self._emit(channel, FrameKind.TERMINAL, payload)
+        return payload
+
+    async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
+        """The channel's position, missed history and messages in progress, right now."""
+        log = self.history.log(channel, time.monotonic())
+        recovered: bool | None = None
+        frames: list[str] = []
+        if since is not None:
+            replay = log.replay(*since)
+            recovered, frames = replay.recovered, replay.frames
+        messages: list[LiveMessage] = []
+        if live and self._listener is not None:
+            for owner, message_id in self.inflight.in_channel(channel):
+                text = self._listener.partial(owner, message_id)
+                if text is not None:
+                    messages.append(LiveMessage(owner, message_id, text))
+        return CatchUp(log.offset, log.epoch, recovered, frames, self._seq, messages)
+
+    async def cancel(self, channel: str, message_id: str, frame: str) -> int:
+        """Hand the cancel frame to every owner of the message."""
+        owners = self.inflight.owners(channel, message_id)
+        if self._listener is not None:
+            for owner in owners:
+                self._listener.on_cancel(owner, frame)
+        return len(owners)
+
+    async def ready(self) -> bool:
+        """Always ready."""
+        return True
+
+    async def flush(self) -> None:
+        """Nothing to wait for: events are delivered inside each call."""
+
+    def _emit(self, channel: str, kind: FrameKind, payload: str) -> None:
+        self._seq += 1
+        if self._listener is not None:
+            self._listener.on_frame(channel, kind, self._seq, payload)

@@ -1,0 +1,580 @@
+"""The Redis broker (``redis://HOST:PORT/DB``): many relay processes, one set of channels.
+
+Theory of operation
+-------------------
+Per channel ``C``, Redis holds:
+
+* ``tr:epoch:C`` the epoch, ``tr:offset:C`` the last offset and ``tr:seq:C``
+  the last event number, all refreshed on use and kept for ``KEY_TTL``;
+* ``tr:history:C`` a Stream of terminal frames with ids ``<offset>-0``, capped
+  at ``--history-size`` and expiring ``--history-ttl`` after the last one;
+* ``tr:live:C`` the set of messages in progress (``owner|id``), and for each
+  the text so far in ``tr:text:owner|id`` (``APPEND``ed per delta, expiring
+  after twice ``--idle-timeout`` without an update, so a crashed process's
+  texts vanish).
+
+Snapshots of messages in progress on other processes read those texts. Keeping
+the text in Redis costs one ``APPEND`` per delta, inside the same script that
+publishes the delta, so it adds no round trip; asking the owning process
+instead would need a request, a reply and a timeout on every join, and would
+fail exactly when the owner is slow.
+
+Each change is one Lua script, so it is atomic: a terminal frame gets its
+offset, joins the history and is published in one step, and a catch-up reads
+offset, epoch, ``seq``, history and texts as one consistent cut.
+
+Pub/sub topics: ``tr:m:C`` (terminal frames), ``tr:d:C`` (deltas and
+snapshots) and ``tr:i:INSTANCE`` (cancels for that process's producers). A
+process subscribes to a channel's topics only while it has a local subscriber
+there (``tr:d:C`` only for a deltas subscriber), so traffic reaches only the
+processes that need it. A published event is ``KIND|SEQ|FRAME``: the frame is
+serialized once, by the process that publishes it, and each receiving process
+splits off the header and hands the frame bytes on without decoding them.
+
+Writes are queued and sent by one writer task in pipelines, so a producer's
+events reach Redis in order without a round trip each. The queue holds at most
+``MAX_QUEUE`` writes; past that, deltas are not queued and their message is
+marked for a resync. If Redis is down, terminal writes raise
+:class:`~token_relay.core.errors.BrokerUnavailable` (the producer gets
+``broker_unavailable`` and no ack, so it retries), deltas mark their message
+for a resync, and the reader reconnects with backoff. Once it is back, every
+message in progress here is rewritten to Redis (its full text, and a
+``snapshot`` frame to deltas subscribers), and the listener is told so that
+subscribers resume by offset: what was published meanwhile may have been missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from ..core.errors import BrokerUnavailable
+from ..core.history import judge_replay, new_epoch
+from ..core.protocol import Snapshot, encode, encode_delta
+from ..core.settings import Settings
+from . import BrokerListener, CatchUp, FrameKind, LiveMessage
+
+__all__ = ["RedisBroker"]
+
+log = logging.getLogger("token_relay.redis")
+
+KEY_TTL = 7 * 24 * 3600
+"""Seconds an idle channel's epoch and offset are kept."""
+MAX_QUEUE = 100_000
+"""Writes waiting for Redis, at most."""
+MAX_BATCH = 1000
+"""Writes sent in one pipeline, at most."""
+_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+
+_OPEN = """
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[2], '', 'EX', ARGV[2])
+return 1
+"""
+
+_DELTA = """
+redis.call('APPEND', KEYS[3], ARGV[1])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+local seq = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('PUBLISH', KEYS[4], 'd|' .. seq .. '|' .. ARGV[2])
+return seq
+"""
+
+_RESYNC = """
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
+local seq = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('PUBLISH', KEYS[4], 's|' .. seq .. '|' .. ARGV[3])
+return seq
+"""
+
+_TERMINAL = """
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  epoch = ARGV[2]
+  redis.call('DEL', KEYS[2], KEYS[4])
+end
+redis.call('SET', KEYS[1], epoch, 'EX', ARGV[7])
+local offset = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[7])
+local seq = redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[7])
+local frame = string.sub(ARGV[1], 1, -2) .. ',"offset":' .. offset .. ',"epoch":"' .. epoch .. '"}'
+redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[3], offset .. '-0', 't', ARGV[4], 'f', frame)
+redis.call('EXPIRE', KEYS[4], ARGV[6])
+redis.call('SREM', KEYS[5], ARGV[5])
+redis.call('DEL', KEYS[6])
+redis.call('PUBLISH', KEYS[7], 't|' .. seq .. '|' .. frame)
+return frame
+"""
+
+_CATCH_UP = """
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  epoch = ARGV[2]
+  redis.call('SET', KEYS[1], epoch, 'EX', ARGV[4])
+  redis.call('DEL', KEYS[2], KEYS[4])
+end
+local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
+local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
+local since = tonumber(ARGV[1])
+local entries = {}
+if since >= 0 and since < offset then
+  entries = redis.call('XRANGE', KEYS[4], (since + 1) .. '-0', '+')
+end
+local live = {}
+if ARGV[3] == '1' then
+  for _, member in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+    local text = redis.call('GET', ARGV[5] .. member)
+    if text then
+      table.insert(live, member)
+      table.insert(live, text)
+    else
+      redis.call('SREM', KEYS[5], member)
+    end
+  end
+end
+return {epoch, offset, seq, entries, live}
+"""
+
+_SCRIPTS = {"open": _OPEN, "delta": _DELTA, "resync": _RESYNC, "terminal": _TERMINAL}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _key(kind: str, name: str) -> str:
+    return f"tr:{kind}:{name}"
+
+
+@dataclass(slots=True)
+class _Write:
+    script: str
+    keys: list[str]
+    args: list[Any]
+    done: asyncio.Future[Any] | None = None
+    message: tuple[str, str, str] | None = field(default=None)
+    """(channel, owner, id) of a delta, so a failed one marks its message for a resync."""
+
+
+class RedisBroker:
+    """A broker shared by relay processes through one Redis server."""
+
+    def __init__(self, url: str, settings: Settings, instance: str) -> None:
+        self.url = url
+        self.instance = instance
+        self.settings = settings
+        self._redis: Redis | None = None
+        self._listener: BrokerListener | None = None
+        self._queue: asyncio.Queue[_Write] = asyncio.Queue(MAX_QUEUE)
+        self._shas: dict[str, str] = {}
+        self._topics: set[str] = set()
+        self._pubsub: Any = None
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._dirty: set[tuple[str, str, str]] = set()
+        self._flushes: dict[str, asyncio.Future[None]] = {}
+        self._healthy = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inbox = _key("i", instance)
+        self._text_ttl = max(1, int(settings.idle_timeout * 2))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the last exchange with Redis worked."""
+        return self._healthy
+
+    async def start(self, listener: BrokerListener) -> None:
+        """Connect (if Redis is up) and start the reader and writer tasks."""
+        self._listener = listener
+        self._redis = Redis.from_url(
+            self.url, socket_timeout=5, socket_connect_timeout=2, retry_on_error=[]
+        )
+        connected = asyncio.get_running_loop().create_future()
+        self._tasks = [
+            asyncio.create_task(self._read_forever(connected)),
+            asyncio.create_task(self._write_forever()),
+        ]
+        # Serve at once either way: if Redis is down, readiness says so and the
+        # reader keeps retrying in the background.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(connected), 3)
+
+    async def close(self) -> None:
+        """Stop the tasks and disconnect."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.aclose()
+        self._healthy = False
+
+    async def flush(self) -> None:
+        """Wait until a marker published now comes back: pub/sub keeps order on one connection."""
+        token = secrets.token_hex(8)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flushes[token] = waiter
+        try:
+            await self._client().publish(self._inbox, f"f|{token}|")
+            await asyncio.wait_for(waiter, 5)
+        except (*_DOWN, TimeoutError) as exc:
+            raise BrokerUnavailable(str(exc)) from None
+        finally:
+            self._flushes.pop(token, None)
+
+    async def ready(self) -> bool:
+        """Ping Redis."""
+        try:
+            assert self._redis is not None
+            await self._redis.ping()
+        except _DOWN:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ events out
+
+    def open(self, channel: str, owner: str, message_id: str) -> None:
+        """Register the message as in progress, with empty text."""
+        member = f"{owner}|{message_id}"
+        self._enqueue(
+            _Write(
+                "open",
+                [_key("live", channel), _key("text", member)],
+                [member, self._text_ttl, KEY_TTL],
+            ),
+            (channel, owner, message_id),
+        )
+
+    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+        """Append to the message's text in Redis and publish the delta frame."""
+        target = (channel, owner, message_id)
+        if target in self._dirty:
+            self._resync(*target)
+            return
+        member = f"{owner}|{message_id}"
+        self._enqueue(
+            _Write(
+                "delta",
+                [
+                    _key("seq", channel),
+                    _key("live", channel),
+                    _key("text", member),
+                    _key("d", channel),
+                ],
+                [delta, encode_delta(channel, message_id, delta), self._text_ttl, KEY_TTL],
+                message=target,
+            ),
+            target,
+        )
+
+    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+        """Give the frame its offset, add it to history and publish it, atomically."""
+        member = f"{owner}|{message_id}"
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        write = _Write(
+            "terminal",
+            [
+                _key("epoch", channel),
+                _key("offset", channel),
+                _key("seq", channel),
+                _key("history", channel),
+                _key("live", channel),
+                _key("text", member),
+                _key("m", channel),
+            ],
+            [
+                body,
+                new_epoch(),
+                self.settings.history_size,
+                int(time.time() * 1000),
+                member,
+                max(1, int(self.settings.history_ttl)),
+                KEY_TTL,
+            ],
+            done,
+        )
+        if not self._healthy or self._queue.full():
+            raise BrokerUnavailable("Redis is unreachable")
+        self._queue.put_nowait(write)
+        frame: bytes = await done
+        self._dirty.discard((channel, owner, message_id))
+        return frame.decode()
+
+    async def cancel(self, channel: str, message_id: str, frame: str) -> int:
+        """Publish the cancel to each process owning the message; count those that got it."""
+        redis = self._client()
+        try:
+            members = await redis.smembers(_key("live", channel))
+            pairs = [_text(member).split("|", 1) for member in members]
+            owners = [owner for owner, open_id in pairs if open_id == message_id]
+            delivered = 0
+            for owner in owners:
+                instance = owner.rsplit(".", 1)[0]
+                delivered += bool(await redis.publish(_key("i", instance), f"c|{owner}|{frame}"))
+        except _DOWN as exc:
+            self._healthy = False
+            raise BrokerUnavailable(str(exc)) from None
+        return delivered
+
+    # ------------------------------------------------------------------ events in
+
+    async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
+        """Subscribe to exactly the topics this process needs for ``channel``."""
+        wanted = {
+            topic
+            for topic, on in ((_key("m", channel), messages), (_key("d", channel), deltas))
+            if on
+        }
+        current = {
+            topic for topic in (_key("m", channel), _key("d", channel)) if topic in self._topics
+        }
+        added, removed = wanted - current, current - wanted
+        self._topics |= added
+        self._topics -= removed
+        pubsub = self._pubsub
+        if pubsub is None or not self._healthy:
+            if added:
+                raise BrokerUnavailable("Redis is unreachable")
+            return
+        try:
+            if removed:
+                await pubsub.unsubscribe(*removed)
+            if added:
+                loop = asyncio.get_running_loop()
+                waits = [self._confirmed.setdefault(topic, loop.create_future()) for topic in added]
+                await pubsub.subscribe(*added)
+                await asyncio.wait_for(asyncio.gather(*waits), 5)
+        except (TimeoutError, *_DOWN) as exc:
+            raise BrokerUnavailable(str(exc)) from None
+
+    async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
+        """Read the channel's cut in one script."""
+        try:
+            reply = await self._run(
+                "catch_up",
+                [
+                    _key("epoch", channel),
+                    _key("offset", channel),
+                    _key("seq", channel),
+                    _key("history", channel),
+                    _key("live", channel),
+                ],
+                [
+                    -1 if since is None else since[0],
+                    new_epoch(),
+                    int(live),
+                    KEY_TTL,
+                    _key("text", ""),
+                ],
+            )
+        except _DOWN as exc:
+            self._healthy = False
+            raise BrokerUnavailable(str(exc)) from None
+        epoch_raw, offset, seq, entries, flat_live = reply
+        epoch = epoch_raw.decode()
+        recovered: bool | None = None
+        frames: list[str] = []
+        if since is not None:
+            oldest_ms = (time.time() - self.settings.history_ttl) * 1000
+            tail = []
+            for entry_id, fields in entries:
+                values = dict(zip(fields[::2], fields[1::2], strict=True))
+                if float(values[b"t"]) < oldest_ms:
+                    continue
+                tail.append((int(entry_id.split(b"-")[0]), 0.0, values[b"f"].decode()))
+            replay = judge_replay(since[0], since[1], int(offset), epoch, tail)
+            recovered, frames = replay.recovered, replay.frames
+        messages = []
+        for member, text in zip(flat_live[::2], flat_live[1::2], strict=True):
+            owner, message_id = member.decode().split("|", 1)
+            messages.append(LiveMessage(owner, message_id, text.decode()))
+        return CatchUp(int(offset), epoch, recovered, frames, int(seq), messages)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _read_forever(self, connected: asyncio.Future[None]) -> None:
+        backoff = 0.1
+        had_outage = False
+        while True:
+            try:
+                await self._connect_pubsub()
+                await self._load_scripts()
+                self._healthy = True
+                backoff = 0.1
+                if not connected.done():
+                    connected.set_result(None)
+                if had_outage:
+                    log.warning("Redis is back: resynchronizing")
+                    self._resync_all()
+                    if self._listener is not None:
+                        self._listener.on_restored()
+                    had_outage = False
+                await self._dispatch()
+            except asyncio.CancelledError:
+                raise
+            except (*_DOWN, redis_errors.RedisError) as exc:
+                if self._healthy or not had_outage:
+                    log.warning("Redis unreachable (%s); retrying with backoff", exc)
+                self._healthy = False
+                had_outage = True
+                for waiter in self._confirmed.values():
+                    if not waiter.done():
+                        waiter.set_exception(BrokerUnavailable(str(exc)))
+                self._confirmed.clear()
+                await asyncio.sleep(backoff * (0.5 + secrets.randbelow(1000) / 1000))
+                backoff = min(backoff * 2, 2.0)
+
+    async def _connect_pubsub(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+        self._pubsub = self._client().pubsub()
+        await self._pubsub.subscribe(self._inbox, *self._topics)
+
+    async def _dispatch(self) -> None:
+        listener = self._listener
+        inbox = self._inbox.encode()
+        async for message in self._pubsub.listen():
+            kind = message["type"]
+            topic: bytes = message["channel"]
+            if kind == "subscribe":
+                waiter = self._confirmed.pop(topic.decode(), None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                continue
+            if kind != "message" or listener is None:
+                continue
+            data: bytes = message["data"]
+            if topic == inbox:
+                what, name, payload = data.split(b"|", 2)
+                if what == b"f":
+                    waiter = self._flushes.get(name.decode())
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    listener.on_cancel(name.decode(), payload)
+                continue
+            frame_kind, seq, payload = data.split(b"|", 2)
+            listener.on_frame(topic[5:].decode(), FrameKind(frame_kind.decode()), int(seq), payload)
+
+    async def _write_forever(self) -> None:
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < MAX_BATCH and not queue.empty():
+                batch.append(queue.get_nowait())
+            try:
+                results = await self._execute(batch)
+            except asyncio.CancelledError:
+                raise
+            except (*_DOWN, redis_errors.RedisError) as exc:
+                self._healthy = False
+                results = [BrokerUnavailable(str(exc))] * len(batch)
+            for write, result in zip(batch, results, strict=True):
+                failed = isinstance(result, Exception)
+                if failed and write.message is not None:
+                    self._dirty.add(write.message)
+                if write.done is not None and not write.done.done():
+                    if failed:
+                        write.done.set_exception(BrokerUnavailable(str(result)))
+                    else:
+                        write.done.set_result(result)
+
+    async def _execute(self, batch: list[_Write]) -> list[Any]:
+        pipe = self._client().pipeline(transaction=False)
+        for write in batch:
+            pipe.evalsha(self._shas[write.script], len(write.keys), *write.keys, *write.args)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        if any(isinstance(r, redis_errors.NoScriptError) for r in results):
+            await self._load_scripts()
+            retry = [
+                w
+                for w, r in zip(batch, results, strict=True)
+                if isinstance(r, redis_errors.NoScriptError)
+            ]
+            again = iter(await self._execute(retry))
+            results = [
+                next(again) if isinstance(r, redis_errors.NoScriptError) else r for r in results
+            ]
+        return results
+
+    # ------------------------------------------------------------------ helpers
+
+    def _client(self) -> Redis:
+        if self._redis is None:
+            raise BrokerUnavailable("the broker is not started")
+        return self._redis
+
+    async def _load_scripts(self) -> None:
+        redis = self._client()
+        for name, source in {**_SCRIPTS, "catch_up": _CATCH_UP}.items():
+            self._shas[name] = await redis.script_load(source)
+
+    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        redis = self._client()
+        if script not in self._shas:
+            raise BrokerUnavailable("Redis is unreachable")
+        try:
+            return await redis.evalsha(self._shas[script], len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            await self._load_scripts()
+            return await redis.evalsha(self._shas[script], len(keys), *keys, *args)
+
+    def _enqueue(self, write: _Write, target: tuple[str, str, str]) -> None:
+        if not self._healthy or self._queue.full():
+            self._dirty.add(target)
+            return
+        self._queue.put_nowait(write)
+
+    def _resync(self, channel: str, owner: str, message_id: str) -> None:
+        """Rewrite a message's whole text to Redis and send it as a snapshot."""
+        if self._listener is None:
+            return
+        text = self._listener.partial(owner, message_id)
+        if text is None:
+            self._dirty.discard((channel, owner, message_id))
+            return
+        if not self._healthy or self._queue.full():
+            return
+        member = f"{owner}|{message_id}"
+        snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))
+        self._dirty.discard((channel, owner, message_id))
+        self._queue.put_nowait(
+            _Write(
+                "resync",
+                [
+                    _key("seq", channel),
+                    _key("live", channel),
+                    _key("text", member),
+                    _key("d", channel),
+                ],
+                [member, text, snapshot, self._text_ttl, KEY_TTL],
+                message=(channel, owner, message_id),
+            )
+        )
+
+    def _resync_all(self) -> None:
+        """After an outage, rewrite every message in progress here (Redis may have lost them)."""
+        if self._listener is not None:
+            self._dirty.update(self._listener.owned_messages())
+        for target in list(self._dirty):
+            self._resync(*target)

@@ -1,0 +1,169 @@
+"""Every exception token-relay raises, the client library's included, and the error codes.
+
+The tree::
+
+    RelayError                      root; ``blame`` says whose fault it is
+    ├── ConfigError                 LOCAL: a setting is invalid; the relay won't start
+    ├── PeerError                   PEER: the other side broke the rules
+    │   ├── FrameRejected           a peer's frame or event was refused; the relay
+    │   │                           answers it with an ``error`` frame and keeps serving
+    │   ├── InvalidToken            a connection token is missing, malformed, badly
+    │   │                           signed or expired; the handshake gets 401
+    │   └── RelayProtocolError      (client) the relay sent what the protocol rules out
+    ├── MessageFailed               PEER: (client) the relay gave a message up for good
+    │                               (aborted, refused); ``code`` is the error code
+    └── BrokerUnavailable           WORLD: the shared broker can't be reached; what was
+                                    asked did not happen, and asking again later may work
+
+Blame follows h11's split of local and remote protocol errors, with trio's third
+party added: :attr:`Blame.LOCAL` is our own side (our operator's settings, our
+caller), :attr:`Blame.PEER` is the other end of a connection, and
+:attr:`Blame.WORLD` is neither: the network or a broker that is down.
+
+Refusals: values or exceptions
+------------------------------
+One rule decides. A refusal that changes **no** state is raised, as a
+:class:`FrameRejected`: the caller unwinds, answers an ``error`` frame and goes
+on with the next frame. An outcome that **did** change state is returned as a
+value, even when it also carries an error for the peer (a delta that takes its
+message past the size limit aborts the message: that is a returned
+:class:`~token_relay.core.streams.Overflow`). At the HTTP edge, a refused
+handshake is a value too: the response that refuses it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "Blame",
+    "BrokerUnavailable",
+    "ConfigError",
+    "ErrorCode",
+    "FrameRejected",
+    "InvalidToken",
+    "MessageFailed",
+    "PeerError",
+    "RelayError",
+    "RelayProtocolError",
+    "binary_rejected",
+    "broker_rejected",
+]
+
+
+class ErrorCode(StrEnum):
+    """Stable, machine-readable codes carried by ``error`` frames."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_EVENT = "invalid_event"
+    INVALID_FRAME = "invalid_frame"
+    UNKNOWN_FRAME = "unknown_frame"
+    BINARY_NOT_SUPPORTED = "binary_not_supported"
+    CHANNEL_REQUIRED = "channel_required"
+    CHANNEL_MISMATCH = "channel_mismatch"
+    TOO_MANY_MESSAGES = "too_many_messages"
+    TOO_MANY_CHANNELS = "too_many_channels"
+    MESSAGE_ABORTED = "message_aborted"
+    UNKNOWN_MESSAGE = "unknown_message"
+    NOT_SUBSCRIBED = "not_subscribed"
+    BROKER_UNAVAILABLE = "broker_unavailable"
+    FORBIDDEN = "forbidden"
+    RATE_LIMITED = "rate_limited"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    SEQ_GAP = "seq_gap"
+
+
+class Blame(StrEnum):
+    """Whose fault an error is."""
+
+    LOCAL = "local"
+    """Ours: our operator's settings or our own caller."""
+    PEER = "peer"
+    """The other end of the connection."""
+    WORLD = "world"
+    """Neither: the network, or a broker that is down. Trying again later may work."""
+
+
+class RelayError(Exception):
+    """Root of every exception token-relay raises on purpose."""
+
+    blame: Blame = Blame.LOCAL
+
+
+class ConfigError(RelayError):
+    """A setting is invalid, so the relay refuses to start."""
+
+    blame = Blame.LOCAL
+
+
+class PeerError(RelayError):
+    """The other end of a connection broke the protocol's rules."""
+
+    blame = Blame.PEER
+
+
+class FrameRejected(PeerError):
+    """A peer's frame broke the protocol; it is answered with an error frame."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        message_id: str | None = None,
+        index: int | None = None,
+        *,
+        expected: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.message_id = message_id
+        self.index = index
+        """The event's position in a batch frame, if it came in one."""
+        self.expected = expected
+        """For ``seq_gap``: the seq the relay expects next for that message."""
+
+
+class InvalidToken(PeerError):
+    """The token is missing, malformed, badly signed, expired, or lacks a claim."""
+
+
+class RelayProtocolError(PeerError):
+    """(Client side) the relay sent a frame the protocol does not allow there."""
+
+
+class MessageFailed(RelayError):
+    """(Client side) the relay gave a message up for good; ``code`` says why."""
+
+    blame = Blame.PEER
+
+    def __init__(self, message_id: str, code: str, reason: str) -> None:
+        super().__init__(f"message '{message_id}' failed: {code}: {reason}")
+        self.message_id = message_id
+        self.code = code
+
+
+class BrokerUnavailable(RelayError):
+    """The broker could not be reached; what was asked of it did not happen."""
+
+    blame = Blame.WORLD
+
+
+def binary_rejected() -> FrameRejected:
+    """A binary frame: the protocol is JSON text."""
+    return FrameRejected(
+        ErrorCode.BINARY_NOT_SUPPORTED, "binary frames are not supported; send JSON text frames"
+    )
+
+
+def broker_rejected(message_id: str | None) -> FrameRejected:
+    """What could not be done because the broker is unreachable.
+
+    The peer did nothing wrong, but the answer is still an ``error`` frame for the
+    peer's request, so it travels as a :class:`FrameRejected`.
+    """
+    return FrameRejected(
+        ErrorCode.BROKER_UNAVAILABLE,
+        "the relay's broker is unreachable; nothing was published, retry shortly",
+        message_id,
+    )

@@ -1,0 +1,523 @@
+"""Wire frames, as pydantic models, and their validation.
+
+Every frame is one JSON text frame. Frames a peer sends are validated strictly
+(``extra="forbid"``, no coercion); frames the relay sends are built from the
+same kind of models and serialized once. The JSON Schema printed by
+``token-relay schema`` is generated from these models.
+
+Producer -> relay: :class:`ProducerEvent`.
+Subscriber -> relay: :data:`SubscriberFrame` (tagged on ``type``).
+Relay -> peers: :data:`ServerFrame` (tagged on ``type``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import MISSING, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
+
+from .errors import ErrorCode, FrameRejected
+
+__all__ = [
+    "PRODUCER_EVENT",
+    "SERVER_FRAME",
+    "SUBSCRIBER_FRAME",
+    "AbortReason",
+    "Aborted",
+    "Ack",
+    "AckBatch",
+    "AckEntry",
+    "AnyServerFrame",
+    "Cancel",
+    "ChannelName",
+    "DeltaFrame",
+    "ErrorFrame",
+    "MessageFrame",
+    "MessageId",
+    "ProducerEvent",
+    "ServerFrame",
+    "SessionFrame",
+    "Since",
+    "Snapshot",
+    "Subscribe",
+    "Subscribed",
+    "SubscriberFrame",
+    "Unsubscribe",
+    "Unsubscribed",
+    "acks_frame",
+    "decode_producer_event",
+    "decode_producer_frame",
+    "decode_subscriber_frame",
+    "encode",
+    "encode_delta",
+    "encode_unpositioned",
+    "error_frame",
+    "json_schema",
+    "with_position",
+]
+
+MAX_NAME_LENGTH = 256
+
+ChannelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+"""A channel name: 1 to 256 characters."""
+
+MessageId = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
+"""A message id: any string up to 256 characters (the empty string is a valid id)."""
+
+
+MAX_BATCH = 10_000
+"""Events one batch frame may hold."""
+
+MAX_POSITIONS = 1000
+"""How many message ids a subscribe frame's ``positions`` may name."""
+
+Offset = Annotated[int, Field(ge=0)]
+"""A per-channel offset: the first completed message of a channel has offset 1."""
+
+Epoch = Annotated[str, Field(max_length=64)]
+"""Names one unbroken history of a channel; it changes whenever history is lost."""
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        serialize_by_alias=True,
+        validate_by_alias=True,
+        validate_by_name=True,
+    )
+
+
+class AbortReason(StrEnum):
+    """Why a message died unfinished."""
+
+    PRODUCER_DISCONNECTED = "producer_disconnected"
+    IDLE_TIMEOUT = "idle_timeout"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    SHUTDOWN = "shutdown"
+
+
+# ---------------------------------------------------------------- producer -> relay
+
+
+class ProducerEvent(_Frame):
+    """One delta event from a producer. Absent ``delta`` and ``channel`` stay ``MISSING``."""
+
+    id: MessageId
+    delta: str | MISSING = MISSING
+    final: bool = False
+    channel: ChannelName | MISSING = MISSING
+    seq: Annotated[int, Field(ge=1)] | MISSING = MISSING
+
+
+# -------------------------------------------------------------- subscriber -> relay
+
+
+class Since(_Frame):
+    """The last position a resuming subscriber holds: ``offset`` within ``epoch``."""
+
+    offset: Offset
+    epoch: Epoch
+
+
+class Subscribe(_Frame):
+    """Start receiving a channel: completed messages, and live deltas if ``deltas``.
+
+    ``since`` resumes after a drop: every message after that offset is replayed
+    first. ``positions`` maps an in-progress message id to the number of
+    characters (Unicode code points) the client already holds, so its snapshot
+    carries only the rest.
+    """
+
+    type: Literal["subscribe"]
+    channel: ChannelName
+    deltas: bool = False
+    since: Since | MISSING = MISSING
+    positions: Annotated[dict[MessageId, Offset], Field(max_length=MAX_POSITIONS)] | MISSING = (
+        MISSING
+    )
+
+
+class Unsubscribe(_Frame):
+    """Stop receiving a channel."""
+
+    type: Literal["unsubscribe"]
+    channel: ChannelName
+
+
+class Cancel(_Frame):
+    """Stop a generation. Sent by a subscriber, and forwarded as is to the owning producer."""
+
+    type: Literal["cancel"] = "cancel"
+    channel: ChannelName
+    id: MessageId
+
+
+SubscriberFrame = Annotated[Subscribe | Unsubscribe | Cancel, Field(discriminator="type")]
+
+# ----------------------------------------------------------------- relay -> peers
+
+
+class Ack(_Frame):
+    """Answer to every ``final: true`` event, repeated finals included.
+
+    ``duplicate`` is present (true) when the final's ``seq`` had already been applied.
+    """
+
+    type: Literal["ack"] = "ack"
+    id: str
+    channel: str
+    duplicate: bool | MISSING = MISSING
+
+
+class SessionFrame(_Frame):
+    """Sent to a producer on connecting: the token that resumes this connection's state.
+
+    ``resumed`` says whether a ``?session=`` given on the URL was resumed.
+    """
+
+    type: Literal["session"] = "session"
+    session: str
+    resumed: bool
+
+
+class ErrorFrame(_Frame):
+    """Answer to a rejected frame or event.
+
+    ``id`` is the event's id when it could be read; ``index`` is the event's
+    position when it came in a batch frame.
+    """
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    id: str | None = None
+    index: int | MISSING = MISSING
+    expected: int | MISSING = MISSING
+
+
+class AckEntry(_Frame):
+    """One final acknowledged in an ``acks`` frame."""
+
+    id: str
+    channel: str
+    duplicate: bool | MISSING = MISSING
+
+
+class AckBatch(_Frame):
+    """Answer to a batch frame: one entry per final in it, in order."""
+
+    type: Literal["acks"] = "acks"
+    acks: list[AckEntry]
+
+
+class Subscribed(_Frame):
+    """Confirms a subscription, with the channel's current ``offset`` and ``epoch``.
+
+    ``recovered`` is present only when the subscribe frame had ``since``: true if
+    every missed message was replayed, false if the gap could not be filled.
+    """
+
+    type: Literal["subscribed"] = "subscribed"
+    channel: str
+    offset: int
+    epoch: str
+    recovered: bool | MISSING = MISSING
+
+
+class Unsubscribed(_Frame):
+    """Confirms an unsubscription."""
+
+    type: Literal["unsubscribed"] = "unsubscribed"
+    channel: str
+
+
+class MessageFrame(_Frame):
+    """A completed message, delivered exactly once to each subscriber of its channel."""
+
+    type: Literal["message"] = "message"
+    channel: str
+    id: str
+    text: str
+    offset: int
+    epoch: str
+
+
+class DeltaFrame(_Frame):
+    """One accepted, non-empty delta, for subscribers that asked for deltas."""
+
+    type: Literal["delta"] = "delta"
+    channel: str
+    id: str
+    delta: str
+
+
+class Snapshot(_Frame):
+    """The text so far of a message in progress, sent when a deltas subscriber joins.
+
+    Without ``from`` the text is the whole partial text; with it, only the part
+    after the first ``from`` characters the client said it holds.
+    """
+
+    type: Literal["snapshot"] = "snapshot"
+    channel: str
+    id: str
+    text: str
+    from_: int | MISSING = Field(default=MISSING, alias="from")
+
+
+class Aborted(_Frame):
+    """A message died unfinished; ``text`` is what it had. It takes an offset like a message."""
+
+    type: Literal["aborted"] = "aborted"
+    channel: str
+    id: str
+    text: str
+    reason: AbortReason
+    offset: int
+    epoch: str
+
+
+AnyServerFrame = (
+    Ack
+    | SessionFrame
+    | AckBatch
+    | ErrorFrame
+    | Subscribed
+    | Unsubscribed
+    | MessageFrame
+    | DeltaFrame
+    | Snapshot
+    | Aborted
+    | Cancel
+)
+
+ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
+
+PRODUCER_EVENT: TypeAdapter[ProducerEvent] = TypeAdapter(ProducerEvent)
+PRODUCER_BATCH: TypeAdapter[list[ProducerEvent]] = TypeAdapter(
+    Annotated[list[ProducerEvent], Field(min_length=1, max_length=MAX_BATCH)]
+)
+SUBSCRIBER_FRAME: TypeAdapter[Subscribe | Unsubscribe | Cancel] = TypeAdapter(SubscriberFrame)
+SERVER_FRAME: TypeAdapter[AnyServerFrame] = TypeAdapter(ServerFrame)
+
+
+def encode(frame: BaseModel) -> str:
+    """Serialize a frame to its JSON text, once; absent optional fields are left out."""
+    return frame.model_dump_json()
+
+
+def encode_delta(channel: str, message_id: str, delta: str) -> str:
+    """Serialize a ``delta`` frame from values already validated: no second validation."""
+    return DeltaFrame.model_construct(channel=channel, id=message_id, delta=delta).model_dump_json()
+
+
+_POSITION = {"offset", "epoch"}
+
+
+def encode_unpositioned(frame: MessageFrame | Aborted) -> str:
+    """Serialize a terminal frame without its ``offset`` and ``epoch`` (its last two fields).
+
+    The broker that assigns the offset completes it with :func:`with_position`,
+    so the frame is serialized once, wherever the offset is decided.
+    """
+    return frame.model_dump_json(exclude=_POSITION)
+
+
+def with_position(body: str, offset: int, epoch: str) -> str:
+    """Complete an unpositioned terminal frame; equals ``encode`` of the positioned model.
+
+    ``epoch`` is URL-safe base64 (:func:`token_relay.core.history.new_epoch`), so it needs no escaping.
+    """
+    return f'{body[:-1]},"offset":{offset},"epoch":"{epoch}"}}'
+
+
+# ----------------------------------------------------------------- reply builders
+
+
+def error_frame(exc: FrameRejected) -> str:
+    """The ``error`` frame answering a rejection, with its index and expected seq if any."""
+    frame = ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id)
+    extra = {
+        name: value
+        for name, value in (("index", exc.index), ("expected", exc.expected))
+        if value is not None
+    }
+    if extra:
+        frame = frame.model_copy(update=extra)
+    return encode(frame)
+
+
+def acks_frame(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
+    """One ``ack`` frame for a single event, one ``acks`` frame for a batch."""
+    if not batch:
+        channel, message_id, duplicate = acks[0]
+        ack = Ack(id=message_id, channel=channel)
+        return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack)
+    entries = [
+        AckEntry(id=message_id, channel=channel).model_copy(update={"duplicate": True})
+        if duplicate
+        else AckEntry(id=message_id, channel=channel)
+        for channel, message_id, duplicate in acks
+    ]
+    return encode(AckBatch(acks=entries))
+
+
+# ----------------------------------------------------------------- decoding errors
+
+
+def _field(error: ErrorDetails) -> str:
+    name = ".".join(str(part) for part in error["loc"]) or "frame"
+    # Keys of a map (positions) come from the peer: never echo a huge one back.
+    return name if len(name) <= 80 else name[:77] + "..."
+
+
+def _describe(error: ErrorDetails) -> str:
+    """One human sentence naming the offending field."""
+    kind = error["type"]
+    field = _field(error)
+    if kind == "missing":
+        return f"'{field}' is required"
+    if kind == "extra_forbidden":
+        return f"unknown field '{field}'"
+    if kind == "string_type":
+        return f"'{field}' must be a string"
+    if kind == "bool_type":
+        return f"'{field}' must be a boolean (true or false)"
+    if kind == "string_too_short":
+        return f"'{field}' must not be empty"
+    if kind == "string_too_long":
+        limit = error.get("ctx", {}).get("max_length", MAX_NAME_LENGTH)
+        return f"'{field}' is longer than {limit} characters"
+    if kind == "greater_than_equal":
+        limit = error.get("ctx", {}).get("ge", 0)
+        return f"'{field}' must be at least {limit}" if limit else f"'{field}' must not be negative"
+    if kind == "int_type":
+        return f"'{field}' must be an integer"
+    if kind in ("model_type", "dict_type"):
+        return f"'{field}' must be an object"
+    if kind == "too_long":
+        return f"'{field}' has too many entries"
+    if kind == "literal_error":
+        return f"'{field}' has an unexpected value"
+    return f"'{field}': {error['msg']}"
+
+
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
+
+
+def _peek_id(raw: str | bytes, index: int | None = None) -> str | None:
+    """Best effort: the ``id`` of a rejected frame, so the error can name it. Cold path."""
+    import json
+
+    try:
+        parsed: Any = json.loads(raw)
+    except ValueError:
+        return None
+    if index is not None:
+        parsed = parsed[index] if isinstance(parsed, list) and index < len(parsed) else None
+    if isinstance(parsed, dict):
+        message_id = parsed.get("id")
+        if isinstance(message_id, str):
+            return message_id
+    return None
+
+
+def _rejection(
+    exc: ValidationError, raw: str | bytes, invalid: ErrorCode, what: str
+) -> FrameRejected:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    kind = first["type"]
+    if kind == "json_invalid":
+        return FrameRejected(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {first['msg']}")
+    if not first["loc"] and kind in _NOT_AN_OBJECT:
+        return FrameRejected(ErrorCode.INVALID_JSON, f"{what} must be a JSON object")
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return FrameRejected(
+            ErrorCode.UNKNOWN_FRAME,
+            "unknown frame type; expected 'type' to be 'subscribe', 'unsubscribe' or 'cancel'"
+            if kind == "union_tag_invalid"
+            else "frame has no 'type'; expected 'subscribe', 'unsubscribe' or 'cancel'",
+        )
+    # Tagged-union locations start with the tag ("subscribe", "channel"); drop it.
+    cleaned = [
+        {**error, "loc": error["loc"][1:]}
+        if invalid is ErrorCode.INVALID_FRAME and error["loc"]
+        else error
+        for error in errors
+    ]
+    message = "; ".join(_describe(error) for error in cleaned)  # type: ignore[arg-type]
+    return FrameRejected(invalid, message, _peek_id(raw))
+
+
+def decode_producer_event(raw: str | bytes) -> ProducerEvent:
+    """Validate one producer event frame, or raise :class:`FrameRejected`."""
+    try:
+        return PRODUCER_EVENT.validate_json(raw)
+    except ValidationError as exc:
+        raise _rejection(exc, raw, ErrorCode.INVALID_EVENT, "an event") from None
+
+
+def decode_producer_frame(raw: str | bytes) -> ProducerEvent | list[ProducerEvent]:
+    """Validate a producer frame: one event, or a JSON array of them (all or nothing)."""
+    head = raw[:1]
+    if head in ("[", b"[") or (head.isspace() and raw.lstrip()[:1] in ("[", b"[")):
+        try:
+            return PRODUCER_BATCH.validate_json(raw)
+        except ValidationError as exc:
+            raise _batch_rejection(exc, raw) from None
+    return decode_producer_event(raw)
+
+
+def _batch_rejection(exc: ValidationError, raw: str | bytes) -> FrameRejected:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = first["loc"]
+    if first["type"] == "json_invalid":
+        return FrameRejected(ErrorCode.INVALID_JSON, f"frame is not valid JSON: {first['msg']}")
+    if not loc:
+        limit = f"1 to {MAX_BATCH}"
+        return FrameRejected(ErrorCode.INVALID_EVENT, f"a batch must hold {limit} events")
+    index = int(loc[0])
+    if len(loc) == 1:
+        # The same code as for a lone frame that is not an object.
+        return FrameRejected(
+            ErrorCode.INVALID_JSON, f"event {index} must be a JSON object", None, index
+        )
+    details = [
+        {**error, "loc": error["loc"][1:]}
+        for error in exc.errors(include_url=False, include_input=False)
+        if error["loc"] and error["loc"][0] == index
+    ]
+    message = "; ".join(_describe(error) for error in details)  # type: ignore[arg-type]
+    return FrameRejected(
+        ErrorCode.INVALID_EVENT,
+        f"event {index}: {message}; nothing in this batch was applied",
+        _peek_id(raw, index),
+        index,
+    )
+
+
+def decode_subscriber_frame(raw: str | bytes) -> Subscribe | Unsubscribe | Cancel:
+    """Validate one subscriber frame, or raise :class:`FrameRejected`."""
+    try:
+        return SUBSCRIBER_FRAME.validate_json(raw)
+    except ValidationError as exc:
+        raise _rejection(exc, raw, ErrorCode.INVALID_FRAME, "a frame") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The protocol's JSON Schema, generated from the models."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "token-relay wire protocol",
+        "producer_to_relay": TypeAdapter(
+            ProducerEvent
+            | Annotated[list[ProducerEvent], Field(min_length=1, max_length=MAX_BATCH)]
+        ).json_schema(),
+        "subscriber_to_relay": SUBSCRIBER_FRAME.json_schema(),
+        "relay_to_client": SERVER_FRAME.json_schema(mode="serialization"),
+    }

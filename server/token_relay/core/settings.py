@@ -1,0 +1,204 @@
+"""The relay's settings: defaults, command-line flags and ``RELAY_*`` environment variables."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["Settings"]
+
+MIB = 1024 * 1024
+KIB = 1024
+LOG_FORMATS = ("plain", "json")
+LOOPS = ("asyncio", "uvloop")
+
+
+def _flag(name: str) -> dict[str, Any]:
+    return {"flag": name}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every tunable of a relay process. Each limit's policy is in the README."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    secret: str = ""
+    """HS256 key for connection tokens; without it the relay is open (loopback only)."""
+    insecure: bool = False
+    """Allow running without a secret on a non-loopback address."""
+    allowed_origins: tuple[str, ...] = field(default=(), metadata=_flag("--allowed-origin"))
+    """Browser origins allowed to connect (repeatable); clients sending no Origin always may."""
+    max_frame_bytes: int = MIB
+    """A bigger incoming frame closes the connection with 1009."""
+    max_message_chars: int = MIB
+    """Characters one message may reach; past it the message is aborted (``message_too_large``)."""
+    max_streaming_per_producer: int = 1000
+    """Unfinished messages per producer connection; one more gets ``too_many_messages``."""
+    max_completed_per_producer: int = 1000
+    """Finalized ids a producer connection remembers (LRU) for idempotent finals."""
+    max_events_per_second: float = 50_000.0
+    """Events per second per producer connection, in bursts of one second; then ``rate_limited``."""
+    max_channels_per_subscriber: int = 100
+    """Subscriptions per subscriber connection; one more gets ``too_many_channels``."""
+    max_connections_per_ip: int = 256
+    """Open connections per client address; one more is refused with HTTP 429."""
+    subscriber_high_water_bytes: int = 256 * KIB
+    """Unsent bytes to a subscriber above which its pending deltas are merged, not queued."""
+    max_subscriber_buffer_bytes: int = 4 * MIB
+    """Unsent bytes to one subscriber, merged backlog included; above it, close with 1013."""
+    session_grace: float = 30.0
+    """Seconds a vanished producer's session waits for it to reconnect; 0 ends it at once."""
+    max_parked_sessions: int = 10_000
+    """Producer sessions awaiting a reconnect; past it the oldest ends (its messages abort)."""
+    delta_flush_ms: float = 0.0
+    """With more than 0, a channel's deltas are held this long and merged per message."""
+    history_size: int = 100
+    """Completed (or aborted) messages kept per channel for resume by offset."""
+    history_ttl: float = 3600.0
+    """Seconds a message stays in a channel's history."""
+    max_history_channels: int = 10_000
+    """Channels whose history is kept; the least recently used one is dropped (new epoch)."""
+    idle_timeout: float = 60.0
+    """Seconds without an event after which an unfinished message is aborted."""
+    shutdown_timeout: float = 10.0
+    """Seconds a graceful shutdown may take before connections are cut."""
+    broker: str = "memory://"
+    """Where channels are shared: ``memory://`` (this process) or ``redis://HOST:PORT/DB``."""
+    workers: int = 1
+    """Relay processes sharing the port (SO_REUSEPORT); more than one needs a shared broker."""
+    web_root: str = ""
+    """A folder of static files (the demo page) to serve over HTTP; empty serves none."""
+    loop: str = "asyncio"
+    """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
+    log_format: str = "plain"
+    """``plain`` or ``json`` (one object per line)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be between 0 and 65535, not {self.port}")
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name.startswith("max_") and value < 1:
+                raise ConfigError(f"{item.name} must be at least 1")
+        for name in ("history_size", "workers", "subscriber_high_water_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        for name in ("history_ttl", "idle_timeout", "shutdown_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.session_grace < 0:
+            raise ConfigError("session_grace must not be negative")
+        if self.delta_flush_ms < 0:
+            raise ConfigError("delta_flush_ms must not be negative")
+        if self.loop not in LOOPS:
+            raise ConfigError(f"loop must be one of {', '.join(LOOPS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
+        if self.workers > 1 and self.broker.startswith("memory:"):
+            raise ConfigError(
+                f"--workers {self.workers} needs a shared broker: with memory:// each process "
+                "would keep its own channels and history, so a producer and a subscriber that "
+                "land on different processes would never meet. Use --broker redis://HOST:PORT/DB"
+            )
+        if not self.secret and not self.insecure and not _is_loopback(self.host):
+            raise ConfigError(
+                f"refusing to serve {self.host} without a secret: anyone who can reach it could "
+                "read and write every channel. Set --secret (or RELAY_SECRET), or pass "
+                "--insecure if something in front of the relay already authenticates"
+            )
+
+    @property
+    def open_access(self) -> bool:
+        """Whether connections need no token."""
+        return not self.secret
+
+    @classmethod
+    def from_args(
+        cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Build settings from flags, falling back to ``RELAY_<NAME>`` variables, then defaults."""
+        parser = cls.parser(environ if environ is not None else os.environ)
+        namespace = parser.parse_args(argv)
+        values = {item.name: getattr(namespace, item.name) for item in fields(cls)}
+        for name, fallback in getattr(parser, "list_defaults", {}).items():
+            given = values[name]
+            values[name] = tuple(fallback if given is None else given)
+        return cls(**values)
+
+    @classmethod
+    def parser(cls, environ: Mapping[str, str]) -> argparse.ArgumentParser:
+        """The ``token-relay`` argument parser, with defaults read from ``environ``."""
+        parser = argparse.ArgumentParser(
+            prog="token-relay",
+            description="token-relay: assemble streamed model deltas and fan them out. "
+            "Every flag can also be set as RELAY_<FLAG> in the environment "
+            "(for example RELAY_PORT=9000; lists are comma-separated). "
+            "'token-relay schema' prints the protocol's JSON Schema; "
+            "'token-relay token --help' mints connection tokens.",
+        )
+        list_defaults: dict[str, list[str]] = {}
+        parser.list_defaults = list_defaults  # type: ignore[attr-defined]
+        for item in fields(cls):
+            env_name = "RELAY_" + item.name.upper()
+            flag = item.metadata.get("flag", "--" + item.name.replace("_", "-"))
+            default: Any = item.default
+            raw = environ.get(env_name)
+            if isinstance(default, bool):
+                if raw is not None:
+                    default = raw.strip().lower() in ("1", "true", "yes", "on")
+                parser.add_argument(
+                    flag,
+                    dest=item.name,
+                    action="store_true",
+                    default=default,
+                    help=f"(env {env_name})",
+                )
+                continue
+            if isinstance(default, tuple):
+                if raw is not None:
+                    default = [part.strip() for part in raw.split(",") if part.strip()]
+                # Flags replace the environment's list rather than add to it.
+                list_defaults[item.name] = list(default)
+                parser.add_argument(
+                    flag,
+                    dest=item.name,
+                    action="append",
+                    default=None,
+                    metavar="VALUE",
+                    help=f"repeatable (env {env_name}, comma-separated)",
+                )
+                continue
+            kind: type[int] | type[float] | type[str] = type(default)
+            if raw is not None:
+                try:
+                    default = kind(raw)
+                except ValueError:
+                    raise ConfigError(
+                        f"{env_name}={raw!r} is not a valid {kind.__name__}"
+                    ) from None
+            shown = "(set)" if item.name == "secret" and default else default
+            parser.add_argument(
+                flag,
+                dest=item.name,
+                type=kind,
+                default=default,
+                metavar=item.name.upper() if kind is str else "N",
+                help=f"(env {env_name}, default {shown!s})",
+            )
+        return parser
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,141 @@
+"""The HTTP side of the port: admission of WebSocket handshakes, and plain GET endpoints.
+
+Before a handshake completes the relay decides, in this order:
+
+1. ``/healthz``, ``/readyz`` and ``/metrics`` are answered as plain HTTP.
+2. Any path other than ``/produce`` and ``/subscribe`` is a static file of
+   ``--web-root``, or 404.
+3. More than ``--max-connections-per-ip`` open connections from the client's
+   address: 429.
+4. A malformed ``?channel=``: 400.
+5. With ``--secret``: no token, a bad one or an expired one is 401; a token for
+   the other role, or one that doesn't grant the URL's ``?channel=``, is 403.
+
+The ``Origin`` check (``--allowed-origin``) is websockets' own and answers 403.
+A refused handshake never opens a socket. Query strings, which may carry a
+token, are never logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from http import HTTPStatus
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Request, Response
+
+from ..core.errors import InvalidToken
+from ..core.grants import OPEN, Grant, Role
+from ..core.protocol import MAX_NAME_LENGTH
+from ..core.settings import Settings
+from .metrics import Metrics
+from .tokens import verify
+from .web import StaticFiles, with_body
+
+__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "query_of"]
+
+PRODUCE_PATH = "/produce"
+SUBSCRIBE_PATH = "/subscribe"
+ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
+
+
+def query_of(path: str) -> dict[str, list[str]]:
+    """The query string of a request path, as lists of values."""
+    return parse_qs(urlsplit(path).query, keep_blank_values=True)
+
+
+class Gate:
+    """Decides each handshake, and remembers the grant of each admitted connection."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.ready = ready
+        self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
+        self.grants: dict[ServerConnection, Grant] = {}
+        self.per_address: dict[str, int] = {}
+
+    def check(self, connection: ServerConnection, request: Request) -> Response | None:
+        """websockets' ``process_request``: a response refuses the handshake."""
+        path = urlsplit(request.path).path
+        if path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
+            if self.ready():
+                return connection.respond(HTTPStatus.OK, "ready\n")
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "broker unreachable\n")
+        if path == "/metrics":
+            return with_body(
+                connection.respond(HTTPStatus.OK, ""),
+                self.metrics.render(),
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+        role = ROLES.get(path)
+        if role is None:
+            page = self.web.respond(connection, path) if self.web else None
+            return page or connection.respond(
+                HTTPStatus.NOT_FOUND, f"no endpoint at {path}; use /produce or /subscribe\n"
+            )
+        if self.per_address.get(_address(connection), 0) >= self.settings.max_connections_per_ip:
+            return connection.respond(
+                HTTPStatus.TOO_MANY_REQUESTS, "too many connections from this address\n"
+            )
+        query = query_of(request.path)
+        channels = query.get("channel", [])
+        if role is Role.PRODUCE and len(channels) > 1:
+            return connection.respond(HTTPStatus.BAD_REQUEST, "give at most one ?channel=\n")
+        for channel in channels:
+            if not 1 <= len(channel) <= MAX_NAME_LENGTH:
+                return connection.respond(
+                    HTTPStatus.BAD_REQUEST,
+                    f"?channel= must be 1 to {MAX_NAME_LENGTH} characters\n",
+                )
+        if self.settings.open_access:
+            return None
+        token = query.get("token", [""])[-1] or _bearer(request)
+        if not token:
+            return connection.respond(
+                HTTPStatus.UNAUTHORIZED, "a token is required: ?token= or Authorization: Bearer\n"
+            )
+        try:
+            grant = verify(token, self.settings.secret)
+        except InvalidToken as exc:
+            return connection.respond(HTTPStatus.UNAUTHORIZED, f"invalid token: {exc}\n")
+        if grant.role is not role:
+            return connection.respond(
+                HTTPStatus.FORBIDDEN, f"this token's role is '{grant.role}', not '{role}'\n"
+            )
+        if role is Role.PRODUCE and channels and not grant.allows(channels[0]):
+            return connection.respond(
+                HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel\n"
+            )
+        self.grants[connection] = grant
+        return None
+
+    def admit(self, connection: ServerConnection) -> Grant | None:
+        """Count an admitted connection; its grant, or None when access is open."""
+        address = _address(connection)
+        self.per_address[address] = self.per_address.get(address, 0) + 1
+        return None if self.settings.open_access else self.grants.pop(connection, OPEN)
+
+    def release(self, connection: ServerConnection) -> None:
+        """Uncount a connection that closed."""
+        address = _address(connection)
+        left = self.per_address.get(address, 1) - 1
+        if left > 0:
+            self.per_address[address] = left
+        else:
+            self.per_address.pop(address, None)
+
+
+def _address(connection: ServerConnection) -> str:
+    remote = connection.remote_address
+    return str(remote[0]) if remote else "unknown"
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""

@@ -1,0 +1,47 @@
+"""Connection tokens: HS256 JWTs that grant a role on a set of channels.
+
+A token's claims are ``role`` (``produce`` or ``subscribe``), ``channels`` (exact
+names or glob patterns such as ``chat-*``) and ``exp``. The relay checks the
+token once, at the handshake, and keeps the resulting
+:class:`~token_relay.core.grants.Grant` on the connection. Tokens are read from
+``?token=`` (browsers can't set headers on a WebSocket) or ``Authorization:
+Bearer``; they are never logged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jwt
+
+from ..core.errors import InvalidToken
+from ..core.grants import Grant, Role
+
+__all__ = ["ALGORITHM", "mint", "verify"]
+
+ALGORITHM = "HS256"
+
+
+def mint(secret: str, role: Role, channels: list[str], ttl: float) -> str:
+    """A signed token granting ``role`` on ``channels`` for ``ttl`` seconds."""
+    claims = {"role": role.value, "channels": channels, "exp": int(time.time() + ttl)}
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def verify(token: str, secret: str) -> Grant:
+    """Check a token's signature, expiry and claims, or raise :class:`InvalidToken`."""
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token, secret, algorithms=[ALGORITHM], options={"require": ["exp"]}
+        )
+    except jwt.PyJWTError as exc:
+        raise InvalidToken(str(exc)) from None
+    try:
+        role = Role(str(claims.get("role")))
+    except ValueError:
+        raise InvalidToken("claim 'role' must be 'produce' or 'subscribe'") from None
+    channels = claims.get("channels")
+    if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
+        raise InvalidToken("claim 'channels' must be a list of names or patterns")
+    return Grant(role, tuple(channels))

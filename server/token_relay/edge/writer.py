@@ -1,0 +1,151 @@
+"""Writing frames to many sockets without letting a slow reader hurt anyone.
+
+Theory of operation
+-------------------
+A frame is serialized once, header included, and written to every ready
+socket without waiting. A socket whose unsent bytes
+pass ``subscriber_high_water_bytes`` is not written to directly any more: its
+frames go to a :class:`~token_relay.core.backlog.Backlog`, where its pending deltas
+merge losslessly, and one task per backlog drains it at the socket's pace.
+When the backlog is empty the socket is written to directly again.
+
+A socket whose unsent bytes plus backlog pass ``max_subscriber_buffer_bytes``
+is closed with 1013 (try again later): it can resume by offset, and nothing
+it was owed is lost from history. Completed messages are never dropped while
+it stays connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from websockets import CloseCode, State
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
+
+from ..core.backlog import Backlog, Payload
+from ..core.settings import Settings
+from .metrics import Metrics
+
+__all__ = ["SLOW_CONSUMER_REASON", "Fanout"]
+
+log = logging.getLogger("token_relay")
+
+SLOW_CONSUMER_REASON = "slow consumer: outgoing buffer over limit; resume by offset"
+
+
+class Fanout:
+    """Frame delivery for one relay process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        forget: Callable[[ServerConnection], None],
+    ) -> None:
+        self.high_water = settings.subscriber_high_water_bytes
+        self.hard_limit = settings.max_subscriber_buffer_bytes
+        self.metrics = metrics
+        self._forget = forget
+        self.backlogs: dict[ServerConnection, Backlog] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def send(
+        self, receivers: Iterable[ServerConnection], payload: Payload, is_delta: bool = False
+    ) -> None:
+        """Send one serialized frame to every receiver, each at its own pace."""
+        ready: list[ServerConnection] = []
+        over: list[ServerConnection] = []
+        high_water = self.high_water
+        backlogs = self.backlogs
+        for receiver in receivers:
+            backlog = backlogs.get(receiver)
+            if backlog is None:
+                transport = receiver.transport
+                if transport is None or transport.get_write_buffer_size() <= high_water:
+                    ready.append(receiver)
+                    continue
+                backlog = self._start_backlog(receiver)
+            if backlog.add(payload, is_delta):
+                self.metrics.deltas_coalesced.inc()
+            if backlog.bytes + _unsent(receiver) > self.hard_limit:
+                over.append(receiver)
+        if ready:
+            _write_all(ready, payload)
+            self.metrics.frames_out.inc(len(ready))
+        # Closing edits the set being iterated above (the hub's), so it comes after.
+        for receiver in over:
+            self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
+            self.metrics.slow_closes.inc()
+
+    def send_each(self, receiver: ServerConnection, payloads: Iterable[Payload]) -> None:
+        """Send several frames to one receiver, in order."""
+        for payload in payloads:
+            self.send((receiver,), payload)
+
+    def close(self, connection: ServerConnection, code: CloseCode, reason: str) -> None:
+        """Forget a connection's subscriptions and close it, without waiting."""
+        if code == CloseCode.TRY_AGAIN_LATER:
+            log.warning("closing slow peer %s: %s", connection.id, reason)
+        self._forget(connection)
+        backlog = self.backlogs.pop(connection, None)
+        if backlog is not None:
+            backlog.clear()  # what can no longer be sent; history keeps the messages
+        self._spawn(connection.close(code, reason))
+
+    async def stop(self) -> None:
+        """Cancel the drain and close tasks."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _start_backlog(self, connection: ServerConnection) -> Backlog:
+        backlog = self.backlogs[connection] = Backlog()
+        self._spawn(self._drain(connection, backlog))
+        return backlog
+
+    async def _drain(self, connection: ServerConnection, backlog: Backlog) -> None:
+        try:
+            while backlog:
+                # send() waits until the socket has room: the backlog drains at its pace.
+                await connection.send(backlog.pop(), text=True)
+                self.metrics.frames_out.inc()
+        except ConnectionClosed:
+            pass
+        finally:
+            if self.backlogs.get(connection) is backlog:
+                del self.backlogs[connection]
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _write_all(receivers: list[ServerConnection], payload: Payload) -> None:
+    """Write one text frame to every open receiver, serializing the frame once.
+
+    websockets' ``broadcast()`` encodes the message once but rebuilds the frame for
+    each connection. Compression is off and a server never masks, so the frame's
+    bytes are the same for everyone: build them once and hand them to each socket.
+    Only whole, unfragmented frames are ever written, so nothing can interleave.
+    """
+    data = payload.encode() if isinstance(payload, str) else payload
+    frame = Frame(Opcode.TEXT, data).serialize(mask=False)
+    for receiver in receivers:
+        transport = receiver.transport
+        if receiver.protocol.state is State.OPEN and transport is not None:
+            transport.write(frame)
+
+
+def _unsent(connection: ServerConnection) -> int:
+    transport = connection.transport
+    with contextlib.suppress(Exception):
+        if transport is not None:
+            return int(transport.get_write_buffer_size())
+    return 0

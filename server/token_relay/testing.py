@@ -1,0 +1,246 @@
+"""Process control shared by the test suite and the benchmarks.
+
+* :func:`free_port`, :func:`rss_bytes`, :func:`cpu_seconds`: small facts about the machine.
+* :func:`eventually`: poll a condition until it holds, or fail after a timeout.
+* :class:`RedisServer`: a private ``redis-server`` on a free port, with no persistence,
+  that a test can kill and start again (a restart loses everything, as a crash would).
+* :class:`ServiceProcess`: ``python -m MODULE --port 0 ...`` as a real subprocess, ready once
+  it logs the port it listens on; :func:`relay_process` is one for ``token_relay``.
+
+Nothing here is used by the relay itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+__all__ = [
+    "RedisServer",
+    "ServiceProcess",
+    "cpu_seconds",
+    "eventually",
+    "free_port",
+    "relay_process",
+    "rss_bytes",
+]
+
+LISTENING = re.compile(rb"listening on port (\d+):")
+START_TIMEOUT = 15.0
+STOP_TIMEOUT = 5.0
+LOG_LINES_KEPT = 500
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident set size."""
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+async def eventually(
+    condition: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 5.0,
+    interval: float = 0.01,
+    what: str = "condition",
+) -> None:
+    """Wait until ``condition()`` is true (it may be async); raise ``AssertionError`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout:g} s")
+        await asyncio.sleep(interval)
+
+
+class RedisServer:
+    """One ``redis-server`` process on a free port, with no persistence."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.directory = directory
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The broker URL relays connect to."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server (again, on the same port) and wait until it answers ``PING``."""
+        self.process = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "/usr/bin/redis-server",
+                *("--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.directory)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def kill(self) -> None:
+        """Kill the server at once, as a crash would."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+class ServiceProcess:
+    """``python -m MODULE --port 0 ARGS``, ready once it logs ``listening on port N:``.
+
+    Its log (stderr) is read all along, so that a full pipe never blocks it; the last
+    :data:`LOG_LINES_KEPT` lines are kept.
+    """
+
+    def __init__(self, module: str, *args: str, name: str | None = None) -> None:
+        self.module = module
+        self.args = args
+        self.name = name or module
+        self.port = 0
+        self.process: asyncio.subprocess.Process | None = None
+        self.lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        """The service's WebSocket base URL."""
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The process id (the process must have started)."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} has not started")
+        return self.process.pid
+
+    @property
+    def log(self) -> str:
+        """The log lines kept so far."""
+        return "".join(self.lines)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> ServiceProcess:
+        """Start the process and wait for the log line that names its port."""
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", self.module, "--port", "0", *self.args),
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        stderr = self.process.stderr
+        assert stderr is not None
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                while not self.port:
+                    line = await stderr.readline()
+                    if not line:
+                        raise RuntimeError(f"{self.name} exited before listening:\n{self.log}")
+                    self.lines.append(line.decode(errors="replace"))
+                    match = LISTENING.search(line)
+                    if match:
+                        self.port = int(match.group(1))
+        except TimeoutError:
+            raise RuntimeError(f"{self.name} did not start within {START_TIMEOUT:g} s") from None
+        self._reader = asyncio.create_task(self._read_log(stderr))
+        return self
+
+    async def _read_log(self, stderr: asyncio.StreamReader) -> None:
+        while line := await stderr.readline():
+            self.lines.append(line.decode(errors="replace"))
+
+    async def wait(self, timeout: float = STOP_TIMEOUT) -> int:
+        """Wait for the process to exit and its log to be read; returns its exit code."""
+        assert self.process is not None
+        code = await asyncio.wait_for(self.process.wait(), timeout)
+        if self._reader is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reader, STOP_TIMEOUT)
+        return code
+
+    async def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout``; returns the code."""
+        if self.process is None:
+            return 0
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.terminate()
+        try:
+            return await self.wait(timeout)
+        except TimeoutError:
+            return await self.kill()
+
+    async def kill(self) -> int:
+        """Kill the process at once, as a crash would."""
+        if self.process is None:
+            return 0
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+        return await self.wait()
+
+    async def stop(self) -> None:
+        """Kill it if it still runs (tests' clean-up: nothing to wait for)."""
+        await self.kill()
+
+    async def http_status(self, path: str) -> int:
+        """The status code of a plain ``GET path``."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        return int(status_line.split()[1])
+
+
+def relay_process(*args: str, name: str = "relay") -> ServiceProcess:
+    """A ``python -m token_relay`` process with ``args``."""
+    return ServiceProcess("token_relay", *args, name=name)

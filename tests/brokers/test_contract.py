@@ -1,0 +1,244 @@
+"""One contract, every broker: the same scenarios against memory:// and a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from token_relay.brokers import Broker, CatchUp, FrameKind, LiveMessage, open_broker
+from token_relay.core.protocol import (
+    Aborted,
+    AbortReason,
+    DeltaFrame,
+    MessageFrame,
+    encode,
+    encode_unpositioned,
+)
+from token_relay.core.settings import Settings
+from token_relay.testing import RedisServer
+
+
+class Recorder:
+    """A listener that records what the broker hands it."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, FrameKind, int, str]] = []
+        self.cancels: list[tuple[str, str]] = []
+        self.texts: dict[tuple[str, str], str] = {}
+        self.restored = 0
+
+    def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
+        text = payload.decode() if isinstance(payload, bytes) else payload
+        self.frames.append((channel, kind, seq, text))
+
+    def on_cancel(self, owner: str, payload: str | bytes) -> None:
+        self.cancels.append((owner, payload.decode() if isinstance(payload, bytes) else payload))
+
+    def partial(self, owner: str, message_id: str) -> str | None:
+        return self.texts.get((owner, message_id))
+
+    def wants_deltas(self, channel: str) -> bool:
+        return True
+
+    def owned_messages(self) -> list[tuple[str, str, str]]:
+        return []
+
+    def on_restored(self) -> None:
+        self.restored += 1
+
+
+async def until(condition: Callable[[], Any], wait: float = 5.0) -> None:
+    """Wait for ``condition`` to hold (events from Redis arrive asynchronously)."""
+    async with asyncio.timeout(wait):
+        while not condition():  # noqa: ASYNC110 - polls state fed by the broker
+            await asyncio.sleep(0.005)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def broker(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[Broker]:
+    redis: RedisServer | None = None
+    url = "memory://"
+    if request.param == "redis":
+        redis = RedisServer(tmp_path)
+        redis.start()
+        url = redis.url
+    instance = open_broker(Settings(broker=url, history_size=3), "inst")
+    recorder = Recorder()
+    await instance.start(recorder)
+    instance.recorder = recorder  # type: ignore[attr-defined]
+    try:
+        yield instance
+    finally:
+        await instance.close()
+        if redis is not None:
+            redis.kill()
+
+
+def recorder_of(broker: Broker) -> Recorder:
+    recorder: Recorder = broker.recorder  # type: ignore[attr-defined]
+    return recorder
+
+
+def message_body(channel: str, message_id: str, text: str) -> str:
+    frame = MessageFrame(channel=channel, id=message_id, text=text, offset=0, epoch="")
+    return encode_unpositioned(frame)
+
+
+async def test_terminal_frames_get_increasing_offsets_in_one_epoch(broker: Broker) -> None:
+    text = 'quotes " and \\ backslashes, émoji 🚀, newline\n'
+    frames = [
+        await broker.terminal("c", "inst.1", f"m{i}", message_body("c", f"m{i}", text))
+        for i in range(3)
+    ]
+    cut = await broker.catch_up("c", None, False)
+    assert (cut.offset, cut.recovered) == (3, None)
+    for offset, frame in enumerate(frames, start=1):
+        expected = MessageFrame(
+            channel="c", id=f"m{offset - 1}", text=text, offset=offset, epoch=cut.epoch
+        )
+        assert frame == encode(expected)
+
+
+async def test_aborted_frames_share_the_offset_sequence(broker: Broker) -> None:
+    await broker.terminal("c", "inst.1", "a", message_body("c", "a", "x"))
+    body = encode_unpositioned(
+        Aborted(
+            channel="c", id="b", text="half", reason=AbortReason.IDLE_TIMEOUT, offset=0, epoch=""
+        )
+    )
+    frame = await broker.terminal("c", "inst.1", "b", body)
+    cut = await broker.catch_up("c", None, False)
+    assert frame == encode(
+        Aborted(
+            channel="c",
+            id="b",
+            text="half",
+            reason=AbortReason.IDLE_TIMEOUT,
+            offset=2,
+            epoch=cut.epoch,
+        )
+    )
+
+
+async def test_listened_events_reach_the_listener_in_order(broker: Broker) -> None:
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    broker.open("c", "inst.1", "m")
+    for delta in ["a", "b", "c"]:
+        broker.delta("c", "inst.1", "m", delta)
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "abc"))
+    await until(lambda: len(recorder.frames) == 4)
+    kinds = [(kind, payload) for _, kind, _, payload in recorder.frames]
+    assert kinds[:3] == [
+        (FrameKind.DELTA, encode(DeltaFrame(channel="c", id="m", delta=d))) for d in "abc"
+    ]
+    assert kinds[3][0] is FrameKind.TERMINAL and '"text":"abc"' in kinds[3][1]
+    seqs = [seq for _, _, seq, _ in recorder.frames]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    assert {channel for channel, _, _, _ in recorder.frames} == {"c"}
+
+
+async def test_catch_up_replays_exactly_the_missed_frames(broker: Broker) -> None:
+    first = await broker.catch_up("c", None, False)
+    frames = [
+        await broker.terminal("c", "inst.1", f"m{i}", message_body("c", f"m{i}", "t"))
+        for i in range(3)
+    ]
+    cut = await broker.catch_up("c", (1, first.epoch), False)
+    assert (cut.recovered, cut.frames, cut.offset, cut.epoch) == (True, frames[1:], 3, first.epoch)
+    current = await broker.catch_up("c", (3, first.epoch), False)
+    assert (current.recovered, current.frames) == (True, [])
+
+
+@pytest.mark.parametrize("since", [(0, "some-other-epoch"), (99, None)])
+async def test_catch_up_refuses_a_wrong_epoch_or_a_future_offset(
+    broker: Broker, since: tuple[int, str | None]
+) -> None:
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "t"))
+    epoch = (await broker.catch_up("c", None, False)).epoch
+    cut = await broker.catch_up("c", (since[0], since[1] or epoch), False)
+    assert (cut.recovered, cut.frames, cut.offset, cut.epoch) == (False, [], 1, epoch)
+
+
+async def test_catch_up_refuses_a_gap_older_than_history(broker: Broker) -> None:
+    epoch = (await broker.catch_up("c", None, False)).epoch
+    for i in range(5):  # history_size is 3
+        await broker.terminal("c", "inst.1", f"m{i}", message_body("c", f"m{i}", "t"))
+    assert (await broker.catch_up("c", (1, epoch), False)).recovered is False
+    kept = await broker.catch_up("c", (2, epoch), False)
+    assert kept.recovered is True and len(kept.frames) == 3
+
+
+async def test_catch_up_lists_messages_in_progress_with_their_text(broker: Broker) -> None:
+    recorder = recorder_of(broker)
+    broker.open("c", "inst.1", "m")
+    broker.open("c", "inst.2", "m")
+    for owner, delta in [("inst.1", "ab"), ("inst.2", "x"), ("inst.1", "c")]:
+        recorder.texts[(owner, "m")] = recorder.texts.get((owner, "m"), "") + delta
+        broker.delta("c", owner, "m", delta)
+    broker.open("other", "inst.1", "n")
+    recorder.texts[("inst.1", "n")] = ""
+
+    async def live() -> CatchUp:
+        return await broker.catch_up("c", None, True)
+
+    await until(lambda: True)
+    cut = await _eventually(
+        live, lambda cut: len(cut.live) == 2 and {m.text for m in cut.live} == {"abc", "x"}
+    )
+    assert sorted(cut.live, key=lambda m: m.owner) == [
+        LiveMessage("inst.1", "m", "abc"),
+        LiveMessage("inst.2", "m", "x"),
+    ]
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "abc"))
+    after = await broker.catch_up("c", None, True)
+    assert after.live == [LiveMessage("inst.2", "m", "x")]
+    assert (await broker.catch_up("c", None, False)).live == []
+
+
+async def _eventually(
+    read: Callable[[], Any], good: Callable[[Any], bool], wait: float = 5.0
+) -> Any:
+    async with asyncio.timeout(wait):
+        while True:
+            value = await read()
+            if good(value):
+                return value
+            await asyncio.sleep(0.01)
+
+
+async def test_catch_up_seq_covers_every_event_already_delivered(broker: Broker) -> None:
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    broker.open("c", "inst.1", "m")
+    broker.delta("c", "inst.1", "m", "a")
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "a"))
+    await until(lambda: len(recorder.frames) == 2)
+    cut = await broker.catch_up("c", None, True)
+    assert cut.seq >= max(seq for _, _, seq, _ in recorder.frames)
+    broker.open("c", "inst.1", "n")
+    broker.delta("c", "inst.1", "n", "b")
+    await until(lambda: len(recorder.frames) == 3)
+    assert recorder.frames[-1][2] > cut.seq
+
+
+async def test_cancel_reaches_every_owner_of_the_message(broker: Broker) -> None:
+    recorder = recorder_of(broker)
+    owner = f"{broker.instance}.7"
+    broker.open("c", owner, "m")
+    broker.open("c", f"{broker.instance}.8", "other")
+    recorder.texts[(owner, "m")] = ""
+    recorder.texts[(f"{broker.instance}.8", "other")] = ""
+    await _eventually(lambda: broker.catch_up("c", None, True), lambda cut: len(cut.live) == 2)
+    assert await broker.cancel("c", "m", '{"type":"cancel"}') == 1
+    await until(lambda: recorder.cancels)
+    assert recorder.cancels == [(owner, '{"type":"cancel"}')]
+    assert await broker.cancel("c", "nope", "{}") == 0
+    assert await broker.cancel("elsewhere", "m", "{}") == 0
+
+
+async def test_broker_is_healthy_and_ready(broker: Broker) -> None:
+    assert broker.healthy is True
+    assert await broker.ready() is True

@@ -1,0 +1,78 @@
+"""What only the Redis broker does: share channels between processes, and only where listened."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from token_relay.brokers import Broker, open_broker
+from token_relay.core.settings import Settings
+from token_relay.testing import RedisServer
+
+from .test_contract import Recorder, message_body, until
+
+
+@pytest.fixture
+async def two_brokers(redis_server: RedisServer) -> AsyncIterator[tuple[Broker, Broker]]:
+    brokers = []
+    for name in ("alpha", "beta"):
+        broker = open_broker(Settings(broker=redis_server.url), name)
+        recorder = Recorder()
+        await broker.start(recorder)
+        broker.recorder = recorder  # type: ignore[attr-defined]
+        brokers.append(broker)
+    try:
+        yield brokers[0], brokers[1]
+    finally:
+        for broker in brokers:
+            await broker.close()
+
+
+async def _numsub(url: str, topic: str) -> int:
+    redis = Redis.from_url(url)
+    try:
+        counts = await redis.pubsub_numsub(topic)
+        return int(counts[0][1])
+    finally:
+        await redis.aclose()
+
+
+async def test_only_listening_processes_receive_a_channel(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer
+) -> None:
+    alpha, beta = two_brokers
+    alpha_seen: Recorder = alpha.recorder  # type: ignore[attr-defined]
+    beta_seen: Recorder = beta.recorder  # type: ignore[attr-defined]
+    await beta.listen("c", True, False)
+    assert await _numsub(redis_server.url, "tr:m:c") == 1
+    assert await _numsub(redis_server.url, "tr:d:c") == 0
+    alpha.open("c", "alpha.1", "m")
+    alpha.delta("c", "alpha.1", "m", "x")
+    await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "x"))
+    await until(lambda: beta_seen.frames)
+    assert [kind.value for _, kind, _, _ in beta_seen.frames] == ["t"]
+    assert alpha_seen.frames == []
+
+    await beta.listen("c", False, False)
+    assert await _numsub(redis_server.url, "tr:m:c") == 0
+    await alpha.terminal("c", "alpha.1", "n", message_body("c", "n", "y"))
+    await beta.listen("d", True, False)  # a round trip on beta's subscription connection
+    assert len(beta_seen.frames) == 1
+
+
+async def test_offsets_stay_increasing_across_processes(two_brokers: tuple[Broker, Broker]) -> None:
+    alpha, beta = two_brokers
+    frames = []
+    for i in range(6):
+        broker = alpha if i % 2 else beta
+        frames.append(
+            await broker.terminal(
+                "c", f"{broker.instance}.1", f"m{i}", message_body("c", f"m{i}", "")
+            )
+        )
+    offsets = [int(frame.split('"offset":')[1].split(",")[0]) for frame in frames]
+    assert offsets == [1, 2, 3, 4, 5, 6]
+    epoch = (await beta.catch_up("c", None, False)).epoch
+    cut = await alpha.catch_up("c", (0, epoch), False)
+    assert (cut.recovered, cut.frames) == (True, frames)

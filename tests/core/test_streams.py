@@ -1,0 +1,852 @@
+"""Tests for token_relay.core.streams: channels, limits and LRU on top of the assembler."""
+
+from __future__ import annotations
+
+import pytest
+from token_relay.core.errors import ErrorCode, FrameRejected
+from token_relay.core.protocol import ProducerEvent, decode_producer_event
+from token_relay.core.streams import Applied, MessageTooLarge, ProducerSession, Unfinished
+
+
+def _rejected(session: ProducerSession, event: ProducerEvent, now: float = 0.0) -> FrameRejected:
+    with pytest.raises(FrameRejected) as info:
+        session.receive(event, now)
+    return info.value
+
+
+# ------------------------------------------------------------------------ channels
+
+
+def test_default_channel_is_used() -> None:
+    session = ProducerSession("room")
+    assert session.receive(ProducerEvent(id="m", delta="hi"), now=1.0) == Applied(
+        "room", "m", None, delta="hi", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.receive(ProducerEvent(id="m", final=True), now=2.0) == Applied(
+        "room", "m", "hi", True
+    )
+
+
+def test_event_channel_overrides_default() -> None:
+    session = ProducerSession("room")
+    applied = session.receive(
+        ProducerEvent(id="m", delta="x", final=True, channel="other"), now=1.0
+    )
+    assert applied == Applied(
+        "other", "m", "x", True, delta="x", opened=True, delta_wait=0.0, first_delta=True
+    )
+
+
+def test_event_channel_without_default() -> None:
+    session = ProducerSession()
+    assert session.receive(decode_producer_event('{"id": "m", "channel": "c"}')) == Applied(
+        "c", "m", None, opened=True
+    )
+
+
+def test_naming_the_default_channel_explicitly_is_not_a_mismatch() -> None:
+    session = ProducerSession("room")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    applied = session.receive(ProducerEvent(id="m", delta="b", final=True, channel="room"), now=3.5)
+    assert applied == Applied("room", "m", "ab", True, delta="b", delta_wait=2.5)
+
+
+def test_channel_required_when_neither() -> None:
+    session = ProducerSession()
+    rejected = _rejected(session, ProducerEvent(id="m", delta="lost"))
+    assert rejected.code is ErrorCode.CHANNEL_REQUIRED
+    assert rejected.message_id == "m"
+    assert session.streaming_count == 0
+    assert session.assembler.get("m") is None
+    applied = session.receive(ProducerEvent(id="m", delta="kept", final=True, channel="c"), now=1.0)
+    assert applied == Applied(
+        "c", "m", "kept", True, delta="kept", opened=True, delta_wait=0.0, first_delta=True
+    )
+
+
+def test_channel_mismatch_on_streaming_id() -> None:
+    session = ProducerSession()
+    session.receive(ProducerEvent(id="m", delta="a", channel="c1"), now=1.0)
+    rejected = _rejected(
+        session, ProducerEvent(id="m", delta="X", final=True, channel="c2"), now=2.0
+    )
+    assert rejected.code is ErrorCode.CHANNEL_MISMATCH
+    assert rejected.message == "message 'm' belongs to channel 'c1', not 'c2'"
+    assert rejected.message_id == "m"
+    assert session.assembler.get("m") == "a"
+    assert session.streaming_count == 1
+    assert session.completed_count == 0
+    # The rejected delta did not count: the wait runs from the first delta.
+    applied = session.receive(ProducerEvent(id="m", delta="b", final=True, channel="c1"), now=4.0)
+    assert applied == Applied("c1", "m", "ab", True, delta="b", delta_wait=3.0)
+
+
+def test_channel_mismatch_against_default_channel() -> None:
+    session = ProducerSession("room")
+    session.receive(ProducerEvent(id="m", delta="a"))
+    rejected = _rejected(session, ProducerEvent(id="m", delta="X", channel="other"))
+    assert rejected.code is ErrorCode.CHANNEL_MISMATCH
+    assert session.receive(ProducerEvent(id="m", final=True)) == Applied("room", "m", "a", True)
+
+
+def test_channel_mismatch_on_completed_id() -> None:
+    session = ProducerSession()
+    session.receive(ProducerEvent(id="m", delta="done", final=True, channel="c1"))
+    rejected = _rejected(session, ProducerEvent(id="m", final=True, channel="c2"))
+    assert rejected.code is ErrorCode.CHANNEL_MISMATCH
+    assert rejected.message_id == "m"
+    rejected = _rejected(session, ProducerEvent(id="m", delta="X", channel="c2"))
+    assert rejected.code is ErrorCode.CHANNEL_MISMATCH
+    assert session.assembler.get("m") == "done"
+    assert session.completed_count == 1
+    assert session.streaming_count == 0
+    applied = session.receive(ProducerEvent(id="m", delta="ignored", final=True, channel="c1"))
+    assert applied == Applied("c1", "m", "done", False)
+
+
+# ------------------------------------------------------------------- completion
+
+
+def test_first_completion_true_only_once() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="hel"), now=1.0)
+    first = session.receive(ProducerEvent(id="m", delta="lo", final=True), now=1.25)
+    second = session.receive(ProducerEvent(id="m", delta="ignored", final=True), now=2.0)
+    third = session.receive(ProducerEvent(id="m", final=True), now=3.0)
+    assert first == Applied("c", "m", "hello", True, delta="lo", delta_wait=0.25)
+    assert second == Applied("c", "m", "hello", False)
+    assert third == Applied("c", "m", "hello", False)
+
+
+def test_non_final_after_completion_changes_nothing() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="done", final=True))
+    assert session.receive(ProducerEvent(id="m", delta="more")) == Applied("c", "m", None, False)
+    assert session.assembler.get("m") == "done"
+    assert session.streaming_count == 0
+    assert session.completed_count == 1
+
+
+def test_final_of_unseen_id_completes_empty() -> None:
+    session = ProducerSession("c")
+    assert session.receive(ProducerEvent(id="m", final=True)) == Applied(
+        "c", "m", "", True, opened=True
+    )
+    assert session.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "", False)
+
+
+def test_empty_deltas_kept() -> None:
+    session = ProducerSession("c")
+    first = session.receive(decode_producer_event('{"id": "m", "delta": ""}'))
+    assert first == Applied("c", "m", None, delta="", opened=True)
+    assert session.streaming_count == 1
+    session.receive(decode_producer_event('{"id": "m", "delta": "a"}'))
+    applied = session.receive(decode_producer_event('{"id": "m", "delta": "", "final": true}'))
+    assert applied == Applied("c", "m", "a", True, delta="")
+
+
+def test_interleaved_messages_on_different_channels() -> None:
+    session = ProducerSession("default")
+    session.receive(ProducerEvent(id="a", delta="A1", channel="x"))
+    session.receive(ProducerEvent(id="b", delta="B1"))
+    session.receive(ProducerEvent(id="a", delta="A2", channel="x"))
+    assert session.receive(ProducerEvent(id="b", final=True)) == Applied("default", "b", "B1", True)
+    assert session.receive(ProducerEvent(id="a", final=True, channel="x")) == Applied(
+        "x", "a", "A1A2", True
+    )
+
+
+# ------------------------------------------------------------------------- limits
+
+
+def test_too_many_messages_at_max_streaming() -> None:
+    session = ProducerSession("c", max_streaming=2)
+    session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
+    session.receive(ProducerEvent(id="b", delta="2"), now=2.0)
+    rejected = _rejected(session, ProducerEvent(id="c", delta="3"), now=3.0)
+    assert rejected.code is ErrorCode.TOO_MANY_MESSAGES
+    assert rejected.message_id == "c"
+    assert session.streaming_count == 2
+    assert session.assembler.get("c") is None
+    # Existing messages still take deltas at the limit.
+    assert session.receive(ProducerEvent(id="a", delta="x"), now=4.0) == Applied(
+        "c", "a", None, delta="x", delta_wait=3.0
+    )
+    assert session.assembler.get("a") == "1x"
+
+
+def test_finished_message_frees_a_slot() -> None:
+    session = ProducerSession("c", max_streaming=1)
+    session.receive(ProducerEvent(id="a", delta="1"))
+    with pytest.raises(FrameRejected):
+        session.receive(ProducerEvent(id="b", delta="2"))
+    session.receive(ProducerEvent(id="a", final=True))
+    assert session.streaming_count == 0
+    assert session.receive(ProducerEvent(id="b", delta="2"), now=5.0) == Applied(
+        "c", "b", None, delta="2", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.streaming_count == 1
+
+
+def test_one_shot_final_passes_at_the_streaming_limit() -> None:
+    session = ProducerSession("c", max_streaming=1)
+    session.receive(ProducerEvent(id="open", delta="o"), now=1.0)
+    assert session.receive(ProducerEvent(id="once", delta="whole", final=True), now=2.0) == Applied(
+        "c", "once", "whole", True, delta="whole", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.streaming_count == 1
+
+
+def test_events_for_completed_ids_are_accepted_at_the_streaming_limit() -> None:
+    session = ProducerSession("c", max_streaming=1)
+    session.receive(ProducerEvent(id="done", delta="d", final=True))
+    session.receive(ProducerEvent(id="open", delta="o"))
+    assert session.receive(ProducerEvent(id="done", final=True)) == Applied("c", "done", "d", False)
+
+
+def test_max_completed_evicts_least_recently_used() -> None:
+    session = ProducerSession("c", max_completed=2)
+    session.receive(ProducerEvent(id="a", delta="A", final=True))
+    session.receive(ProducerEvent(id="b", delta="B", final=True))
+    session.receive(ProducerEvent(id="c", delta="C", final=True))
+    assert session.completed_count == 2
+    assert session.assembler.get("a") is None
+    assert session.assembler.get("b") == "B"
+    assert session.assembler.get("c") == "C"
+    # The evicted id is unknown again: an event for it starts a new message.
+    assert session.receive(ProducerEvent(id="a", delta="new"), now=1.0) == Applied(
+        "c", "a", None, delta="new", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.streaming_count == 1
+    assert session.receive(ProducerEvent(id="a", final=True)) == Applied("c", "a", "new", True)
+
+
+def test_evicted_id_may_start_on_another_channel() -> None:
+    session = ProducerSession(max_completed=1)
+    session.receive(ProducerEvent(id="a", delta="A", final=True, channel="c1"))
+    session.receive(ProducerEvent(id="b", delta="B", final=True, channel="c1"))
+    applied = session.receive(ProducerEvent(id="a", delta="x", final=True, channel="c2"), now=1.0)
+    assert applied == Applied(
+        "c2", "a", "x", True, delta="x", opened=True, delta_wait=0.0, first_delta=True
+    )
+
+
+def test_repeated_final_refreshes_lru_position() -> None:
+    session = ProducerSession("c", max_completed=2)
+    session.receive(ProducerEvent(id="a", delta="A", final=True))
+    session.receive(ProducerEvent(id="b", delta="B", final=True))
+    assert session.receive(ProducerEvent(id="a", final=True)) == Applied("c", "a", "A", False)
+    session.receive(ProducerEvent(id="c", delta="C", final=True))
+    assert session.completed_count == 2
+    assert session.assembler.get("a") == "A"
+    assert session.assembler.get("b") is None
+    assert session.receive(ProducerEvent(id="a", final=True)) == Applied("c", "a", "A", False)
+    assert session.receive(ProducerEvent(id="b", final=True)) == Applied(
+        "c", "b", "", True, opened=True
+    )
+
+
+def test_non_final_event_does_not_refresh_lru_position() -> None:
+    session = ProducerSession("c", max_completed=2)
+    session.receive(ProducerEvent(id="a", delta="A", final=True))
+    session.receive(ProducerEvent(id="b", delta="B", final=True))
+    session.receive(ProducerEvent(id="a", delta="ignored"))
+    session.receive(ProducerEvent(id="c", delta="C", final=True))
+    assert session.assembler.get("a") is None
+    assert session.assembler.get("b") == "B"
+
+
+def test_limits_below_one_are_refused() -> None:
+    with pytest.raises(ValueError):
+        ProducerSession("c", max_streaming=0)
+    with pytest.raises(ValueError):
+        ProducerSession("c", max_completed=0)
+    with pytest.raises(ValueError):
+        ProducerSession("c", max_chars=0)
+
+
+# -------------------------------------------------------------------------- close
+
+
+def test_close_returns_unfinished_and_frees_state() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="a", delta="par"))
+    session.receive(ProducerEvent(id="b", channel="other"))
+    session.receive(ProducerEvent(id="done", delta="D", final=True))
+    session.receive(ProducerEvent(id="a", delta="tial"))
+    assert session.close() == [Unfinished("c", "a", "partial"), Unfinished("other", "b", "")]
+    assert session.streaming_count == 0
+    assert session.completed_count == 0
+    assert session.assembler.get("a") is None
+    assert session.assembler.get("done") is None
+    assert session.close() == []
+
+
+def test_close_then_ids_start_afresh() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="a", delta="old", final=True))
+    session.receive(ProducerEvent(id="b", delta="old"))
+    session.close()
+    assert session.receive(ProducerEvent(id="a", delta="new", final=True), now=1.0) == Applied(
+        "c", "a", "new", True, delta="new", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.receive(ProducerEvent(id="b", delta="new", final=True), now=2.0) == Applied(
+        "c", "b", "new", True, delta="new", opened=True, delta_wait=0.0, first_delta=True
+    )
+
+
+def test_two_sessions_with_same_id_do_not_mix() -> None:
+    first = ProducerSession("c")
+    second = ProducerSession("c")
+    first.receive(ProducerEvent(id="m", delta="one"))
+    second.receive(ProducerEvent(id="m", delta="two"))
+    first.receive(ProducerEvent(id="m", delta="1"))
+    assert second.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "two", True)
+    assert first.streaming_count == 1
+    assert first.receive(ProducerEvent(id="m", final=True)) == Applied("c", "m", "one1", True)
+
+
+# -------------------------------------------------------------- delta and opened
+
+
+def test_delta_reports_each_appended_delta() -> None:
+    session = ProducerSession("c")
+    assert session.receive(ProducerEvent(id="m", delta="he"), now=1.0) == Applied(
+        "c", "m", None, delta="he", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.receive(ProducerEvent(id="m", delta=""), now=2.0) == Applied(
+        "c", "m", None, delta=""
+    )
+    assert session.receive(ProducerEvent(id="m", delta="llo"), now=3.5) == Applied(
+        "c", "m", None, delta="llo", delta_wait=2.5
+    )
+    assert session.receive(ProducerEvent(id="m", delta="!", final=True), now=4.0) == Applied(
+        "c", "m", "hello!", True, delta="!", delta_wait=0.5
+    )
+
+
+def test_delta_is_none_without_a_delta_key() -> None:
+    session = ProducerSession("c")
+    opened = session.receive(ProducerEvent(id="m"))
+    assert opened == Applied("c", "m", None, opened=True)
+    assert opened.delta is None
+    session.receive(ProducerEvent(id="m", delta="x"))
+    keepalive = session.receive(ProducerEvent(id="m"))
+    assert keepalive == Applied("c", "m", None)
+    assert keepalive.delta is None
+    assert session.partial("m") == "x"
+
+
+def test_delta_is_none_for_events_on_completed_ids() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="done", final=True))
+    late = session.receive(ProducerEvent(id="m", delta="late"))
+    assert late == Applied("c", "m", None)
+    assert late.delta is None
+    again = session.receive(ProducerEvent(id="m", delta="again", final=True))
+    assert again == Applied("c", "m", "done")
+    assert again.delta is None
+    empty = session.receive(ProducerEvent(id="m", delta=""))
+    assert empty.delta is None
+    assert session.assembler.get("m") == "done"
+
+
+def test_opened_only_on_first_event() -> None:
+    session = ProducerSession("c")
+    results = [
+        session.receive(ProducerEvent(id="m", delta="a")),
+        session.receive(ProducerEvent(id="m", delta="b")),
+        session.receive(ProducerEvent(id="m", final=True)),
+        session.receive(ProducerEvent(id="m", final=True)),
+        session.receive(ProducerEvent(id="m", delta="z")),
+    ]
+    assert [applied.opened for applied in results] == [True, False, False, False, False]
+
+
+def test_opened_true_for_a_one_shot_final() -> None:
+    session = ProducerSession("c")
+    once = session.receive(ProducerEvent(id="m", delta="all", final=True), now=1.0)
+    assert once == Applied(
+        "c", "m", "all", True, delta="all", opened=True, delta_wait=0.0, first_delta=True
+    )
+    repeat = session.receive(ProducerEvent(id="m", final=True))
+    assert repeat == Applied("c", "m", "all")
+    assert repeat.opened is False
+
+
+def test_opened_is_per_id() -> None:
+    session = ProducerSession("c")
+    assert session.receive(ProducerEvent(id="a", delta="1")).opened is True
+    assert session.receive(ProducerEvent(id="b", delta="2")).opened is True
+    assert session.receive(ProducerEvent(id="a", delta="3")).opened is False
+
+
+# ------------------------------------------------------------ partial, channel_of
+
+
+def test_partial_of_unfinished_message() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="par"))
+    assert session.partial("m") == "par"
+    session.receive(ProducerEvent(id="m", delta="tial"))
+    assert session.partial("m") == "partial"
+
+
+def test_partial_of_opened_message_without_delta_is_empty() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m"))
+    assert session.partial("m") == ""
+
+
+def test_partial_is_none_for_unknown_and_completed_ids() -> None:
+    session = ProducerSession("c")
+    assert session.partial("unseen") is None
+    session.receive(ProducerEvent(id="m", delta="done", final=True))
+    assert session.partial("m") is None
+    assert session.assembler.get("m") == "done"
+
+
+def test_channel_of_unfinished_message() -> None:
+    session = ProducerSession("room")
+    session.receive(ProducerEvent(id="a", delta="1"))
+    session.receive(ProducerEvent(id="b", delta="2", channel="other"))
+    assert session.channel_of("a") == "room"
+    assert session.channel_of("b") == "other"
+
+
+def test_channel_of_is_none_for_unknown_and_completed_ids() -> None:
+    session = ProducerSession("room")
+    assert session.channel_of("unseen") is None
+    session.receive(ProducerEvent(id="m", delta="x"))
+    session.receive(ProducerEvent(id="m", final=True))
+    assert session.channel_of("m") is None
+
+
+def test_partial_and_channel_of_are_none_after_abort() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="x"), now=1.0)
+    session.expire(2.0)
+    assert session.partial("m") is None
+    assert session.channel_of("m") is None
+
+
+# ------------------------------------------------------------------------ expire
+
+
+def test_expire_aborts_only_messages_idle_before_the_deadline() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="old", delta="o"), now=1.0)
+    session.receive(ProducerEvent(id="fresh", delta="f", channel="x"), now=5.0)
+    assert session.expire(3.0) == [Unfinished("c", "old", "o")]
+    assert session.streaming_count == 1
+    assert session.partial("fresh") == "f"
+    assert session.partial("old") is None
+
+
+def test_expire_uses_the_last_event_not_the_first() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    session.receive(ProducerEvent(id="m", delta="b"), now=10.0)
+    assert session.expire(5.0) == []
+    assert session.partial("m") == "ab"
+    assert session.expire(11.0) == [Unfinished("c", "m", "ab")]
+
+
+def test_expire_keeps_a_message_whose_last_event_is_at_the_deadline() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=4.0)
+    assert session.expire(4.0) == []
+    assert session.streaming_count == 1
+    assert session.expire(4.5) == [Unfinished("c", "m", "a")]
+
+
+def test_expire_returns_every_stale_message_in_open_order_with_its_channel() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="b", delta="B"), now=1.0)
+    session.receive(ProducerEvent(id="a", channel="x"), now=2.0)
+    session.receive(ProducerEvent(id="b", delta="2"), now=3.0)
+    assert session.expire(10.0) == [Unfinished("c", "b", "B2"), Unfinished("x", "a", "")]
+    assert session.streaming_count == 0
+
+
+def test_expire_ignores_completed_messages() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="done", delta="d", final=True), now=1.0)
+    assert session.expire(100.0) == []
+    assert session.completed_count == 1
+    assert session.receive(ProducerEvent(id="done", final=True)) == Applied("c", "done", "d")
+
+
+def test_expire_with_nothing_open() -> None:
+    assert ProducerSession("c").expire(1.0) == []
+
+
+def test_rejected_event_does_not_refresh_the_idle_timer() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    with pytest.raises(FrameRejected):
+        session.receive(ProducerEvent(id="m", delta="X", channel="other"), now=9.0)
+    assert session.expire(5.0) == [Unfinished("c", "m", "a")]
+
+
+def test_event_for_aborted_id_is_rejected_and_changes_nothing() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="part"), now=1.0)
+    session.receive(ProducerEvent(id="other", delta="o"), now=9.0)
+    assert session.expire(5.0) == [Unfinished("c", "m", "part")]
+    for event in (
+        ProducerEvent(id="m", delta="late"),
+        ProducerEvent(id="m", delta="late", final=True),
+        ProducerEvent(id="m", final=True),
+        ProducerEvent(id="m"),
+    ):
+        with pytest.raises(FrameRejected) as info:
+            session.receive(event, now=10.0)
+        assert info.value.code is ErrorCode.MESSAGE_ABORTED
+        assert info.value.message_id == "m"
+        assert info.value.message == "message 'm' was aborted; send new text under a new id"
+    assert session.streaming_count == 1
+    assert session.completed_count == 0
+    assert session.partial("m") is None
+    assert session.channel_of("m") is None
+    assert session.assembler.get("m") is None
+    assert session.partial("other") == "o"
+
+
+def test_aborted_id_is_rejected_on_any_channel() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    session.expire(2.0)
+    with pytest.raises(FrameRejected) as info:
+        session.receive(ProducerEvent(id="m", delta="b", channel="elsewhere"))
+    assert info.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+def test_aborted_message_frees_a_streaming_slot() -> None:
+    session = ProducerSession("c", max_streaming=1)
+    session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
+    session.expire(2.0)
+    assert session.streaming_count == 0
+    assert session.receive(ProducerEvent(id="b", delta="2"), now=3.0) == Applied(
+        "c", "b", None, delta="2", opened=True, delta_wait=0.0, first_delta=True
+    )
+
+
+def test_aborted_ids_do_not_use_completed_memory() -> None:
+    session = ProducerSession("c", max_completed=1)
+    session.receive(ProducerEvent(id="done", delta="d", final=True), now=1.0)
+    session.receive(ProducerEvent(id="m", delta="x"), now=1.0)
+    session.expire(2.0)
+    assert session.completed_count == 1
+    assert session.receive(ProducerEvent(id="done", final=True)) == Applied("c", "done", "d")
+    with pytest.raises(FrameRejected) as info:
+        session.receive(ProducerEvent(id="m", delta="y"))
+    assert info.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+def test_aborted_memory_is_bounded_by_max_completed() -> None:
+    session = ProducerSession("c", max_completed=2)
+    for now, message_id in enumerate(["a", "b", "c"]):
+        session.receive(ProducerEvent(id=message_id, delta=message_id.upper()), now=float(now))
+        session.expire(float(now) + 0.5)
+    # "a" was aborted first and is forgotten: an event for it starts a fresh message.
+    assert session.receive(ProducerEvent(id="a", delta="new"), now=10.0) == Applied(
+        "c", "a", None, delta="new", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.partial("a") == "new"
+    assert session.receive(ProducerEvent(id="a", final=True), now=11.0) == Applied(
+        "c", "a", "new", True
+    )
+    for message_id in ("b", "c"):
+        with pytest.raises(FrameRejected) as info:
+            session.receive(ProducerEvent(id=message_id, delta="late"))
+        assert info.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+# ------------------------------------------------------------------- close (aborts)
+
+
+def test_close_returns_every_open_message_in_open_order() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="x", delta="1"), now=1.0)
+    session.receive(ProducerEvent(id="y", delta="2", channel="d"), now=2.0)
+    session.receive(ProducerEvent(id="z"), now=3.0)
+    assert session.close() == [
+        Unfinished("c", "x", "1"),
+        Unfinished("d", "y", "2"),
+        Unfinished("c", "z", ""),
+    ]
+    assert session.streaming_count == 0
+
+
+def test_close_with_only_completed_messages_returns_nothing() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="d", final=True))
+    assert session.close() == []
+    assert session.completed_count == 0
+
+
+def test_close_forgets_aborted_ids() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="old"), now=1.0)
+    session.expire(2.0)
+    session.close()
+    assert session.receive(ProducerEvent(id="m", delta="new"), now=3.0) == Applied(
+        "c", "m", None, delta="new", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.partial("m") == "new"
+
+
+# ---------------------------------------------------------- delta_wait, first_delta
+
+
+def test_first_delta_waits_from_the_first_event_even_without_a_delta() -> None:
+    session = ProducerSession("c")
+    assert session.receive(ProducerEvent(id="m"), now=1.0) == Applied("c", "m", None, opened=True)
+    assert session.receive(ProducerEvent(id="m"), now=2.0) == Applied("c", "m", None)
+    assert session.receive(ProducerEvent(id="m", delta="a"), now=4.5) == Applied(
+        "c", "m", None, delta="a", delta_wait=3.5, first_delta=True
+    )
+
+
+def test_first_delta_after_an_opening_empty_delta_waits_from_the_opening() -> None:
+    session = ProducerSession("c")
+    opened = session.receive(ProducerEvent(id="m", delta=""), now=2.0)
+    assert opened == Applied("c", "m", None, delta="", opened=True)
+    assert opened.delta_wait is None
+    assert opened.first_delta is False
+    assert session.receive(ProducerEvent(id="m", delta="x"), now=2.75) == Applied(
+        "c", "m", None, delta="x", delta_wait=0.75, first_delta=True
+    )
+
+
+def test_later_deltas_wait_from_the_previous_non_empty_delta() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    assert session.receive(ProducerEvent(id="m", delta="b"), now=1.5) == Applied(
+        "c", "m", None, delta="b", delta_wait=0.5
+    )
+    # Neither an empty delta nor an event without one restarts the wait.
+    assert session.receive(ProducerEvent(id="m", delta=""), now=2.0) == Applied(
+        "c", "m", None, delta=""
+    )
+    assert session.receive(ProducerEvent(id="m"), now=3.0) == Applied("c", "m", None)
+    assert session.receive(ProducerEvent(id="m", delta="c"), now=3.75) == Applied(
+        "c", "m", None, delta="c", delta_wait=2.25
+    )
+    assert session.receive(ProducerEvent(id="m", final=True), now=5.0) == Applied(
+        "c", "m", "abc", True
+    )
+
+
+def test_final_event_with_a_delta_reports_its_wait() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m"), now=1.0)
+    assert session.receive(ProducerEvent(id="m", delta="all", final=True), now=3.0) == Applied(
+        "c", "m", "all", True, delta="all", delta_wait=2.0, first_delta=True
+    )
+
+
+def test_one_shot_events_delta_wait() -> None:
+    session = ProducerSession("c")
+    with_delta = session.receive(ProducerEvent(id="a", delta="x", final=True), now=7.0)
+    assert with_delta.delta_wait == 0.0
+    assert with_delta.first_delta is True
+    empty = session.receive(ProducerEvent(id="b", delta="", final=True), now=8.0)
+    assert empty == Applied("c", "b", "", True, delta="", opened=True)
+    assert empty.delta_wait is None
+    assert empty.first_delta is False
+    bare = session.receive(ProducerEvent(id="c", final=True), now=9.0)
+    assert bare == Applied("c", "c", "", True, opened=True)
+    assert bare.delta_wait is None
+
+
+def test_events_on_completed_ids_have_no_delta_wait() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="m", delta="d", final=True), now=1.0)
+    late = session.receive(ProducerEvent(id="m", delta="late"), now=2.0)
+    again = session.receive(ProducerEvent(id="m", delta="again", final=True), now=3.0)
+    assert late == Applied("c", "m", None)
+    assert again == Applied("c", "m", "d")
+    assert (late.delta_wait, late.first_delta) == (None, False)
+    assert (again.delta_wait, again.first_delta) == (None, False)
+
+
+def test_delta_wait_is_per_message() -> None:
+    session = ProducerSession("c")
+    session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
+    session.receive(ProducerEvent(id="b"), now=2.0)
+    session.receive(ProducerEvent(id="a", delta="2"), now=4.0)
+    assert session.receive(ProducerEvent(id="b", delta="x"), now=6.0) == Applied(
+        "c", "b", None, delta="x", delta_wait=4.0, first_delta=True
+    )
+    assert session.receive(ProducerEvent(id="a", delta="3"), now=6.5) == Applied(
+        "c", "a", None, delta="3", delta_wait=2.5
+    )
+
+
+def test_a_rejected_delta_does_not_restart_the_wait() -> None:
+    session = ProducerSession("room")
+    session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
+    _rejected(session, ProducerEvent(id="m", delta="X", channel="other"), now=2.0)
+    assert session.receive(ProducerEvent(id="m", delta="b"), now=3.0) == Applied(
+        "room", "m", None, delta="b", delta_wait=2.0
+    )
+
+
+# ---------------------------------------------------------------------- max_chars
+
+
+def _too_large(session: ProducerSession, event: ProducerEvent, now: float = 0.0) -> MessageTooLarge:
+    with pytest.raises(MessageTooLarge) as info:
+        session.receive(event, now)
+    return info.value
+
+
+def test_delta_past_max_chars_aborts_the_message() -> None:
+    session = ProducerSession("c", max_chars=5)
+    session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
+    session.receive(ProducerEvent(id="m", delta="cd"), now=2.0)
+    error = _too_large(session, ProducerEvent(id="m", delta="efg"), now=3.0)
+    assert isinstance(error, FrameRejected)
+    assert error.unfinished == Unfinished("c", "m", "abcd")
+    assert error.code is ErrorCode.MESSAGE_TOO_LARGE
+    assert error.message_id == "m"
+    assert error.message == "a message may have at most 5 characters; it was aborted"
+    assert session.streaming_count == 0
+    assert session.completed_count == 0
+    assert session.partial("m") is None
+    assert session.channel_of("m") is None
+    assert session.assembler.get("m") is None
+    # Already aborted: neither expiry nor close reports it again.
+    assert session.expire(100.0) == []
+    assert session.close() == []
+
+
+def test_message_aborted_for_size_rejects_later_events() -> None:
+    session = ProducerSession("c", max_chars=3)
+    session.receive(ProducerEvent(id="m", delta="abc"), now=1.0)
+    _too_large(session, ProducerEvent(id="m", delta="d"), now=2.0)
+    for event in (
+        ProducerEvent(id="m", delta="x"),
+        ProducerEvent(id="m", delta="", final=True),
+        ProducerEvent(id="m", final=True),
+        ProducerEvent(id="m"),
+    ):
+        rejected = _rejected(session, event, now=3.0)
+        assert type(rejected) is FrameRejected
+        assert rejected.code is ErrorCode.MESSAGE_ABORTED
+        assert rejected.message_id == "m"
+    assert session.streaming_count == 0
+    assert session.completed_count == 0
+
+
+def test_final_event_past_max_chars_aborts_instead_of_completing() -> None:
+    session = ProducerSession("c", max_chars=4)
+    session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
+    error = _too_large(session, ProducerEvent(id="m", delta="cde", final=True), now=2.0)
+    assert error.unfinished == Unfinished("c", "m", "ab")
+    assert session.completed_count == 0
+    assert session.assembler.get("m") is None
+    assert _rejected(session, ProducerEvent(id="m", final=True)).code is ErrorCode.MESSAGE_ABORTED
+
+
+def test_max_chars_abort_leaves_other_messages_untouched() -> None:
+    session = ProducerSession("c", max_chars=4)
+    session.receive(ProducerEvent(id="big", delta="1234"), now=1.0)
+    session.receive(ProducerEvent(id="other", delta="xyz", channel="d"), now=2.0)
+    session.receive(ProducerEvent(id="done", delta="fin", final=True), now=3.0)
+    error = _too_large(session, ProducerEvent(id="big", delta="5"), now=4.0)
+    assert error.unfinished == Unfinished("c", "big", "1234")
+    assert session.streaming() == [("other", "d")]
+    assert session.partial("other") == "xyz"
+    assert session.completed_count == 1
+    assert session.receive(ProducerEvent(id="done", final=True), now=5.0) == Applied(
+        "c", "done", "fin"
+    )
+    assert session.receive(
+        ProducerEvent(id="other", delta="w", final=True, channel="d"), now=6.0
+    ) == Applied("d", "other", "xyzw", True, delta="w", delta_wait=4.0)
+
+
+def test_max_chars_counts_each_message_separately() -> None:
+    session = ProducerSession("c", max_chars=3)
+    session.receive(ProducerEvent(id="a", delta="aaa"), now=1.0)
+    session.receive(ProducerEvent(id="b", delta="bbb"), now=1.0)
+    assert session.receive(ProducerEvent(id="a", final=True), now=2.0).text == "aaa"
+    assert session.receive(ProducerEvent(id="b", final=True), now=2.0).text == "bbb"
+
+
+def test_exactly_max_chars_is_accepted() -> None:
+    session = ProducerSession("c", max_chars=5)
+    session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
+    assert session.receive(ProducerEvent(id="m", delta="cde"), now=2.0) == Applied(
+        "c", "m", None, delta="cde", delta_wait=1.0
+    )
+    # Empty deltas and events without one don't count towards the limit.
+    assert session.receive(ProducerEvent(id="m", delta=""), now=3.0) == Applied(
+        "c", "m", None, delta=""
+    )
+    assert session.receive(ProducerEvent(id="m", delta="", final=True), now=4.0) == Applied(
+        "c", "m", "abcde", True, delta=""
+    )
+    assert session.receive(ProducerEvent(id="one", delta="12345", final=True), now=5.0) == Applied(
+        "c", "one", "12345", True, delta="12345", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.receive(ProducerEvent(id="open", delta="12345"), now=6.0) == Applied(
+        "c", "open", None, delta="12345", opened=True, delta_wait=0.0, first_delta=True
+    )
+    error = _too_large(session, ProducerEvent(id="open", delta="6"), now=7.0)
+    assert error.unfinished == Unfinished("c", "open", "12345")
+
+
+def test_max_chars_counts_characters_not_bytes() -> None:
+    session = ProducerSession("c", max_chars=3)
+    session.receive(ProducerEvent(id="m", delta="é€"), now=1.0)
+    applied = session.receive(ProducerEvent(id="m", delta="👋", final=True), now=2.0)
+    assert applied.text == "é€👋"
+    session.receive(ProducerEvent(id="n", delta="ü"), now=3.0)
+    error = _too_large(session, ProducerEvent(id="n", delta="日本語"), now=4.0)
+    assert error.unfinished == Unfinished("c", "n", "ü")
+
+
+def test_new_event_whose_delta_alone_is_too_large_changes_nothing() -> None:
+    session = ProducerSession("c", max_chars=3)
+    session.receive(ProducerEvent(id="open", delta="o"), now=1.0)
+    for event in (
+        ProducerEvent(id="m", delta="abcd"),
+        ProducerEvent(id="m", delta="abcd", final=True),
+    ):
+        error = _too_large(session, event, now=2.0)
+        assert error.unfinished is None
+        assert error.code is ErrorCode.MESSAGE_TOO_LARGE
+        assert error.message == "a message may have at most 3 characters; nothing was applied"
+        assert session.streaming() == [("open", "c")]
+        assert session.completed_count == 0
+        assert session.partial("m") is None
+        assert session.assembler.get("m") is None
+    # The id was never opened, so it is not aborted: it may start afresh.
+    assert session.receive(ProducerEvent(id="m", delta="abc"), now=3.0) == Applied(
+        "c", "m", None, delta="abc", opened=True, delta_wait=0.0, first_delta=True
+    )
+    assert session.receive(ProducerEvent(id="open", final=True), now=4.0).text == "o"
+
+
+def test_too_large_new_event_names_its_id() -> None:
+    # ErrorFrame.id is "the event's id when it could be read": here it could.
+    session = ProducerSession("c", max_chars=3)
+    error = _too_large(session, ProducerEvent(id="m", delta="abcd"), now=1.0)
+    assert error.unfinished is None
+    assert error.message_id == "m"
+
+
+def test_too_large_delta_with_a_channel_mismatch_changes_nothing() -> None:
+    session = ProducerSession("room", max_chars=3)
+    session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
+    rejected = _rejected(session, ProducerEvent(id="m", delta="cdef", channel="other"), now=2.0)
+    assert type(rejected) is FrameRejected
+    assert rejected.code is ErrorCode.CHANNEL_MISMATCH
+    assert session.partial("m") == "ab"
+    assert session.receive(ProducerEvent(id="m", delta="c", final=True), now=3.0) == Applied(
+        "room", "m", "abc", True, delta="c", delta_wait=2.0
+    )

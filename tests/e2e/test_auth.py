@@ -1,0 +1,165 @@
+"""Tests for server.auth: minting and verifying connection tokens, and what a grant allows."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jwt
+import pytest
+from token_relay.core.errors import ErrorCode, FrameRejected, InvalidToken
+from token_relay.core.grants import OPEN, Grant, Role
+from token_relay.edge import tokens as auth
+from token_relay.edge.tokens import ALGORITHM, mint, verify
+
+SECRET = "test-secret-" + "x" * 64
+OTHER_SECRET = "another-secret-that-is-32-bytes-or-more"
+
+
+def _token(claims: dict[str, Any], secret: str = SECRET, algorithm: str = ALGORITHM) -> str:
+    return jwt.encode(claims, secret, algorithm=algorithm)
+
+
+def _future() -> int:
+    return int(time.time()) + 3600
+
+
+def _invalid(token: str, secret: str = SECRET) -> InvalidToken:
+    with pytest.raises(InvalidToken) as info:
+        verify(token, secret)
+    return info.value
+
+
+# ------------------------------------------------------------------ mint / verify
+
+
+def test_mint_verify_round_trip_produce() -> None:
+    token = mint(SECRET, Role.PRODUCE, ["chat-1", "room-*"], ttl=60)
+    assert verify(token, SECRET) == Grant(Role.PRODUCE, ("chat-1", "room-*"))
+
+
+def test_mint_verify_round_trip_subscribe() -> None:
+    grant = verify(mint(SECRET, Role.SUBSCRIBE, ["*"], ttl=60), SECRET)
+    assert grant.role is Role.SUBSCRIBE
+    assert grant.channels == ("*",)
+
+
+def test_mint_with_no_channels_grants_none() -> None:
+    grant = verify(mint(SECRET, Role.SUBSCRIBE, [], ttl=60), SECRET)
+    assert grant == Grant(Role.SUBSCRIBE, ())
+    assert grant.allows("chat-1") is False
+
+
+def test_minted_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auth.time, "time", lambda: 1000.75)
+    token = mint(SECRET, Role.PRODUCE, ["a"], ttl=90.5)
+    monkeypatch.undo()
+    claims = jwt.decode(token, SECRET, algorithms=[ALGORITHM], options={"verify_exp": False})
+    assert claims == {"role": "produce", "channels": ["a"], "exp": 1091}
+    assert jwt.get_unverified_header(token)["alg"] == "HS256"
+
+
+def test_expired_token_is_invalid() -> None:
+    _invalid(mint(SECRET, Role.PRODUCE, ["a"], ttl=-10))
+    _invalid(_token({"role": "produce", "channels": ["a"], "exp": int(time.time()) - 10}))
+
+
+def test_wrong_secret_is_invalid() -> None:
+    token = mint(SECRET, Role.PRODUCE, ["a"], ttl=60)
+    _invalid(token, OTHER_SECRET)
+
+
+def test_tampered_token_is_invalid() -> None:
+    token = mint(SECRET, Role.SUBSCRIBE, ["a"], ttl=60)
+    header, _, signature = token.split(".")
+    forged = _token({"role": "produce", "channels": ["*"], "exp": _future()}, OTHER_SECRET)
+    _invalid(f"{header}.{forged.split('.')[1]}.{signature}")
+
+
+def test_malformed_tokens_are_invalid() -> None:
+    for token in ("", "not-a-jwt", "a.b.c", "a.b"):
+        _invalid(token)
+
+
+def test_other_algorithms_are_invalid() -> None:
+    claims = {"role": "produce", "channels": ["a"], "exp": _future()}
+    _invalid(_token(claims, SECRET, algorithm="HS512"))
+    unsigned = jwt.encode(claims, None, algorithm="none")
+    _invalid(unsigned)
+
+
+def test_missing_exp_is_invalid() -> None:
+    _invalid(_token({"role": "produce", "channels": ["a"]}))
+
+
+def test_bad_role_is_invalid() -> None:
+    error = _invalid(_token({"role": "admin", "channels": ["a"], "exp": _future()}))
+    assert str(error) == "claim 'role' must be 'produce' or 'subscribe'"
+    _invalid(_token({"role": "PRODUCE", "channels": ["a"], "exp": _future()}))
+    _invalid(_token({"channels": ["a"], "exp": _future()}))
+    _invalid(_token({"role": None, "channels": ["a"], "exp": _future()}))
+
+
+def test_non_list_channels_are_invalid() -> None:
+    message = "claim 'channels' must be a list of names or patterns"
+    for channels in ("chat-1", {"chat-1": True}, None, 1, ["chat-1", 2], [["chat-1"]]):
+        error = _invalid(_token({"role": "subscribe", "channels": channels, "exp": _future()}))
+        assert str(error) == message
+    error = _invalid(_token({"role": "subscribe", "exp": _future()}))
+    assert str(error) == message
+
+
+# -------------------------------------------------------------------------- Grant
+
+
+def test_allows_exact_names() -> None:
+    grant = Grant(Role.SUBSCRIBE, ("chat-1", "room"))
+    assert grant.allows("chat-1") is True
+    assert grant.allows("room") is True
+    assert grant.allows("chat-2") is False
+    assert grant.allows("roo") is False
+    assert grant.allows("rooms") is False
+
+
+def test_allows_glob_patterns() -> None:
+    grant = Grant(Role.PRODUCE, ("chat-*",))
+    assert grant.allows("chat-1") is True
+    assert grant.allows("chat-abc-def") is True
+    assert grant.allows("other") is False
+    assert grant.allows("xchat-1") is False
+    assert grant.allows("Chat-1") is False
+
+
+def test_allows_other_glob_forms() -> None:
+    grant = Grant(Role.PRODUCE, ("room-?", "team-[ab]"))
+    assert grant.allows("room-1") is True
+    assert grant.allows("room-12") is False
+    assert grant.allows("team-a") is True
+    assert grant.allows("team-c") is False
+
+
+def test_star_and_open_allow_everything() -> None:
+    assert Grant(Role.SUBSCRIBE, ("*",)).allows("any/channel name") is True
+    assert Grant(Role.PRODUCE, ("*",)) == OPEN
+    assert OPEN.allows("x") is True
+
+
+def test_check_passes_for_a_granted_channel() -> None:
+    grant = Grant(Role.PRODUCE, ("chat-*",))
+    assert grant.check("chat-1", "m") is None
+
+
+def test_check_raises_forbidden_with_the_message_id() -> None:
+    grant = Grant(Role.PRODUCE, ("chat-*",))
+    with pytest.raises(FrameRejected) as info:
+        grant.check("other", "m")
+    assert info.value.code is ErrorCode.FORBIDDEN
+    assert info.value.message_id == "m"
+    assert info.value.message == "this connection's token does not grant channel 'other'"
+
+
+def test_check_without_a_message_id() -> None:
+    with pytest.raises(FrameRejected) as info:
+        Grant(Role.SUBSCRIBE, ()).check("chat-1")
+    assert info.value.code is ErrorCode.FORBIDDEN
+    assert info.value.message_id is None

@@ -1,0 +1,137 @@
+"""The Python client library against the real relay, through a proxy that cuts connections."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
+from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
+
+from ..conftest import RunningRelay, recv_json, start_relay
+from .proxy import Proxy
+
+
+def _port(running: RunningRelay) -> int:
+    return int(running.url.rsplit(":", 1)[1])
+
+
+async def test_producer_survives_cuts_mid_message_with_exact_text_once() -> None:
+    running, relay = await start_relay(session_grace=10)
+    tokens = [f"tok{n:03d} " for n in range(300)]
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c&deltas=1") as sub,
+        RelayProducer(proxy.url, channel="c") as producer,
+    ):
+        await recv_json(sub)
+        first_session = producer.session
+        for n, token in enumerate(tokens):
+            await producer.send("long", token)
+            if n in (50, 120, 200):
+                await asyncio.sleep(0.02)
+                assert proxy.cut() == 1
+            await asyncio.sleep(0.001)
+        ack = await asyncio.wait_for(producer.finish("long"), 15)
+        assert (ack.id, ack.channel) == ("long", "c")
+        assert producer.reconnects >= 3 and producer.session == first_session
+        deltas: list[str] = []
+        while (frame := await recv_json(sub))["type"] == "delta":
+            deltas.append(frame["delta"])
+        assert frame["type"] == "message" and frame["text"] == "".join(tokens)
+        assert deltas == tokens  # each delta exactly once, in order; no abort
+
+
+async def test_producer_streams_several_messages_and_hears_cancels(relay: RunningRelay) -> None:
+    async with (
+        relay.connect("/subscribe?channel=c") as sub,
+        RelayProducer(relay.url, channel="c") as producer,
+    ):
+        await recv_json(sub)
+        await producer.send("a", "alpha")
+        await producer.send("b", "beta")
+        await sub.send('{"type": "cancel", "channel": "c", "id": "b"}')
+        cancels = producer.cancellations()
+        cancel = await asyncio.wait_for(anext(cancels), 5)
+        assert (cancel.channel, cancel.id) == ("c", "b")
+        await producer.finish("b")
+        await producer.finish("a")
+        texts = {(await recv_json(sub))["id"]: None for _ in range(2)}
+        assert set(texts) == {"a", "b"}
+
+
+async def test_finish_fails_when_the_session_expired_meanwhile() -> None:
+    running, relay = await start_relay(session_grace=0.2)
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
+    ):
+        await producer.send("m", "doomed")
+        await asyncio.sleep(0.05)
+        proxy.cut()
+        with pytest.raises(MessageFailed) as failed:
+            await asyncio.wait_for(producer.finish("m"), 10)
+        assert failed.value.code == "message_aborted"
+
+
+async def test_subscriber_resumes_after_a_cut_without_gaps_or_duplicates() -> None:
+    running, relay = await start_relay()
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/produce?channel=c") as producer,
+        RelaySubscriber(proxy.url, ["c"], backoff=(0.3, 0.3)) as feed,
+    ):
+        frames: list[Any] = []
+        iterator = aiter(feed)
+
+        async def next_frame() -> Any:
+            frame = await asyncio.wait_for(anext(iterator), 10)
+            frames.append(frame)
+            return frame
+
+        assert isinstance(await next_frame(), Subscribed)
+        await producer.send('{"id": "m1", "delta": "one", "final": true}')
+        assert isinstance(await next_frame(), DeltaFrame)
+        assert (await next_frame()).text == "one"
+        await producer.send('{"id": "m2", "delta": "two ha"}')
+        assert isinstance(await next_frame(), DeltaFrame)
+        assert feed.text("c", "m2") == "two ha"
+        proxy.cut()
+        await producer.send('{"id": "m3", "delta": "three", "final": true}')
+        await producer.send('{"id": "m2", "delta": "lf", "final": true}')
+        for _ in range(2):
+            await recv_json(producer)
+        seen: dict[str, str] = {}
+        while len(seen) < 2:
+            frame = await next_frame()
+            if isinstance(frame, MessageFrame):
+                assert frame.id not in seen
+                seen[frame.id] = frame.text
+        assert seen == {"m3": "three", "m2": "two half"}
+        assert feed.reconnects >= 1
+        resumed = [f for f in frames if isinstance(f, Subscribed)]
+        assert resumed[-1].recovered is True
+        assert not any(isinstance(f, Aborted) for f in frames)
+        assert [f.offset for f in frames if isinstance(f, MessageFrame)] == [1, 2, 3]
+
+
+async def test_producer_rides_out_the_rate_limit_without_losing_or_doubling_text() -> None:
+    running, relay = await start_relay(max_events_per_second=40)
+    tokens = [f"t{n} " for n in range(60)]
+    async with (
+        relay,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(running.url, channel="c") as producer,
+    ):
+        await recv_json(sub)
+        for token in tokens:
+            await producer.send("m", token)
+        ack = await asyncio.wait_for(producer.finish("m"), 20)
+        assert ack.id == "m"
+        message = await recv_json(sub, 10)
+        assert message["text"] == "".join(tokens)
+        assert relay.metrics.errors.labels("rate_limited")._value.get() > 0

@@ -1,0 +1,209 @@
+"""End to end across processes: two relays on one real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import pytest
+from token_relay.testing import RedisServer, ServiceProcess, relay_process
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from ..conftest import assert_silent, open_producer, recv_json, send_json
+
+
+@pytest.fixture
+async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[ServiceProcess, ServiceProcess]]:
+    flags = ("--broker", redis_server.url, "--idle-timeout", "30")
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        yield a, b
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def _subscribed(url: str, query: str = "channel=c") -> ClientConnection:
+    ws = await connect(f"{url}/subscribe?{query}")
+    confirmation = await recv_json(ws)
+    assert confirmation["type"] == "subscribed"
+    return ws
+
+
+async def _eventually(probe: Callable[[], Coroutine[Any, Any, bool]], wait: float = 15) -> None:
+    async with asyncio.timeout(wait):
+        while not await probe():  # noqa: ASYNC110 - polls another process over HTTP
+            await asyncio.sleep(0.1)
+
+
+async def test_producer_on_a_reaches_subscribers_on_a_and_b_exactly_once(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    subscribers = [await _subscribed(url) for url in (a.url, a.url, b.url, b.url)]
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+        for i in range(5):
+            await send_json(producer, {"id": f"m{i}", "delta": f"text {i} é🚀"})
+            await send_json(producer, {"id": f"m{i}", "final": True})
+            assert await recv_json(producer) == {"type": "ack", "id": f"m{i}", "channel": "c"}
+    epochs = set()
+    for ws in subscribers:
+        frames = [await recv_json(ws) for _ in range(5)]
+        assert [(f["type"], f["id"], f["text"], f["offset"]) for f in frames] == [
+            ("message", f"m{i}", f"text {i} é🚀", i + 1) for i in range(5)
+        ]
+        epochs |= {f["epoch"] for f in frames}
+        await assert_silent(ws, 0.2)
+        await ws.close()
+    assert len(epochs) == 1
+
+
+async def test_deltas_and_snapshot_across_instances(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    watcher = await _subscribed(a.url, "channel=c&deltas=1")
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+        await send_json(producer, {"id": "m", "delta": "Hel"})
+        # Once a's own subscriber has the delta, it has passed through Redis.
+        assert (await recv_json(watcher))["delta"] == "Hel"
+        late = await _subscribed(b.url, "channel=c&deltas=1")
+        assert await recv_json(late) == {
+            "type": "snapshot",
+            "channel": "c",
+            "id": "m",
+            "text": "Hel",
+        }
+        await send_json(producer, {"id": "m", "delta": "lo", "final": True})
+        assert await recv_json(late) == {"type": "delta", "channel": "c", "id": "m", "delta": "lo"}
+        final = await recv_json(late)
+        assert (final["type"], final["text"]) == ("message", "Hello")
+    await watcher.close()
+    await late.close()
+
+
+async def test_resume_on_b_after_being_on_a(pair: tuple[ServiceProcess, ServiceProcess]) -> None:
+    a, b = pair
+    first = await connect(f"{a.url}/subscribe")
+    await send_json(first, {"type": "subscribe", "channel": "c"})
+    epoch = (await recv_json(first))["epoch"]
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+        for i in range(2):
+            await send_json(producer, {"id": f"m{i}", "delta": f"t{i}", "final": True})
+            await recv_json(producer)
+        assert [(await recv_json(first))["offset"] for _ in range(2)] == [1, 2]
+        await first.close()
+        for i in range(2, 4):
+            await send_json(producer, {"id": f"m{i}", "delta": f"t{i}", "final": True})
+            await recv_json(producer)
+        async with connect(f"{b.url}/subscribe") as again:
+            await send_json(
+                again, {"type": "subscribe", "channel": "c", "since": {"offset": 2, "epoch": epoch}}
+            )
+            assert await recv_json(again) == {
+                "type": "subscribed",
+                "channel": "c",
+                "offset": 4,
+                "epoch": epoch,
+                "recovered": True,
+            }
+            replayed = [await recv_json(again) for _ in range(2)]
+            assert [(f["id"], f["offset"]) for f in replayed] == [("m2", 3), ("m3", 4)]
+            await send_json(producer, {"id": "m4", "delta": "t4", "final": True})
+            live = await recv_json(again)
+            assert (live["id"], live["offset"]) == ("m4", 5)
+            await assert_silent(again, 0.2)
+
+
+async def test_cancel_is_routed_across_instances(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    watcher = await _subscribed(b.url, "channel=c&deltas=1")
+    async with (
+        open_producer(f"{a.url}/produce?channel=c") as owner,
+        open_producer(f"{b.url}/produce?channel=c") as bystander,
+    ):
+        await send_json(owner, {"id": "long", "delta": "thinking"})
+        await send_json(bystander, {"id": "other", "delta": "busy"})
+        seen = {(await recv_json(watcher))["id"] for _ in range(2)}
+        assert seen == {"long", "other"}
+        await send_json(watcher, {"type": "cancel", "channel": "c", "id": "long"})
+        assert await recv_json(owner) == {"type": "cancel", "channel": "c", "id": "long"}
+        await assert_silent(bystander, 0.3)
+        await send_json(watcher, {"type": "cancel", "channel": "c", "id": "missing"})
+        assert (await recv_json(watcher))["code"] == "unknown_message"
+    await watcher.close()
+
+
+async def test_redis_killed_mid_stream_and_restarted(
+    pair: tuple[ServiceProcess, ServiceProcess], redis_server: RedisServer
+) -> None:
+    a, b = pair
+    assert await a.http_status("/readyz") == 200
+    watcher = await _subscribed(b.url, "channel=c&deltas=1")
+    old_epoch = None
+    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+        await send_json(producer, {"id": "before", "delta": "safe", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+        await send_json(producer, {"id": "m", "delta": "part one, "})
+        frames = [await recv_json(watcher) for _ in range(3)]
+        old_epoch = frames[1]["epoch"]
+        assert frames[2]["delta"] == "part one, "
+
+        redis_server.kill()
+
+        async def not_ready() -> bool:
+            return await a.http_status("/readyz") == 503
+
+        await _eventually(not_ready)
+        assert await a.http_status("/healthz") == 200
+        await send_json(producer, {"id": "m", "delta": "part two"})
+        await send_json(producer, {"id": "m", "final": True})
+        error = await recv_json(producer)
+        assert (error["type"], error["code"], error["id"]) == ("error", "broker_unavailable", "m")
+
+        redis_server.start()
+
+        async def ready() -> bool:
+            return await a.http_status("/readyz") == 200 and await b.http_status("/readyz") == 200
+
+        await _eventually(ready)
+        # Subscribers are told to resume: what was published meanwhile may be missing.
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await recv_json(watcher, 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+
+        async with connect(f"{b.url}/subscribe") as again:
+            await send_json(
+                again,
+                {"type": "subscribe", "channel": "c", "since": {"offset": 1, "epoch": old_epoch}},
+            )
+            gap = await recv_json(again)
+            assert gap["recovered"] is False and gap["epoch"] != old_epoch
+            # The producer retries its final; nothing it sent was lost.
+            await send_json(producer, {"id": "m", "final": True})
+            assert await recv_json(producer) == {"type": "ack", "id": "m", "channel": "c"}
+            message = await recv_json(again)
+            assert (message["type"], message["text"]) == ("message", "part one, part two")
+    assert a.alive and b.alive
+
+
+async def test_workers_share_one_port_through_redis(redis_server: RedisServer) -> None:
+    relay = await relay_process("--workers", "2", "--broker", redis_server.url).start()
+    try:
+        subscribers = [await _subscribed(relay.url) for _ in range(8)]
+        async with open_producer(f"{relay.url}/produce?channel=c") as producer:
+            await send_json(producer, {"id": "m", "delta": "to every worker", "final": True})
+            assert (await recv_json(producer))["type"] == "ack"
+        for ws in subscribers:
+            assert (await recv_json(ws))["text"] == "to every worker"
+            await ws.close()
+        assert relay.process is not None
+        relay.process.terminate()
+        assert await asyncio.wait_for(relay.process.wait(), 15) == 0
+    finally:
+        await relay.stop()
