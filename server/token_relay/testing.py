@@ -64,7 +64,7 @@ def cpu_seconds(pid: int) -> float:
 
 async def eventually(
     condition: Callable[[], bool | Awaitable[bool]],
-    timeout: float = 5.0,
+    timeout: float = 5.0,  # noqa: ASYNC109 - a bound on polling, not on one await
     interval: float = 0.01,
     what: str = "condition",
 ) -> None:
@@ -197,7 +197,7 @@ class ServiceProcess:
         while line := await stderr.readline():
             self.lines.append(line.decode(errors="replace"))
 
-    async def wait(self, timeout: float = STOP_TIMEOUT) -> int:
+    async def wait(self, timeout: float = STOP_TIMEOUT) -> int:  # noqa: ASYNC109
         """Wait for the process to exit and its log to be read; returns its exit code."""
         assert self.process is not None
         code = await asyncio.wait_for(self.process.wait(), timeout)
@@ -206,7 +206,7 @@ class ServiceProcess:
                 await asyncio.wait_for(self._reader, STOP_TIMEOUT)
         return code
 
-    async def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
+    async def terminate(self, timeout: float = STOP_TIMEOUT) -> int:  # noqa: ASYNC109
         """SIGTERM, then SIGKILL if it has not exited within ``timeout``; returns the code."""
         if self.process is None:
             return 0

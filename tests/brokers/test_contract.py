@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from token_relay.brokers import Broker, CatchUp, FrameKind, LiveMessage, open_broker
+from token_relay.core.events import Delta
 from token_relay.core.protocol import (
     Aborted,
     AbortReason,
@@ -32,6 +33,9 @@ class Recorder:
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         text = payload.decode() if isinstance(payload, bytes) else payload
         self.frames.append((channel, kind, seq, text))
+
+    def on_delta(self, channel: str, seq: int, delta: Delta) -> None:
+        self.frames.append((channel, FrameKind.DELTA, seq, delta.render().decode()))
 
     def on_cancel(self, owner: str, payload: str | bytes) -> None:
         self.cancels.append((owner, payload.decode() if isinstance(payload, bytes) else payload))

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.protocol import ProducerEvent, decode_producer_event
-from token_relay.core.streams import Applied, MessageTooLarge, ProducerSession, Unfinished
+from token_relay.core.streams import (
+    TRANSITIONS,
+    Applied,
+    MessageStreams,
+    Overflow,
+    Phase,
+    Unfinished,
+)
 
 
-def _rejected(session: ProducerSession, event: ProducerEvent, now: float = 0.0) -> FrameRejected:
+def _rejected(session: MessageStreams, event: ProducerEvent, now: float = 0.0) -> FrameRejected:
     with pytest.raises(FrameRejected) as info:
         session.receive(event, now)
     return info.value
@@ -18,7 +27,7 @@ def _rejected(session: ProducerSession, event: ProducerEvent, now: float = 0.0) 
 
 
 def test_default_channel_is_used() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     assert session.receive(ProducerEvent(id="m", delta="hi"), now=1.0) == Applied(
         "room", "m", None, delta="hi", opened=True, delta_wait=0.0, first_delta=True
     )
@@ -28,7 +37,7 @@ def test_default_channel_is_used() -> None:
 
 
 def test_event_channel_overrides_default() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     applied = session.receive(
         ProducerEvent(id="m", delta="x", final=True, channel="other"), now=1.0
     )
@@ -38,21 +47,21 @@ def test_event_channel_overrides_default() -> None:
 
 
 def test_event_channel_without_default() -> None:
-    session = ProducerSession()
+    session = MessageStreams()
     assert session.receive(decode_producer_event('{"id": "m", "channel": "c"}')) == Applied(
         "c", "m", None, opened=True
     )
 
 
 def test_naming_the_default_channel_explicitly_is_not_a_mismatch() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
     applied = session.receive(ProducerEvent(id="m", delta="b", final=True, channel="room"), now=3.5)
     assert applied == Applied("room", "m", "ab", True, delta="b", delta_wait=2.5)
 
 
 def test_channel_required_when_neither() -> None:
-    session = ProducerSession()
+    session = MessageStreams()
     rejected = _rejected(session, ProducerEvent(id="m", delta="lost"))
     assert rejected.code is ErrorCode.CHANNEL_REQUIRED
     assert rejected.message_id == "m"
@@ -65,7 +74,7 @@ def test_channel_required_when_neither() -> None:
 
 
 def test_channel_mismatch_on_streaming_id() -> None:
-    session = ProducerSession()
+    session = MessageStreams()
     session.receive(ProducerEvent(id="m", delta="a", channel="c1"), now=1.0)
     rejected = _rejected(
         session, ProducerEvent(id="m", delta="X", final=True, channel="c2"), now=2.0
@@ -82,7 +91,7 @@ def test_channel_mismatch_on_streaming_id() -> None:
 
 
 def test_channel_mismatch_against_default_channel() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     session.receive(ProducerEvent(id="m", delta="a"))
     rejected = _rejected(session, ProducerEvent(id="m", delta="X", channel="other"))
     assert rejected.code is ErrorCode.CHANNEL_MISMATCH
@@ -90,7 +99,7 @@ def test_channel_mismatch_against_default_channel() -> None:
 
 
 def test_channel_mismatch_on_completed_id() -> None:
-    session = ProducerSession()
+    session = MessageStreams()
     session.receive(ProducerEvent(id="m", delta="done", final=True, channel="c1"))
     rejected = _rejected(session, ProducerEvent(id="m", final=True, channel="c2"))
     assert rejected.code is ErrorCode.CHANNEL_MISMATCH
@@ -108,7 +117,7 @@ def test_channel_mismatch_on_completed_id() -> None:
 
 
 def test_first_completion_true_only_once() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="hel"), now=1.0)
     first = session.receive(ProducerEvent(id="m", delta="lo", final=True), now=1.25)
     second = session.receive(ProducerEvent(id="m", delta="ignored", final=True), now=2.0)
@@ -119,7 +128,7 @@ def test_first_completion_true_only_once() -> None:
 
 
 def test_non_final_after_completion_changes_nothing() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="done", final=True))
     assert session.receive(ProducerEvent(id="m", delta="more")) == Applied("c", "m", None, False)
     assert session.assembler.get("m") == "done"
@@ -128,7 +137,7 @@ def test_non_final_after_completion_changes_nothing() -> None:
 
 
 def test_final_of_unseen_id_completes_empty() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     assert session.receive(ProducerEvent(id="m", final=True)) == Applied(
         "c", "m", "", True, opened=True
     )
@@ -136,7 +145,7 @@ def test_final_of_unseen_id_completes_empty() -> None:
 
 
 def test_empty_deltas_kept() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     first = session.receive(decode_producer_event('{"id": "m", "delta": ""}'))
     assert first == Applied("c", "m", None, delta="", opened=True)
     assert session.streaming_count == 1
@@ -146,7 +155,7 @@ def test_empty_deltas_kept() -> None:
 
 
 def test_interleaved_messages_on_different_channels() -> None:
-    session = ProducerSession("default")
+    session = MessageStreams("default")
     session.receive(ProducerEvent(id="a", delta="A1", channel="x"))
     session.receive(ProducerEvent(id="b", delta="B1"))
     session.receive(ProducerEvent(id="a", delta="A2", channel="x"))
@@ -160,7 +169,7 @@ def test_interleaved_messages_on_different_channels() -> None:
 
 
 def test_too_many_messages_at_max_streaming() -> None:
-    session = ProducerSession("c", max_streaming=2)
+    session = MessageStreams("c", max_streaming=2)
     session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
     session.receive(ProducerEvent(id="b", delta="2"), now=2.0)
     rejected = _rejected(session, ProducerEvent(id="c", delta="3"), now=3.0)
@@ -176,7 +185,7 @@ def test_too_many_messages_at_max_streaming() -> None:
 
 
 def test_finished_message_frees_a_slot() -> None:
-    session = ProducerSession("c", max_streaming=1)
+    session = MessageStreams("c", max_streaming=1)
     session.receive(ProducerEvent(id="a", delta="1"))
     with pytest.raises(FrameRejected):
         session.receive(ProducerEvent(id="b", delta="2"))
@@ -189,7 +198,7 @@ def test_finished_message_frees_a_slot() -> None:
 
 
 def test_one_shot_final_passes_at_the_streaming_limit() -> None:
-    session = ProducerSession("c", max_streaming=1)
+    session = MessageStreams("c", max_streaming=1)
     session.receive(ProducerEvent(id="open", delta="o"), now=1.0)
     assert session.receive(ProducerEvent(id="once", delta="whole", final=True), now=2.0) == Applied(
         "c", "once", "whole", True, delta="whole", opened=True, delta_wait=0.0, first_delta=True
@@ -198,14 +207,14 @@ def test_one_shot_final_passes_at_the_streaming_limit() -> None:
 
 
 def test_events_for_completed_ids_are_accepted_at_the_streaming_limit() -> None:
-    session = ProducerSession("c", max_streaming=1)
+    session = MessageStreams("c", max_streaming=1)
     session.receive(ProducerEvent(id="done", delta="d", final=True))
     session.receive(ProducerEvent(id="open", delta="o"))
     assert session.receive(ProducerEvent(id="done", final=True)) == Applied("c", "done", "d", False)
 
 
 def test_max_completed_evicts_least_recently_used() -> None:
-    session = ProducerSession("c", max_completed=2)
+    session = MessageStreams("c", max_completed=2)
     session.receive(ProducerEvent(id="a", delta="A", final=True))
     session.receive(ProducerEvent(id="b", delta="B", final=True))
     session.receive(ProducerEvent(id="c", delta="C", final=True))
@@ -222,7 +231,7 @@ def test_max_completed_evicts_least_recently_used() -> None:
 
 
 def test_evicted_id_may_start_on_another_channel() -> None:
-    session = ProducerSession(max_completed=1)
+    session = MessageStreams(max_completed=1)
     session.receive(ProducerEvent(id="a", delta="A", final=True, channel="c1"))
     session.receive(ProducerEvent(id="b", delta="B", final=True, channel="c1"))
     applied = session.receive(ProducerEvent(id="a", delta="x", final=True, channel="c2"), now=1.0)
@@ -232,7 +241,7 @@ def test_evicted_id_may_start_on_another_channel() -> None:
 
 
 def test_repeated_final_refreshes_lru_position() -> None:
-    session = ProducerSession("c", max_completed=2)
+    session = MessageStreams("c", max_completed=2)
     session.receive(ProducerEvent(id="a", delta="A", final=True))
     session.receive(ProducerEvent(id="b", delta="B", final=True))
     assert session.receive(ProducerEvent(id="a", final=True)) == Applied("c", "a", "A", False)
@@ -247,7 +256,7 @@ def test_repeated_final_refreshes_lru_position() -> None:
 
 
 def test_non_final_event_does_not_refresh_lru_position() -> None:
-    session = ProducerSession("c", max_completed=2)
+    session = MessageStreams("c", max_completed=2)
     session.receive(ProducerEvent(id="a", delta="A", final=True))
     session.receive(ProducerEvent(id="b", delta="B", final=True))
     session.receive(ProducerEvent(id="a", delta="ignored"))
@@ -258,18 +267,18 @@ def test_non_final_event_does_not_refresh_lru_position() -> None:
 
 def test_limits_below_one_are_refused() -> None:
     with pytest.raises(ValueError):
-        ProducerSession("c", max_streaming=0)
+        MessageStreams("c", max_streaming=0)
     with pytest.raises(ValueError):
-        ProducerSession("c", max_completed=0)
+        MessageStreams("c", max_completed=0)
     with pytest.raises(ValueError):
-        ProducerSession("c", max_chars=0)
+        MessageStreams("c", max_chars=0)
 
 
 # -------------------------------------------------------------------------- close
 
 
 def test_close_returns_unfinished_and_frees_state() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="a", delta="par"))
     session.receive(ProducerEvent(id="b", channel="other"))
     session.receive(ProducerEvent(id="done", delta="D", final=True))
@@ -283,7 +292,7 @@ def test_close_returns_unfinished_and_frees_state() -> None:
 
 
 def test_close_then_ids_start_afresh() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="a", delta="old", final=True))
     session.receive(ProducerEvent(id="b", delta="old"))
     session.close()
@@ -296,8 +305,8 @@ def test_close_then_ids_start_afresh() -> None:
 
 
 def test_two_sessions_with_same_id_do_not_mix() -> None:
-    first = ProducerSession("c")
-    second = ProducerSession("c")
+    first = MessageStreams("c")
+    second = MessageStreams("c")
     first.receive(ProducerEvent(id="m", delta="one"))
     second.receive(ProducerEvent(id="m", delta="two"))
     first.receive(ProducerEvent(id="m", delta="1"))
@@ -310,7 +319,7 @@ def test_two_sessions_with_same_id_do_not_mix() -> None:
 
 
 def test_delta_reports_each_appended_delta() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     assert session.receive(ProducerEvent(id="m", delta="he"), now=1.0) == Applied(
         "c", "m", None, delta="he", opened=True, delta_wait=0.0, first_delta=True
     )
@@ -326,7 +335,7 @@ def test_delta_reports_each_appended_delta() -> None:
 
 
 def test_delta_is_none_without_a_delta_key() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     opened = session.receive(ProducerEvent(id="m"))
     assert opened == Applied("c", "m", None, opened=True)
     assert opened.delta is None
@@ -338,7 +347,7 @@ def test_delta_is_none_without_a_delta_key() -> None:
 
 
 def test_delta_is_none_for_events_on_completed_ids() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="done", final=True))
     late = session.receive(ProducerEvent(id="m", delta="late"))
     assert late == Applied("c", "m", None)
@@ -352,7 +361,7 @@ def test_delta_is_none_for_events_on_completed_ids() -> None:
 
 
 def test_opened_only_on_first_event() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     results = [
         session.receive(ProducerEvent(id="m", delta="a")),
         session.receive(ProducerEvent(id="m", delta="b")),
@@ -364,7 +373,7 @@ def test_opened_only_on_first_event() -> None:
 
 
 def test_opened_true_for_a_one_shot_final() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     once = session.receive(ProducerEvent(id="m", delta="all", final=True), now=1.0)
     assert once == Applied(
         "c", "m", "all", True, delta="all", opened=True, delta_wait=0.0, first_delta=True
@@ -375,7 +384,7 @@ def test_opened_true_for_a_one_shot_final() -> None:
 
 
 def test_opened_is_per_id() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     assert session.receive(ProducerEvent(id="a", delta="1")).opened is True
     assert session.receive(ProducerEvent(id="b", delta="2")).opened is True
     assert session.receive(ProducerEvent(id="a", delta="3")).opened is False
@@ -385,7 +394,7 @@ def test_opened_is_per_id() -> None:
 
 
 def test_partial_of_unfinished_message() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="par"))
     assert session.partial("m") == "par"
     session.receive(ProducerEvent(id="m", delta="tial"))
@@ -393,13 +402,13 @@ def test_partial_of_unfinished_message() -> None:
 
 
 def test_partial_of_opened_message_without_delta_is_empty() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m"))
     assert session.partial("m") == ""
 
 
 def test_partial_is_none_for_unknown_and_completed_ids() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     assert session.partial("unseen") is None
     session.receive(ProducerEvent(id="m", delta="done", final=True))
     assert session.partial("m") is None
@@ -407,7 +416,7 @@ def test_partial_is_none_for_unknown_and_completed_ids() -> None:
 
 
 def test_channel_of_unfinished_message() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     session.receive(ProducerEvent(id="a", delta="1"))
     session.receive(ProducerEvent(id="b", delta="2", channel="other"))
     assert session.channel_of("a") == "room"
@@ -415,7 +424,7 @@ def test_channel_of_unfinished_message() -> None:
 
 
 def test_channel_of_is_none_for_unknown_and_completed_ids() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     assert session.channel_of("unseen") is None
     session.receive(ProducerEvent(id="m", delta="x"))
     session.receive(ProducerEvent(id="m", final=True))
@@ -423,7 +432,7 @@ def test_channel_of_is_none_for_unknown_and_completed_ids() -> None:
 
 
 def test_partial_and_channel_of_are_none_after_abort() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="x"), now=1.0)
     session.expire(2.0)
     assert session.partial("m") is None
@@ -434,7 +443,7 @@ def test_partial_and_channel_of_are_none_after_abort() -> None:
 
 
 def test_expire_aborts_only_messages_idle_before_the_deadline() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="old", delta="o"), now=1.0)
     session.receive(ProducerEvent(id="fresh", delta="f", channel="x"), now=5.0)
     assert session.expire(3.0) == [Unfinished("c", "old", "o")]
@@ -444,7 +453,7 @@ def test_expire_aborts_only_messages_idle_before_the_deadline() -> None:
 
 
 def test_expire_uses_the_last_event_not_the_first() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
     session.receive(ProducerEvent(id="m", delta="b"), now=10.0)
     assert session.expire(5.0) == []
@@ -453,7 +462,7 @@ def test_expire_uses_the_last_event_not_the_first() -> None:
 
 
 def test_expire_keeps_a_message_whose_last_event_is_at_the_deadline() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="a"), now=4.0)
     assert session.expire(4.0) == []
     assert session.streaming_count == 1
@@ -461,7 +470,7 @@ def test_expire_keeps_a_message_whose_last_event_is_at_the_deadline() -> None:
 
 
 def test_expire_returns_every_stale_message_in_open_order_with_its_channel() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="b", delta="B"), now=1.0)
     session.receive(ProducerEvent(id="a", channel="x"), now=2.0)
     session.receive(ProducerEvent(id="b", delta="2"), now=3.0)
@@ -470,7 +479,7 @@ def test_expire_returns_every_stale_message_in_open_order_with_its_channel() -> 
 
 
 def test_expire_ignores_completed_messages() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="done", delta="d", final=True), now=1.0)
     assert session.expire(100.0) == []
     assert session.completed_count == 1
@@ -478,11 +487,11 @@ def test_expire_ignores_completed_messages() -> None:
 
 
 def test_expire_with_nothing_open() -> None:
-    assert ProducerSession("c").expire(1.0) == []
+    assert MessageStreams("c").expire(1.0) == []
 
 
 def test_rejected_event_does_not_refresh_the_idle_timer() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
     with pytest.raises(FrameRejected):
         session.receive(ProducerEvent(id="m", delta="X", channel="other"), now=9.0)
@@ -490,7 +499,7 @@ def test_rejected_event_does_not_refresh_the_idle_timer() -> None:
 
 
 def test_event_for_aborted_id_is_rejected_and_changes_nothing() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="part"), now=1.0)
     session.receive(ProducerEvent(id="other", delta="o"), now=9.0)
     assert session.expire(5.0) == [Unfinished("c", "m", "part")]
@@ -514,7 +523,7 @@ def test_event_for_aborted_id_is_rejected_and_changes_nothing() -> None:
 
 
 def test_aborted_id_is_rejected_on_any_channel() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
     session.expire(2.0)
     with pytest.raises(FrameRejected) as info:
@@ -523,7 +532,7 @@ def test_aborted_id_is_rejected_on_any_channel() -> None:
 
 
 def test_aborted_message_frees_a_streaming_slot() -> None:
-    session = ProducerSession("c", max_streaming=1)
+    session = MessageStreams("c", max_streaming=1)
     session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
     session.expire(2.0)
     assert session.streaming_count == 0
@@ -533,7 +542,7 @@ def test_aborted_message_frees_a_streaming_slot() -> None:
 
 
 def test_aborted_ids_do_not_use_completed_memory() -> None:
-    session = ProducerSession("c", max_completed=1)
+    session = MessageStreams("c", max_completed=1)
     session.receive(ProducerEvent(id="done", delta="d", final=True), now=1.0)
     session.receive(ProducerEvent(id="m", delta="x"), now=1.0)
     session.expire(2.0)
@@ -545,7 +554,7 @@ def test_aborted_ids_do_not_use_completed_memory() -> None:
 
 
 def test_aborted_memory_is_bounded_by_max_completed() -> None:
-    session = ProducerSession("c", max_completed=2)
+    session = MessageStreams("c", max_completed=2)
     for now, message_id in enumerate(["a", "b", "c"]):
         session.receive(ProducerEvent(id=message_id, delta=message_id.upper()), now=float(now))
         session.expire(float(now) + 0.5)
@@ -567,7 +576,7 @@ def test_aborted_memory_is_bounded_by_max_completed() -> None:
 
 
 def test_close_returns_every_open_message_in_open_order() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="x", delta="1"), now=1.0)
     session.receive(ProducerEvent(id="y", delta="2", channel="d"), now=2.0)
     session.receive(ProducerEvent(id="z"), now=3.0)
@@ -580,14 +589,14 @@ def test_close_returns_every_open_message_in_open_order() -> None:
 
 
 def test_close_with_only_completed_messages_returns_nothing() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="d", final=True))
     assert session.close() == []
     assert session.completed_count == 0
 
 
 def test_close_forgets_aborted_ids() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="old"), now=1.0)
     session.expire(2.0)
     session.close()
@@ -601,7 +610,7 @@ def test_close_forgets_aborted_ids() -> None:
 
 
 def test_first_delta_waits_from_the_first_event_even_without_a_delta() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     assert session.receive(ProducerEvent(id="m"), now=1.0) == Applied("c", "m", None, opened=True)
     assert session.receive(ProducerEvent(id="m"), now=2.0) == Applied("c", "m", None)
     assert session.receive(ProducerEvent(id="m", delta="a"), now=4.5) == Applied(
@@ -610,7 +619,7 @@ def test_first_delta_waits_from_the_first_event_even_without_a_delta() -> None:
 
 
 def test_first_delta_after_an_opening_empty_delta_waits_from_the_opening() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     opened = session.receive(ProducerEvent(id="m", delta=""), now=2.0)
     assert opened == Applied("c", "m", None, delta="", opened=True)
     assert opened.delta_wait is None
@@ -621,7 +630,7 @@ def test_first_delta_after_an_opening_empty_delta_waits_from_the_opening() -> No
 
 
 def test_later_deltas_wait_from_the_previous_non_empty_delta() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
     assert session.receive(ProducerEvent(id="m", delta="b"), now=1.5) == Applied(
         "c", "m", None, delta="b", delta_wait=0.5
@@ -640,7 +649,7 @@ def test_later_deltas_wait_from_the_previous_non_empty_delta() -> None:
 
 
 def test_final_event_with_a_delta_reports_its_wait() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m"), now=1.0)
     assert session.receive(ProducerEvent(id="m", delta="all", final=True), now=3.0) == Applied(
         "c", "m", "all", True, delta="all", delta_wait=2.0, first_delta=True
@@ -648,7 +657,7 @@ def test_final_event_with_a_delta_reports_its_wait() -> None:
 
 
 def test_one_shot_events_delta_wait() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     with_delta = session.receive(ProducerEvent(id="a", delta="x", final=True), now=7.0)
     assert with_delta.delta_wait == 0.0
     assert with_delta.first_delta is True
@@ -662,7 +671,7 @@ def test_one_shot_events_delta_wait() -> None:
 
 
 def test_events_on_completed_ids_have_no_delta_wait() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="m", delta="d", final=True), now=1.0)
     late = session.receive(ProducerEvent(id="m", delta="late"), now=2.0)
     again = session.receive(ProducerEvent(id="m", delta="again", final=True), now=3.0)
@@ -673,7 +682,7 @@ def test_events_on_completed_ids_have_no_delta_wait() -> None:
 
 
 def test_delta_wait_is_per_message() -> None:
-    session = ProducerSession("c")
+    session = MessageStreams("c")
     session.receive(ProducerEvent(id="a", delta="1"), now=1.0)
     session.receive(ProducerEvent(id="b"), now=2.0)
     session.receive(ProducerEvent(id="a", delta="2"), now=4.0)
@@ -686,7 +695,7 @@ def test_delta_wait_is_per_message() -> None:
 
 
 def test_a_rejected_delta_does_not_restart_the_wait() -> None:
-    session = ProducerSession("room")
+    session = MessageStreams("room")
     session.receive(ProducerEvent(id="m", delta="a"), now=1.0)
     _rejected(session, ProducerEvent(id="m", delta="X", channel="other"), now=2.0)
     assert session.receive(ProducerEvent(id="m", delta="b"), now=3.0) == Applied(
@@ -697,18 +706,45 @@ def test_a_rejected_delta_does_not_restart_the_wait() -> None:
 # ---------------------------------------------------------------------- max_chars
 
 
-def _too_large(session: ProducerSession, event: ProducerEvent, now: float = 0.0) -> MessageTooLarge:
-    with pytest.raises(MessageTooLarge) as info:
-        session.receive(event, now)
-    return info.value
+@dataclass
+class _TooLarge:
+    """A ``message_too_large`` outcome: returned (the message was aborted) or raised."""
+
+    unfinished: Unfinished | None
+    rejection: FrameRejected
+    returned: bool
+
+    @property
+    def code(self) -> ErrorCode:
+        return self.rejection.code
+
+    @property
+    def message(self) -> str:
+        return self.rejection.message
+
+    @property
+    def message_id(self) -> str | None:
+        return self.rejection.message_id
+
+
+def _too_large(session: MessageStreams, event: ProducerEvent, now: float = 0.0) -> _TooLarge:
+    """By the rule of refusals: an abort changed state, so it is returned; else raised."""
+    try:
+        outcome = session.receive(event, now)
+    except FrameRejected as exc:
+        assert exc.code is ErrorCode.MESSAGE_TOO_LARGE
+        return _TooLarge(None, exc, returned=False)
+    assert isinstance(outcome, Overflow), outcome
+    assert outcome.rejection.code is ErrorCode.MESSAGE_TOO_LARGE
+    return _TooLarge(outcome.unfinished, outcome.rejection, returned=True)
 
 
 def test_delta_past_max_chars_aborts_the_message() -> None:
-    session = ProducerSession("c", max_chars=5)
+    session = MessageStreams("c", max_chars=5)
     session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
     session.receive(ProducerEvent(id="m", delta="cd"), now=2.0)
     error = _too_large(session, ProducerEvent(id="m", delta="efg"), now=3.0)
-    assert isinstance(error, FrameRejected)
+    assert error.returned
     assert error.unfinished == Unfinished("c", "m", "abcd")
     assert error.code is ErrorCode.MESSAGE_TOO_LARGE
     assert error.message_id == "m"
@@ -724,7 +760,7 @@ def test_delta_past_max_chars_aborts_the_message() -> None:
 
 
 def test_message_aborted_for_size_rejects_later_events() -> None:
-    session = ProducerSession("c", max_chars=3)
+    session = MessageStreams("c", max_chars=3)
     session.receive(ProducerEvent(id="m", delta="abc"), now=1.0)
     _too_large(session, ProducerEvent(id="m", delta="d"), now=2.0)
     for event in (
@@ -742,7 +778,7 @@ def test_message_aborted_for_size_rejects_later_events() -> None:
 
 
 def test_final_event_past_max_chars_aborts_instead_of_completing() -> None:
-    session = ProducerSession("c", max_chars=4)
+    session = MessageStreams("c", max_chars=4)
     session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
     error = _too_large(session, ProducerEvent(id="m", delta="cde", final=True), now=2.0)
     assert error.unfinished == Unfinished("c", "m", "ab")
@@ -752,7 +788,7 @@ def test_final_event_past_max_chars_aborts_instead_of_completing() -> None:
 
 
 def test_max_chars_abort_leaves_other_messages_untouched() -> None:
-    session = ProducerSession("c", max_chars=4)
+    session = MessageStreams("c", max_chars=4)
     session.receive(ProducerEvent(id="big", delta="1234"), now=1.0)
     session.receive(ProducerEvent(id="other", delta="xyz", channel="d"), now=2.0)
     session.receive(ProducerEvent(id="done", delta="fin", final=True), now=3.0)
@@ -770,7 +806,7 @@ def test_max_chars_abort_leaves_other_messages_untouched() -> None:
 
 
 def test_max_chars_counts_each_message_separately() -> None:
-    session = ProducerSession("c", max_chars=3)
+    session = MessageStreams("c", max_chars=3)
     session.receive(ProducerEvent(id="a", delta="aaa"), now=1.0)
     session.receive(ProducerEvent(id="b", delta="bbb"), now=1.0)
     assert session.receive(ProducerEvent(id="a", final=True), now=2.0).text == "aaa"
@@ -778,7 +814,7 @@ def test_max_chars_counts_each_message_separately() -> None:
 
 
 def test_exactly_max_chars_is_accepted() -> None:
-    session = ProducerSession("c", max_chars=5)
+    session = MessageStreams("c", max_chars=5)
     session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
     assert session.receive(ProducerEvent(id="m", delta="cde"), now=2.0) == Applied(
         "c", "m", None, delta="cde", delta_wait=1.0
@@ -801,7 +837,7 @@ def test_exactly_max_chars_is_accepted() -> None:
 
 
 def test_max_chars_counts_characters_not_bytes() -> None:
-    session = ProducerSession("c", max_chars=3)
+    session = MessageStreams("c", max_chars=3)
     session.receive(ProducerEvent(id="m", delta="é€"), now=1.0)
     applied = session.receive(ProducerEvent(id="m", delta="👋", final=True), now=2.0)
     assert applied.text == "é€👋"
@@ -811,14 +847,14 @@ def test_max_chars_counts_characters_not_bytes() -> None:
 
 
 def test_new_event_whose_delta_alone_is_too_large_changes_nothing() -> None:
-    session = ProducerSession("c", max_chars=3)
+    session = MessageStreams("c", max_chars=3)
     session.receive(ProducerEvent(id="open", delta="o"), now=1.0)
     for event in (
         ProducerEvent(id="m", delta="abcd"),
         ProducerEvent(id="m", delta="abcd", final=True),
     ):
         error = _too_large(session, event, now=2.0)
-        assert error.unfinished is None
+        assert error.unfinished is None and not error.returned
         assert error.code is ErrorCode.MESSAGE_TOO_LARGE
         assert error.message == "a message may have at most 3 characters; nothing was applied"
         assert session.streaming() == [("open", "c")]
@@ -834,14 +870,14 @@ def test_new_event_whose_delta_alone_is_too_large_changes_nothing() -> None:
 
 def test_too_large_new_event_names_its_id() -> None:
     # ErrorFrame.id is "the event's id when it could be read": here it could.
-    session = ProducerSession("c", max_chars=3)
+    session = MessageStreams("c", max_chars=3)
     error = _too_large(session, ProducerEvent(id="m", delta="abcd"), now=1.0)
     assert error.unfinished is None
     assert error.message_id == "m"
 
 
 def test_too_large_delta_with_a_channel_mismatch_changes_nothing() -> None:
-    session = ProducerSession("room", max_chars=3)
+    session = MessageStreams("room", max_chars=3)
     session.receive(ProducerEvent(id="m", delta="ab"), now=1.0)
     rejected = _rejected(session, ProducerEvent(id="m", delta="cdef", channel="other"), now=2.0)
     assert type(rejected) is FrameRejected
@@ -850,3 +886,27 @@ def test_too_large_delta_with_a_channel_mismatch_changes_nothing() -> None:
     assert session.receive(ProducerEvent(id="m", delta="c", final=True), now=3.0) == Applied(
         "room", "m", "abc", True, delta="c", delta_wait=2.0
     )
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+def test_phase_follows_the_lifecycle_table() -> None:
+    streams = MessageStreams("c", max_chars=3, max_completed=1)
+    assert streams.phase("m") is None
+    streams.receive(ProducerEvent(id="m", delta="a"))
+    assert streams.phase("m") is Phase.STREAMING is TRANSITIONS[(None, "event")]
+    streams.receive(ProducerEvent(id="m", final=True))
+    assert streams.phase("m") is Phase.COMPLETED is TRANSITIONS[(Phase.STREAMING, "final")]
+    streams.receive(ProducerEvent(id="m", final=True))
+    assert streams.phase("m") is Phase.COMPLETED is TRANSITIONS[(Phase.COMPLETED, "final")]
+    streams.receive(ProducerEvent(id="n", delta="ab"))
+    streams.receive(ProducerEvent(id="n", delta="cd"))  # past max_chars: aborted
+    assert streams.phase("n") is Phase.ABORTED is TRANSITIONS[(Phase.STREAMING, "abort")]
+    # max_completed=1: the aborted id pushed nothing out, but one more completed id does.
+    streams.receive(ProducerEvent(id="o", final=True))
+    assert streams.phase("m") is TRANSITIONS[(Phase.COMPLETED, "evict")] is None
+    assert (Phase.ABORTED, "event") not in TRANSITIONS
+    with pytest.raises(FrameRejected) as refused:
+        streams.receive(ProducerEvent(id="n", delta="x"))
+    assert refused.value.code is ErrorCode.MESSAGE_ABORTED

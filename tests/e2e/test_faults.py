@@ -63,7 +63,7 @@ async def test_killed_producer_process_aborts_its_message_after_the_grace() -> N
         # It vanished without a close frame: its session waits for a reconnect first.
         async with asyncio.timeout(5):
             while not any(  # noqa: ASYNC110 - waits for the relay to notice the drop
-                link.connection is None for link in relay.relay.producers.values()
+                link.connection is None for link in relay.relay.sessions.by_owner.values()
             ):
                 await asyncio.sleep(0.01)
         while (frame := await recv_json(sub))["type"] == "delta":
@@ -74,7 +74,7 @@ async def test_killed_producer_process_aborts_its_message_after_the_grace() -> N
             "producer_disconnected",
         )
         assert frame["text"] == seen
-        assert relay.relay.producers == {}
+        assert relay.relay.sessions.by_owner == {}
 
 
 async def test_killed_subscriber_process_leaves_others_unaffected(relay: RunningRelay) -> None:

@@ -10,13 +10,14 @@ through a broker:
   terminal frame (``message`` or ``aborted``). The broker gives terminal frames
   the channel's next offset and keeps them in the channel's history.
 * **Events in.** The broker hands every event of a channel this process listens
-  to back to :class:`BrokerListener.on_frame`, in one order per channel, each
+  to back to :class:`BrokerListener` (``on_frame``, and ``on_delta`` for deltas,
+  which travel as their fields, never as JSON to parse), in one order per channel, each
   with a per-channel sequence number ``seq``. This includes the process's own
   events: local and remote subscribers see the same order.
 * **Catch-up.** A subscriber joining a channel gets a consistent cut: the
   channel's offset, epoch and ``seq``, the history it missed, and the text of
   each message in progress. Events with ``seq`` up to the cut's are already in
-  it; the relay buffers what arrives while the cut is read and drops those.
+  it; the router (:mod:`token_relay.core.router`) drops those, whenever they arrive.
 * **Cancel.** A cancel for a channel and id reaches the producers that own it,
   whichever process they are on.
 
@@ -31,12 +32,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 from urllib.parse import urlsplit
 
 from ..core.errors import ConfigError
+from ..core.events import CatchUp, Delta, FrameKind, LiveMessage, Payload
 from ..core.settings import Settings
 
 __all__ = [
@@ -50,49 +50,16 @@ __all__ = [
 ]
 
 
-class FrameKind(StrEnum):
-    """What an event carries, which decides who receives it."""
-
-    TERMINAL = "t"
-    """A ``message`` or ``aborted`` frame: every subscriber of the channel."""
-    DELTA = "d"
-    """A ``delta`` frame: deltas subscribers only."""
-    SNAPSHOT = "s"
-    """A ``snapshot`` frame replacing a message's text (after a broker outage): deltas only."""
-
-
-@dataclass(frozen=True, slots=True)
-class LiveMessage:
-    """A message in progress: its owner (a producer connection), id and text so far."""
-
-    owner: str
-    message_id: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class CatchUp:
-    """A consistent cut of a channel, for a joining subscriber."""
-
-    offset: int
-    epoch: str
-    recovered: bool | None
-    """None when no ``since`` was given; else whether ``frames`` close the gap."""
-    frames: list[str]
-    """The missed terminal frames, in offset order (empty unless recovered)."""
-    seq: int
-    """Events with a ``seq`` up to this one are reflected in the cut."""
-    live: list[LiveMessage]
-    """Messages in progress (only when asked for)."""
-
-
 class BrokerListener(Protocol):
     """What a broker calls back into: the relay process's local side."""
 
-    def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
-        """Deliver an event's frame to this process's subscribers of ``channel``."""
+    def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: Payload) -> None:
+        """Deliver a terminal or snapshot frame to this process's subscribers of ``channel``."""
 
-    def on_cancel(self, owner: str, payload: str | bytes) -> None:
+    def on_delta(self, channel: str, seq: int, delta: Delta) -> None:
+        """Deliver a delta to this process's deltas subscribers of ``channel``."""
+
+    def on_cancel(self, owner: str, payload: Payload) -> None:
         """Deliver a ``cancel`` frame to the local producer connection ``owner``."""
 
     def wants_deltas(self, channel: str) -> bool:

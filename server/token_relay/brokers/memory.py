@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import time
 
+from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import HistoryStore
 from ..core.inflight import InflightIndex
-from ..core.protocol import encode_delta, with_position
+from ..core.protocol import with_position
 from ..core.settings import Settings
-from . import BrokerListener, CatchUp, FrameKind, LiveMessage
+from . import BrokerListener
 
 __all__ = ["MemoryBroker"]
 
@@ -55,11 +56,10 @@ class MemoryBroker:
 
     def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
         """Hand the delta frame straight to the listener, built only if someone wants it."""
+        self._seq += 1
         listener = self._listener
         if listener is not None and listener.wants_deltas(channel):
-            self._emit(channel, FrameKind.DELTA, encode_delta(channel, message_id, delta))
-        else:
-            self._seq += 1
+            listener.on_delta(channel, self._seq, Delta(channel, message_id, delta))
 
     async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         """Number, record and deliver a terminal frame."""

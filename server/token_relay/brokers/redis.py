@@ -29,7 +29,10 @@ process subscribes to a channel's topics only while it has a local subscriber
 there (``tr:d:C`` only for a deltas subscriber), so traffic reaches only the
 processes that need it. A published event is ``KIND|SEQ|FRAME``: the frame is
 serialized once, by the process that publishes it, and each receiving process
-splits off the header and hands the frame bytes on without decoding them.
+splits off the header and hands the frame bytes on without decoding them. A
+delta travels as its fields (``d|SEQ|ID_BYTES|ID TEXT``) rather than as JSON, so
+the receiving process can merge deltas (flush window, slow subscribers) without
+parsing; it serializes each delta frame once for all its sockets.
 
 Writes are queued and sent by one writer task in pipelines, so a producer's
 events reach Redis in order without a round trip each. The queue holds at most
@@ -57,10 +60,11 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from ..core.errors import BrokerUnavailable
+from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import judge_replay, new_epoch
-from ..core.protocol import Snapshot, encode, encode_delta
+from ..core.protocol import Snapshot, encode
 from ..core.settings import Settings
-from . import BrokerListener, CatchUp, FrameKind, LiveMessage
+from . import BrokerListener
 
 __all__ = ["RedisBroker"]
 
@@ -86,7 +90,8 @@ redis.call('APPEND', KEYS[3], ARGV[1])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 local seq = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('PUBLISH', KEYS[4], 'd|' .. seq .. '|' .. ARGV[2])
+local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
+redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
 
@@ -280,7 +285,7 @@ class RedisBroker:
                     _key("text", member),
                     _key("d", channel),
                 ],
-                [delta, encode_delta(channel, message_id, delta), self._text_ttl, KEY_TTL],
+                [delta, message_id, self._text_ttl, KEY_TTL],
                 message=target,
             ),
             target,
@@ -474,7 +479,15 @@ class RedisBroker:
                     listener.on_cancel(name.decode(), payload)
                 continue
             frame_kind, seq, payload = data.split(b"|", 2)
-            listener.on_frame(topic[5:].decode(), FrameKind(frame_kind.decode()), int(seq), payload)
+            channel = topic[5:].decode()
+            if frame_kind == b"d":
+                # KIND|SEQ|ID_BYTES|ID TEXT: the delta's fields, never JSON to parse.
+                size, rest = payload.split(b"|", 1)
+                cut = int(size)
+                delta = Delta(channel, rest[:cut].decode(), rest[cut:].decode())
+                listener.on_delta(channel, int(seq), delta)
+            else:
+                listener.on_frame(channel, FrameKind(frame_kind.decode()), int(seq), payload)
 
     async def _write_forever(self) -> None:
         queue = self._queue

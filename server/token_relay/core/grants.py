@@ -33,6 +33,8 @@ class Grant:
 
     def allows(self, channel: str) -> bool:
         """Whether ``channel`` matches one of the granted names or patterns."""
+        if "*" in self.channels:
+            return True
         return any(
             channel == pattern or fnmatch.fnmatchcase(channel, pattern) for pattern in self.channels
         )

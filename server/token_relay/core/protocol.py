@@ -330,7 +330,7 @@ def encode_unpositioned(frame: MessageFrame | Aborted) -> str:
 def with_position(body: str, offset: int, epoch: str) -> str:
     """Complete an unpositioned terminal frame; equals ``encode`` of the positioned model.
 
-    ``epoch`` is URL-safe base64 (:func:`token_relay.core.history.new_epoch`), so it needs no escaping.
+    ``epoch`` is URL-safe base64 (:func:`token_relay.core.history.new_epoch`): no escaping.
     """
     return f'{body[:-1]},"offset":{offset},"epoch":"{epoch}"}}'
 

@@ -1,11 +1,20 @@
-"""One producer connection's state: its assembler, and the channel of each message.
+"""The message streams of one producer session: each message's lifecycle and channel.
 
 Theory of operation
 -------------------
-A :class:`ProducerSession` takes validated events and says what they did. It
-adds the relay's rules on top of the seed assembler:
+:class:`MessageStreams` takes validated events and says what they did. It adds
+the relay's rules on top of the seed assembler (:mod:`token_relay.core.assembler`).
 
-* Channel: an event's ``channel`` overrides the connection's default; an event
+Lifecycle. Each message id is in one :class:`Phase`, kept as data in
+:data:`TRANSITIONS`::
+
+    (unknown) --event, not final--> STREAMING --final--> COMPLETED
+    (unknown) --event, final------> COMPLETED
+    STREAMING --close / expire / too large--> ABORTED
+    COMPLETED --repeated final--> COMPLETED (acked again, never re-broadcast)
+    COMPLETED, ABORTED --evicted from the LRU--> (unknown)
+
+* Channel: an event's ``channel`` overrides the session's default; an event
   with neither is rejected (``channel_required``). A message's channel is fixed
   by its first event; a later event whose channel differs is rejected
   (``channel_mismatch``) and changes nothing.
@@ -15,22 +24,29 @@ adds the relay's rules on top of the seed assembler:
   again); one past the next is rejected (``seq_gap``, with the seq expected),
   so the producer can send again from there. Without seq, the seed rules hold.
 * Ending: a message ends by completing (``final``) or by being aborted: its
-  producer went away (:meth:`close`) or it had no event for too long
-  (:meth:`expire`). An aborted id is remembered; events for it are rejected
-  (``message_aborted``), so a late delta can't start a bogus new message.
+  producer went away (:meth:`MessageStreams.close`), it had no event for too
+  long (:meth:`MessageStreams.expire`), or a delta took it past the size limit.
+  An aborted id is remembered; events for it are rejected (``message_aborted``),
+  so a late delta can't start a bogus new message.
 * Limits: at most ``max_streaming`` unfinished messages; a non-final event that
   would open one more is rejected (``too_many_messages``) and changes nothing.
   At most ``max_completed`` completed ids, and as many aborted ids, are
   remembered, least recently used first out. A forgotten id is unknown again:
-  an event for it starts a new message.
+  an event for it starts a new message. At most ``max_chars`` characters per
+  message.
 
-The session is pure: the caller passes the time, and the connection layer
-turns its answers into frames.
+Refusals follow the rule of :mod:`token_relay.core.errors`: one that changes
+nothing is raised (:class:`~token_relay.core.errors.FrameRejected`); a delta
+that aborts its message for its size changed state, so it is returned, as an
+:class:`Overflow`.
+
+Pure: the caller passes the time, and the edge turns the answers into frames.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
 from pydantic import MISSING
@@ -39,7 +55,30 @@ from .assembler import TokenAssembler
 from .errors import ErrorCode, FrameRejected
 from .protocol import ProducerEvent
 
-__all__ = ["Applied", "MessageTooLarge", "ProducerSession", "Unfinished"]
+__all__ = ["TRANSITIONS", "Applied", "MessageStreams", "Overflow", "Phase", "Unfinished"]
+
+
+class Phase(Enum):
+    """Where a message is in its lifecycle; an id in none of them is unknown."""
+
+    STREAMING = "streaming"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+
+
+TRANSITIONS: dict[tuple[Phase | None, str], Phase | None] = {
+    (None, "event"): Phase.STREAMING,
+    (None, "final"): Phase.COMPLETED,
+    (Phase.STREAMING, "event"): Phase.STREAMING,
+    (Phase.STREAMING, "final"): Phase.COMPLETED,
+    (Phase.STREAMING, "abort"): Phase.ABORTED,
+    (Phase.COMPLETED, "event"): Phase.COMPLETED,
+    (Phase.COMPLETED, "final"): Phase.COMPLETED,
+    (Phase.COMPLETED, "evict"): None,
+    (Phase.ABORTED, "evict"): None,
+}
+"""The lifecycle as data: ``(phase, what happened) -> next phase``. A pair that is
+missing is refused: an event for an ABORTED id is ``message_aborted``."""
 
 
 class Applied(NamedTuple):
@@ -76,17 +115,24 @@ class Unfinished:
     text: str
 
 
-class MessageTooLarge(FrameRejected):
-    """A delta would take its message past the size limit; the message was aborted."""
+class Overflow(NamedTuple):
+    """A delta took its message past ``max_chars``: the message was aborted.
 
-    def __init__(self, unfinished: Unfinished | None, limit: int, message_id: str) -> None:
-        super().__init__(
-            ErrorCode.MESSAGE_TOO_LARGE,
-            f"a message may have at most {limit} characters; "
-            + ("it was aborted" if unfinished else "nothing was applied"),
-            message_id,
-        )
-        self.unfinished = unfinished
+    A value, not an exception, because state changed: the edge answers ``rejection``
+    to the producer and publishes the abort of ``unfinished``.
+    """
+
+    unfinished: Unfinished
+    rejection: FrameRejected
+
+
+def _too_large(limit: int, message_id: str, aborted: bool) -> FrameRejected:
+    return FrameRejected(
+        ErrorCode.MESSAGE_TOO_LARGE,
+        f"a message may have at most {limit} characters; "
+        + ("it was aborted" if aborted else "nothing was applied"),
+        message_id,
+    )
 
 
 class _Open:
@@ -101,8 +147,8 @@ class _Open:
         self.chars = 0
 
 
-class ProducerSession:
-    """Assembly state of one producer connection."""
+class MessageStreams:
+    """The messages of one producer session, each in its :class:`Phase`."""
 
     __slots__ = (
         "_aborted",
@@ -136,8 +182,8 @@ class ProducerSession:
         self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
 
-    def receive(self, event: ProducerEvent, now: float = 0.0) -> Applied:
-        """Apply one event, or raise :class:`FrameRejected` leaving all state unchanged."""
+    def receive(self, event: ProducerEvent, now: float = 0.0) -> Applied | Overflow:
+        """Apply one event; raise :class:`FrameRejected` leaving all state unchanged."""
         message_id = event.id
         channel = self.default_channel if event.channel is MISSING else event.channel
         if channel is None:
@@ -162,7 +208,8 @@ class ProducerSession:
             if delta:
                 state.chars += len(delta)
                 if state.chars > self.max_chars:
-                    raise MessageTooLarge(self._abort(message_id), self.max_chars, message_id)
+                    rejection = _too_large(self.max_chars, message_id, aborted=True)
+                    return Overflow(self._abort(message_id), rejection)
                 previous = state.last_delta
                 wait = now - (state.opened if previous is None else previous)
                 state.last_delta = now
@@ -208,7 +255,7 @@ class ProducerSession:
             raise _seq_gap(message_id, 1, seq)
         delta = None if event.delta is MISSING else event.delta
         if delta is not None and len(delta) > self.max_chars:
-            raise MessageTooLarge(None, self.max_chars, message_id)
+            raise _too_large(self.max_chars, message_id, aborted=False)
         text = self.assembler.feed(message_id, delta, event.final)
         wait = 0.0 if delta else None
         if text is None:
@@ -221,6 +268,16 @@ class ProducerSession:
         if seq:
             self._final_seq[message_id] = seq
         return Applied(channel, message_id, text, True, delta, True, wait, bool(delta))
+
+    def phase(self, message_id: str) -> Phase | None:
+        """Where a message is in its lifecycle; None if the id is unknown (or forgotten)."""
+        if message_id in self._streaming:
+            return Phase.STREAMING
+        if message_id in self._completed:
+            return Phase.COMPLETED
+        if message_id in self._aborted:
+            return Phase.ABORTED
+        return None
 
     def next_seq(self, message_id: str) -> int | None:
         """The seq an unfinished message expects next, if its events are numbered."""

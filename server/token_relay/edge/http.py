@@ -14,6 +14,11 @@ Before a handshake completes the relay decides, in this order:
 The ``Origin`` check (``--allowed-origin``) is websockets' own and answers 403.
 A refused handshake never opens a socket. Query strings, which may carry a
 token, are never logged.
+
+The grant an admitted handshake earns is kept on its connection
+(:class:`RelayConnection`), never in a table: a handshake refused after this check
+(by the ``Origin`` check, or for a missing ``Sec-WebSocket-Key``) leaves nothing
+behind. A connection without a grant is refused, never taken as allowed.
 """
 
 from __future__ import annotations
@@ -34,11 +39,18 @@ from .metrics import Metrics
 from .tokens import verify
 from .web import StaticFiles, with_body
 
-__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "query_of"]
+__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "RelayConnection", "query_of"]
 
 PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
+
+
+class RelayConnection(ServerConnection):
+    """A WebSocket connection that carries the grant its handshake earned."""
+
+    grant: Grant | None = None
+    """Set by :meth:`Gate.check` when it admits the handshake; None means refused."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -47,18 +59,20 @@ def query_of(path: str) -> dict[str, list[str]]:
 
 
 class Gate:
-    """Decides each handshake, and remembers the grant of each admitted connection."""
+    """Decides each handshake, and counts the open connections of each client address."""
 
     def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool]) -> None:
         self.settings = settings
         self.metrics = metrics
         self.ready = ready
         self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
-        self.grants: dict[ServerConnection, Grant] = {}
         self.per_address: dict[str, int] = {}
 
     def check(self, connection: ServerConnection, request: Request) -> Response | None:
-        """websockets' ``process_request``: a response refuses the handshake."""
+        """websockets' ``process_request``: a response refuses the handshake.
+
+        An admitted handshake gets its grant set on the connection.
+        """
         path = urlsplit(request.path).path
         if path == "/healthz":
             return connection.respond(HTTPStatus.OK, "ok\n")
@@ -93,7 +107,7 @@ class Gate:
                     f"?channel= must be 1 to {MAX_NAME_LENGTH} characters\n",
                 )
         if self.settings.open_access:
-            return None
+            return self._grant(connection, OPEN)
         token = query.get("token", [""])[-1] or _bearer(request)
         if not token:
             return connection.respond(
@@ -111,14 +125,18 @@ class Gate:
             return connection.respond(
                 HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel\n"
             )
-        self.grants[connection] = grant
+        return self._grant(connection, grant)
+
+    def _grant(self, connection: ServerConnection, grant: Grant) -> Response | None:
+        if not isinstance(connection, RelayConnection):
+            return connection.respond(HTTPStatus.INTERNAL_SERVER_ERROR, "no place for a grant\n")
+        connection.grant = grant
         return None
 
-    def admit(self, connection: ServerConnection) -> Grant | None:
-        """Count an admitted connection; its grant, or None when access is open."""
+    def admit(self, connection: ServerConnection) -> None:
+        """Count an admitted connection against its client address."""
         address = _address(connection)
         self.per_address[address] = self.per_address.get(address, 0) + 1
-        return None if self.settings.open_access else self.grants.pop(connection, OPEN)
 
     def release(self, connection: ServerConnection) -> None:
         """Uncount a connection that closed."""

@@ -1,13 +1,17 @@
-"""Writing frames to many sockets without letting a slow reader hurt anyone.
+"""The one socket writer: every frame the relay sends, to producers and subscribers, goes here.
 
 Theory of operation
 -------------------
-A frame is serialized once, header included, and written to every ready
-socket without waiting. A socket whose unsent bytes
-pass ``subscriber_high_water_bytes`` is not written to directly any more: its
-frames go to a :class:`~token_relay.core.backlog.Backlog`, where its pending deltas
-merge losslessly, and one task per backlog drains it at the socket's pace.
-When the backlog is empty the socket is written to directly again.
+A frame is serialized once, WebSocket header included, and written to every
+ready socket without waiting. A socket whose unsent bytes pass
+``subscriber_high_water_bytes`` is not written to directly any more: its frames
+go to a :class:`~token_relay.core.merge.Backlog`, where its pending deltas merge
+losslessly, and one task per backlog drains it at the socket's pace. When the
+backlog is empty the socket is written to directly again.
+
+A producer's replies (acks, errors) go the same way, through :meth:`Writer.reply`,
+which then waits until the socket can take more: that is each producer's
+backpressure, and its frames stay in one order with the cancels sent to it.
 
 A socket whose unsent bytes plus backlog pass ``max_subscriber_buffer_bytes``
 is closed with 1013 (try again later): it can resume by offset, and nothing
@@ -28,18 +32,19 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from ..core.backlog import Backlog, Payload
+from ..core.events import Delta, Outgoing
+from ..core.merge import Backlog
 from ..core.settings import Settings
 from .metrics import Metrics
 
-__all__ = ["SLOW_CONSUMER_REASON", "Fanout"]
+__all__ = ["SLOW_CONSUMER_REASON", "Writer"]
 
 log = logging.getLogger("token_relay")
 
 SLOW_CONSUMER_REASON = "slow consumer: outgoing buffer over limit; resume by offset"
 
 
-class Fanout:
+class Writer:
     """Frame delivery for one relay process."""
 
     def __init__(
@@ -55,9 +60,7 @@ class Fanout:
         self.backlogs: dict[ServerConnection, Backlog] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def send(
-        self, receivers: Iterable[ServerConnection], payload: Payload, is_delta: bool = False
-    ) -> None:
+    def send(self, receivers: Iterable[ServerConnection], payload: Outgoing) -> None:
         """Send one serialized frame to every receiver, each at its own pace."""
         ready: list[ServerConnection] = []
         over: list[ServerConnection] = []
@@ -71,7 +74,7 @@ class Fanout:
                     ready.append(receiver)
                     continue
                 backlog = self._start_backlog(receiver)
-            if backlog.add(payload, is_delta):
+            if backlog.push(payload):
                 self.metrics.deltas_coalesced.inc()
             if backlog.bytes + _unsent(receiver) > self.hard_limit:
                 over.append(receiver)
@@ -83,10 +86,16 @@ class Fanout:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
             self.metrics.slow_closes.inc()
 
-    def send_each(self, receiver: ServerConnection, payloads: Iterable[Payload]) -> None:
+    def send_each(self, receiver: ServerConnection, payloads: Iterable[Outgoing]) -> None:
         """Send several frames to one receiver, in order."""
         for payload in payloads:
             self.send((receiver,), payload)
+
+    async def reply(self, connection: ServerConnection, payload: Outgoing) -> None:
+        """Send a frame to a producer, then wait until its socket can take more."""
+        self.send((connection,), payload)
+        if connection.transport is not None and not connection.transport.is_closing():
+            await connection.drain()
 
     def close(self, connection: ServerConnection, code: CloseCode, reason: str) -> None:
         """Forget a connection's subscriptions and close it, without waiting."""
@@ -113,7 +122,7 @@ class Fanout:
         try:
             while backlog:
                 # send() waits until the socket has room: the backlog drains at its pace.
-                await connection.send(backlog.pop(), text=True)
+                await connection.send(backlog.pop_payload(), text=True)
                 self.metrics.frames_out.inc()
         except ConnectionClosed:
             pass
@@ -127,7 +136,7 @@ class Fanout:
         task.add_done_callback(self._tasks.discard)
 
 
-def _write_all(receivers: list[ServerConnection], payload: Payload) -> None:
+def _write_all(receivers: list[ServerConnection], payload: Outgoing) -> None:
     """Write one text frame to every open receiver, serializing the frame once.
 
     websockets' ``broadcast()`` encodes the message once but rebuilds the frame for
@@ -135,7 +144,10 @@ def _write_all(receivers: list[ServerConnection], payload: Payload) -> None:
     bytes are the same for everyone: build them once and hand them to each socket.
     Only whole, unfragmented frames are ever written, so nothing can interleave.
     """
-    data = payload.encode() if isinstance(payload, str) else payload
+    if isinstance(payload, Delta):
+        data = payload.render()
+    else:
+        data = payload.encode() if isinstance(payload, str) else payload
     frame = Frame(Opcode.TEXT, data).serialize(mask=False)
     for receiver in receivers:
         transport = receiver.transport

@@ -1,0 +1,182 @@
+"""Producer sessions: attach, park, resume and evict.
+
+Theory of operation
+-------------------
+A producer works through a :class:`ProducerSession`: its message streams
+(:class:`~token_relay.core.streams.MessageStreams`), its rate bucket, its grant,
+what the broker could not publish yet, and the connection it is attached to.
+The session outlives its connection when the connection *vanishes* (no close
+frame): it is **parked** for ``grace`` seconds, and a producer that reconnects
+with the session's token in time is **attached** to it again and continues, so
+subscribers see no ``aborted``. A session is bound to the grant that opened it:
+a token with another identity gets a new session.
+
+A session ends when its producer closes cleanly, when its grace runs out, when
+more than ``max_parked`` sessions are parked (the oldest parked one ends), or at
+shutdown. The table says which sessions ended; the edge aborts their unfinished
+messages (:meth:`ProducerSession.end`) and owns the timers.
+
+Pure: the caller passes ``now``, and a connection is any hashable handle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from .events import Payload
+from .grants import Grant
+from .ratelimit import TokenBucket
+from .streams import MessageStreams, Unfinished
+
+__all__ = ["MAX_PARKED_CANCELS", "ProducerSession", "SessionTable"]
+
+C = TypeVar("C", bound=Hashable)
+
+MAX_PARKED_CANCELS = 100
+"""Cancels kept for a parked session, delivered when it resumes; the oldest fall out."""
+
+
+@dataclass(slots=True, eq=False)
+class ProducerSession(Generic[C]):
+    """One producer's session: its streams and what the relay keeps beside them."""
+
+    owner: str
+    """Its name among all sessions on the broker: ``INSTANCE.N``."""
+    token: str
+    """The unguessable token that resumes it."""
+    streams: MessageStreams
+    grant: Grant
+    bucket: TokenBucket
+    connection: C | None
+    unpublished: dict[str, None] = field(default_factory=dict)
+    """Completed here but not yet published (the broker was down): a repeated final retries."""
+    cancels: deque[Payload] = field(default_factory=lambda: deque(maxlen=MAX_PARKED_CANCELS))
+    """Cancels that arrived while the session was parked."""
+    parked_until: float | None = None
+    """While parked: when its grace runs out."""
+
+    def end(self) -> list[Unfinished]:
+        """Abort every unfinished message and free the streams' state."""
+        return self.streams.close()
+
+
+class SessionTable(Generic[C]):
+    """Every producer session of one relay process."""
+
+    def __init__(
+        self,
+        instance: str,
+        *,
+        grace: float,
+        max_parked: int,
+        max_streaming: int,
+        max_completed: int,
+        max_chars: int,
+        rate: float,
+    ) -> None:
+        self.instance = instance
+        self.grace = grace
+        self.max_parked = max_parked
+        self._limits = (max_streaming, max_completed, max_chars)
+        self.rate = rate
+        self.by_owner: dict[str, ProducerSession[C]] = {}
+        self.by_token: dict[str, ProducerSession[C]] = {}
+        self.parked: dict[str, ProducerSession[C]] = {}
+        """Parked sessions by token, oldest first."""
+        self._numbers = itertools.count(1)
+
+    def attach(
+        self, connection: C, grant: Grant, resume: str | None, now: float
+    ) -> tuple[ProducerSession[C], bool, C | None]:
+        """The session for a new connection: ``(session, resumed, displaced connection)``.
+
+        A token of a live session for the same grant resumes it (parked or not); the
+        connection it was attached to, if still open, is displaced and must be closed.
+        Anything else opens a new session.
+        """
+        session = self.by_token.get(resume) if resume else None
+        if session is not None and session.grant == grant:
+            self.parked.pop(session.token, None)
+            session.parked_until = None
+            displaced, session.connection = session.connection, connection
+            return session, True, displaced
+        max_streaming, max_completed, max_chars = self._limits
+        session = ProducerSession(
+            owner=f"{self.instance}.{next(self._numbers)}",
+            token=secrets.token_urlsafe(24),
+            streams=MessageStreams(
+                None,
+                max_streaming=max_streaming,
+                max_completed=max_completed,
+                max_chars=max_chars,
+            ),
+            grant=grant,
+            bucket=TokenBucket(self.rate, self.rate, now),
+            connection=connection,
+        )
+        self.by_owner[session.owner] = session
+        self.by_token[session.token] = session
+        return session, False, None
+
+    def detach(
+        self, session: ProducerSession[C], connection: C, *, vanished: bool, now: float
+    ) -> list[ProducerSession[C]]:
+        """A connection ended: park its session or end it. Returns the sessions that ended.
+
+        Nothing happens if another connection has resumed the session meanwhile.
+        """
+        if session.connection != connection:
+            return []
+        session.connection = None
+        if not vanished or self.grace <= 0:
+            return self._end(session)
+        session.parked_until = now + self.grace
+        self.parked[session.token] = session
+        ended: list[ProducerSession[C]] = []
+        while len(self.parked) > self.max_parked:
+            oldest = self.parked[next(iter(self.parked))]
+            ended.extend(self._end(oldest))
+        return ended
+
+    def expire(self, now: float) -> list[ProducerSession[C]]:
+        """End the parked sessions whose grace has run out by ``now``."""
+        due = [
+            session
+            for session in self.parked.values()
+            if session.parked_until is not None and session.parked_until <= now
+        ]
+        ended: list[ProducerSession[C]] = []
+        for session in due:
+            ended.extend(self._end(session))
+        return ended
+
+    def end_all(self) -> list[ProducerSession[C]]:
+        """End every session (shutdown)."""
+        ended: list[ProducerSession[C]] = []
+        for session in list(self.by_owner.values()):
+            session.connection = None
+            ended.extend(self._end(session))
+        return ended
+
+    def next_expiry(self) -> float | None:
+        """When the oldest parked session's grace runs out, if any is parked."""
+        for session in self.parked.values():
+            return session.parked_until
+        return None
+
+    def _end(self, session: ProducerSession[C]) -> list[ProducerSession[C]]:
+        if session.connection is not None or self.by_token.get(session.token) is not session:
+            return []
+        self.parked.pop(session.token, None)
+        del self.by_token[session.token]
+        self.by_owner.pop(session.owner, None)
+        session.parked_until = None
+        return [session]
+
+    def __len__(self) -> int:
+        return len(self.by_owner)

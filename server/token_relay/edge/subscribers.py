@@ -1,0 +1,202 @@
+"""The subscriber endpoint: reads a subscriber's frames and carries out the router's actions.
+
+A ``subscribe`` starts a join in the core's
+:class:`~token_relay.core.router.ChannelRouter`, asks the broker for the
+channel's traffic and its catch-up cut, and sends what the router makes of the
+cut. Every frame the broker delivers goes through the router too
+(:meth:`SubscriberEndpoint.deliver`); this module only writes what it returns,
+starts the flush window's timers and closes whom it says to close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from pydantic import MISSING
+from websockets import CloseCode
+from websockets.asyncio.server import ServerConnection
+
+from ..brokers import Broker
+from ..core.errors import (
+    BrokerUnavailable,
+    ErrorCode,
+    FrameRejected,
+    binary_rejected,
+    broker_rejected,
+)
+from ..core.events import FrameKind, Outgoing
+from ..core.grants import Grant
+from ..core.protocol import (
+    Cancel,
+    Subscribe,
+    Unsubscribe,
+    Unsubscribed,
+    decode_subscriber_frame,
+    encode,
+    error_frame,
+)
+from ..core.router import Action, ChannelRouter, Close, Hold, Send
+from ..core.settings import Settings
+from .metrics import Metrics
+from .writer import Writer
+
+__all__ = ["SubscriberEndpoint"]
+
+BROKER_RESTORED_REASON = "broker reconnected: resume by offset"
+
+
+class SubscriberEndpoint:
+    """Every subscriber connection of one relay process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        broker: Broker,
+        metrics: Metrics,
+        writer: Writer,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.metrics = metrics
+        self.writer = writer
+        self.spawn = spawn
+        self.router: ChannelRouter[ServerConnection] = ChannelRouter(
+            settings.max_channels_per_subscriber, window=settings.delta_flush_ms > 0
+        )
+
+    async def serve(
+        self, connection: ServerConnection, initial: list[Subscribe], grant: Grant
+    ) -> None:
+        """Serve one subscriber connection until it ends."""
+        received = self.metrics.frames_in_subscriber
+        try:
+            for frame in initial:
+                await self._answer(connection, frame, grant)
+            async for raw in connection:
+                received.inc()
+                if isinstance(raw, bytes):
+                    self.reject_now(connection, binary_rejected())
+                    continue
+                try:
+                    request = decode_subscriber_frame(raw)
+                except FrameRejected as exc:
+                    self.reject_now(connection, exc)
+                    continue
+                await self._answer(connection, request, grant)
+        finally:
+            for channel in self.router.remove(connection):
+                await self._update_interest(channel)
+
+    def reject_now(self, connection: ServerConnection, exc: FrameRejected) -> None:
+        """Answer a refused frame without waiting."""
+        self.metrics.errors.labels(exc.code.value).inc()
+        self.writer.send((connection,), error_frame(exc))
+
+    async def _answer(
+        self, connection: ServerConnection, frame: Subscribe | Unsubscribe | Cancel, grant: Grant
+    ) -> None:
+        try:
+            if isinstance(frame, Subscribe):
+                grant.check(frame.channel)
+                await self._subscribe(connection, frame)
+            elif isinstance(frame, Unsubscribe):
+                self.router.unsubscribe(connection, frame.channel)
+                self.writer.send((connection,), encode(Unsubscribed(channel=frame.channel)))
+                await self._update_interest(frame.channel)
+            else:
+                grant.check(frame.channel, frame.id)
+                await self._cancel(connection, frame)
+        except FrameRejected as exc:
+            self.reject_now(connection, exc)
+
+    async def _subscribe(self, connection: ServerConnection, frame: Subscribe) -> None:
+        """Join: the confirmation, replayed history, snapshots, then what followed."""
+        channel = frame.channel
+        since = None if frame.since is MISSING else (frame.since.offset, frame.since.epoch)
+        join, actions = self.router.join(
+            connection, channel, deltas=frame.deltas, resuming=since is not None
+        )
+        self.carry_out(actions)
+        try:
+            await self._update_interest(channel, strict=True)
+            cut = await self.broker.catch_up(channel, since, frame.deltas)
+        except BrokerUnavailable:
+            if self.router.abandon(join):
+                await self._update_interest(channel)
+            raise broker_rejected(None) from None
+        positions = None if frame.positions is MISSING else frame.positions
+        self.writer.send_each(connection, self.router.joined(join, cut, positions))
+
+    async def _update_interest(self, channel: str, *, strict: bool = False) -> None:
+        """Tell the broker whether this process still needs the channel's traffic."""
+        messages, deltas = self.router.interest(channel)
+        if strict:
+            await self.broker.listen(channel, messages, deltas)
+            return
+        with contextlib.suppress(BrokerUnavailable):
+            await self.broker.listen(channel, messages, deltas)
+
+    async def _cancel(self, connection: ServerConnection, frame: Cancel) -> None:
+        if not self.router.hub.is_subscribed(connection, frame.channel):
+            raise FrameRejected(
+                ErrorCode.NOT_SUBSCRIBED,
+                f"subscribe to channel '{frame.channel}' before cancelling its messages",
+                frame.id,
+            )
+        try:
+            owners = await self.broker.cancel(frame.channel, frame.id, encode(frame))
+        except BrokerUnavailable:
+            raise broker_rejected(frame.id) from None
+        if not owners:
+            raise FrameRejected(
+                ErrorCode.UNKNOWN_MESSAGE,
+                f"no message '{frame.id}' is in progress on channel '{frame.channel}'",
+                frame.id,
+            )
+
+    # ---------------------------------------------------------------- from the broker
+
+    def deliver(self, channel: str, kind: FrameKind, seq: int, item: Outgoing) -> None:
+        """Route one frame of ``channel`` to this process's subscribers."""
+        self.carry_out(self.router.deliver(channel, kind, seq, item))
+
+    def carry_out(self, actions: list[Action[ServerConnection]]) -> None:
+        """Write, close and start timers as the router says."""
+        for action in actions:
+            if isinstance(action, Send):
+                self.writer.send(action.receivers, action.item)
+            elif isinstance(action, Hold):
+                asyncio.get_running_loop().call_later(
+                    self.settings.delta_flush_ms / 1000, self._flush, action.channel
+                )
+            elif isinstance(action, Close):
+                self.metrics.slow_closes.inc()
+                self.writer.close(action.subscriber, CloseCode.TRY_AGAIN_LATER, action.reason)
+
+    def _flush(self, channel: str) -> None:
+        self.carry_out(self.router.flush(channel))
+
+    def wants_deltas(self, channel: str) -> bool:
+        """Whether a local subscriber of ``channel`` asked for deltas."""
+        return bool(self.router.hub.delta_subscribers(channel))
+
+    def resume_everyone(self) -> int:
+        """Close every subscriber with 1012 so that it resumes by offset; returns how many."""
+        subscribers = list(self.router.subscribers())
+        for connection in subscribers:
+            self.writer.close(connection, CloseCode.SERVICE_RESTART, BROKER_RESTORED_REASON)
+        return len(subscribers)
+
+    def forget(self, connection: ServerConnection) -> None:
+        """Drop the subscriptions of a connection being closed, and the broker's interest."""
+        channels = self.router.remove(connection)
+        if channels:
+            self.spawn(self._update_interests(channels))
+
+    async def _update_interests(self, channels: list[str]) -> None:
+        for channel in channels:
+            await self._update_interest(channel)
