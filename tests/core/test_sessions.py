@@ -1,0 +1,115 @@
+"""Tests for token_relay.core.sessions: attach, park, resume, expire and evict, step by step."""
+
+from __future__ import annotations
+
+from token_relay.core.grants import OPEN, Grant, Role
+from token_relay.core.protocol import ProducerEvent
+from token_relay.core.sessions import MAX_PARKED_CANCELS, SessionTable
+from token_relay.core.streams import Unfinished
+
+
+def _table(grace: float = 30.0, max_parked: int = 10) -> SessionTable[str]:
+    return SessionTable(
+        "inst",
+        grace=grace,
+        max_parked=max_parked,
+        max_streaming=10,
+        max_completed=10,
+        max_chars=100,
+        rate=1000.0,
+    )
+
+
+def test_a_new_connection_gets_a_new_session_with_an_unguessable_token() -> None:
+    table = _table()
+    first, resumed, displaced = table.attach("conn1", OPEN, None, 0.0)
+    second, _, _ = table.attach("conn2", OPEN, "no-such-token", 0.0)
+    assert (resumed, displaced) == (False, None)
+    assert first.owner == "inst.1" and second.owner == "inst.2"
+    assert len(first.token) >= 32 and first.token != second.token
+    assert len(table) == 2
+
+
+def test_a_vanished_connection_parks_and_a_reconnect_in_time_resumes() -> None:
+    table = _table(grace=5.0)
+    session, _, _ = table.attach("conn1", OPEN, None, 0.0)
+    session.streams.receive(ProducerEvent(id="m", delta="hal", channel="c"), 0.0)
+    assert table.detach(session, "conn1", vanished=True, now=1.0) == []
+    assert session.parked_until == 6.0 and table.next_expiry() == 6.0
+    assert table.expire(5.9) == []
+    again, resumed, displaced = table.attach("conn2", OPEN, session.token, 5.9)
+    assert (again, resumed, displaced) == (session, True, None)
+    assert again.connection == "conn2" and session.parked_until is None
+    assert table.expire(100.0) == []
+    assert again.streams.partial("m") == "hal"
+
+
+def test_the_grace_runs_out_and_the_session_ends_with_its_unfinished_messages() -> None:
+    table = _table(grace=5.0)
+    session, _, _ = table.attach("conn1", OPEN, None, 0.0)
+    session.streams.receive(ProducerEvent(id="m", delta="half", channel="c"), 0.0)
+    table.detach(session, "conn1", vanished=True, now=1.0)
+    assert table.expire(6.0) == [session]
+    assert session.end() == [Unfinished("c", "m", "half")]
+    # Gone: its token opens a new session now.
+    fresh, resumed, _ = table.attach("conn2", OPEN, session.token, 7.0)
+    assert not resumed and fresh is not session and len(table) == 1
+
+
+def test_a_clean_close_or_no_grace_ends_the_session_at_once() -> None:
+    table = _table()
+    session, _, _ = table.attach("conn1", OPEN, None, 0.0)
+    assert table.detach(session, "conn1", vanished=False, now=1.0) == [session]
+    graceless = _table(grace=0)
+    other, _, _ = graceless.attach("conn1", OPEN, None, 0.0)
+    assert graceless.detach(other, "conn1", vanished=True, now=1.0) == [other]
+    assert len(table) == len(graceless) == 0
+
+
+def test_resuming_a_live_session_displaces_its_old_connection() -> None:
+    table = _table()
+    session, _, _ = table.attach("half-open", OPEN, None, 0.0)
+    again, resumed, displaced = table.attach("new", OPEN, session.token, 1.0)
+    assert (again, resumed, displaced) == (session, True, "half-open")
+    # The displaced connection's end changes nothing: another one holds the session.
+    assert table.detach(session, "half-open", vanished=True, now=2.0) == []
+    assert session.connection == "new" and not table.parked
+
+
+def test_a_session_resumes_only_for_the_grant_that_opened_it() -> None:
+    table = _table()
+    alice = Grant(Role.PRODUCE, ("chat-a",))
+    session, _, _ = table.attach("conn1", alice, None, 0.0)
+    table.detach(session, "conn1", vanished=True, now=1.0)
+    other, resumed, _ = table.attach("conn2", Grant(Role.PRODUCE, ("*",)), session.token, 2.0)
+    assert not resumed and other is not session
+    mine, resumed, _ = table.attach("conn3", alice, session.token, 2.0)
+    assert resumed and mine is session
+
+
+def test_parking_past_the_limit_ends_the_oldest_parked_session() -> None:
+    table = _table(max_parked=2)
+    sessions = [table.attach(f"conn{n}", OPEN, None, 0.0)[0] for n in range(3)]
+    assert table.detach(sessions[0], "conn0", vanished=True, now=1.0) == []
+    assert table.detach(sessions[1], "conn1", vanished=True, now=2.0) == []
+    assert table.detach(sessions[2], "conn2", vanished=True, now=3.0) == [sessions[0]]
+    assert list(table.parked.values()) == sessions[1:]
+    assert table.next_expiry() == 32.0
+
+
+def test_end_all_ends_live_and_parked_sessions() -> None:
+    table = _table()
+    live, _, _ = table.attach("conn1", OPEN, None, 0.0)
+    parked, _, _ = table.attach("conn2", OPEN, None, 0.0)
+    table.detach(parked, "conn2", vanished=True, now=1.0)
+    assert set(map(id, table.end_all())) == {id(live), id(parked)}
+    assert len(table) == 0 and not table.parked and table.next_expiry() is None
+
+
+def test_cancels_kept_for_a_parked_session_are_bounded() -> None:
+    table = _table()
+    session, _, _ = table.attach("conn1", OPEN, None, 0.0)
+    for n in range(MAX_PARKED_CANCELS + 5):
+        session.cancels.append(f"cancel {n}")
+    assert len(session.cancels) == MAX_PARKED_CANCELS
+    assert session.cancels[0] == "cancel 5"

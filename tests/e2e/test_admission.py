@@ -1,0 +1,114 @@
+"""Admission over real sockets: refused handshakes leave nothing behind, and no grant, no entry."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+from token_relay import Relay, Settings
+from token_relay.core.grants import Role
+from token_relay.edge.http import RelayConnection
+from token_relay.edge.tokens import mint
+from token_relay.testing import eventually
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request
+
+from ..conftest import recv_json, start_relay
+
+SECRET = "admission-test-secret-of-at-least-32-bytes"
+
+
+async def _status(port: int, request: bytes) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 10)
+        return int(line.split()[1])
+    finally:
+        writer.close()
+
+
+def _handshake(token: str, *, origin: str | None, key: bool) -> bytes:
+    lines = [
+        f"GET /subscribe?channel=c&token={token} HTTP/1.1",
+        "Host: relay",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Version: 13",
+    ]
+    if key:
+        lines.append("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+    if origin:
+        lines.append(f"Origin: {origin}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _granted_connections() -> list[RelayConnection]:
+    gc.collect()
+    return [
+        obj
+        for obj in gc.get_objects()
+        if isinstance(obj, RelayConnection) and obj.grant is not None
+    ]
+
+
+async def test_a_thousand_refused_handshakes_leave_nothing_behind() -> None:
+    running, relay = await start_relay(
+        secret=SECRET, allowed_origins=("https://chat.example",), max_connections_per_ip=10
+    )
+    token = mint(SECRET, Role.SUBSCRIBE, ["c"], 60)
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        before = len(_granted_connections())
+        # Both pass the relay's own check (a valid token), then websockets refuses them:
+        # a foreign Origin (403), or no Sec-WebSocket-Key (400).
+        cases = [_handshake(token, origin="https://evil.example", key=True)] * 500 + [
+            _handshake(token, origin=None, key=False)
+        ] * 500
+        statuses: list[int] = []
+        for start in range(0, len(cases), 50):
+            statuses += await asyncio.gather(*(_status(port, c) for c in cases[start : start + 50]))
+        assert statuses.count(403) == 500 and statuses.count(400) == 500
+        assert relay.gate.per_address == {}
+        # Each refused connection is freed once websockets has closed its socket.
+        await eventually(lambda: len(_granted_connections()) == before, 10, 0.05)
+        # The address's limit of 10 is untouched: ten real connections still get in.
+        clients = [
+            await connect(f"{running.url}/subscribe?channel=c&token={token}", close_timeout=1)
+            for _ in range(10)
+        ]
+        try:
+            for client in clients:
+                assert (await recv_json(client))["type"] == "subscribed"
+            assert relay.gate.per_address == {"127.0.0.1": 10}
+        finally:
+            for client in clients:
+                await client.close()
+
+
+async def test_a_connection_without_a_grant_is_refused_not_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    relay = Relay(Settings(port=0))
+
+    def forgetful_check(connection: ServerConnection, request: Request) -> None:
+        return None  # admits the handshake but sets no grant
+
+    monkeypatch.setattr(relay.gate, "check", forgetful_check)
+    server = await relay.start()
+    url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with relay:
+        async with connect(f"{url}/subscribe?channel=c", close_timeout=1) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+            1008,
+            "connection was not admitted",
+        )
+        assert not relay.hub.subscribers("c")
+        assert relay.gate.per_address == {}
