@@ -1,0 +1,246 @@
+"""``RelayProducer``: a resilient producer connection for a model gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import MISSING
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError
+from ..core.protocol import (
+    SERVER_FRAME,
+    Ack,
+    AckBatch,
+    AnyServerFrame,
+    Cancel,
+    ErrorFrame,
+    ProducerEvent,
+    SessionFrame,
+)
+from .base import Background, Backoff, relay_url
+
+__all__ = ["RelayProducer"]
+
+log = logging.getLogger("token_relay.client")
+
+RESEND_BATCH = 500
+"""Events per frame when sending buffered events again after a reconnect."""
+
+RETRY_DELAY = 0.25
+"""Seconds before sending again what the relay refused for now (rate limit, broker down)."""
+
+
+class RelayProducer(Background):
+    """A resilient producer connection for a model gateway."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        channel: str | None = None,
+        token: str | None = None,
+        max_unacked: int = 10_000,
+        backoff: tuple[float, float] = (0.05, 5.0),
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self.channel = channel
+        self.token = token
+        self.max_unacked = max_unacked
+        self.session: str | None = None
+        self.reconnects = 0
+        self._backoff = Backoff(*backoff)
+        self._ws: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+        self._room = asyncio.Condition()
+        self._seq: dict[str, int] = {}
+        self._unacked: dict[str, list[str]] = {}
+        self._buffered = 0
+        self._acks: dict[str, asyncio.Future[Ack]] = {}
+        self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
+        self._retrying: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    async def close(self) -> None:
+        """Close the connection (unfinished messages are aborted by the relay)."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        await super().close()
+        if self._ws is not None:
+            await self._ws.close()
+        for future in self._acks.values():
+            if not future.done():
+                future.cancel()
+
+    async def send(self, message_id: str, delta: str, *, channel: str | None = None) -> None:
+        """Append ``delta`` to a message; returns once it is buffered and sent (or queued)."""
+        await self._submit(message_id, delta, final=False, channel=channel)
+
+    async def finish(self, message_id: str, *, channel: str | None = None) -> Ack:
+        """Complete a message and wait for the relay's acknowledgement."""
+        future = self._acks.get(message_id)
+        if future is None or future.done():
+            future = self._acks[message_id] = asyncio.get_running_loop().create_future()
+        await self._submit(message_id, None, final=True, channel=channel)
+        return await future
+
+    async def cancellations(self) -> AsyncIterator[Cancel]:
+        """Cancels sent by subscribers (a user pressed Stop), as they arrive."""
+        while True:
+            yield await self._cancels.get()
+
+    # ------------------------------------------------------------------ internals
+
+    async def _submit(
+        self, message_id: str, delta: str | None, *, final: bool, channel: str | None
+    ) -> None:
+        async with self._room:
+            await self._room.wait_for(lambda: self._buffered < self.max_unacked)
+            seq = self._seq.get(message_id, 0) + 1
+            self._seq[message_id] = seq
+            fields: dict[str, Any] = {"id": message_id, "seq": seq, "final": final}
+            if delta is not None:
+                fields["delta"] = delta
+            if channel is not None:
+                fields["channel"] = channel
+            frame = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
+            self._unacked.setdefault(message_id, []).append(frame)
+            self._buffered += 1
+        async with self._lock:
+            ws = self._ws
+            if ws is not None:
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(frame)
+
+    async def _release(self, message_id: str) -> None:
+        frames = self._unacked.pop(message_id, [])
+        self._seq.pop(message_id, None)
+        async with self._room:
+            self._buffered -= len(frames)
+            self._room.notify_all()
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                async with connect(
+                    relay_url(
+                        self.url,
+                        "/produce",
+                        channel=self.channel,
+                        token=self.token,
+                        session=self.session,
+                    ),
+                    max_queue=None,
+                ) as ws:
+                    hello = SERVER_FRAME.validate_json(await ws.recv())
+                    if not isinstance(hello, SessionFrame):
+                        raise RelayProtocolError(f"expected a session frame, got {hello!r}")
+                    await self._start(ws, hello)
+                    async for raw in ws:
+                        await self._handle(SERVER_FRAME.validate_json(raw))
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionClosed, InvalidStatus, TimeoutError) as exc:
+                log.info("producer connection lost (%s); reconnecting", exc)
+            async with self._lock:
+                self._ws = None
+            self.reconnects += 1
+            await self._backoff.wait()
+
+    async def _start(self, ws: ClientConnection, hello: SessionFrame) -> None:
+        lost_state = self.session is not None and not hello.resumed
+        self.session = hello.session
+        self._backoff.reset()
+        if lost_state:
+            # The relay no longer has our messages (the grace ran out): they were aborted.
+            for message_id in list(self._unacked):
+                self._fail(message_id, ErrorCode.MESSAGE_ABORTED, "the relay session expired")
+                await self._release(message_id)
+        async with self._lock:
+            pending = [frame for frames in self._unacked.values() for frame in frames]
+            for start in range(0, len(pending), RESEND_BATCH):
+                chunk = pending[start : start + RESEND_BATCH]
+                await ws.send("[" + ",".join(chunk) + "]")
+            self._ws = ws
+        self._started.set()
+
+    async def _handle(self, frame: AnyServerFrame) -> None:
+        if isinstance(frame, Ack):
+            await self._acked(frame.id, frame)
+        elif isinstance(frame, AckBatch):
+            for entry in frame.acks:
+                ack = Ack(id=entry.id, channel=entry.channel, duplicate=entry.duplicate)
+                await self._acked(entry.id, ack)
+        elif isinstance(frame, Cancel):
+            with contextlib.suppress(asyncio.QueueFull):
+                self._cancels.put_nowait(frame)
+        elif isinstance(frame, ErrorFrame):
+            if frame.code in (ErrorCode.RATE_LIMITED, ErrorCode.BROKER_UNAVAILABLE):
+                # Transient: send again shortly; what was applied meanwhile is dropped by seq.
+                start = 1 if frame.expected is MISSING else frame.expected
+                self._retry_later(frame.id, start)
+            elif frame.id is None:
+                log.warning("relay refused a frame: %s: %s", frame.code, frame.message)
+            elif frame.code is ErrorCode.SEQ_GAP and frame.expected is not MISSING:
+                await self._resend_from(frame.id, frame.expected)
+            else:
+                self._fail(frame.id, frame.code, frame.message)
+                await self._release(frame.id)
+
+    def _retry_later(self, message_id: str | None, start: int) -> None:
+        """Send again, after a pause, one message's events from ``start`` (or every message's).
+
+        One event per frame, so that a relay limiting the rate takes what it can of them.
+        """
+        key = message_id or ""
+        if key in self._retrying:
+            return
+        self._retrying.add(key)
+
+        async def retry() -> None:
+            try:
+                await asyncio.sleep(RETRY_DELAY)
+                targets = (
+                    [(message_id, start)]
+                    if message_id
+                    else [(target, 1) for target in list(self._unacked)]
+                )
+                for target, first in targets:
+                    await self._resend_from(target, first, batch=False)
+            finally:
+                self._retrying.discard(key)
+
+        task = asyncio.create_task(retry())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _acked(self, message_id: str, ack: Ack) -> None:
+        future = self._acks.pop(message_id, None)
+        if future is not None and not future.done():
+            future.set_result(ack)
+        await self._release(message_id)
+
+    def _fail(self, message_id: str, code: str, reason: str) -> None:
+        future = self._acks.pop(message_id, None)
+        if future is not None and not future.done():
+            future.set_exception(MessageFailed(message_id, code, reason))
+
+    async def _resend_from(self, message_id: str, seq: int, *, batch: bool = True) -> None:
+        frames = self._unacked.get(message_id, [])[seq - 1 :]
+        async with self._lock:
+            if self._ws is None or not frames:
+                return
+            with contextlib.suppress(ConnectionClosed):
+                if batch:
+                    await self._ws.send("[" + ",".join(frames) + "]")
+                else:
+                    for frame in frames:
+                        await self._ws.send(frame)

@@ -1,0 +1,125 @@
+"""``RelaySubscriber``: typed frames, resumed by offset and positions after a drop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from pydantic import MISSING
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from ..core.protocol import (
+    SERVER_FRAME,
+    Aborted,
+    AnyServerFrame,
+    DeltaFrame,
+    MessageFrame,
+    Since,
+    Snapshot,
+    Subscribe,
+    Subscribed,
+    encode,
+)
+from .base import Background, Backoff, relay_url
+
+__all__ = ["RelaySubscriber"]
+
+log = logging.getLogger("token_relay.client")
+
+
+class RelaySubscriber(Background):
+    """A resilient subscriber: typed frames, resumed by offset and positions after a drop."""
+
+    def __init__(
+        self,
+        url: str,
+        channels: Sequence[str],
+        *,
+        deltas: bool = True,
+        token: str | None = None,
+        max_queue: int = 10_000,
+        backoff: tuple[float, float] = (0.05, 5.0),
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self.channels = list(channels)
+        self.deltas = deltas
+        self.token = token
+        self.reconnects = 0
+        self.positions: dict[str, tuple[int, str]] = {}
+        """Per channel, the last ``(offset, epoch)`` seen."""
+        self.partials: dict[tuple[str, str], str] = {}
+        """Text so far of messages in progress, by ``(channel, id)``."""
+        self._backoff = Backoff(*backoff)
+        self._frames: asyncio.Queue[AnyServerFrame] = asyncio.Queue(max_queue)
+
+    def __aiter__(self) -> AsyncIterator[AnyServerFrame]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[AnyServerFrame]:
+        while True:
+            yield await self._frames.get()
+
+    def text(self, channel: str, message_id: str) -> str | None:
+        """The text so far of a message in progress."""
+        return self.partials.get((channel, message_id))
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with connect(
+                    relay_url(self.url, "/subscribe", token=self.token), max_queue=None
+                ) as ws:
+                    for channel in self.channels:
+                        await ws.send(encode(self._subscribe(channel)))
+                    self._backoff.reset()
+                    self._started.set()
+                    async for raw in ws:
+                        frame = SERVER_FRAME.validate_json(raw)
+                        if self._take(frame):
+                            await self._frames.put(frame)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionClosed, InvalidStatus, TimeoutError) as exc:
+                log.info("subscriber connection lost (%s); resuming", exc)
+            self.reconnects += 1
+            await self._backoff.wait()
+
+    def _subscribe(self, channel: str) -> Subscribe:
+        fields: dict[str, Any] = {"type": "subscribe", "channel": channel, "deltas": self.deltas}
+        position = self.positions.get(channel)
+        if position is not None:
+            fields["since"] = Since(offset=position[0], epoch=position[1])
+        held = {
+            message_id: len(text)
+            for (held_channel, message_id), text in self.partials.items()
+            if held_channel == channel
+        }
+        if held and self.deltas:
+            fields["positions"] = held
+        return Subscribe(**fields)
+
+    def _take(self, frame: AnyServerFrame) -> bool:
+        """Update positions and texts; False for a frame already delivered."""
+        if isinstance(frame, Subscribed):
+            if frame.recovered is not True:
+                self.positions[frame.channel] = (frame.offset, frame.epoch)
+        elif isinstance(frame, MessageFrame | Aborted):
+            seen = self.positions.get(frame.channel)
+            if seen is not None and seen[1] == frame.epoch and frame.offset <= seen[0]:
+                return False
+            self.positions[frame.channel] = (frame.offset, frame.epoch)
+            self.partials.pop((frame.channel, frame.id), None)
+        elif isinstance(frame, Snapshot):
+            key = (frame.channel, frame.id)
+            if frame.from_ is MISSING:
+                self.partials[key] = frame.text
+            else:
+                self.partials[key] = self.partials.get(key, "")[: frame.from_] + frame.text
+        elif isinstance(frame, DeltaFrame):
+            key = (frame.channel, frame.id)
+            self.partials[key] = self.partials.get(key, "") + frame.delta
+        return True
