@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 from urllib.parse import urlencode
@@ -35,7 +36,7 @@ class Backoff:
         await asyncio.sleep(delay / 2 + random.random() * delay / 2)
 
 
-class Background:
+class Background(ABC):
     """A client whose connection lives in a background task, restarted after each drop."""
 
     _runner: asyncio.Task[None] | None = None
@@ -43,8 +44,9 @@ class Background:
     def __init__(self) -> None:
         self._started = asyncio.Event()
 
+    @abstractmethod
     async def _run(self) -> None:
-        raise NotImplementedError
+        """Connect, serve, and reconnect after each drop, until cancelled."""
 
     async def __aenter__(self) -> Self:
         self._runner = asyncio.create_task(self._run())

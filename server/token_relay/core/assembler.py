@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from .errors import UsageError
+
 __all__ = ["TokenAssembler"]
 
 
@@ -42,10 +44,10 @@ class TokenAssembler:
         """
         message_id = event["id"]
         if not isinstance(message_id, str):
-            raise TypeError("event id must be a string")
+            raise UsageError("event id must be a string")
         delta = event.get("delta")
         if delta is not None and not isinstance(delta, str):
-            raise TypeError("event delta must be a string when present")
+            raise UsageError("event delta must be a string when present")
         return self.feed(message_id, delta, bool(event.get("final", False)))
 
     def feed(self, message_id: str, delta: str | None, final: bool = False) -> str | None:

@@ -3,7 +3,10 @@
 The tree::
 
     RelayError                      root; ``blame`` says whose fault it is
-    ├── ConfigError                 LOCAL: a setting is invalid; the relay won't start
+    ├── ConfigError                 LOCAL: a setting or limit is invalid; the relay won't
+    │                               start (also a ValueError)
+    ├── UsageError                  LOCAL: our caller passed a value of the wrong type
+    │                               (also a TypeError)
     ├── PeerError                   PEER: the other side broke the rules
     │   ├── FrameRejected           a peer's frame or event was refused; the relay
     │   │                           answers it with an ``error`` frame and keeps serving
@@ -46,6 +49,7 @@ __all__ = [
     "PeerError",
     "RelayError",
     "RelayProtocolError",
+    "UsageError",
     "binary_rejected",
     "broker_rejected",
 ]
@@ -90,8 +94,14 @@ class RelayError(Exception):
     blame: Blame = Blame.LOCAL
 
 
-class ConfigError(RelayError):
-    """A setting is invalid, so the relay refuses to start."""
+class ConfigError(RelayError, ValueError):
+    """A setting or a limit is invalid, so the relay (or that part of it) refuses to start."""
+
+    blame = Blame.LOCAL
+
+
+class UsageError(RelayError, TypeError):
+    """Our caller passed a value of the wrong type (the core assumes well-formed input)."""
 
     blame = Blame.LOCAL
 

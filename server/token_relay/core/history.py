@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 __all__ = ["ChannelLog", "HistoryStore", "Replay", "judge_replay", "new_epoch"]
 
 
@@ -113,7 +115,7 @@ class HistoryStore:
 
     def __init__(self, *, size: int, ttl: float, max_channels: int) -> None:
         if size < 1 or ttl <= 0 or max_channels < 1:
-            raise ValueError("size, ttl and max_channels must be positive")
+            raise ConfigError("size, ttl and max_channels must be positive")
         self.size = size
         self.ttl = ttl
         self.max_channels = max_channels

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Set
 from typing import Generic, TypeVar
 
-from .errors import ErrorCode, FrameRejected
+from .errors import ConfigError, ErrorCode, FrameRejected
 
 __all__ = ["ChannelHub"]
 
@@ -38,7 +38,7 @@ class ChannelHub(Generic[S]):
 
     def __init__(self, max_channels_per_subscriber: int) -> None:
         if max_channels_per_subscriber < 1:
-            raise ValueError("max_channels_per_subscriber must be at least 1")
+            raise ConfigError("max_channels_per_subscriber must be at least 1")
         self._max_channels = max_channels_per_subscriber
         self._subscribers_of: dict[str, set[S]] = {}
         self._deltas_of: dict[str, set[S]] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .errors import ConfigError
+
 __all__ = ["TokenBucket"]
 
 
@@ -12,7 +14,7 @@ class TokenBucket:
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         if rate <= 0 or burst < 1:
-            raise ValueError("rate must be positive and burst at least 1")
+            raise ConfigError("rate must be positive and burst at least 1")
         self.rate = rate
         self.burst = burst
         self.tokens = burst

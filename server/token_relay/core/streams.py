@@ -52,7 +52,7 @@ from typing import NamedTuple
 from pydantic import MISSING
 
 from .assembler import TokenAssembler
-from .errors import ErrorCode, FrameRejected
+from .errors import ConfigError, ErrorCode, FrameRejected
 from .protocol import ProducerEvent
 
 __all__ = ["TRANSITIONS", "Applied", "MessageStreams", "Overflow", "Phase", "Unfinished"]
@@ -171,7 +171,7 @@ class MessageStreams:
         max_chars: int = 1 << 20,
     ) -> None:
         if max_streaming < 1 or max_completed < 1 or max_chars < 1:
-            raise ValueError("max_streaming, max_completed and max_chars must be at least 1")
+            raise ConfigError("max_streaming, max_completed and max_chars must be at least 1")
         self.max_chars = max_chars
         self.default_channel = default_channel
         self.max_streaming = max_streaming
