@@ -13,10 +13,17 @@ import pytest
 from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
 from token_relay.testing import relay_process
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ..conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json, start_relay
+from ..conftest import (
+    RunningRelay,
+    assert_silent,
+    connect,
+    open_producer,
+    recv_json,
+    send_json,
+    start_relay,
+)
 
 SECRET = "test-secret-of-some-length-0123456789"
 
