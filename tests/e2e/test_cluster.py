@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
-from token_relay.testing import RedisServer, ServiceProcess, relay_process
+from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -33,9 +33,8 @@ async def _subscribed(url: str, query: str = "channel=c") -> ClientConnection:
 
 
 async def _eventually(probe: Callable[[], Coroutine[Any, Any, bool]], wait: float = 15) -> None:
-    async with asyncio.timeout(wait):
-        while not await probe():  # noqa: ASYNC110 - polls another process over HTTP
-            await asyncio.sleep(0.1)
+    """Poll another process over HTTP until ``probe`` holds."""
+    await eventually(probe, wait, interval=0.02, what=probe.__name__)
 
 
 async def test_producer_on_a_reaches_subscribers_on_a_and_b_exactly_once(
@@ -55,7 +54,9 @@ async def test_producer_on_a_reaches_subscribers_on_a_and_b_exactly_once(
             ("message", f"m{i}", f"text {i} é🚀", i + 1) for i in range(5)
         ]
         epochs |= {f["epoch"] for f in frames}
-        await assert_silent(ws, 0.2)
+    # Each subscriber's own 0.2 s of silence, all watched at once.
+    await asyncio.gather(*(assert_silent(ws, 0.2) for ws in subscribers))
+    for ws in subscribers:
         await ws.close()
     assert len(epochs) == 1
 
