@@ -7,11 +7,11 @@ import json
 import signal
 
 from token_relay.testing import relay_process
-from websockets.asyncio.client import connect
 
 from ..conftest import (
     RunningRelay,
     assert_silent,
+    connect,
     open_producer,
     recv_json,
     send_json,

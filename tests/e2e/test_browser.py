@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Page, async_playwright
+import pytest_asyncio
+from playwright.async_api import Browser, Page, async_playwright
 
 from client_demo import WEB_ROOT
 
@@ -26,21 +27,35 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture
+# One Chromium for the module (launching it costs more than most of these tests); each test
+# still gets a fresh browser context of its own, so no page state is shared between tests.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
 async def web_relay() -> AsyncIterator[tuple[RunningRelay, Any]]:
     running, server = await start_relay(web_root=str(WEB_ROOT))
     async with server:
         yield running, server
 
 
-@pytest.fixture
-async def page() -> AsyncIterator[Page]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield await browser.new_page()
-        finally:
-            await browser.close()
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context()
+    try:
+        yield await context.new_page()
+    finally:
+        await context.close()
 
 
 async def _open(page: Page, running: RunningRelay, channel: str, query: str = "") -> None:
@@ -174,14 +189,9 @@ async def test_relay_serves_the_page_and_client_over_http(
     assert missing is not None and missing.status == 404
 
 
-async def test_demo_relay_start_helper_is_independent() -> None:
+async def test_demo_relay_start_helper_is_independent(page: Page) -> None:
     # Without --web-root the relay serves no page at all.
     running, server = await start_relay()
-    async with server, async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = await browser.new_page()
-            response = await page.goto(running.url.replace("ws://", "http://") + "/")
-            assert response is not None and response.status == 404
-        finally:
-            await browser.close()
+    async with server:
+        response = await page.goto(running.url.replace("ws://", "http://") + "/")
+        assert response is not None and response.status == 404

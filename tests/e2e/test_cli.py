@@ -12,10 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from token_relay import ConfigError, Settings
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosedOK
 
-from ..conftest import recv_core, send_json
+from ..conftest import connect, recv_core, send_json
 
 LISTENING = re.compile(rb"listening on port (\d+): producers (ws://\S+), subscribers (ws://\S+)")
 

@@ -3,26 +3,71 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from token_relay.testing import RedisServer, ServiceProcess, relay_process
-from websockets.asyncio.client import ClientConnection, connect
+import pytest_asyncio
+from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..conftest import assert_silent, open_producer, recv_json, send_json
+from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
+
+# The relay processes live in this module's event loop, so that a pair can outlive a test.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest.fixture
-async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[ServiceProcess, ServiceProcess]]:
-    flags = ("--broker", redis_server.url, "--idle-timeout", "30")
+@asynccontextmanager
+async def _relays_on(redis: RedisServer) -> AsyncIterator[tuple[ServiceProcess, ServiceProcess]]:
+    flags = ("--broker", redis.url, "--idle-timeout", "30")
     a, b = relay_process(*flags), relay_process(*flags)
     await asyncio.gather(a.start(), b.start())
     try:
         yield a, b
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+@pytest.fixture(scope="module")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_pair(
+    shared_redis: RedisServer,
+) -> AsyncIterator[tuple[ServiceProcess, ServiceProcess]]:
+    async with _relays_on(shared_redis) as relays:
+        yield relays
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def pair(
+    shared_pair: tuple[ServiceProcess, ServiceProcess],
+) -> tuple[ServiceProcess, ServiceProcess]:
+    """Two relays on one redis-server, started once for the tests that leave Redis alone.
+
+    Each such test streams on a channel of its own, so none sees another's history.
+    """
+    a, b = shared_pair
+    assert a.alive and b.alive, a.log + b.log
+    return a, b
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def own_pair(
+    redis_server: RedisServer,
+) -> AsyncIterator[tuple[ServiceProcess, ServiceProcess]]:
+    """Two relays on a redis-server of their own, for a test that kills it."""
+    async with _relays_on(redis_server) as relays:
+        yield relays
 
 
 async def _subscribed(url: str, query: str = "channel=c") -> ClientConnection:
@@ -33,21 +78,23 @@ async def _subscribed(url: str, query: str = "channel=c") -> ClientConnection:
 
 
 async def _eventually(probe: Callable[[], Coroutine[Any, Any, bool]], wait: float = 15) -> None:
-    async with asyncio.timeout(wait):
-        while not await probe():  # noqa: ASYNC110 - polls another process over HTTP
-            await asyncio.sleep(0.1)
+    """Poll another process over HTTP until ``probe`` holds."""
+    await eventually(probe, wait, interval=0.02, what=probe.__name__)
 
 
 async def test_producer_on_a_reaches_subscribers_on_a_and_b_exactly_once(
     pair: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
     a, b = pair
-    subscribers = [await _subscribed(url) for url in (a.url, a.url, b.url, b.url)]
-    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+    channel = "fanout"
+    subscribers = [
+        await _subscribed(url, f"channel={channel}") for url in (a.url, a.url, b.url, b.url)
+    ]
+    async with open_producer(f"{a.url}/produce?channel={channel}") as producer:
         for i in range(5):
             await send_json(producer, {"id": f"m{i}", "delta": f"text {i} é🚀"})
             await send_json(producer, {"id": f"m{i}", "final": True})
-            assert await recv_json(producer) == {"type": "ack", "id": f"m{i}", "channel": "c"}
+            assert await recv_json(producer) == {"type": "ack", "id": f"m{i}", "channel": channel}
     epochs = set()
     for ws in subscribers:
         frames = [await recv_json(ws) for _ in range(5)]
@@ -55,7 +102,9 @@ async def test_producer_on_a_reaches_subscribers_on_a_and_b_exactly_once(
             ("message", f"m{i}", f"text {i} é🚀", i + 1) for i in range(5)
         ]
         epochs |= {f["epoch"] for f in frames}
-        await assert_silent(ws, 0.2)
+    # Each subscriber's own 0.2 s of silence, all watched at once.
+    await asyncio.gather(*(assert_silent(ws, 0.2) for ws in subscribers))
+    for ws in subscribers:
         await ws.close()
     assert len(epochs) == 1
 
@@ -64,20 +113,26 @@ async def test_deltas_and_snapshot_across_instances(
     pair: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
     a, b = pair
-    watcher = await _subscribed(a.url, "channel=c&deltas=1")
-    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+    channel = "snapshot"
+    watcher = await _subscribed(a.url, f"channel={channel}&deltas=1")
+    async with open_producer(f"{a.url}/produce?channel={channel}") as producer:
         await send_json(producer, {"id": "m", "delta": "Hel"})
         # Once a's own subscriber has the delta, it has passed through Redis.
         assert (await recv_json(watcher))["delta"] == "Hel"
-        late = await _subscribed(b.url, "channel=c&deltas=1")
+        late = await _subscribed(b.url, f"channel={channel}&deltas=1")
         assert await recv_json(late) == {
             "type": "snapshot",
-            "channel": "c",
+            "channel": channel,
             "id": "m",
             "text": "Hel",
         }
         await send_json(producer, {"id": "m", "delta": "lo", "final": True})
-        assert await recv_json(late) == {"type": "delta", "channel": "c", "id": "m", "delta": "lo"}
+        assert await recv_json(late) == {
+            "type": "delta",
+            "channel": channel,
+            "id": "m",
+            "delta": "lo",
+        }
         final = await recv_json(late)
         assert (final["type"], final["text"]) == ("message", "Hello")
     await watcher.close()
@@ -86,10 +141,11 @@ async def test_deltas_and_snapshot_across_instances(
 
 async def test_resume_on_b_after_being_on_a(pair: tuple[ServiceProcess, ServiceProcess]) -> None:
     a, b = pair
+    channel = "resume"
     first = await connect(f"{a.url}/subscribe")
-    await send_json(first, {"type": "subscribe", "channel": "c"})
+    await send_json(first, {"type": "subscribe", "channel": channel})
     epoch = (await recv_json(first))["epoch"]
-    async with open_producer(f"{a.url}/produce?channel=c") as producer:
+    async with open_producer(f"{a.url}/produce?channel={channel}") as producer:
         for i in range(2):
             await send_json(producer, {"id": f"m{i}", "delta": f"t{i}", "final": True})
             await recv_json(producer)
@@ -100,11 +156,12 @@ async def test_resume_on_b_after_being_on_a(pair: tuple[ServiceProcess, ServiceP
             await recv_json(producer)
         async with connect(f"{b.url}/subscribe") as again:
             await send_json(
-                again, {"type": "subscribe", "channel": "c", "since": {"offset": 2, "epoch": epoch}}
+                again,
+                {"type": "subscribe", "channel": channel, "since": {"offset": 2, "epoch": epoch}},
             )
             assert await recv_json(again) == {
                 "type": "subscribed",
-                "channel": "c",
+                "channel": channel,
                 "offset": 4,
                 "epoch": epoch,
                 "recovered": True,
@@ -121,27 +178,28 @@ async def test_cancel_is_routed_across_instances(
     pair: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
     a, b = pair
-    watcher = await _subscribed(b.url, "channel=c&deltas=1")
+    channel = "cancel"
+    watcher = await _subscribed(b.url, f"channel={channel}&deltas=1")
     async with (
-        open_producer(f"{a.url}/produce?channel=c") as owner,
-        open_producer(f"{b.url}/produce?channel=c") as bystander,
+        open_producer(f"{a.url}/produce?channel={channel}") as owner,
+        open_producer(f"{b.url}/produce?channel={channel}") as bystander,
     ):
         await send_json(owner, {"id": "long", "delta": "thinking"})
         await send_json(bystander, {"id": "other", "delta": "busy"})
         seen = {(await recv_json(watcher))["id"] for _ in range(2)}
         assert seen == {"long", "other"}
-        await send_json(watcher, {"type": "cancel", "channel": "c", "id": "long"})
-        assert await recv_json(owner) == {"type": "cancel", "channel": "c", "id": "long"}
+        await send_json(watcher, {"type": "cancel", "channel": channel, "id": "long"})
+        assert await recv_json(owner) == {"type": "cancel", "channel": channel, "id": "long"}
         await assert_silent(bystander, 0.3)
-        await send_json(watcher, {"type": "cancel", "channel": "c", "id": "missing"})
+        await send_json(watcher, {"type": "cancel", "channel": channel, "id": "missing"})
         assert (await recv_json(watcher))["code"] == "unknown_message"
     await watcher.close()
 
 
 async def test_redis_killed_mid_stream_and_restarted(
-    pair: tuple[ServiceProcess, ServiceProcess], redis_server: RedisServer
+    own_pair: tuple[ServiceProcess, ServiceProcess], redis_server: RedisServer
 ) -> None:
-    a, b = pair
+    a, b = own_pair
     assert await a.http_status("/readyz") == 200
     watcher = await _subscribed(b.url, "channel=c&deltas=1")
     old_epoch = None

@@ -13,10 +13,17 @@ import pytest
 from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
 from token_relay.testing import relay_process
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ..conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json, start_relay
+from ..conftest import (
+    RunningRelay,
+    assert_silent,
+    connect,
+    open_producer,
+    recv_json,
+    send_json,
+    start_relay,
+)
 
 SECRET = "test-secret-of-some-length-0123456789"
 
@@ -307,8 +314,11 @@ async def test_sigterm_during_traffic_aborts_and_exits_cleanly_with_json_logs() 
     try:
         async with (
             connect(f"{relay.url}/subscribe?channel=c&token={sub_token}") as sub,
+            # By the time this producer closes, the relay has exited: nobody is left to
+            # answer its close handshake, so it need not wait for one.
             open_producer(
-                f"{relay.url}/produce?channel=c&token={token(Role.PRODUCE, 'c')}"
+                f"{relay.url}/produce?channel=c&token={token(Role.PRODUCE, 'c')}",
+                close_timeout=0.1,
             ) as producer,
         ):
             await recv_json(sub)

@@ -48,7 +48,8 @@ async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) 
                 assert frame["type"] == "message" and frame["channel"] == "chat"
                 got[frame["id"]] = frame["text"]
             assert got == texts
-            await assert_silent(ws, 0.05)
+        # Each subscriber's own 0.05 s of silence, all watched at once.
+        await asyncio.gather(*(assert_silent(ws, 0.05) for ws in subscribers))
     finally:
         for ws in subscribers:
             await ws.close()
@@ -78,8 +79,7 @@ async def test_channel_isolation(relay: RunningRelay) -> None:
             "id": "y",
             "text": "for b",
         }
-        await assert_silent(sub_a)
-        await assert_silent(sub_b, 0.05)
+        await asyncio.gather(assert_silent(sub_a, 0.1), assert_silent(sub_b, 0.05))
 
 
 async def test_subscribe_and_unsubscribe_by_frame(relay: RunningRelay) -> None:
@@ -103,7 +103,7 @@ async def test_subscribe_and_unsubscribe_by_frame(relay: RunningRelay) -> None:
             "id": "4",
             "text": "kept",
         }
-        await assert_silent(sub)
+        await assert_silent(sub, 0.1)
 
 
 async def test_repeated_final_is_acked_but_never_rebroadcast(relay: RunningRelay) -> None:
@@ -120,7 +120,7 @@ async def test_repeated_final_is_acked_but_never_rebroadcast(relay: RunningRelay
             "id": "m",
             "text": "hello",
         }
-        await assert_silent(sub)
+        await assert_silent(sub, 0.1)
 
 
 async def test_empty_and_absent_deltas(relay: RunningRelay) -> None:
