@@ -135,7 +135,7 @@ async def scenario(
     TRIED["examples"] += 1
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     messages=valid_messages,
     bad_events=st.lists(bad_event(), min_size=1, max_size=12),

@@ -307,7 +307,7 @@ async def test_shutdown_aborts_messages_in_flight_before_closing_with_1001() -> 
 
 async def test_sigterm_during_traffic_aborts_and_exits_cleanly_with_json_logs() -> None:
     relay = await relay_process(
-        "--log-format", "json", "--secret", SECRET, "--shutdown-timeout", "2"
+        "--log-format", "json", "--secret", SECRET, "--shutdown-timeout", "1"
     ).start()
     sub_token = token(Role.SUBSCRIBE, "c")
     timings: list[float] = []

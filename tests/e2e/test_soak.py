@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 
 from ..conftest import connect
 
-SMOKE_SECONDS = 1.5
+SMOKE_SECONDS = 1.0
 PRODUCERS = 8
 SUBSCRIBERS = 40
 CHANNELS = 4
