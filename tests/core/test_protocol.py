@@ -24,6 +24,7 @@ from token_relay.core.protocol import (
     Unsubscribe,
     Unsubscribed,
     decode_producer_event,
+    decode_producer_frame,
     decode_subscriber_frame,
     encode,
     json_schema,
@@ -206,9 +207,28 @@ def test_event_invalid_utf8_bytes(raw: bytes) -> None:
     assert rejected.message_id is None
 
 
-def test_event_lone_surrogate_escape_is_rejected() -> None:
-    rejected = _rejected_event('{"id": "m", "delta": "\\ud83d"}')
-    assert rejected.code is ErrorCode.INVALID_JSON
+def test_event_lone_surrogate_escape_in_a_delta_is_accepted_as_is() -> None:
+    # Half of an emoji cut by a gateway slicing a JavaScript string: the message
+    # streams join the halves (see test_streams).
+    assert decode_producer_event('{"id": "m", "delta": "A\\ud83d"}').delta == "A\ud83d"
+    frame = decode_producer_frame('[{"id": "m", "delta": "\\ude00B"}]')
+    assert isinstance(frame, list) and frame[0].delta == "\ude00B"
+
+
+def test_lone_surrogate_in_a_name_is_rejected() -> None:
+    rejected = _rejected_event('{"id": "\\ud83d", "delta": "x"}')
+    # Names are refused by their own validation: only a delta may hold half a pair.
+    assert rejected.code is ErrorCode.INVALID_EVENT
+    assert rejected.message.startswith("'id'")
+    with pytest.raises(FrameRejected) as batch:
+        decode_producer_frame('[{"id": "a"}, {"id": "m", "channel": "\\udc00"}]')
+    assert (batch.value.code, batch.value.index) == (ErrorCode.INVALID_EVENT, 1)
+
+
+def test_non_json_constants_beside_a_surrogate_are_still_refused() -> None:
+    rejected = _rejected_event('{"id": "m", "delta": NaN, "x": "\\ud83d"}')
+    assert rejected.code in (ErrorCode.INVALID_JSON, ErrorCode.INVALID_EVENT)
+    assert _rejected_event('{"id": "m", "delta": "\\ud83d"').code is ErrorCode.INVALID_JSON
 
 
 def test_rejection_is_a_relay_error_with_message() -> None:

@@ -910,3 +910,45 @@ def test_phase_follows_the_lifecycle_table() -> None:
     with pytest.raises(FrameRejected) as refused:
         streams.receive(ProducerEvent(id="n", delta="x"))
     assert refused.value.code is ErrorCode.MESSAGE_ABORTED
+
+
+# ------------------------------------------------------------- split surrogates
+
+
+def test_an_emoji_split_into_utf16_halves_is_joined_in_text_and_deltas() -> None:
+    streams = MessageStreams("c")
+    first = streams.receive(ProducerEvent(id="m", delta="A\ud83d"))
+    assert isinstance(first, Applied) and first.delta == "A"
+    assert streams.partial("m") == "A"  # the high half waits for its pair
+    second = streams.receive(ProducerEvent(id="m", delta="\ude00B"))
+    assert isinstance(second, Applied) and second.delta == "\U0001f600B"
+    final = streams.receive(ProducerEvent(id="m", final=True))
+    assert isinstance(final, Applied) and final.text == "A\U0001f600B"
+
+
+def test_a_half_that_never_pairs_becomes_the_replacement_character() -> None:
+    streams = MessageStreams("c")
+    streams.receive(ProducerEvent(id="end", delta="x\ud83d"))
+    done = streams.receive(ProducerEvent(id="end", final=True))
+    assert isinstance(done, Applied) and (done.delta, done.text) == ("\ufffd", "x\ufffd")
+    streams.receive(ProducerEvent(id="low", delta="\ude00y"))
+    assert streams.partial("low") == "\ufffdy"
+    streams.receive(ProducerEvent(id="mid", delta="a\ud83db"))
+    assert streams.partial("mid") == "a\ufffdb"
+    one_shot = streams.receive(ProducerEvent(id="shot", delta="\ud83d", final=True))
+    assert isinstance(one_shot, Applied) and one_shot.text == "\ufffd"
+    streams.receive(ProducerEvent(id="cut", delta="z\ud83d"))
+    assert Unfinished("c", "cut", "z\ufffd") in streams.close()
+
+
+def test_a_held_half_is_replaced_when_the_message_idles_out() -> None:
+    streams = MessageStreams("c")
+    streams.receive(ProducerEvent(id="m", delta="\ud83d"), now=1.0)
+    assert streams.expire(5.0) == [Unfinished("c", "m", "\ufffd")]
+
+
+def test_text_without_surrogates_is_untouched() -> None:
+    streams = MessageStreams("c")
+    for delta in ["héllo ", "\U0001f44b", "日本語", "\u2028"]:
+        applied = streams.receive(ProducerEvent(id="m", delta=delta))
+        assert isinstance(applied, Applied) and applied.delta == delta

@@ -12,6 +12,7 @@ from ..conftest import (
     RunningRelay,
     assert_silent,
     recv_core,
+    recv_json,
     send_json,
     start_relay,
     subscribed_pair,
@@ -365,3 +366,30 @@ async def test_slow_subscriber_is_closed_and_others_keep_receiving() -> None:
             while True:
                 await asyncio.wait_for(slow.recv(), 5)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+
+
+async def test_an_emoji_split_across_deltas_arrives_whole(relay: RunningRelay) -> None:
+    async with subscribed_pair(relay, deltas=True) as (sub, producer):
+        # As a gateway slicing a JavaScript string sends it: UTF-16 halves, JSON-escaped.
+        await producer.send('{"id": "m", "delta": "A\\ud83d"}')
+        await producer.send('{"id": "m", "delta": "\\ude00B", "final": true}')
+        frames = [await recv_core(sub) for _ in range(3)]
+        assert frames == [
+            {"type": "delta", "channel": "c", "id": "m", "delta": "A"},
+            {"type": "delta", "channel": "c", "id": "m", "delta": "\U0001f600B"},
+            {"type": "message", "channel": "c", "id": "m", "text": "A\U0001f600B"},
+        ]
+        assert (await recv_json(producer))["type"] == "ack"
+
+
+async def test_invalid_utf8_closes_with_1007(relay: RunningRelay) -> None:
+    async with relay.connect("/produce?channel=c") as producer:
+        # websockets' client would refuse to send it: write the frame to the socket raw.
+        payload = b'{"id": "m", "delta": "\xff"}'
+        header = bytes([0x81, 0x80 | len(payload)]) + b"\0\0\0\0"  # FIN, text, zero mask
+        transport = producer.transport
+        assert transport is not None
+        transport.write(header + payload)
+        with pytest.raises(ConnectionClosedError) as closed:
+            await recv_json(producer)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007

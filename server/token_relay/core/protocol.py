@@ -12,6 +12,8 @@ Relay -> peers: :data:`ServerFrame` (tagged on ``type``).
 
 from __future__ import annotations
 
+import json
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -411,8 +413,6 @@ _NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 def _peek_id(raw: str | bytes, index: int | None = None) -> str | None:
     """Best effort: the ``id`` of a rejected frame, so the error can name it. Cold path."""
-    import json
-
     try:
         parsed: Any = json.loads(raw)
     except ValueError:
@@ -454,12 +454,45 @@ def _rejection(
     return FrameRejected(invalid, message, _peek_id(raw))
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _with_surrogates(raw: str | bytes) -> Any:
+    """Parse JSON whose strings may hold lone UTF-16 surrogate escapes (``"\\ud83d"``).
+
+    The fast parser refuses them; the standard library's takes them. The constants
+    JSON itself does not have (``NaN``, ``Infinity``) become an object that no field
+    accepts. None if it is not valid JSON either way, or has no surrogate escape (cold
+    path only).
+    """
+    data = raw.encode() if isinstance(raw, str) else raw
+    if not _SURROGATE_ESCAPE.search(data):
+        return None
+    try:
+        return json.loads(data, parse_constant=lambda name: _NOT_JSON)
+    except ValueError:
+        return None
+
+
+_NOT_JSON = object()
+
+
 def decode_producer_event(raw: str | bytes) -> ProducerEvent:
     """Validate one producer event frame, or raise :class:`FrameRejected`."""
     try:
         return PRODUCER_EVENT.validate_json(raw)
     except ValidationError as exc:
+        parsed = _with_surrogates(raw) if _is_json_error(exc) else None
+        if parsed is not None:
+            try:
+                return PRODUCER_EVENT.validate_python(parsed)
+            except ValidationError as again:
+                exc = again
         raise _rejection(exc, raw, ErrorCode.INVALID_EVENT, "an event") from None
+
+
+def _is_json_error(exc: ValidationError) -> bool:
+    return exc.errors(include_url=False, include_input=False)[0]["type"] == "json_invalid"
 
 
 def decode_producer_frame(raw: str | bytes) -> ProducerEvent | list[ProducerEvent]:
@@ -469,6 +502,12 @@ def decode_producer_frame(raw: str | bytes) -> ProducerEvent | list[ProducerEven
         try:
             return PRODUCER_BATCH.validate_json(raw)
         except ValidationError as exc:
+            parsed = _with_surrogates(raw) if _is_json_error(exc) else None
+            if parsed is not None:
+                try:
+                    return PRODUCER_BATCH.validate_python(parsed)
+                except ValidationError as again:
+                    exc = again
             raise _batch_rejection(exc, raw) from None
     return decode_producer_event(raw)
 

@@ -135,8 +135,30 @@ def _too_large(limit: int, message_id: str, aborted: bool) -> FrameRejected:
     )
 
 
+REPLACEMENT = "\ufffd"
+"""What a surrogate that never pairs becomes (U+FFFD, the replacement character)."""
+
+
+def mend(held: str, delta: str, final: bool) -> tuple[str, str]:
+    """Join UTF-16 surrogate halves split across deltas: ``(text to append, held)``.
+
+    A gateway slicing a JavaScript string may cut an emoji in two, so a delta can end
+    in a high surrogate and the next start with the low one. The high half is held
+    back until the next delta; a pair becomes its code point; a half that never pairs
+    (the message ends, or nothing fitting follows) becomes :data:`REPLACEMENT`. The
+    text handed on never holds a lone surrogate, so it always encodes to UTF-8.
+    """
+    text = held + delta
+    if text.isascii() or not any("\ud800" <= char <= "\udfff" for char in text):
+        return text, ""
+    held = ""
+    if not final and "\ud800" <= text[-1] <= "\udbff":
+        held, text = text[-1], text[:-1]
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace"), held
+
+
 class _Open:
-    __slots__ = ("channel", "chars", "last_delta", "last_event", "opened", "seq")
+    __slots__ = ("channel", "chars", "held", "last_delta", "last_event", "opened", "seq")
 
     def __init__(self, channel: str, now: float, seq: int) -> None:
         self.channel = channel
@@ -145,6 +167,8 @@ class _Open:
         self.last_event = now
         self.last_delta: float | None = None
         self.chars = 0
+        self.held = ""
+        """A high surrogate waiting for its low half (see :func:`mend`)."""
 
 
 class MessageStreams:
@@ -204,6 +228,10 @@ class MessageStreams:
                 state.seq = seq
             state.last_event = now
             delta = None if event.delta is MISSING else event.delta
+            if delta is not None and (state.held or not delta.isascii()):
+                delta, state.held = mend(state.held, delta, event.final)
+            elif event.final and state.held:
+                delta, state.held = REPLACEMENT, ""
             wait = previous = None
             if delta:
                 state.chars += len(delta)
@@ -254,12 +282,16 @@ class MessageStreams:
         if seq is not None and seq != 1:
             raise _seq_gap(message_id, 1, seq)
         delta = None if event.delta is MISSING else event.delta
+        held = ""
+        if delta is not None and not delta.isascii():
+            delta, held = mend("", delta, event.final)
         if delta is not None and len(delta) > self.max_chars:
             raise _too_large(self.max_chars, message_id, aborted=False)
         text = self.assembler.feed(message_id, delta, event.final)
         wait = 0.0 if delta else None
         if text is None:
             state = self._streaming[message_id] = _Open(channel, now, seq or 0)
+            state.held = held
             if delta:
                 state.chars = len(delta)
                 state.last_delta = now
@@ -325,7 +357,7 @@ class MessageStreams:
 
     def _abort(self, message_id: str) -> Unfinished:
         state = self._streaming.pop(message_id)
-        text = self.assembler.discard(message_id) or ""
+        text = (self.assembler.discard(message_id) or "") + (REPLACEMENT if state.held else "")
         self._remember(self._aborted, message_id, state.channel)
         return Unfinished(state.channel, message_id, text)
 
