@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import Broker, open_broker
+from token_relay.core.errors import BrokerUnavailable
 from token_relay.core.settings import Settings
-from token_relay.testing import RedisServer
+from token_relay.testing import RedisServer, eventually
 
 from .test_contract import Recorder, message_body, until
 
@@ -76,3 +79,53 @@ async def test_offsets_stay_increasing_across_processes(two_brokers: tuple[Broke
     epoch = (await beta.catch_up("c", None, False)).epoch
     cut = await alpha.catch_up("c", (0, epoch), False)
     assert (cut.recovered, cut.frames) == (True, frames)
+
+
+async def test_a_burst_of_joins_waits_its_turn_and_never_wedges(
+    two_brokers: tuple[Broker, Broker],
+) -> None:
+    alpha, _ = two_brokers
+    # Many more joins at once than the pool has connections: each waits, none is refused.
+    cuts = await asyncio.gather(*(alpha.catch_up(f"burst-{n}", None, True) for n in range(300)))
+    assert len({cut.epoch for cut in cuts}) == 300
+    assert alpha.healthy
+    await alpha.terminal("burst-0", "alpha.1", "m", message_body("burst-0", "m", "after"))
+
+
+async def test_health_is_probed_and_comes_back_after_a_redis_restart(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer
+) -> None:
+    alpha, beta = two_brokers
+    assert alpha.healthy and beta.healthy
+    redis_server.kill()
+    await until(lambda: not alpha.healthy and not beta.healthy, 5)
+    with pytest.raises(BrokerUnavailable):
+        await alpha.catch_up("c", None, False)
+    redis_server.start()
+    # The documented backoff is at most 2 s between tries, plus a probe.
+    await until(lambda: alpha.healthy and beta.healthy, 6)
+    cut = await alpha.catch_up("c", None, False)
+    assert cut.offset == 0
+
+
+async def test_terminal_frames_deferred_in_an_outage_are_published_in_order_after(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer
+) -> None:
+    alpha, beta = two_brokers
+    redis_server.kill()
+    await until(lambda: not alpha.healthy, 5)
+    for n in range(3):
+        alpha.defer("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", f"text {n}"))
+    assert alpha.outbox == 3  # type: ignore[attr-defined]
+    redis_server.start()
+    await until(lambda: alpha.healthy and alpha.outbox == 0, 6)  # type: ignore[attr-defined]
+
+    async def published() -> bool:
+        cut = await beta.catch_up("c", None, False)
+        return cut.offset == 3
+
+    await eventually(published, 5)
+    epoch = (await beta.catch_up("c", None, False)).epoch
+    cut = await beta.catch_up("c", (0, epoch), False)
+    assert [json.loads(frame)["id"] for frame in cut.frames] == ["m0", "m1", "m2"]
+    assert [json.loads(frame)["offset"] for frame in cut.frames] == [1, 2, 3]

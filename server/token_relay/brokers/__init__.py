@@ -106,6 +106,10 @@ class Broker(Protocol):
         ``body`` is the frame serialized without ``offset`` and ``epoch``.
         """
 
+    def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
+        """Like :meth:`terminal`, for a frame nobody will send again (an abort): publish it
+        now if the broker can, else keep it (bounded) and publish it, in order, once it can."""
+
     async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
         """A consistent cut of ``channel`` for a joining subscriber."""
 

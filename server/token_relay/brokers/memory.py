@@ -63,6 +63,13 @@ class MemoryBroker:
 
     async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         """Number, record and deliver a terminal frame."""
+        return self._terminal(channel, owner, message_id, body)
+
+    def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
+        """Nothing to wait for: publish at once."""
+        self._terminal(channel, owner, message_id, body)
+
+    def _terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         self.inflight.remove(channel, owner, message_id)
         payload = self.history.record(
             channel, time.monotonic(), lambda offset, epoch: with_position(body, offset, epoch)

@@ -49,6 +49,7 @@ subscribers resume by offset: what was published meanwhile may have been missed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from ..core.errors import BrokerUnavailable
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
@@ -76,6 +77,20 @@ MAX_QUEUE = 100_000
 """Writes waiting for Redis, at most."""
 MAX_BATCH = 1000
 """Writes sent in one pipeline, at most."""
+MAX_CONNECTIONS = 64
+"""Connections to Redis per process; a command waits for a free one (up to 5 s)."""
+MAX_JOINS = 32
+"""Catch-up reads in flight per process; more joins wait their turn, none is refused."""
+MAX_OUTBOX = 10_000
+"""Terminal frames kept while Redis is down, published in order when it is back."""
+PROBE_EVERY = 1.0
+"""Seconds between health probes (PING) while Redis answers."""
+PROBE_WHEN_DOWN = 0.2
+"""Seconds between health probes while it does not."""
+PUBSUB_QUIET = 3.0
+"""Seconds of pub/sub silence after which the connection is pinged."""
+PUBSUB_DEAD = 5.0
+"""Seconds a pub/sub ping may go unanswered before the connection is replaced."""
 _DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 _OPEN = """
@@ -173,6 +188,8 @@ class _Write:
     done: asyncio.Future[Any] | None = None
     message: tuple[str, str, str] | None = field(default=None)
     """(channel, owner, id) of a delta, so a failed one marks its message for a resync."""
+    deferred: tuple[str, str, str, str] | None = None
+    """A terminal frame from the outbox: put back if it fails."""
 
 
 class RedisBroker:
@@ -191,7 +208,14 @@ class RedisBroker:
         self._confirmed: dict[str, asyncio.Future[None]] = {}
         self._dirty: set[tuple[str, str, str]] = set()
         self._flushes: dict[str, asyncio.Future[None]] = {}
-        self._healthy = False
+        self._up = False
+        """The last probe (or connect) reached Redis."""
+        self._listening = False
+        """The pub/sub connection is subscribed and reading."""
+        self._probe_now = asyncio.Event()
+        self._joins = asyncio.Semaphore(MAX_JOINS)
+        self._outbox: collections.deque[tuple[str, str, str, str]] = collections.deque()
+        self._pool: BlockingConnectionPool | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox = _key("i", instance)
         self._text_ttl = max(1, int(settings.idle_timeout * 2))
@@ -200,19 +224,29 @@ class RedisBroker:
 
     @property
     def healthy(self) -> bool:
-        """Whether the last exchange with Redis worked."""
-        return self._healthy
+        """A fact about Redis, probed: it answers PING and the pub/sub connection is up.
+
+        A failed command does not clear it; it only makes the next probe come at once.
+        """
+        return self._up and self._listening
 
     async def start(self, listener: BrokerListener) -> None:
-        """Connect (if Redis is up) and start the reader and writer tasks."""
+        """Connect (if Redis is up) and start the reader, writer and probe tasks."""
         self._listener = listener
-        self._redis = Redis.from_url(
-            self.url, socket_timeout=5, socket_connect_timeout=2, retry_on_error=[]
+        self._pool = BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=5,
+            socket_timeout=5,
+            socket_connect_timeout=2,
+            retry_on_error=[],
         )
+        self._redis = Redis(connection_pool=self._pool)
         connected = asyncio.get_running_loop().create_future()
         self._tasks = [
             asyncio.create_task(self._read_forever(connected)),
             asyncio.create_task(self._write_forever()),
+            asyncio.create_task(self._probe_forever()),
         ]
         # Serve at once either way: if Redis is down, readiness says so and the
         # reader keeps retrying in the background.
@@ -231,7 +265,10 @@ class RedisBroker:
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
-        self._healthy = False
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.disconnect()
+        self._up = self._listening = False
 
     async def flush(self) -> None:
         """Wait until a marker published now comes back: pub/sub keeps order on one connection."""
@@ -291,11 +328,11 @@ class RedisBroker:
             target,
         )
 
-    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
-        """Give the frame its offset, add it to history and publish it, atomically."""
+    def _terminal_write(
+        self, channel: str, owner: str, message_id: str, body: str, done: asyncio.Future[Any] | None
+    ) -> _Write:
         member = f"{owner}|{message_id}"
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        write = _Write(
+        return _Write(
             "terminal",
             [
                 _key("epoch", channel),
@@ -317,12 +354,42 @@ class RedisBroker:
             ],
             done,
         )
-        if not self._healthy or self._queue.full():
+
+    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+        """Give the frame its offset, add it to history and publish it, atomically."""
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        write = self._terminal_write(channel, owner, message_id, body, done)
+        if not self.healthy or self._queue.full():
             raise BrokerUnavailable("Redis is unreachable")
         self._queue.put_nowait(write)
         frame: bytes = await done
         self._dirty.discard((channel, owner, message_id))
         return frame.decode()
+
+    def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
+        """Publish a terminal frame as soon as Redis takes it: now, or once it is back.
+
+        Frames wait in an outbox of at most :data:`MAX_OUTBOX`, published in the order
+        they came; past that the oldest is dropped, and logged.
+        """
+        self._outbox.append((channel, owner, message_id, body))
+        while len(self._outbox) > MAX_OUTBOX:
+            lost = self._outbox.popleft()
+            log.error("outbox full: dropped the terminal frame of %r on %r", lost[2], lost[0])
+        if self.healthy:
+            self._drain_outbox()
+
+    def _drain_outbox(self) -> None:
+        while self._outbox and not self._queue.full():
+            deferred = self._outbox.popleft()
+            write = self._terminal_write(*deferred, None)
+            write.deferred = deferred
+            self._queue.put_nowait(write)
+
+    @property
+    def outbox(self) -> int:
+        """Terminal frames waiting for Redis."""
+        return len(self._outbox)
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Publish the cancel to each process owning the message; count those that got it."""
@@ -336,7 +403,7 @@ class RedisBroker:
                 instance = owner.rsplit(".", 1)[0]
                 delivered += bool(await redis.publish(_key("i", instance), f"c|{owner}|{frame}"))
         except _DOWN as exc:
-            self._healthy = False
+            self._suspect()
             raise BrokerUnavailable(str(exc)) from None
         return delivered
 
@@ -356,7 +423,7 @@ class RedisBroker:
         self._topics |= added
         self._topics -= removed
         pubsub = self._pubsub
-        if pubsub is None or not self._healthy:
+        if pubsub is None or not self._listening:
             if added:
                 raise BrokerUnavailable("Redis is unreachable")
             return
@@ -374,26 +441,33 @@ class RedisBroker:
     async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
         """Read the channel's cut in one script."""
         try:
-            reply = await self._run(
-                "catch_up",
-                [
-                    _key("epoch", channel),
-                    _key("offset", channel),
-                    _key("seq", channel),
-                    _key("history", channel),
-                    _key("live", channel),
-                ],
-                [
-                    -1 if since is None else since[0],
-                    new_epoch(),
-                    int(live),
-                    KEY_TTL,
-                    _key("text", ""),
-                ],
-            )
+            async with self._joins:
+                reply = await self._run_catch_up(channel, since, live)
         except _DOWN as exc:
-            self._healthy = False
+            self._suspect()
             raise BrokerUnavailable(str(exc)) from None
+        return self._cut(since, reply)
+
+    async def _run_catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> Any:
+        return await self._run(
+            "catch_up",
+            [
+                _key("epoch", channel),
+                _key("offset", channel),
+                _key("seq", channel),
+                _key("history", channel),
+                _key("live", channel),
+            ],
+            [
+                -1 if since is None else since[0],
+                new_epoch(),
+                int(live),
+                KEY_TTL,
+                _key("text", ""),
+            ],
+        )
+
+    def _cut(self, since: tuple[int, str] | None, reply: Any) -> CatchUp:
         epoch_raw, offset, seq, entries, flat_live = reply
         epoch = epoch_raw.decode()
         recovered: bool | None = None
@@ -423,12 +497,13 @@ class RedisBroker:
             try:
                 await self._connect_pubsub()
                 await self._load_scripts()
-                self._healthy = True
+                self._up = self._listening = True
                 backoff = 0.1
                 if not connected.done():
                     connected.set_result(None)
                 if had_outage:
                     log.warning("Redis is back: resynchronizing")
+                    self._drain_outbox()
                     self._resync_all()
                     if self._listener is not None:
                         self._listener.on_restored()
@@ -437,9 +512,10 @@ class RedisBroker:
             except asyncio.CancelledError:
                 raise
             except (*_DOWN, redis_errors.RedisError) as exc:
-                if self._healthy or not had_outage:
+                if self._listening or not had_outage:
                     log.warning("Redis unreachable (%s); retrying with backoff", exc)
-                self._healthy = False
+                self._listening = False
+                self._suspect()
                 had_outage = True
                 for waiter in self._confirmed.values():
                     if not waiter.done():
@@ -458,8 +534,25 @@ class RedisBroker:
     async def _dispatch(self) -> None:
         listener = self._listener
         inbox = self._inbox.encode()
-        async for message in self._pubsub.listen():
+        pubsub = self._pubsub
+        loop = asyncio.get_running_loop()
+        heard = loop.time()
+        pinged: float | None = None
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            now = loop.time()
+            if message is None:
+                # A connection that went quiet may be dead without a reset: ask it.
+                if pinged is not None and now - pinged > PUBSUB_DEAD:
+                    raise redis_errors.ConnectionError("pub/sub connection stopped answering")
+                if pinged is None and now - heard > PUBSUB_QUIET:
+                    await pubsub.ping()
+                    pinged = now
+                continue
+            heard, pinged = now, None
             kind = message["type"]
+            if kind == "pong":
+                continue
             topic: bytes = message["channel"]
             if kind == "subscribe":
                 waiter = self._confirmed.pop(topic.decode(), None)
@@ -500,8 +593,11 @@ class RedisBroker:
             except asyncio.CancelledError:
                 raise
             except (*_DOWN, redis_errors.RedisError) as exc:
-                self._healthy = False
+                self._suspect()
                 results = [BrokerUnavailable(str(exc))] * len(batch)
+            for write, result in reversed(list(zip(batch, results, strict=True))):
+                if isinstance(result, Exception) and write.deferred is not None:
+                    self._outbox.appendleft(write.deferred)  # in order, for the next try
             for write, result in zip(batch, results, strict=True):
                 failed = isinstance(result, Exception)
                 if failed and write.message is not None:
@@ -552,8 +648,30 @@ class RedisBroker:
             await self._load_scripts()
             return await redis.evalsha(self._shas[script], len(keys), *keys, *args)
 
+    def _suspect(self) -> None:
+        """A command failed: probe Redis now rather than at the next round."""
+        self._probe_now.set()
+
+    async def _probe_forever(self) -> None:
+        """Keep :attr:`healthy` a fact: PING Redis every second, five times that when down."""
+        while True:
+            try:
+                async with asyncio.timeout(2):
+                    await self._client().ping()
+                up = True
+            except (*_DOWN, TimeoutError, redis_errors.RedisError):
+                up = False
+            if up != self._up:
+                log.warning("Redis %s", "answers again" if up else "does not answer")
+            self._up = up
+            self._probe_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._probe_now.wait(), PROBE_EVERY if up else PROBE_WHEN_DOWN
+                )
+
     def _enqueue(self, write: _Write, target: tuple[str, str, str]) -> None:
-        if not self._healthy or self._queue.full():
+        if not self.healthy or self._queue.full():
             self._dirty.add(target)
             return
         self._queue.put_nowait(write)
@@ -566,7 +684,7 @@ class RedisBroker:
         if text is None:
             self._dirty.discard((channel, owner, message_id))
             return
-        if not self._healthy or self._queue.full():
+        if not self.healthy or self._queue.full():
             return
         member = f"{owner}|{message_id}"
         snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))

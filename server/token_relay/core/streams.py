@@ -326,6 +326,10 @@ class MessageStreams:
         """``(id, channel)`` of every unfinished message, oldest first."""
         return [(message_id, state.channel) for message_id, state in self._streaming.items()]
 
+    def completed_channel(self, message_id: str) -> str | None:
+        """The channel of a completed message still remembered, or None."""
+        return self._completed.get(message_id)
+
     def channel_of(self, message_id: str) -> str | None:
         """The channel of an unfinished message, or None."""
         state = self._streaming.get(message_id)

@@ -204,11 +204,7 @@ class ProducerEndpoint:
 
     async def _publish(self, session: Session, channel: str, message_id: str, text: str) -> None:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
-        body = encode_unpositioned(
-            MessageFrame.model_construct(
-                channel=channel, id=message_id, text=text, offset=0, epoch=""
-            )
-        )
+        body = _message_body(channel, message_id, text)
         try:
             await self.broker.terminal(channel, session.owner, message_id, body)
         except BrokerUnavailable:
@@ -228,18 +224,27 @@ class ProducerEndpoint:
             epoch="",
         )
         self.metrics.messages.labels(reason.value).inc()
+        body = encode_unpositioned(frame)
         try:
-            await self.broker.terminal(
-                unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame)
-            )
+            await self.broker.terminal(unfinished.channel, owner, unfinished.message_id, body)
         except BrokerUnavailable:
+            # Nobody will send it again: the broker keeps it and publishes it once it can.
             log.warning(
-                "could not publish abort of %r on %r: broker unreachable",
-                unfinished.message_id,
-                unfinished.channel,
+                "abort of %r on %r waits for the broker", unfinished.message_id, unfinished.channel
             )
+            self.broker.defer(unfinished.channel, owner, unfinished.message_id, body)
 
     async def _end(self, session: Session, reason: AbortReason) -> None:
+        # Messages completed here but never published (the broker was down and the
+        # producer is gone): publish them once the broker can, rather than lose them.
+        for message_id in session.unpublished:
+            channel = session.streams.completed_channel(message_id)
+            text = session.streams.assembler.get(message_id)
+            if channel is not None and text is not None:
+                self.broker.defer(
+                    channel, session.owner, message_id, _message_body(channel, message_id, text)
+                )
+        session.unpublished.clear()
         for unfinished in session.end():
             await self._abort(session.owner, unfinished, reason)
 
@@ -309,3 +314,10 @@ class ProducerEndpoint:
             for owner, session in self.sessions.by_owner.items()
             for message_id, channel in session.streams.streaming()
         ]
+
+
+def _message_body(channel: str, message_id: str, text: str) -> str:
+    """A ``message`` frame without its position, which the broker gives it."""
+    return encode_unpositioned(
+        MessageFrame.model_construct(channel=channel, id=message_id, text=text, offset=0, epoch="")
+    )
