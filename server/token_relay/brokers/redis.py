@@ -216,6 +216,7 @@ class RedisBroker:
         self._joins = asyncio.Semaphore(MAX_JOINS)
         self._outbox: collections.deque[tuple[str, str, str, str]] = collections.deque()
         self._pool: BlockingConnectionPool | None = None
+        self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox = _key("i", instance)
         self._text_ttl = max(1, int(settings.idle_timeout * 2))
@@ -255,19 +256,25 @@ class RedisBroker:
 
     async def close(self) -> None:
         """Stop the tasks and disconnect."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._closing = True
+        # A cancel that lands while a library's own timeout fires can be swallowed by it:
+        # cancel again until every task has ended (each loop also checks _closing).
+        for _ in range(50):
+            pending = [task for task in self._tasks if not task.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
         self._tasks = []
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.aclose()
-        if self._redis is not None:
-            with contextlib.suppress(Exception):
-                await self._redis.aclose()
-        if self._pool is not None:
-            with contextlib.suppress(Exception):
-                await self._pool.disconnect()
+        for closing in (
+            self._pubsub.aclose() if self._pubsub is not None else None,
+            self._redis.aclose() if self._redis is not None else None,
+            self._pool.disconnect() if self._pool is not None else None,
+        ):
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(closing, 2)
         self._up = self._listening = False
 
     async def flush(self) -> None:
@@ -493,7 +500,7 @@ class RedisBroker:
     async def _read_forever(self, connected: asyncio.Future[None]) -> None:
         backoff = 0.1
         had_outage = False
-        while True:
+        while not self._closing:
             try:
                 await self._connect_pubsub()
                 await self._load_scripts()
@@ -538,7 +545,7 @@ class RedisBroker:
         loop = asyncio.get_running_loop()
         heard = loop.time()
         pinged: float | None = None
-        while True:
+        while not self._closing:
             message = await pubsub.get_message(timeout=1.0)
             now = loop.time()
             if message is None:
@@ -584,7 +591,7 @@ class RedisBroker:
 
     async def _write_forever(self) -> None:
         queue = self._queue
-        while True:
+        while not self._closing:
             batch = [await queue.get()]
             while len(batch) < MAX_BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
@@ -654,7 +661,7 @@ class RedisBroker:
 
     async def _probe_forever(self) -> None:
         """Keep :attr:`healthy` a fact: PING Redis every second, five times that when down."""
-        while True:
+        while not self._closing:
             try:
                 async with asyncio.timeout(2):
                     await self._client().ping()
