@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PIECES", "Message", "build_messages", "encode", "message_text"]
-
 PIECES = ("The ", "quic", "k br", "own ", "fox ", "jump", "s ov", "er é", "🚀 la", "zy d", "og. ")
 
 

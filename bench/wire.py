@@ -1,48 +1,42 @@
 """Raw WebSocket client plumbing, so that the load generator is never the bottleneck.
 
-* :func:`client_frame` builds a client frame once, ahead of time. Client frames must be
-  masked; a zero masking key leaves the payload bytes unchanged, so a frame is its header,
-  four zero bytes and the JSON text, and a whole run's frames are one ``bytes`` object
-  written to the socket in big chunks.
-* :func:`open_raw` does the HTTP upgrade handshake on a plain asyncio stream.
-* :class:`FrameParser` splits the server's byte stream (server frames are never masked)
-  into ``(opcode, payload)`` pairs.
-* :class:`RawSubscriber` is a subscriber as an :class:`asyncio.Protocol`: no task, no
-  stream, no websockets object per connection, so a process holds thousands of them.
+Client frames must be masked; a zero masking key leaves the payload unchanged, so a frame
+is its header, four zero bytes and the JSON text (:func:`client_frame`), and a run's frames
+are built before the clock starts and written as one ``bytes`` object in big chunks. The
+opening handshake is websockets' sans-I/O :class:`~websockets.client.ClientProtocol`; the
+frames after it are :class:`FrameParser`'s (server frames are never masked).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import os
-from collections.abc import Callable, Iterable
-from typing import cast
+import contextlib
+import json
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+from urllib.parse import quote
 
-from .errors import BenchError
+from websockets.client import ClientProtocol
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
-__all__ = [
-    "CLOSE",
-    "PING",
-    "TEXT",
-    "FrameParser",
-    "RawSubscriber",
-    "client_frame",
-    "client_frames",
-    "close_frame",
-    "handshake_request",
-    "open_raw",
-]
-
-TEXT = 0x1
-CLOSE = 0x8
-PING = 0x9
-PONG = 0xA
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+TEXT, CLOSE, PING, PONG = 0x1, 0x8, 0x9, 0xA
 ZERO_MASK = b"\x00\x00\x00\x00"
 HANDSHAKE_TIMEOUT = 30.0
-MAX_RESPONSE_HEAD = 16 * 1024
+CHUNK_BYTES = 256 * 1024
+"""Bytes handed to the socket per write, and read from it per read."""
+
+
+class BenchError(Exception):
+    """A process did not start, a message was wrong or missing, or a case timed out."""
+
+
+class Rejected(BenchError):
+    """The relay answered an event with an error frame."""
+
+    def __init__(self, frame: str) -> None:
+        super().__init__(f"the relay answered with an error frame: {frame}")
+        self.frame = frame
 
 
 def client_frame(payload: bytes, opcode: int = TEXT) -> bytes:
@@ -62,58 +56,22 @@ def client_frames(texts: Iterable[str]) -> bytes:
     return b"".join(client_frame(text.encode()) for text in texts)
 
 
-def close_frame(code: int = 1000) -> bytes:
-    """A client close frame with ``code`` and no reason."""
-    return client_frame(code.to_bytes(2, "big"), CLOSE)
+def upgrade_request(host: str, port: int, target: str) -> tuple[ClientProtocol, bytes]:
+    """A client protocol for ``target`` (path and query) and its upgrade request's bytes."""
+    protocol = ClientProtocol(parse_uri(f"ws://{host}:{port}{target}"))
+    protocol.send_request(protocol.connect())
+    return protocol, b"".join(protocol.data_to_send())
 
 
-def handshake_request(host: str, port: int, target: str) -> tuple[bytes, bytes]:
-    """The upgrade request for ``target`` (path and query) and the accept value it must get."""
-    key = base64.b64encode(os.urandom(16))
-    accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
-    request = (
-        f"GET {target} HTTP/1.1\r\n"
-        f"Host: {host}:{port}\r\n"
-        "Upgrade: websocket\r\n"
-        "Connection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key.decode()}\r\n"
-        "Sec-WebSocket-Version: 13\r\n"
-        "\r\n"
-    ).encode()
-    return request, accept
+def check_upgrade(protocol: ClientProtocol, head: bytes, target: str) -> None:
+    """Fail unless ``head``, the response through its blank line, accepts the upgrade.
 
-
-def check_response(head: bytes, accept: bytes, target: str) -> None:
-    """Fail unless ``head`` (the response up to its blank line) accepts the upgrade."""
-    status, _, rest = head.partition(b"\r\n")
-    if not status.startswith(b"HTTP/1.1 101"):
-        raise BenchError(f"upgrade of {target} refused: {status.decode(errors='replace')}")
-    for line in rest.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"sec-websocket-accept":
-            if value.strip() != accept:
-                raise BenchError(f"upgrade of {target}: wrong Sec-WebSocket-Accept")
-            return
-    raise BenchError(f"upgrade of {target}: no Sec-WebSocket-Accept")
-
-
-async def open_raw(
-    host: str, port: int, target: str, limit: int = 1 << 20
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A TCP connection upgraded to WebSocket by hand; frames are the caller's business."""
-    reader, writer = await asyncio.open_connection(host, port, limit=limit)
-    request, accept = handshake_request(host, port, target)
-    try:
-        writer.write(request)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT)
-        check_response(head, accept, target)
-    except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        writer.close()
-        raise BenchError(f"upgrade of {target} on port {port} failed") from None
-    except BenchError:
-        writer.close()
-        raise
-    return reader, writer
+    Only the head goes to ``protocol``, so that it parses none of the frames after it.
+    """
+    protocol.receive_data(head)
+    if protocol.state is not State.OPEN:
+        reason = protocol.handshake_exc or head.partition(b"\r\n")[0].decode(errors="replace")
+        raise BenchError(f"upgrade of {target} refused: {reason}")
 
 
 class FrameParser:
@@ -129,26 +87,17 @@ class FrameParser:
         if self._pending:
             data = self._pending + data
         frames: list[tuple[int, bytes]] = []
-        position = 0
-        end = len(data)
+        position, end = 0, len(data)
         while end - position >= 2:
-            first = data[position]
-            size = data[position + 1]
-            if size & 0x80:
-                raise BenchError("the server sent a masked frame")
-            if not first & 0x80:
-                raise BenchError("the server sent a fragmented frame")
+            first, size = data[position], data[position + 1]
+            if size & 0x80 or not first & 0x80:
+                raise BenchError("the server sent a masked or fragmented frame")
             header = 2
-            if size == 126:
-                if end - position < 4:
+            if size >= 126:
+                header = 4 if size == 126 else 10
+                if end - position < header:
                     break
-                size = int.from_bytes(data[position + 2 : position + 4], "big")
-                header = 4
-            elif size == 127:
-                if end - position < 10:
-                    break
-                size = int.from_bytes(data[position + 2 : position + 10], "big")
-                header = 10
+                size = int.from_bytes(data[position + 2 : position + header], "big")
             stop = position + header + size
             if stop > end:
                 break
@@ -158,111 +107,143 @@ class FrameParser:
         return frames
 
 
-FrameHandler = Callable[["RawSubscriber", float, bytes], None]
-"""Called with the connection, the arrival time (``time.time()``) and a text frame's payload."""
+async def all_or_first_failure(*coroutines: Coroutine[Any, Any, None]) -> None:
+    """Run the coroutines together; on the first failure cancel the rest and re-raise it."""
+    tasks = [asyncio.create_task(coroutine) for coroutine in coroutines]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
-class RawSubscriber(asyncio.Protocol):
-    """One subscriber connection: handshake, then text frames to a callback; pings answered."""
+class RawProducer:
+    """A producer connection on an asyncio stream: pre-built bytes out, acks counted.
 
-    __slots__ = (
-        "_accept",
-        "_clock",
-        "_head",
-        "_on_frame",
-        "_on_lost",
-        "_parser",
-        "_request",
-        "_target",
-        "closed",
-        "lost_reason",
-        "opened",
-        "state",
-        "transport",
-    )
+    A reader task takes every reply off the socket as it comes, so the connection never
+    stalls on unread acks. ``ack`` frames count one each and ``acks`` frames (the answer to
+    an array frame) one per entry, each naming ``channel``; the ``session`` frame is skipped
+    and any other frame fails, unless ``on_text`` is given: it gets every text frame instead.
+    """
 
     def __init__(
         self,
-        host: str,
-        port: int,
-        target: str,
-        on_frame: FrameHandler,
-        clock: Callable[[], float],
-        on_lost: Callable[[RawSubscriber], None] | None = None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        channel: str | None,
+        on_text: Callable[[bytes], None] | None,
     ) -> None:
-        self._request, self._accept = handshake_request(host, port, target)
-        self._target = target
-        self._on_frame = on_frame
-        self._on_lost = on_lost
-        self._clock = clock
-        self._head = b""
-        self._parser: FrameParser | None = None
-        self.transport: asyncio.Transport | None = None
-        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closed = False
-        self.lost_reason: Exception | None = None
-        self.state: object = None
-        """Whatever the owner keeps per connection."""
+        self.reader, self.writer, self.channel = reader, writer, channel
+        self.acks = 0
+        self._on_text = on_text or self._count_acks
+        self._target = 0
+        self._reached = asyncio.Event()
+        self.error: BenchError | None = None
+        self._reading = asyncio.create_task(self._read())
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.write(self._request)
-
-    def data_received(self, data: bytes) -> None:
-        now = self._clock()
-        parser = self._parser
-        if parser is None:
-            head = self._head + data
-            end = head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(head) > MAX_RESPONSE_HEAD:
-                    self._fail(BenchError(f"upgrade of {self._target}: response too long"))
-                self._head = head
-                return
-            try:
-                check_response(head[:end], self._accept, self._target)
-            except BenchError as exc:
-                self._fail(exc)
-                return
-            self._head = b""
-            parser = self._parser = FrameParser()
-            self.opened.set_result(None)
-            data = head[end + 4 :]
-            if not data:
-                return
+    @classmethod
+    async def open(
+        cls,
+        port: int,
+        channel: str | None = None,
+        *,
+        target: str | None = None,
+        on_text: Callable[[bytes], None] | None = None,
+    ) -> RawProducer:
+        """Connect to ``/produce?channel=CHANNEL``, or to ``target`` when given."""
+        target = target or f"/produce?channel={quote(channel or '', safe='')}"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        protocol, request = upgrade_request("127.0.0.1", port, target)
         try:
-            frames = parser.feed(data)
-        except BenchError as exc:
-            self._fail(exc)
-            return
-        for opcode, payload in frames:
-            if opcode == TEXT:
-                self._on_frame(self, now, payload)
-            elif opcode == PING:
-                self.send(payload, PONG)
-            elif opcode == CLOSE:
-                self.closed = True
-                self.send(payload[:2], CLOSE)
-                if self.transport is not None:
-                    self.transport.close()
-
-    def send(self, payload: bytes, opcode: int = TEXT) -> None:
-        """Write one frame, unless the connection is gone."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(client_frame(payload, opcode))
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT)
+            check_upgrade(protocol, head, target)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.close()
+            raise BenchError(f"upgrade of {target} on port {port} failed") from None
+        except BenchError:
+            writer.close()
+            raise
+        return cls(reader, writer, channel, on_text)
 
     def _fail(self, exc: BenchError) -> None:
-        if not self.opened.done():
-            self.opened.set_exception(exc)
-        if self.transport is not None:
-            self.transport.abort()
+        self.error = self.error or exc
+        self._reached.set()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost_reason = exc
-        self.closed = True
-        self.transport = None
-        if not self.opened.done():
-            self.opened.set_exception(BenchError(f"{self._target}: connection lost in upgrade"))
-        elif self._on_lost is not None:
-            self._on_lost(self)
+    async def _read(self) -> None:
+        parser = FrameParser()
+        payload = b""
+        try:
+            while data := await self.reader.read(CHUNK_BYTES):
+                for opcode, payload in parser.feed(data):
+                    if opcode == TEXT:
+                        self._on_text(payload)
+        except BenchError as exc:
+            self._fail(exc)
+        except (ValueError, AttributeError, TypeError):
+            self._fail(BenchError(f"the producer got a malformed frame: {payload[:300]!r}"))
+        except OSError as exc:
+            self._fail(BenchError(f"producer connection failed: {exc}"))
+        else:
+            self._fail(BenchError(f"producer connection closed after {self.acks} acks"))
+
+    def _count_acks(self, payload: bytes) -> None:
+        frame = json.loads(payload)
+        kind = frame.get("type") if isinstance(frame, dict) else None
+        if kind == "session":
+            return
+        if kind not in ("ack", "acks"):
+            raise Rejected(payload.decode(errors="replace")[:300])
+        acks = [frame] if kind == "ack" else frame.get("acks") or []
+        for ack in acks:
+            if ack.get("channel") != self.channel:
+                raise BenchError(f"an ack names another channel: {ack}")
+        self.acks += len(acks)
+        if self.acks >= self._target:
+            self._reached.set()
+
+    def reached(self) -> None:
+        """Wake whoever waits in :meth:`wait_for` (for ``on_text`` handlers)."""
+        self._reached.set()
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` in :data:`CHUNK_BYTES` chunks, waiting whenever the socket is full."""
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            if self.error:
+                raise self.error
+            self.writer.write(view[start : start + CHUNK_BYTES])
+            await self.writer.drain()
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds after a reply; fail as soon as the connection does."""
+        while not condition():
+            if self.error:
+                raise self.error
+            self._reached.clear()
+            if condition():
+                break
+            await self._reached.wait()
+
+    async def acked(self, count: int) -> None:
+        """Wait until ``count`` acks have come."""
+        self._target = count
+        await self.wait_for(lambda: self.acks >= count)
+
+    async def close(self) -> None:
+        """Send a close frame and drop the connection."""
+        with contextlib.suppress(OSError, RuntimeError):
+            self.writer.write(client_frame((1000).to_bytes(2, "big"), CLOSE))
+            await asyncio.wait_for(self.writer.drain(), 1)
+        self._reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, BenchError, OSError):
+            await self._reading
+        self.writer.close()
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(self.writer.wait_closed(), 1)

@@ -1,0 +1,431 @@
+"""The measured cases over real connections, and the processes they run against.
+
+Producers are :class:`~bench.wire.RawProducer` connections whose frames are built before
+the clock starts. :func:`stream` sends messages through one relay (ingest, batched ingest)
+or one route (single instance, Redis), as fast as the relay takes them or paced at a rate,
+to one websockets subscriber that checks every message (exact text, once, contiguous
+offsets); the clock runs from the first byte written to the subscriber holding the last
+message, and a latency sample from writing a message's final to its arrival.
+:func:`noop_ingest` and :func:`socketio_ingest` are the side-by-side servers of
+:mod:`bench.servers`; python-socketio is driven the way its users drive it, with its own
+client, emitting in a tight loop that yields every 100 emits. :func:`measure_fanout` sends
+one message at a time like a model does (deltas :data:`DELTA_GAP` apart, then the final)
+and times each final until every subscriber of a pool holds the message; the subscriber
+processes run at nice 10, so that on a small machine they take the CPU the relay leaves.
+The memory cases read a fresh relay's RSS (once it has stopped moving: two reads 100 ms
+apart within 16 KiB, or after 3 s) before and after the measured step, with a warm-up step
+first so that one-time costs are in the baseline. Each case also reads the server's CPU
+time, to show which side was busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import socketio  # type: ignore[import-untyped]
+from token_relay.testing import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
+from websockets.asyncio.client import ClientConnection, connect
+
+from .messages import Message, build_messages
+from .subscribers import SubscriberPool, raise_fd_limit
+from .wire import BenchError, RawProducer, Rejected, all_or_first_failure, client_frame
+
+RELAY_FLAGS = (
+    *("--max-events-per-second", "1000000000"),  # one producer is saturated on purpose
+    *("--max-connections-per-ip", "100000"),  # thousands of subscribers from 127.0.0.1
+)
+"""Flags every benchmarked relay gets; otherwise they run with their defaults."""
+ROUTES = {
+    "single": ("single instance (S->S)", "S", "S"),
+    "redis-same": ("same instance via Redis (A->A)", "A", "A"),
+    "redis-cross": ("cross-instance via Redis (A->B)", "A", "B"),
+}
+"""The paths of the Redis case, baseline first: label, producer's relay, subscriber's relay."""
+TIMEOUT_MARGIN = 30.0
+"""Seconds a case may run beyond what its load should take before it is declared stuck."""
+DELTA_GAP = 0.02
+"""Seconds between a fan-out message's events: 50 tokens per second, a typical model."""
+FANOUT_PAUSE = 0.05
+"""Seconds between one message being everywhere and the next one starting."""
+DELIVERY_TIMEOUT = 60.0
+IN_FLIGHT_CHARS = 10_000
+SETTLE_STEP, SETTLE_LIMIT, SETTLE_TOLERANCE = 0.1, 3.0, 16 * 1024
+
+
+class Unsupported(BenchError):
+    """The relay rejected array frames: it does not take batched events."""
+
+
+def relay(name: str, *args: str) -> ServiceProcess:
+    """A relay process with :data:`RELAY_FLAGS` and ``args``."""
+    return relay_process(*RELAY_FLAGS, *args, name=name)
+
+
+def check_alive(*services: ServiceProcess) -> None:
+    """Fail if a process has exited."""
+    for service in services:
+        if not service.alive:
+            raise BenchError(f"{service.name} exited:\n{service.log}")
+
+
+@contextlib.asynccontextmanager
+async def started(*services: ServiceProcess, notable: list[str]) -> AsyncIterator[None]:
+    """Start the services; stop them all on the way out, their warnings to ``notable``."""
+    try:
+        outcomes = await asyncio.gather(*(s.start() for s in services), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise BenchError(str(outcome))
+        yield
+    finally:
+        await asyncio.gather(*(s.terminate() for s in services), return_exceptions=True)
+        notable.extend(f"{s.name}: {line}" for s in services for line in s.warnings)
+
+
+@contextlib.asynccontextmanager
+async def running_cluster(
+    relay_args: Sequence[str], notable: list[str]
+) -> AsyncIterator[dict[str, ServiceProcess]]:
+    """redis-server, relays S, F, and A and B through Redis, and the peers, by name."""
+    raise_fd_limit()  # inherited by every child: the fan-out relay holds 10,000 sockets
+    with tempfile.TemporaryDirectory(prefix="token-relay-bench-") as directory:
+        redis = RedisServer(Path(directory))
+        try:
+            try:
+                redis.start()
+            except RuntimeError as exc:
+                raise BenchError(str(exc)) from None
+            cluster = {
+                "S": relay("S", *relay_args),
+                "A": relay("A", "--broker", redis.url, *relay_args),
+                "B": relay("B", "--broker", redis.url, *relay_args),
+                "F": relay("F", *relay_args),
+                "noop": ServiceProcess("bench.servers", "noop", name="no-op server"),
+                "socketio": ServiceProcess("bench.servers", "socketio", name="socketio relay"),
+            }
+            async with started(*cluster.values(), notable=notable):
+                yield cluster
+        finally:
+            redis.kill()
+
+
+def short(frame: object, limit: int = 300) -> str:
+    """``frame`` as JSON, cut to ``limit`` characters."""
+    text = json.dumps(frame, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+async def check_messages(
+    ws: ClientConnection, channel: str, messages: Sequence[Message], arrivals: dict[str, float]
+) -> None:
+    """Read ``ws`` until every message has arrived once, in order, with exactly its text;
+    file each arrival time (``time.perf_counter()``) in ``arrivals``."""
+    expected = {message.id: message.text for message in messages}
+    async for raw in ws:
+        now = time.perf_counter()
+        frame = json.loads(raw)
+        message_id = frame.get("id")
+        if frame.get("type") != "message" or frame.get("channel") != channel:
+            raise BenchError(f"subscriber got an unexpected frame: {short(frame)}")
+        if message_id not in expected or message_id in arrivals:
+            raise BenchError(f"subscriber got a message never sent or twice: {short(frame)}")
+        if frame.get("text") != expected[message_id]:
+            raise BenchError(f"message {message_id!r} arrived with the wrong text: {short(frame)}")
+        if frame.get("offset") != len(arrivals) + 1:
+            raise BenchError(
+                f"message {message_id!r} has offset {frame.get('offset')!r}, expected "
+                f"{len(arrivals) + 1} (a gap or reordering)"
+            )
+        arrivals[message_id] = now
+        if len(arrivals) == len(expected):
+            return
+    raise BenchError(f"subscriber closed with {len(arrivals)} of {len(expected)} messages")
+
+
+def _record(events: int, frames: int, seconds: float, cpu: float) -> dict[str, Any]:
+    record = {
+        "events": events,
+        "frames": frames,
+        "seconds": seconds,
+        "events_per_second": events / seconds,
+        "frames_per_second": frames / seconds,
+        "server_cpu_seconds": cpu,
+    }
+    if seconds >= 0.5:  # CPU time comes in 10 ms ticks: too coarse for shorter runs
+        record["server_busy"] = cpu / seconds
+    return record
+
+
+def frame_texts(messages: Sequence[Message], batch: int | None) -> list[str]:
+    """Every event as one frame each, or ``batch`` events per JSON array frame."""
+    texts = [frame for message in messages for frame in message.frames]
+    if batch is None:
+        return texts
+    return ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
+
+
+async def stream(
+    producer_at: ServiceProcess,
+    subscriber_at: ServiceProcess,
+    channel: str,
+    messages: Sequence[Message],
+    *,
+    batch: int | None = None,
+    rate: float | None = None,
+) -> dict[str, Any]:
+    """One producer on ``producer_at`` to one subscriber on ``subscriber_at``.
+
+    Without ``rate``, every frame at once, in 256 KiB writes (with ``batch``, ``batch``
+    events per array frame); with it, ``rate`` messages per second, their events spread
+    evenly. The record of :func:`_record`, plus ``samples``, per message the seconds from
+    writing its final to its arrival, with ``rate``.
+    """
+    texts = frame_texts(messages, batch)
+    frames = [client_frame(text.encode()) for text in texts]
+    data = b"".join(frames)
+    ends = itertools.accumulate(len(message.frames) for message in messages)
+    finals = {end - 1: message.id for end, message in zip(ends, messages, strict=True)}
+    events = sum(len(message.frames) for message in messages)
+    interval = len(messages) / (rate * len(texts)) if rate else 0.0
+    arrivals: dict[str, float] = {}
+    sent: dict[str, float] = {}
+    url = f"{subscriber_at.url}/subscribe?channel={quote(channel, safe='')}"
+    async with connect(url, compression=None) as ws:
+        confirmation = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        if confirmation.get("type") != "subscribed" or confirmation.get("channel") != channel:
+            raise BenchError(f"subscribing got {short(confirmation)}")
+        producer = await RawProducer.open(producer_at.port, channel)
+
+        async def send() -> None:
+            if not rate:
+                await producer.write(data)
+                return
+            for index, frame in enumerate(frames):
+                # Behind schedule, still yield, so the readers timestamp arrivals promptly.
+                await asyncio.sleep(max(start + index * interval - time.perf_counter(), 0))
+                if index in finals:
+                    sent[finals[index]] = time.perf_counter()
+                producer.writer.write(frame)
+
+        try:
+            cpu = cpu_seconds(producer_at.pid)
+            start = time.perf_counter()
+            async with asyncio.timeout(
+                TIMEOUT_MARGIN + (len(messages) / rate if rate else events / 5_000)
+            ):
+                await all_or_first_failure(
+                    send(),
+                    check_messages(ws, channel, messages, arrivals),
+                    producer.acked(len(messages)),
+                )
+            cpu = cpu_seconds(producer_at.pid) - cpu
+        except Rejected as exc:
+            if batch is not None:
+                raise Unsupported(f"array frames were rejected: {exc.frame}") from None
+            raise
+        except TimeoutError:
+            raise BenchError(
+                f"{producer_at.name} -> {subscriber_at.name} timed out with {len(arrivals)} of "
+                f"{len(messages)} messages delivered and {producer.acks} acks"
+            ) from None
+        finally:
+            await producer.close()
+    record = _record(events, len(texts), max(arrivals.values()) - start, cpu)
+    record["samples"] = [arrivals[message_id] - at for message_id, at in sent.items()]
+    return record
+
+
+async def noop_ingest(
+    server: ServiceProcess, messages: Sequence[Message], batch: int | None = None, copies: int = 1
+) -> dict[str, Any]:
+    """The same frames, ``copies`` times over (to make a blink timeable), read by the no-op
+    server until it says ``done``; the record of :func:`_record`."""
+    texts = frame_texts(messages, batch)
+    frames = len(texts) * copies
+    events = sum(len(message.frames) for message in messages) * copies
+    data = b"".join(client_frame(text.encode()) for text in texts) * copies
+    finished = 0.0
+
+    def on_text(payload: bytes) -> None:
+        nonlocal finished
+        if payload != f"done {frames}".encode():
+            raise BenchError(f"the no-op server sent {payload[:100]!r}")
+        finished = time.perf_counter()
+        producer.reached()
+
+    producer = await RawProducer.open(server.port, target=f"/?frames={frames}", on_text=on_text)
+    try:
+        cpu = cpu_seconds(server.pid)
+        start = time.perf_counter()
+        async with asyncio.timeout(TIMEOUT_MARGIN + events / 50_000):
+            await all_or_first_failure(
+                producer.write(data), producer.wait_for(lambda: finished > 0)
+            )
+        cpu = cpu_seconds(server.pid) - cpu
+    except TimeoutError:
+        raise BenchError("the no-op server did not read every frame in time") from None
+    finally:
+        await producer.close()
+    return _record(events, frames, finished - start, cpu)
+
+
+async def socketio_ingest(
+    server: ServiceProcess, channel: str, messages: Sequence[Message]
+) -> dict[str, Any]:
+    """The same events through the python-socketio relay; the record of :func:`_record`."""
+    url = f"http://127.0.0.1:{server.port}"
+    expected = {message.id: message.text for message in messages}
+    arrivals: dict[str, float] = {}
+    acks: list[object] = []
+    problems: list[str] = []
+    complete = asyncio.Event()
+    # No reconnecting behind the benchmark's back, and Ctrl-C stays the harness's business
+    # (by default the client takes over SIGINT and stops the event loop).
+    subscriber = socketio.AsyncClient(reconnection=False, handle_sigint=False)
+    producer = socketio.AsyncClient(reconnection=False, handle_sigint=False)
+
+    def check_done() -> None:
+        if problems or (len(arrivals) == len(expected) and len(acks) == len(expected)):
+            complete.set()
+
+    @subscriber.on("message")  # type: ignore[untyped-decorator]
+    def on_message(frame: dict[str, Any]) -> None:
+        message_id = frame.get("id")
+        if frame.get("channel") != channel or not isinstance(message_id, str):
+            problems.append(f"unexpected message {short(frame)}")
+        elif message_id in arrivals:
+            problems.append(f"message {message_id!r} arrived twice")
+        elif frame.get("text") != expected.get(message_id):
+            problems.append(f"message {message_id!r} arrived with the wrong text")
+        else:
+            arrivals[message_id] = time.perf_counter()
+        check_done()
+
+    @producer.on("ack")  # type: ignore[untyped-decorator]
+    def on_ack(frame: dict[str, Any]) -> None:
+        acks.append(frame)
+        check_done()
+
+    events = [event for message in messages for event in message.events]
+    try:
+        await subscriber.connect(url, transports=["websocket"])
+        reply = await subscriber.call("subscribe", channel, timeout=10)
+        if reply != {"type": "subscribed", "channel": channel}:
+            raise BenchError(f"socketio subscribe answered {reply!r}")
+        await producer.connect(url, transports=["websocket"], auth={"channel": channel})
+        cpu = cpu_seconds(server.pid)
+        start = time.perf_counter()
+        async with asyncio.timeout(TIMEOUT_MARGIN + len(events) / 2_000):
+            emit = producer.emit
+            for index, event in enumerate(events, 1):
+                await emit("event", event)
+                if index % 100 == 0:
+                    await asyncio.sleep(0)  # emit() only queues: let the writer task run
+            await complete.wait()
+        cpu = cpu_seconds(server.pid) - cpu
+    except TimeoutError:
+        raise BenchError(f"socketio timed out with {len(arrivals)} of {len(expected)}") from None
+    except socketio.exceptions.SocketIOError as exc:
+        raise BenchError(f"socketio client: {exc}") from None
+    finally:
+        await asyncio.gather(producer.disconnect(), subscriber.disconnect(), return_exceptions=True)
+    if problems:
+        raise BenchError(f"socketio relay: {problems[0]}")
+    return _record(len(events), len(events), max(arrivals.values()) - start, cpu)
+
+
+async def measure_fanout(
+    relay: ServiceProcess, pool: SubscriberPool, channel: str, messages: Sequence[Message]
+) -> dict[str, list[float]]:
+    """Send ``messages`` one by one to ``pool``'s channel; per message, the seconds from
+    writing the final to the last (``samples``) and first (``first``) arrival, and the
+    relay's and the clients' CPU seconds over that span (``relay_cpu``, ``client_cpu``)."""
+    run: dict[str, list[float]] = {"samples": [], "first": [], "relay_cpu": [], "client_cpu": []}
+    producer = await RawProducer.open(relay.port, channel)
+    try:
+        for number, message in enumerate(messages, 1):
+            frames = [client_frame(text.encode()) for text in message.frames]
+            for frame in frames[:-1]:
+                producer.writer.write(frame)
+                await asyncio.sleep(DELTA_GAP)
+            cpu = cpu_seconds(relay.pid)
+            clients = sum(cpu_seconds(pid) for pid in pool.pids)
+            sent = time.time()
+            producer.writer.write(frames[-1])
+            earliest, latest = await pool.delivered(message.id, DELIVERY_TIMEOUT)
+            run["relay_cpu"].append(cpu_seconds(relay.pid) - cpu)
+            run["client_cpu"].append(sum(cpu_seconds(pid) for pid in pool.pids) - clients)
+            await asyncio.wait_for(producer.acked(number), DELIVERY_TIMEOUT)
+            run["samples"].append(latest - sent)
+            run["first"].append(earliest - sent)
+            await asyncio.sleep(FANOUT_PAUSE)
+    finally:
+        await producer.close()
+    return run
+
+
+async def settled_rss(process: ServiceProcess) -> int:
+    """The process's RSS once it has stopped moving."""
+    deadline = time.monotonic() + SETTLE_LIMIT
+    previous = rss_bytes(process.pid)
+    while True:
+        await asyncio.sleep(SETTLE_STEP)
+        current = rss_bytes(process.pid)
+        if abs(current - previous) <= SETTLE_TOLERANCE or time.monotonic() > deadline:
+            return current
+        previous = current
+
+
+async def idle_subscriber_bytes(
+    count: int, processes: int, notable: list[str], relay_args: Sequence[str] = ()
+) -> dict[str, int]:
+    """The RSS of a fresh relay with 100 subscribers (``before``), then ``count`` more."""
+    server = relay("M1", *relay_args)
+    async with (
+        started(server, notable=notable),
+        SubscriberPool.running(server.port, "memory-warm", 100, 1),
+    ):
+        before = await settled_rss(server)
+        async with SubscriberPool.running(server.port, "memory-idle", count, processes):
+            after = await settled_rss(server)
+            check_alive(server)
+    return {"count": count, "before": before, "after": after}
+
+
+async def in_flight_bytes(
+    count: int, notable: list[str], relay_args: Sequence[str] = ()
+) -> dict[str, int]:
+    """The RSS of a fresh relay with a fifth as many (at least ten) unfinished 10,000-character
+    messages (``before``), then ``count`` more; each batch ends with the final of one more
+    message, acked once the relay has applied everything before it."""
+    deltas = IN_FLIGHT_CHARS // 4
+    warm = max(10, count // 5)
+    messages = build_messages(warm + count + 2, deltas, prefix="memory-")
+    server = relay("M2", "--max-streaming-per-producer", str(warm + count + 10), *relay_args)
+
+    def unfinished(batch: Sequence[Message], marker: Message) -> bytes:
+        frames = [frame for message in batch for frame in message.frames[:-1]]
+        return b"".join(client_frame(text.encode()) for text in [*frames, marker.frames[-1]])
+
+    async with started(server, notable=notable):
+        producer = await RawProducer.open(server.port, "memory-in-flight")
+        try:
+            await producer.write(unfinished(messages[:warm], messages[-2]))
+            await asyncio.wait_for(producer.acked(1), 60 + warm * deltas / 10_000)
+            before = await settled_rss(server)
+            await producer.write(unfinished(messages[warm:-2], messages[-1]))
+            await asyncio.wait_for(producer.acked(2), 60 + count * deltas / 10_000)
+            after = await settled_rss(server)
+            check_alive(server)
+        finally:
+            await producer.close()
+    return {"count": count, "before": before, "after": after}
