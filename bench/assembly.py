@@ -20,8 +20,7 @@ from typing import Any
 
 from token_relay import TokenAssembler
 
-from .messages import Message
-from .wire import BenchError
+from .wire import BenchError, Message
 
 
 class NaiveAssembler:

@@ -1,22 +1,4 @@
-"""The measured cases over real connections, and the processes they run against.
-
-Producers are :class:`~bench.wire.RawProducer` connections whose frames are built before
-the clock starts. :func:`stream` sends messages through one relay (ingest, batched ingest)
-or one route (single instance, Redis), as fast as the relay takes them or paced at a rate,
-to one websockets subscriber that checks every message (exact text, once, contiguous
-offsets); the clock runs from the first byte written to the subscriber holding the last
-message, and a latency sample from writing a message's final to its arrival.
-:func:`noop_ingest` and :func:`socketio_ingest` are the side-by-side servers of
-:mod:`bench.servers`; python-socketio is driven the way its users drive it, with its own
-client, emitting in a tight loop that yields every 100 emits. :func:`measure_fanout` sends
-one message at a time like a model does (deltas :data:`DELTA_GAP` apart, then the final)
-and times each final until every subscriber of a pool holds the message; the subscriber
-processes run at nice 10, so that on a small machine they take the CPU the relay leaves.
-The memory cases read a fresh relay's RSS (once it has stopped moving: two reads 100 ms
-apart within 16 KiB, or after 3 s) before and after the measured step, with a warm-up step
-first so that one-time costs are in the baseline. Each case also reads the server's CPU
-time, to show which side was busy.
-"""
+"""The measured cases over real connections, and the processes they run against."""
 
 from __future__ import annotations
 
@@ -35,9 +17,17 @@ import socketio  # type: ignore[import-untyped]
 from token_relay.testing import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
-from .messages import Message, build_messages
 from .subscribers import SubscriberPool, raise_fd_limit
-from .wire import BenchError, RawProducer, Rejected, all_or_first_failure, client_frame
+from .wire import (
+    BenchError,
+    Message,
+    RawProducer,
+    Rejected,
+    all_or_first_failure,
+    build_messages,
+    client_frame,
+    client_frames,
+)
 
 RELAY_FLAGS = (
     *("--max-events-per-second", "1000000000"),  # one producer is saturated on purpose
@@ -56,9 +46,7 @@ DELTA_GAP = 0.02
 """Seconds between a fan-out message's events: 50 tokens per second, a typical model."""
 FANOUT_PAUSE = 0.05
 """Seconds between one message being everywhere and the next one starting."""
-DELIVERY_TIMEOUT = 60.0
 IN_FLIGHT_CHARS = 10_000
-SETTLE_STEP, SETTLE_LIMIT, SETTLE_TOLERANCE = 0.1, 3.0, 16 * 1024
 
 
 class Unsupported(BenchError):
@@ -81,8 +69,7 @@ def check_alive(*services: ServiceProcess) -> None:
 async def started(*services: ServiceProcess, notable: list[str]) -> AsyncIterator[None]:
     """Start the services; stop them all on the way out, their warnings to ``notable``."""
     try:
-        outcomes = await asyncio.gather(*(s.start() for s in services), return_exceptions=True)
-        for outcome in outcomes:
+        for outcome in await asyncio.gather(*(s.start() for s in services), return_exceptions=True):
             if isinstance(outcome, BaseException):
                 raise BenchError(str(outcome))
         yield
@@ -131,20 +118,16 @@ async def check_messages(
     file each arrival time (``time.perf_counter()``) in ``arrivals``."""
     expected = {message.id: message.text for message in messages}
     async for raw in ws:
-        now = time.perf_counter()
-        frame = json.loads(raw)
-        message_id = frame.get("id")
+        now, frame = time.perf_counter(), json.loads(raw)
+        message_id, offset = frame.get("id"), frame.get("offset")
         if frame.get("type") != "message" or frame.get("channel") != channel:
             raise BenchError(f"subscriber got an unexpected frame: {short(frame)}")
         if message_id not in expected or message_id in arrivals:
             raise BenchError(f"subscriber got a message never sent or twice: {short(frame)}")
         if frame.get("text") != expected[message_id]:
             raise BenchError(f"message {message_id!r} arrived with the wrong text: {short(frame)}")
-        if frame.get("offset") != len(arrivals) + 1:
-            raise BenchError(
-                f"message {message_id!r} has offset {frame.get('offset')!r}, expected "
-                f"{len(arrivals) + 1} (a gap or reordering)"
-            )
+        if offset != len(arrivals) + 1:
+            raise BenchError(f"{message_id!r} has offset {offset}, not {len(arrivals) + 1}")
         arrivals[message_id] = now
         if len(arrivals) == len(expected):
             return
@@ -165,7 +148,7 @@ def _record(events: int, frames: int, seconds: float, cpu: float) -> dict[str, A
     return record
 
 
-def frame_texts(messages: Sequence[Message], batch: int | None) -> list[str]:
+def frame_texts(messages: Sequence[Message], batch: int | None = None) -> list[str]:
     """Every event as one frame each, or ``batch`` events per JSON array frame."""
     texts = [frame for message in messages for frame in message.frames]
     if batch is None:
@@ -182,20 +165,15 @@ async def stream(
     batch: int | None = None,
     rate: float | None = None,
 ) -> dict[str, Any]:
-    """One producer on ``producer_at`` to one subscriber on ``subscriber_at``.
-
-    Without ``rate``, every frame at once, in 256 KiB writes (with ``batch``, ``batch``
-    events per array frame); with it, ``rate`` messages per second, their events spread
-    evenly. The record of :func:`_record`, plus ``samples``, per message the seconds from
-    writing its final to its arrival, with ``rate``.
-    """
+    """One producer on ``producer_at`` to one subscriber on ``subscriber_at``: every frame
+    at once in big writes (``batch`` events per array frame, if given), or ``rate`` messages
+    per second with their events spread evenly. The record of :func:`_record`, and with
+    ``rate``, ``samples``: per message, the seconds from writing its final to its arrival."""
     texts = frame_texts(messages, batch)
     frames = [client_frame(text.encode()) for text in texts]
-    data = b"".join(frames)
+    data, events = b"".join(frames), sum(len(message.frames) for message in messages)
     ends = itertools.accumulate(len(message.frames) for message in messages)
     finals = {end - 1: message.id for end, message in zip(ends, messages, strict=True)}
-    events = sum(len(message.frames) for message in messages)
-    interval = len(messages) / (rate * len(texts)) if rate else 0.0
     arrivals: dict[str, float] = {}
     sent: dict[str, float] = {}
     url = f"{subscriber_at.url}/subscribe?channel={quote(channel, safe='')}"
@@ -203,35 +181,27 @@ async def stream(
         confirmation = json.loads(await asyncio.wait_for(ws.recv(), 10))
         if confirmation.get("type") != "subscribed" or confirmation.get("channel") != channel:
             raise BenchError(f"subscribing got {short(confirmation)}")
-        producer = await RawProducer.open(producer_at.port, channel)
+        producer = await RawProducer(channel).open(producer_at.port)
 
         async def send() -> None:
             if not rate:
-                await producer.write(data)
-                return
+                return await producer.write(data)
             for index, frame in enumerate(frames):
                 # Behind schedule, still yield, so the readers timestamp arrivals promptly.
-                await asyncio.sleep(max(start + index * interval - time.perf_counter(), 0))
+                due = start + index * len(messages) / (rate * len(frames))
+                await asyncio.sleep(max(due - time.perf_counter(), 0))
                 if index in finals:
                     sent[finals[index]] = time.perf_counter()
                 producer.writer.write(frame)
 
         try:
-            cpu = cpu_seconds(producer_at.pid)
-            start = time.perf_counter()
-            async with asyncio.timeout(
-                TIMEOUT_MARGIN + (len(messages) / rate if rate else events / 5_000)
-            ):
-                await all_or_first_failure(
-                    send(),
-                    check_messages(ws, channel, messages, arrivals),
-                    producer.acked(len(messages)),
-                )
+            cpu, start = cpu_seconds(producer_at.pid), time.perf_counter()
+            async with asyncio.timeout(TIMEOUT_MARGIN + len(messages) / (rate or 500)):
+                checking = check_messages(ws, channel, messages, arrivals)
+                await all_or_first_failure(send(), checking, producer.acked(len(messages)))
             cpu = cpu_seconds(producer_at.pid) - cpu
         except Rejected as exc:
-            if batch is not None:
-                raise Unsupported(f"array frames were rejected: {exc.frame}") from None
-            raise
+            raise Unsupported(f"array frames were rejected: {exc}") if batch else exc from None
         except TimeoutError:
             raise BenchError(
                 f"{producer_at.name} -> {subscriber_at.name} timed out with {len(arrivals)} of "
@@ -240,8 +210,7 @@ async def stream(
         finally:
             await producer.close()
     record = _record(events, len(texts), max(arrivals.values()) - start, cpu)
-    record["samples"] = [arrivals[message_id] - at for message_id, at in sent.items()]
-    return record
+    return {**record, "samples": [arrivals[message_id] - at for message_id, at in sent.items()]}
 
 
 async def noop_ingest(
@@ -250,10 +219,8 @@ async def noop_ingest(
     """The same frames, ``copies`` times over (to make a blink timeable), read by the no-op
     server until it says ``done``; the record of :func:`_record`."""
     texts = frame_texts(messages, batch)
-    frames = len(texts) * copies
-    events = sum(len(message.frames) for message in messages) * copies
-    data = b"".join(client_frame(text.encode()) for text in texts) * copies
-    finished = 0.0
+    frames, events = len(texts) * copies, sum(len(m.frames) for m in messages) * copies
+    data, finished = client_frames(texts) * copies, 0.0
 
     def on_text(payload: bytes) -> None:
         nonlocal finished
@@ -262,10 +229,9 @@ async def noop_ingest(
         finished = time.perf_counter()
         producer.reached()
 
-    producer = await RawProducer.open(server.port, target=f"/?frames={frames}", on_text=on_text)
+    producer = await RawProducer("", on_text).open(server.port, f"/?frames={frames}")
     try:
-        cpu = cpu_seconds(server.pid)
-        start = time.perf_counter()
+        cpu, start = cpu_seconds(server.pid), time.perf_counter()
         async with asyncio.timeout(TIMEOUT_MARGIN + events / 50_000):
             await all_or_first_failure(
                 producer.write(data), producer.wait_for(lambda: finished > 0)
@@ -281,20 +247,21 @@ async def noop_ingest(
 async def socketio_ingest(
     server: ServiceProcess, channel: str, messages: Sequence[Message]
 ) -> dict[str, Any]:
-    """The same events through the python-socketio relay; the record of :func:`_record`."""
+    """The same events through the python-socketio relay, with its own client: a producer
+    emitting one ``event`` per delta event, yielding every 100 emits, and a subscriber in the
+    channel's room; the record of :func:`_record`."""
     url = f"http://127.0.0.1:{server.port}"
     expected = {message.id: message.text for message in messages}
     arrivals: dict[str, float] = {}
-    acks: list[object] = []
+    acks, complete = 0, asyncio.Event()
     problems: list[str] = []
-    complete = asyncio.Event()
     # No reconnecting behind the benchmark's back, and Ctrl-C stays the harness's business
     # (by default the client takes over SIGINT and stops the event loop).
     subscriber = socketio.AsyncClient(reconnection=False, handle_sigint=False)
     producer = socketio.AsyncClient(reconnection=False, handle_sigint=False)
 
     def check_done() -> None:
-        if problems or (len(arrivals) == len(expected) and len(acks) == len(expected)):
+        if problems or (len(arrivals) == len(expected) and acks == len(expected)):
             complete.set()
 
     @subscriber.on("message")  # type: ignore[untyped-decorator]
@@ -302,17 +269,16 @@ async def socketio_ingest(
         message_id = frame.get("id")
         if frame.get("channel") != channel or not isinstance(message_id, str):
             problems.append(f"unexpected message {short(frame)}")
-        elif message_id in arrivals:
-            problems.append(f"message {message_id!r} arrived twice")
-        elif frame.get("text") != expected.get(message_id):
-            problems.append(f"message {message_id!r} arrived with the wrong text")
+        elif message_id in arrivals or frame.get("text") != expected.get(message_id):
+            problems.append(f"message {message_id!r} arrived twice or with the wrong text")
         else:
             arrivals[message_id] = time.perf_counter()
         check_done()
 
     @producer.on("ack")  # type: ignore[untyped-decorator]
     def on_ack(frame: dict[str, Any]) -> None:
-        acks.append(frame)
+        nonlocal acks
+        acks += 1
         check_done()
 
     events = [event for message in messages for event in message.events]
@@ -322,8 +288,7 @@ async def socketio_ingest(
         if reply != {"type": "subscribed", "channel": channel}:
             raise BenchError(f"socketio subscribe answered {reply!r}")
         await producer.connect(url, transports=["websocket"], auth={"channel": channel})
-        cpu = cpu_seconds(server.pid)
-        start = time.perf_counter()
+        cpu, start = cpu_seconds(server.pid), time.perf_counter()
         async with asyncio.timeout(TIMEOUT_MARGIN + len(events) / 2_000):
             emit = producer.emit
             for index, event in enumerate(events, 1):
@@ -346,25 +311,25 @@ async def socketio_ingest(
 async def measure_fanout(
     relay: ServiceProcess, pool: SubscriberPool, channel: str, messages: Sequence[Message]
 ) -> dict[str, list[float]]:
-    """Send ``messages`` one by one to ``pool``'s channel; per message, the seconds from
-    writing the final to the last (``samples``) and first (``first``) arrival, and the
-    relay's and the clients' CPU seconds over that span (``relay_cpu``, ``client_cpu``)."""
+    """Send ``messages`` one by one, deltas :data:`DELTA_GAP` apart like a model, to
+    ``pool``'s channel; per message, the seconds from writing the final to the last
+    (``samples``) and first (``first``) arrival, and the relay's and the clients' CPU
+    seconds over that span (``relay_cpu``, ``client_cpu``)."""
     run: dict[str, list[float]] = {"samples": [], "first": [], "relay_cpu": [], "client_cpu": []}
-    producer = await RawProducer.open(relay.port, channel)
+    producer = await RawProducer(channel).open(relay.port)
     try:
         for number, message in enumerate(messages, 1):
             frames = [client_frame(text.encode()) for text in message.frames]
             for frame in frames[:-1]:
                 producer.writer.write(frame)
                 await asyncio.sleep(DELTA_GAP)
-            cpu = cpu_seconds(relay.pid)
-            clients = sum(cpu_seconds(pid) for pid in pool.pids)
+            cpu, clients = cpu_seconds(relay.pid), sum(map(cpu_seconds, pool.pids))
             sent = time.time()
             producer.writer.write(frames[-1])
-            earliest, latest = await pool.delivered(message.id, DELIVERY_TIMEOUT)
+            earliest, latest = await pool.delivered(message.id, 60)
             run["relay_cpu"].append(cpu_seconds(relay.pid) - cpu)
-            run["client_cpu"].append(sum(cpu_seconds(pid) for pid in pool.pids) - clients)
-            await asyncio.wait_for(producer.acked(number), DELIVERY_TIMEOUT)
+            run["client_cpu"].append(sum(map(cpu_seconds, pool.pids)) - clients)
+            await asyncio.wait_for(producer.acked(number), 60)
             run["samples"].append(latest - sent)
             run["first"].append(earliest - sent)
             await asyncio.sleep(FANOUT_PAUSE)
@@ -374,13 +339,12 @@ async def measure_fanout(
 
 
 async def settled_rss(process: ServiceProcess) -> int:
-    """The process's RSS once it has stopped moving."""
-    deadline = time.monotonic() + SETTLE_LIMIT
-    previous = rss_bytes(process.pid)
+    """The process's RSS once two reads 100 ms apart agree within 16 KiB (or after 3 s)."""
+    deadline, previous = time.monotonic() + 3, rss_bytes(process.pid)
     while True:
-        await asyncio.sleep(SETTLE_STEP)
+        await asyncio.sleep(0.1)
         current = rss_bytes(process.pid)
-        if abs(current - previous) <= SETTLE_TOLERANCE or time.monotonic() > deadline:
+        if abs(current - previous) <= 16 * 1024 or time.monotonic() > deadline:
             return current
         previous = current
 
@@ -404,20 +368,18 @@ async def idle_subscriber_bytes(
 async def in_flight_bytes(
     count: int, notable: list[str], relay_args: Sequence[str] = ()
 ) -> dict[str, int]:
-    """The RSS of a fresh relay with a fifth as many (at least ten) unfinished 10,000-character
+    """The RSS of a fresh relay with a fifth as many (at least ten) unfinished 10,000-char
     messages (``before``), then ``count`` more; each batch ends with the final of one more
     message, acked once the relay has applied everything before it."""
-    deltas = IN_FLIGHT_CHARS // 4
-    warm = max(10, count // 5)
+    deltas, warm = IN_FLIGHT_CHARS // 4, max(10, count // 5)
     messages = build_messages(warm + count + 2, deltas, prefix="memory-")
     server = relay("M2", "--max-streaming-per-producer", str(warm + count + 10), *relay_args)
 
     def unfinished(batch: Sequence[Message], marker: Message) -> bytes:
-        frames = [frame for message in batch for frame in message.frames[:-1]]
-        return b"".join(client_frame(text.encode()) for text in [*frames, marker.frames[-1]])
+        return client_frames([*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]])
 
     async with started(server, notable=notable):
-        producer = await RawProducer.open(server.port, "memory-in-flight")
+        producer = await RawProducer("memory-in-flight").open(server.port)
         try:
             await producer.write(unfinished(messages[:warm], messages[-2]))
             await asyncio.wait_for(producer.acked(1), 60 + warm * deltas / 10_000)

@@ -23,10 +23,9 @@ from websockets.exceptions import ConnectionClosed
 from . import cases
 from .assembly import ASSEMBLERS, run_assembler
 from .cases import DELTA_GAP, IN_FLIGHT_CHARS, ROUTES, check_alive
-from .messages import build_messages
 from .report import Results, format_table, format_targets, percentile, table_rows, targets, to_json
 from .subscribers import SubscriberPool
-from .wire import BenchError
+from .wire import BenchError, build_messages
 
 NOTE = (
     "Every row was measured in this run; each cell is the median over the repetitions (for "

@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, cast
 from urllib.parse import quote
 
-from .messages import message_text
 from .wire import (
     CLOSE,
     PING,
@@ -41,6 +40,7 @@ from .wire import (
     FrameParser,
     check_upgrade,
     client_frame,
+    message_text,
     upgrade_request,
 )
 
@@ -74,7 +74,7 @@ class Subscriber(asyncio.Protocol):
 
     def __init__(self, owner: Subscribers, target: str) -> None:
         self.owner = owner
-        self.handshake = upgrade_request("127.0.0.1", owner.port, target)
+        self.handshake = upgrade_request(owner.port, target)
         self.head = b""
         self.parser: FrameParser | None = None
         self.transport: asyncio.Transport | None = None

@@ -1,10 +1,12 @@
-"""Raw WebSocket client plumbing, so that the load generator is never the bottleneck.
+"""What goes over the wire: the messages, their frames, and a raw producer connection.
 
-Client frames must be masked; a zero masking key leaves the payload unchanged, so a frame
-is its header, four zero bytes and the JSON text (:func:`client_frame`), and a run's frames
-are built before the clock starts and written as one ``bytes`` object in big chunks. The
-opening handshake is websockets' sans-I/O :class:`~websockets.client.ClientProtocol`; the
-frames after it are :class:`FrameParser`'s (server frames are never masked).
+Message number ``n`` is deltas of about four characters, accented letters and an emoji among
+them, so that a relay that splits or re-encodes text wrongly is caught by the exact
+comparison; any process can rebuild its text from the number (:func:`message_text`).
+Client frames must be masked; a zero masking key leaves the payload unchanged, so a frame is
+its header, four zero bytes and the JSON text (:func:`client_frame`), built before the clock
+starts. The opening handshake is websockets' sans-I/O ``ClientProtocol``; the frames after
+it are :class:`FrameParser`'s (server frames are never masked).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -20,9 +23,8 @@ from websockets.client import ClientProtocol
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+PIECES = ("The ", "quic", "k br", "own ", "fox ", "jump", "s ov", "er é", "🚀 la", "zy d", "og. ")
 TEXT, CLOSE, PING, PONG = 0x1, 0x8, 0x9, 0xA
-ZERO_MASK = b"\x00\x00\x00\x00"
-HANDSHAKE_TIMEOUT = 30.0
 CHUNK_BYTES = 256 * 1024
 """Bytes handed to the socket per write, and read from it per read."""
 
@@ -34,9 +36,35 @@ class BenchError(Exception):
 class Rejected(BenchError):
     """The relay answered an event with an error frame."""
 
-    def __init__(self, frame: str) -> None:
-        super().__init__(f"the relay answered with an error frame: {frame}")
-        self.frame = frame
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message to send: its id, its events (deltas, then a final), their JSON frames."""
+
+    id: str
+    events: tuple[dict[str, Any], ...]
+    frames: tuple[str, ...]
+    text: str
+
+
+def message_text(index: int, deltas: int) -> list[str]:
+    """The deltas of message number ``index``; the first (``#NNN``) tells neighbours apart."""
+    pieces = [f"#{index % 1000:03d}"]
+    pieces += [PIECES[(index + n) % len(PIECES)] for n in range(1, deltas)]
+    return pieces[:deltas]
+
+
+def build_messages(count: int, deltas: int, prefix: str = "m") -> list[Message]:
+    """``count`` messages of ``deltas`` deltas and a final; number ``n`` has id ``prefix + n``."""
+    messages = []
+    for index in range(count):
+        message_id, pieces = f"{prefix}{index}", message_text(index, deltas)
+        events: list[dict[str, Any]] = [{"id": message_id, "delta": piece} for piece in pieces]
+        events.append({"id": message_id, "final": True})
+        # Compact JSON, as a gateway would send it.
+        frames = tuple(json.dumps(e, ensure_ascii=False, separators=(",", ":")) for e in events)
+        messages.append(Message(message_id, tuple(events), frames, "".join(pieces)))
+    return messages
 
 
 def client_frame(payload: bytes, opcode: int = TEXT) -> bytes:
@@ -48,7 +76,7 @@ def client_frame(payload: bytes, opcode: int = TEXT) -> bytes:
         header = bytes((0x80 | opcode, 0x80 | 126)) + size.to_bytes(2, "big")
     else:
         header = bytes((0x80 | opcode, 0x80 | 127)) + size.to_bytes(8, "big")
-    return header + ZERO_MASK + payload
+    return header + b"\x00\x00\x00\x00" + payload
 
 
 def client_frames(texts: Iterable[str]) -> bytes:
@@ -56,9 +84,9 @@ def client_frames(texts: Iterable[str]) -> bytes:
     return b"".join(client_frame(text.encode()) for text in texts)
 
 
-def upgrade_request(host: str, port: int, target: str) -> tuple[ClientProtocol, bytes]:
+def upgrade_request(port: int, target: str) -> tuple[ClientProtocol, bytes]:
     """A client protocol for ``target`` (path and query) and its upgrade request's bytes."""
-    protocol = ClientProtocol(parse_uri(f"ws://{host}:{port}{target}"))
+    protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}{target}"))
     protocol.send_request(protocol.connect())
     return protocol, b"".join(protocol.data_to_send())
 
@@ -132,53 +160,37 @@ class RawProducer:
     and any other frame fails, unless ``on_text`` is given: it gets every text frame instead.
     """
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        channel: str | None,
-        on_text: Callable[[bytes], None] | None,
-    ) -> None:
-        self.reader, self.writer, self.channel = reader, writer, channel
-        self.acks = 0
+    def __init__(self, channel: str, on_text: Callable[[bytes], None] | None = None) -> None:
+        self.channel, self.acks = channel, 0
+        self.error: BenchError | None = None
         self._on_text = on_text or self._count_acks
         self._target = 0
         self._reached = asyncio.Event()
-        self.error: BenchError | None = None
-        self._reading = asyncio.create_task(self._read())
 
-    @classmethod
-    async def open(
-        cls,
-        port: int,
-        channel: str | None = None,
-        *,
-        target: str | None = None,
-        on_text: Callable[[bytes], None] | None = None,
-    ) -> RawProducer:
+    async def open(self, port: int, target: str | None = None) -> RawProducer:
         """Connect to ``/produce?channel=CHANNEL``, or to ``target`` when given."""
-        target = target or f"/produce?channel={quote(channel or '', safe='')}"
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-        protocol, request = upgrade_request("127.0.0.1", port, target)
+        target = target or f"/produce?channel={quote(self.channel, safe='')}"
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        protocol, request = upgrade_request(port, target)
         try:
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT)
+            self.writer.write(request)
+            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 30)
             check_upgrade(protocol, head, target)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            writer.close()
+            self.writer.close()
             raise BenchError(f"upgrade of {target} on port {port} failed") from None
         except BenchError:
-            writer.close()
+            self.writer.close()
             raise
-        return cls(reader, writer, channel, on_text)
+        self._reading = asyncio.create_task(self._read())
+        return self
 
     def _fail(self, exc: BenchError) -> None:
         self.error = self.error or exc
         self._reached.set()
 
     async def _read(self) -> None:
-        parser = FrameParser()
-        payload = b""
+        parser, payload = FrameParser(), b""
         try:
             while data := await self.reader.read(CHUNK_BYTES):
                 for opcode, payload in parser.feed(data):
@@ -199,11 +211,11 @@ class RawProducer:
         if kind == "session":
             return
         if kind not in ("ack", "acks"):
-            raise Rejected(payload.decode(errors="replace")[:300])
+            text = payload.decode(errors="replace")[:300]
+            raise Rejected(f"the relay answered with an error frame: {text}")
         acks = [frame] if kind == "ack" else frame.get("acks") or []
-        for ack in acks:
-            if ack.get("channel") != self.channel:
-                raise BenchError(f"an ack names another channel: {ack}")
+        if any(ack.get("channel") != self.channel for ack in acks):
+            raise BenchError(f"an ack names another channel: {frame}")
         self.acks += len(acks)
         if self.acks >= self._target:
             self._reached.set()
@@ -227,9 +239,8 @@ class RawProducer:
             if self.error:
                 raise self.error
             self._reached.clear()
-            if condition():
-                break
-            await self._reached.wait()
+            if not condition():
+                await self._reached.wait()
 
     async def acked(self, count: int) -> None:
         """Wait until ``count`` acks have come."""
