@@ -1,14 +1,9 @@
 """The assembler case, in this process: events per second through three assemblers.
 
-* ``token``: :class:`token_relay.TokenAssembler`, through ``apply()``, the relay's own;
-* ``naive``: :class:`NaiveAssembler`, the same rules with each message kept as a ``str``
-  that every delta extends (``text += delta``), the first thing most people write;
-* ``floor``: :func:`floor_run`, a bare loop over the events appending to a dict of lists and
-  joining at the final, with no method call, no checks and no memory of completed ids: what
-  assembling costs in Python at the least.
-
-Each runs the same pre-built event dicts (as the relay holds them after decoding), and its
-completed texts are checked against the expected ones after the clock stops.
+The relay's ``TokenAssembler.apply()``; the same rules with each message a ``str`` that
+every delta extends (``text += delta``), the first thing most people write; and the floor, a
+bare loop appending to a dict of lists, with no call, no checks and no memory of ids. Each
+runs the same pre-built event dicts; its texts are checked after the clock stops.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import socketio  # type: ignore[import-untyped]
 from token_relay.testing import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
+from .report import percentile
 from .subscribers import SubscriberPool, raise_fd_limit
 from .wire import (
     BenchError,
@@ -34,12 +35,6 @@ RELAY_FLAGS = (
     *("--max-connections-per-ip", "100000"),  # thousands of subscribers from 127.0.0.1
 )
 """Flags every benchmarked relay gets; otherwise they run with their defaults."""
-ROUTES = {
-    "single": ("single instance (S->S)", "S", "S"),
-    "redis-same": ("same instance via Redis (A->A)", "A", "A"),
-    "redis-cross": ("cross-instance via Redis (A->B)", "A", "B"),
-}
-"""The paths of the Redis case, baseline first: label, producer's relay, subscriber's relay."""
 TIMEOUT_MARGIN = 30.0
 """Seconds a case may run beyond what its load should take before it is declared stuck."""
 DELTA_GAP = 0.02
@@ -134,6 +129,12 @@ async def check_messages(
     raise BenchError(f"subscriber closed with {len(arrivals)} of {len(expected)} messages")
 
 
+def _spread(samples: Sequence[float], digits: int) -> dict[str, Any]:
+    """The p50 and p99 of ``samples`` (seconds) and the samples themselves, in ms."""
+    p50, p99 = percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+    return {"p50_ms": p50, "p99_ms": p99, "samples_ms": [round(x * 1000, digits) for x in samples]}
+
+
 def _record(events: int, frames: int, seconds: float, cpu: float) -> dict[str, Any]:
     record = {
         "events": events,
@@ -158,90 +159,78 @@ def frame_texts(messages: Sequence[Message], batch: int | None = None) -> list[s
 
 async def stream(
     producer_at: ServiceProcess,
-    subscriber_at: ServiceProcess,
+    subscriber_at: ServiceProcess | None,
     channel: str,
     messages: Sequence[Message],
     *,
     batch: int | None = None,
     rate: float | None = None,
+    copies: int = 1,
 ) -> dict[str, Any]:
     """One producer on ``producer_at`` to one subscriber on ``subscriber_at``: every frame
     at once in big writes (``batch`` events per array frame, if given), or ``rate`` messages
-    per second with their events spread evenly. The record of :func:`_record`, and with
-    ``rate``, ``samples``: per message, the seconds from writing its final to its arrival."""
+    per second with their events spread evenly. Without ``subscriber_at``, ``producer_at`` is
+    the no-op server, fed the frames ``copies`` times over (to make a blink timeable) until it
+    says ``done``. The record of :func:`_record`, and with ``rate``, ``latency``: from
+    writing each final to its arrival."""
     texts = frame_texts(messages, batch)
     frames = [client_frame(text.encode()) for text in texts]
-    data, events = b"".join(frames), sum(len(message.frames) for message in messages)
+    data, events = b"".join(frames) * copies, sum(len(m.frames) for m in messages) * copies
     ends = itertools.accumulate(len(message.frames) for message in messages)
     finals = {end - 1: message.id for end, message in zip(ends, messages, strict=True)}
     arrivals: dict[str, float] = {}
     sent: dict[str, float] = {}
-    url = f"{subscriber_at.url}/subscribe?channel={quote(channel, safe='')}"
-    async with connect(url, compression=None) as ws:
-        confirmation = json.loads(await asyncio.wait_for(ws.recv(), 10))
-        if confirmation.get("type") != "subscribed" or confirmation.get("channel") != channel:
-            raise BenchError(f"subscribing got {short(confirmation)}")
-        producer = await RawProducer(channel).open(producer_at.port)
 
-        async def send() -> None:
-            if not rate:
-                return await producer.write(data)
-            for index, frame in enumerate(frames):
-                # Behind schedule, still yield, so the readers timestamp arrivals promptly.
-                due = start + index * len(messages) / (rate * len(frames))
-                await asyncio.sleep(max(due - time.perf_counter(), 0))
-                if index in finals:
-                    sent[finals[index]] = time.perf_counter()
-                producer.writer.write(frame)
+    def done(payload: bytes) -> None:
+        if payload != f"done {len(frames) * copies}".encode():
+            raise BenchError(f"the no-op server sent {payload[:100]!r}")
+        arrivals["done"] = time.perf_counter()
+        producer.reached()
 
+    async def send() -> None:
+        if not rate:
+            return await producer.write(data)
+        for index, frame in enumerate(frames):
+            # Behind schedule, still yield, so the readers timestamp arrivals promptly.
+            await asyncio.sleep(
+                max(start + index / (rate * len(frames) / len(messages)) - time.perf_counter(), 0)
+            )
+            if index in finals:
+                sent[finals[index]] = time.perf_counter()
+            producer.writer.write(frame)
+
+    async with contextlib.AsyncExitStack() as stack:
+        if subscriber_at is None:
+            target = f"/?frames={len(frames) * copies}"
+            producer = await stack.enter_async_context(
+                RawProducer(producer_at.port, "", target, done)
+            )
+            waits = [producer.wait_for(lambda: bool(arrivals))]
+        else:
+            url = f"{subscriber_at.url}/subscribe?channel={quote(channel, safe='')}"
+            ws = await stack.enter_async_context(connect(url, compression=None))
+            confirmation = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            if confirmation.get("type") != "subscribed" or confirmation.get("channel") != channel:
+                raise BenchError(f"subscribing got {short(confirmation)}")
+            producer = await stack.enter_async_context(RawProducer(producer_at.port, channel))
+            waits = [check_messages(ws, channel, messages, arrivals), producer.acked(len(messages))]
         try:
             cpu, start = cpu_seconds(producer_at.pid), time.perf_counter()
-            async with asyncio.timeout(TIMEOUT_MARGIN + len(messages) / (rate or 500)):
-                checking = check_messages(ws, channel, messages, arrivals)
-                await all_or_first_failure(send(), checking, producer.acked(len(messages)))
+            async with asyncio.timeout(TIMEOUT_MARGIN + len(messages) * copies / (rate or 500)):
+                await all_or_first_failure(send(), *waits)
             cpu = cpu_seconds(producer_at.pid) - cpu
         except Rejected as exc:
             raise Unsupported(f"array frames were rejected: {exc}") if batch else exc from None
         except TimeoutError:
             raise BenchError(
-                f"{producer_at.name} -> {subscriber_at.name} timed out with {len(arrivals)} of "
-                f"{len(messages)} messages delivered and {producer.acks} acks"
+                f"{producer_at.name} timed out with {len(arrivals)} of {len(messages)} messages "
+                f"delivered and {producer.acks} acks"
             ) from None
-        finally:
-            await producer.close()
-    record = _record(events, len(texts), max(arrivals.values()) - start, cpu)
-    return {**record, "samples": [arrivals[message_id] - at for message_id, at in sent.items()]}
-
-
-async def noop_ingest(
-    server: ServiceProcess, messages: Sequence[Message], batch: int | None = None, copies: int = 1
-) -> dict[str, Any]:
-    """The same frames, ``copies`` times over (to make a blink timeable), read by the no-op
-    server until it says ``done``; the record of :func:`_record`."""
-    texts = frame_texts(messages, batch)
-    frames, events = len(texts) * copies, sum(len(m.frames) for m in messages) * copies
-    data, finished = client_frames(texts) * copies, 0.0
-
-    def on_text(payload: bytes) -> None:
-        nonlocal finished
-        if payload != f"done {frames}".encode():
-            raise BenchError(f"the no-op server sent {payload[:100]!r}")
-        finished = time.perf_counter()
-        producer.reached()
-
-    producer = await RawProducer("", on_text).open(server.port, f"/?frames={frames}")
-    try:
-        cpu, start = cpu_seconds(server.pid), time.perf_counter()
-        async with asyncio.timeout(TIMEOUT_MARGIN + events / 50_000):
-            await all_or_first_failure(
-                producer.write(data), producer.wait_for(lambda: finished > 0)
-            )
-        cpu = cpu_seconds(server.pid) - cpu
-    except TimeoutError:
-        raise BenchError("the no-op server did not read every frame in time") from None
-    finally:
-        await producer.close()
-    return _record(events, frames, finished - start, cpu)
+    record = _record(events, len(texts) * copies, max(arrivals.values()) - start, cpu)
+    if rate:
+        samples = [arrivals[message_id] - at for message_id, at in sent.items()]
+        record["latency"] = {**_spread(samples, 4), "max_ms": max(samples) * 1000}
+    return record
 
 
 async def socketio_ingest(
@@ -310,14 +299,13 @@ async def socketio_ingest(
 
 async def measure_fanout(
     relay: ServiceProcess, pool: SubscriberPool, channel: str, messages: Sequence[Message]
-) -> dict[str, list[float]]:
+) -> dict[str, Any]:
     """Send ``messages`` one by one, deltas :data:`DELTA_GAP` apart like a model, to
-    ``pool``'s channel; per message, the seconds from writing the final to the last
-    (``samples``) and first (``first``) arrival, and the relay's and the clients' CPU
-    seconds over that span (``relay_cpu``, ``client_cpu``)."""
-    run: dict[str, list[float]] = {"samples": [], "first": [], "relay_cpu": [], "client_cpu": []}
-    producer = await RawProducer(channel).open(relay.port)
-    try:
+    ``pool``'s channel; per message, the ms from writing the final to the last
+    (``samples_ms``) and first (``first_arrival_ms``) arrival, and the relay's and the
+    clients' CPU time over that span."""
+    samples, first, relay_cpu, client_cpu = [], [], [], []
+    async with RawProducer(relay.port, channel) as producer:
         for number, message in enumerate(messages, 1):
             frames = [client_frame(text.encode()) for text in message.frames]
             for frame in frames[:-1]:
@@ -327,15 +315,20 @@ async def measure_fanout(
             sent = time.time()
             producer.writer.write(frames[-1])
             earliest, latest = await pool.delivered(message.id, 60)
-            run["relay_cpu"].append(cpu_seconds(relay.pid) - cpu)
-            run["client_cpu"].append(sum(map(cpu_seconds, pool.pids)) - clients)
+            relay_cpu.append(cpu_seconds(relay.pid) - cpu)
+            client_cpu.append(sum(map(cpu_seconds, pool.pids)) - clients)
             await asyncio.wait_for(producer.acked(number), 60)
-            run["samples"].append(latest - sent)
-            run["first"].append(earliest - sent)
+            samples.append(latest - sent)
+            first.append(earliest - sent)
             await asyncio.sleep(FANOUT_PAUSE)
-    finally:
-        await producer.close()
-    return run
+    return {
+        **_spread(samples, 3),
+        "first_arrival_ms": [round(x * 1000, 3) for x in first],
+        "relay_cpu_ms": [round(x * 1000, 1) for x in relay_cpu],
+        "client_cpu_ms": [round(x * 1000, 1) for x in client_cpu],
+        "relay_busy": sum(relay_cpu) / sum(samples),
+        "clients_busy": sum(client_cpu) / sum(samples),
+    }
 
 
 async def settled_rss(process: ServiceProcess) -> int:
@@ -350,7 +343,7 @@ async def settled_rss(process: ServiceProcess) -> int:
 
 
 async def idle_subscriber_bytes(
-    count: int, processes: int, notable: list[str], relay_args: Sequence[str] = ()
+    count: int, notable: list[str], relay_args: Sequence[str] = (), processes: int = 2
 ) -> dict[str, int]:
     """The RSS of a fresh relay with 100 subscribers (``before``), then ``count`` more."""
     server = relay("M1", *relay_args)
@@ -378,16 +371,15 @@ async def in_flight_bytes(
     def unfinished(batch: Sequence[Message], marker: Message) -> bytes:
         return client_frames([*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]])
 
-    async with started(server, notable=notable):
-        producer = await RawProducer("memory-in-flight").open(server.port)
-        try:
-            await producer.write(unfinished(messages[:warm], messages[-2]))
-            await asyncio.wait_for(producer.acked(1), 60 + warm * deltas / 10_000)
-            before = await settled_rss(server)
-            await producer.write(unfinished(messages[warm:-2], messages[-1]))
-            await asyncio.wait_for(producer.acked(2), 60 + count * deltas / 10_000)
-            after = await settled_rss(server)
-            check_alive(server)
-        finally:
-            await producer.close()
+    async with (
+        started(server, notable=notable),
+        RawProducer(server.port, "memory-in-flight") as producer,
+    ):
+        await producer.write(unfinished(messages[:warm], messages[-2]))
+        await asyncio.wait_for(producer.acked(1), 60 + warm * deltas / 10_000)
+        before = await settled_rss(server)
+        await producer.write(unfinished(messages[warm:-2], messages[-1]))
+        await asyncio.wait_for(producer.acked(2), 60 + count * deltas / 10_000)
+        after = await settled_rss(server)
+        check_alive(server)
     return {"count": count, "before": before, "after": after}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -15,15 +16,14 @@ import textwrap
 import time
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from token_relay.testing import ServiceProcess
 from websockets.exceptions import ConnectionClosed
 
 from . import cases
 from .assembly import ASSEMBLERS, run_assembler
-from .cases import DELTA_GAP, IN_FLIGHT_CHARS, ROUTES, check_alive
-from .report import Results, format_table, format_targets, percentile, table_rows, targets, to_json
+from .report import ROUTES, Results, format_table, format_targets, table_rows, targets, to_json
 from .subscribers import SubscriberPool
 from .wire import BenchError, build_messages
 
@@ -38,61 +38,37 @@ NOTE = (
     "generator or the clients, was the limit; 'clients' is the subscriber processes' CPU "
     "time, all together, over the same spans."
 )
+T = TypeVar("T")
+
+
+def option(full: T, quick: T | None = None, help: str = "") -> T:
+    """A :class:`Config` field: its full-run value, its ``--quick`` one, its ``--help``."""
+    metadata = {"quick": full if quick is None else quick, "help": help}
+    field: T = dataclasses.field(default=full, metadata=metadata)
+    return field
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
-    """What to measure (the defaults are the full run); see :data:`OPTIONS` for most fields."""
+    """What to measure; the fields with a help text are command-line options."""
 
-    repeat: int = 3
-    deltas: int = 10
-    assembler_messages: int = 20_000
-    """Messages per assembler pass on the short workload."""
-    long_messages: int = 100
-    """Messages per assembler pass on the long workload, of ``long_chars`` characters."""
-    long_chars: int = IN_FLIGHT_CHARS
-    ingest_messages: int = 10_000
-    socketio_messages: int = 3_000
-    batch: int = 100
-    fanout_sizes: tuple[int, ...] = (1_000, 10_000)
-    fanout_messages: int = 6
-    fanout_processes: int = 4
-    """Subscriber processes for the largest fan-out (fewer for smaller ones)."""
-    messages: int = 2_000
-    rate: float = 200.0
-    latency_messages: int = 600
-    idle_subscribers: int = 2_000
-    in_flight: int = 100
-    relay_args: tuple[str, ...] = ()
-    """Extra flags for every relay process, such as ``--loop=uvloop``."""
-
-
-QUICK: dict[str, Any] = {
-    "repeat": 1,
-    "assembler_messages": 4_000,
-    "long_messages": 20,
-    "ingest_messages": 2_000,
-    "socketio_messages": 600,
-    "fanout_messages": 2,
-    "messages": 300,
-    "latency_messages": 100,
-    "idle_subscribers": 1_000,
-    "in_flight": 20,
-}
-"""What ``--quick`` changes."""
-OPTIONS = {
-    "repeat": "repetitions; medians are reported",
-    "deltas": "deltas per message, plus a final",
-    "ingest_messages": "messages per ingest run",
-    "socketio_messages": "messages per python-socketio ingest run",
-    "batch": "events per array frame, batched ingest",
-    "fanout_messages": "measured messages per fan-out configuration and repetition",
-    "messages": "messages per throughput run on the Redis paths",
-    "rate": "messages per second, latency case",
-    "latency_messages": "messages per latency run",
-    "idle_subscribers": "idle subscribers, memory case",
-    "in_flight": "unfinished 10k-character messages, memory case",
-}
+    repeat: int = option(3, 1, "repetitions; medians are reported")
+    deltas: int = option(10, help="deltas per message, plus a final")
+    assembler_messages: int = option(20_000, 4_000)  # per pass, short workload
+    long_messages: int = option(100, 20)  # per pass, messages of long_chars characters
+    long_chars: int = option(cases.IN_FLIGHT_CHARS)  # in four-character deltas
+    ingest_messages: int = option(10_000, 2_000, "messages per ingest run")
+    socketio_messages: int = option(3_000, 600, "messages per python-socketio ingest run")
+    batch: int = option(100, help="events per array frame, batched ingest")
+    fanout_sizes: tuple[int, ...] = option((1_000, 10_000))
+    fanout_messages: int = option(6, 2, "messages per fan-out configuration and repetition")
+    fanout_processes: int = option(4)  # subscriber processes for the largest fan-out
+    messages: int = option(2_000, 300, "messages per throughput run on the Redis paths")
+    rate: float = option(200.0, help="messages per second, latency case")
+    latency_messages: int = option(600, 100, "messages per latency run")
+    idle_subscribers: int = option(2_000, 1_000, "idle subscribers, memory case")
+    in_flight: int = option(100, 20, "unfinished 10k-character messages, memory case")
+    relay_args: tuple[str, ...] = option(())  # extra flags for every relay
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | None]:
@@ -103,11 +79,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | 
         "python-socketio relay, batched ingest, fan-out to 1,000 and 10,000 subscribers, "
         "latency, memory, and the Redis paths. Prints one table and the targets.",
     )
-    full = Config()
-    for name, help_text in OPTIONS.items():
-        default = getattr(full, name)
-        flag, kind = f"--{name.replace('_', '-')}", type(default)
-        parser.add_argument(flag, type=kind, help=f"{help_text} ({default:g})")
+    options = [field for field in dataclasses.fields(Config) if field.metadata["help"]]
+    for field in options:
+        flag, help_text = f"--{field.name.replace('_', '-')}", field.metadata["help"]
+        parser.add_argument(flag, type=type(field.default), help=f"{help_text} ({field.default:g})")
     parser.add_argument(
         "--relay-arg",
         action="append",
@@ -117,25 +92,20 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | 
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result as JSON")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="draw the results as a PNG")
-    parser.add_argument(
-        "--quick", action="store_true", help="small numbers for a smoke run (under a minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
     args = parser.parse_args(argv)
-    values = dict(QUICK if args.quick else {}, relay_args=tuple(args.relay_arg))
-    for name in OPTIONS:
-        if (given := getattr(args, name)) is not None:
-            if given < 1 and not (name == "deltas" and given == 0):
-                parser.error(f"--{name.replace('_', '-')} must be at least 1")
-            values[name] = given
-    return dataclasses.replace(full, **values), args.json, args.chart
+    values = {field.name: field.metadata["quick"] for field in dataclasses.fields(Config)}
+    values = (values if args.quick else {}) | {"relay_args": tuple(args.relay_arg)}
+    for field in options:
+        if (given := getattr(args, field.name)) is not None:
+            if given < 1 and not (field.name == "deltas" and given == 0):
+                parser.error(f"--{field.name.replace('_', '-')} must be at least 1")
+            values[field.name] = given
+    return Config(**values), args.json, args.chart
 
 
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _ms(seconds: Sequence[float], digits: int) -> list[float]:
-    return [round(value * 1000, digits) for value in seconds]
 
 
 class Run:
@@ -150,30 +120,36 @@ class Run:
         """A channel of its own for every case and repetition."""
         return f"bench-{self.run_id}-{case}-{repetition}"
 
+    def file(self, key: str, value: float, record: dict[str, Any], repetition: int) -> float:
+        """File one repetition's value and its raw record; return the value."""
+        self.results.add(key, value, {"repetition": repetition, **record})
+        return value
+
     def assemblers(self) -> None:
         """The assembler case, in this process, before any other process starts."""
-        config, results = self.config, self.results
+        config = self.config
         for workload, messages in (
             ("short", build_messages(config.assembler_messages, config.deltas)),
             ("long", build_messages(config.long_messages, config.long_chars // 4)),
         ):
             run_assembler("floor", messages[: len(messages) // 10 or 1])  # warm-up
-            for repetition in range(1, config.repeat + 1):
+            for n in range(1, config.repeat + 1):
                 for key in ASSEMBLERS:
                     events, seconds = run_assembler(key, messages)
-                    record = {"repetition": repetition, "events": events, "seconds": seconds}
-                    results.add(f"assembler.{workload}.{key}", events / seconds, record)
-            rates = [
-                f"{key} {results.median(f'assembler.{workload}.{key}'):,.0f}" for key in ASSEMBLERS
+                    record = {"events": events, "seconds": seconds}
+                    self.file(f"assembler.{workload}.{key}", events / seconds, record, n)
+            medians = [
+                (key, self.results.median(f"assembler.{workload}.{key}")) for key in ASSEMBLERS
             ]
-            _progress(f"assembler, {workload} messages: {', '.join(rates)} events/s")
+            summary = ", ".join(f"{key} {value:,.0f}" for key, value in medians)
+            _progress(f"assembler, {workload} messages: {summary} events/s")
 
     async def warm_up(self, c: dict[str, ServiceProcess]) -> None:
         """Every server's code paths run once before anything is measured."""
         _progress("warming up")
         messages = build_messages(min(self.config.ingest_messages, 1000), self.config.deltas)
         await cases.stream(c["S"], c["S"], self.channel("warm-ingest", 0), messages)
-        await cases.noop_ingest(c["noop"], messages)
+        await cases.stream(c["noop"], None, "", messages)
         await cases.socketio_ingest(c["socketio"], self.channel("warm-sio", 0), messages[:300])
         for key, (_, producer, subscriber) in ROUTES.items():
             some = messages[: min(self.config.messages, 200)]
@@ -181,77 +157,54 @@ class Run:
 
     async def ingest(self, c: dict[str, ServiceProcess], n: int) -> None:
         """Relay, no-op server and socketio ingest, then batched."""
-        config, relay, rates = self.config, c["S"], {}
-        messages = build_messages(config.ingest_messages, config.deltas)
+        config, relay, noop, stream, rates = self.config, c["S"], c["noop"], cases.stream, {}
+        messages, batch = build_messages(config.ingest_messages, config.deltas), config.batch
 
         async def file(key: str, measure: Awaitable[dict[str, Any]]) -> None:
             record = await measure
-            record.pop("samples", None)
-            self.results.add(key, record["events_per_second"], {"repetition": n, **record})
-            rates[key] = f"{record['events_per_second']:,.0f}"
+            rates[key] = self.file(key, record["events_per_second"], record, n)
 
-        await file("ingest.relay", cases.stream(relay, relay, self.channel("ingest", n), messages))
-        await file("ingest.noop", cases.noop_ingest(c["noop"], messages))
-        some = messages[: config.socketio_messages]
-        await file(
-            "ingest.socketio",
-            cases.socketio_ingest(c["socketio"], self.channel("socketio", n), some),
-        )
-        line = (
-            f"[{n}/{config.repeat}] ingest: relay {rates['ingest.relay']}, "
-            f"no-op {rates['ingest.noop']}, socketio {rates['ingest.socketio']} events/s"
-        )
+        await file("ingest.relay", stream(relay, relay, self.channel("ingest", n), messages))
+        await file("ingest.noop", stream(noop, None, "", messages))
+        some, channel = messages[: config.socketio_messages], self.channel("socketio", n)
+        await file("ingest.socketio", cases.socketio_ingest(c["socketio"], channel, some))
+        line = f"[{n}/{config.repeat}] ingest: relay {rates['ingest.relay']:,.0f}, no-op "
+        line += f"{rates['ingest.noop']:,.0f}, socketio {rates['ingest.socketio']:,.0f} events/s"
         if "batched" not in self.results.notes:
-            channel = self.channel("batched", n)
             try:
-                await file(
-                    "batched.relay",
-                    cases.stream(relay, relay, channel, messages, batch=config.batch),
-                )
-                line += f"; batched {rates['batched.relay']}"
+                channel = self.channel("batched", n)
+                await file("batched.relay", stream(relay, relay, channel, messages, batch=batch))
+                line += f"; batched {rates['batched.relay']:,.0f}"
             except cases.Unsupported as exc:
                 self.results.notes["batched"] = f"the relay does not take array frames ({exc})"
                 _progress(f"batched ingest skipped: {exc}")
         # The no-op server reads array frames in a blink: ten copies make the run timeable.
-        await file("batched.noop", cases.noop_ingest(c["noop"], messages, config.batch, copies=10))
-        _progress(line + f", batched no-op {rates['batched.noop']}")
+        await file("batched.noop", stream(noop, None, "", messages, batch=batch, copies=10))
+        _progress(line + f", batched no-op {rates['batched.noop']:,.0f}")
 
     async def routes(self, c: dict[str, ServiceProcess], n: int) -> None:
         """Throughput and latency on the single instance and the Redis paths."""
         config = self.config
-        fast_messages = build_messages(config.messages, config.deltas)
-        paced_messages = build_messages(config.latency_messages, config.deltas)
+        fast = build_messages(config.messages, config.deltas)
+        paced = build_messages(config.latency_messages, config.deltas)
         for key, (label, producer, subscriber) in ROUTES.items():
-            check_alive(*c.values())
+            cases.check_alive(*c.values())
             route = (c[producer], c[subscriber])
-            fast = await cases.stream(*route, self.channel(f"throughput-{key}", n), fast_messages)
-            paced = await cases.stream(
-                *route, self.channel(f"latency-{key}", n), paced_messages, rate=config.rate
-            )
-            samples = paced["samples"]
-            p50, p99 = percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
-            for stat, value in (
-                ("throughput", fast["events_per_second"]),
-                ("p50", p50),
-                ("p99", p99),
-            ):
+            throughput = await cases.stream(*route, self.channel(f"throughput-{key}", n), fast)
+            channel = self.channel(f"latency-{key}", n)
+            latency = (await cases.stream(*route, channel, paced, rate=config.rate))["latency"]
+            rate, p50, p99 = throughput["events_per_second"], latency["p50_ms"], latency["p99_ms"]
+            for stat, value in (("throughput", rate), ("p50", p50), ("p99", p99)):
                 self.results.add(f"routes.{key}.{stat}", value)
-            throughput = {name: fast[name] for name in ("events", "seconds", "events_per_second")}
-            latency = {
-                "rate": config.rate,
-                "p50_ms": p50,
-                "p99_ms": p99,
-                "max_ms": max(samples) * 1000,
-            }
+            throughput = {k: throughput[k] for k in ("events", "seconds", "events_per_second")}
             record = {
-                "repetition": n,
                 "label": label,
                 "throughput": {"messages": config.messages, **throughput},
-                "latency": {**latency, "samples_ms": _ms(samples, 4)},
+                "latency": {"rate": config.rate, **latency},
             }
-            self.results.detail(f"routes.{key}", record)
+            self.results.detail(f"routes.{key}", {"repetition": n, **record})
             _progress(
-                f"[{n}/{config.repeat}] {label}: {fast['events_per_second']:,.0f} events/s, "
+                f"[{n}/{config.repeat}] {label}: {rate:,.0f} events/s, "
                 f"latency p50 {p50:.2f} ms, p99 {p99:.2f} ms"
             )
 
@@ -260,64 +213,49 @@ class Run:
         config, relay = self.config, c["F"]
         for size in config.fanout_sizes:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
-            channel = self.channel(f"fanout-{size}", 0)
+            channel, began = self.channel(f"fanout-{size}", 0), time.monotonic()
             _progress(f"fan-out: connecting {size:,} subscribers from {processes} processes")
-            began = time.monotonic()
+            options = {"deltas_per_message": config.deltas, "nice": 10}
             async with SubscriberPool.running(
-                relay.port, channel, size, processes, deltas_per_message=config.deltas, nice=10
+                relay.port, channel, size, processes, **options
             ) as pool:
                 _progress(f"fan-out: {size:,} subscribed in {time.monotonic() - began:.1f} s")
                 warm = build_messages(1, config.deltas, prefix="warm:")
                 await cases.measure_fanout(relay, pool, channel, warm)
-                for n in range(1, config.repeat + 1):
-                    for deltas in (False, True):
-                        check_alive(*c.values())
-                        if deltas or n > 1:
-                            await pool.ready(deltas)
-                        mode = "deltas" if deltas else "plain"
-                        messages = build_messages(
-                            config.fanout_messages, config.deltas, prefix=f"{n}{mode}:"
-                        )
-                        run = await cases.measure_fanout(relay, pool, channel, messages)
-                        samples, prefix = run["samples"], f"fanout.{size}.{mode}"
-                        p50, p99 = percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
-                        self.results.add(prefix + ".p50", p50)
-                        self.results.add(prefix + ".p99", p99)
-                        record = {
-                            "repetition": n,
-                            "subscribers": size,
-                            "deltas": deltas,
-                            "delta_gap_ms": DELTA_GAP * 1000,
-                            "p50_ms": p50,
-                            "p99_ms": p99,
-                            "samples_ms": _ms(samples, 3),
-                            "first_arrival_ms": _ms(run["first"], 3),
-                            "relay_cpu_ms": _ms(run["relay_cpu"], 1),
-                            "client_cpu_ms": _ms(run["client_cpu"], 1),
-                            "relay_busy": sum(run["relay_cpu"]) / sum(samples),
-                            "clients_busy": sum(run["client_cpu"]) / sum(samples),
-                        }
-                        self.results.detail(prefix, record)
-                        _progress(
-                            f"[{n}/{config.repeat}] fan-out {size:,}"
-                            f"{' with deltas' * deltas}: p50 {p50:.1f} ms, p99 {p99:.1f} ms"
-                        )
+                for n, deltas in itertools.product(range(1, config.repeat + 1), (False, True)):
+                    cases.check_alive(*c.values())
+                    if deltas or n > 1:
+                        await pool.ready(deltas)
+                    mode = "deltas" if deltas else "plain"
+                    some = build_messages(config.fanout_messages, config.deltas, f"{n}{mode}:")
+                    run = await cases.measure_fanout(relay, pool, channel, some)
+                    record = {
+                        "subscribers": size,
+                        "deltas": deltas,
+                        "delta_gap_ms": cases.DELTA_GAP * 1000,
+                        **run,
+                    }
+                    self.results.detail(f"fanout.{size}.{mode}", {"repetition": n, **record})
+                    for stat in ("p50", "p99"):
+                        self.results.add(f"fanout.{size}.{mode}.{stat}", run[f"{stat}_ms"])
+                    _progress(
+                        f"[{n}/{config.repeat}] fan-out {size:,}{' with deltas' * deltas}: "
+                        f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms"
+                    )
 
     async def memory(self) -> None:
         """RSS per idle subscriber and per in-flight message, each on a fresh relay."""
         config, notable, relay_args = self.config, self.notable, self.config.relay_args
         for n in range(1, config.repeat + 1):
-            idle = await cases.idle_subscriber_bytes(
-                config.idle_subscribers, 2, notable, relay_args
-            )
+            idle = await cases.idle_subscriber_bytes(config.idle_subscribers, notable, relay_args)
             flight = await cases.in_flight_bytes(config.in_flight, notable, relay_args)
-            per_item = {}
-            for key, record in (("idle", idle), ("in_flight", flight)):
-                per_item[key] = (record["after"] - record["before"]) / record["count"] / 1024
-                self.results.add(f"memory.{key}", per_item[key] * 1024, {"repetition": n, **record})
+            kib = {}
+            for key, run in (("idle", idle), ("in_flight", flight)):
+                per_item = (run["after"] - run["before"]) / run["count"]
+                kib[key] = self.file(f"memory.{key}", per_item, run, n) / 1024
             _progress(
-                f"[{n}/{config.repeat}] memory: {per_item['idle']:.1f} KiB per idle subscriber, "
-                f"{per_item['in_flight']:.1f} KiB per in-flight message"
+                f"[{n}/{config.repeat}] memory: {kib['idle']:.1f} KiB per idle subscriber, "
+                f"{kib['in_flight']:.1f} KiB per in-flight message"
             )
 
     async def __call__(self) -> None:
@@ -326,9 +264,7 @@ class Run:
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         self.assemblers()
-        _progress(
-            "starting redis-server, relays S, A, B, F, the no-op server and the socketio relay"
-        )
+        _progress("starting redis-server, relays S, A, B and F, and the two peers")
         try:
             async with cases.running_cluster(self.config.relay_args, self.notable) as cluster:
                 await self.warm_up(cluster)
@@ -338,7 +274,7 @@ class Run:
                     await self.ingest(cluster, n)
                     await self.routes(cluster, n)
                 await self.fanout(cluster)
-                check_alive(*cluster.values())
+                cases.check_alive(*cluster.values())
         except ConnectionClosed as exc:
             raise BenchError(f"a connection closed unexpectedly: {exc}") from None
         await self.memory()
@@ -347,8 +283,7 @@ class Run:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (1 when a check failed, 130 when interrupted)."""
     config, json_path, chart_path = parse_args(argv)
-    began = time.monotonic()
-    run = Run(config)
+    began, run = time.monotonic(), Run(config)
     try:
         asyncio.run(run())
     except BenchError as exc:
@@ -357,8 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("bench interrupted; every process it started is stopped", file=sys.stderr)
         return 130
-    elapsed = time.monotonic() - began
-    results, notable = run.results, run.notable
+    elapsed, results, notable = time.monotonic() - began, run.results, run.notable
     rows, goals = table_rows(results, dataclasses.asdict(config)), targets(results)
     headline = (
         f"token-relay benchmark: messages of {config.deltas} deltas + a final "
@@ -369,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Workloads: ingest {config.ingest_messages:,} messages per run (socketio "
         f"{config.socketio_messages:,}), as fast as the server takes them; fan-out "
         f"{config.fanout_messages} messages per configuration and repetition, deltas "
-        f"{DELTA_GAP * 1000:g} ms apart, final -> every subscriber holds it; latency "
+        f"{cases.DELTA_GAP * 1000:g} ms apart, final -> every subscriber holds it; latency "
         f"{config.latency_messages} messages at {config.rate:g} msg/s; Redis throughput "
         f"{config.messages:,} messages as fast as possible."
     )

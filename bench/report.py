@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .assembly import ASSEMBLERS
-from .cases import ROUTES
 
-FANOUT_GOAL_MS = 100.0
-BATCHED_GOAL = 1_000_000.0
-RSS_GOAL_KIB = 40.0
-NOOP_GOAL = 0.8
-SOCKETIO_GOAL = 10.0
+FANOUT_GOAL_MS, BATCHED_GOAL, RSS_GOAL_KIB, NOOP_GOAL, SOCKETIO_GOAL = 100.0, 1e6, 40.0, 0.8, 10.0
+ROUTES = {
+    "single": ("single instance (S->S)", "S", "S"),
+    "redis-same": ("same instance via Redis (A->A)", "A", "A"),
+    "redis-cross": ("cross-instance via Redis (A->B)", "A", "B"),
+}
+"""The paths of the Redis case, baseline first: label, producer's relay, subscriber's relay."""
 Row = tuple[str, str, str, str]
 """Case, what was measured, its median, how it compares."""
 Target = dict[str, Any]
@@ -31,8 +32,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) of ``values``, interpolating between closest ranks."""
     if not values:
         return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
+    ordered, rank = sorted(values), (len(values) - 1) * q / 100
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
@@ -44,20 +44,19 @@ def _median(values: Iterable[float]) -> float:
 
 
 def _ratio(value: float, baseline: float) -> float:
-    bad = math.isnan(value) or math.isnan(baseline) or not baseline
-    return math.nan if bad else value / baseline
+    return (
+        math.nan if math.isnan(value) or math.isnan(baseline) or not baseline else value / baseline
+    )
 
 
 @dataclass
 class Results:
-    """Every value measured in a run, per key, one per repetition."""
+    """Every value measured in a run: headline ``samples`` per key, one per repetition; raw
+    ``details`` per case, for the JSON record; ``notes`` on why a case has no value."""
 
     samples: dict[str, list[float]] = field(default_factory=dict)
-    """Headline values per key, one per repetition."""
     details: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Raw measurements per case, for the JSON record."""
     notes: dict[str, str] = field(default_factory=dict)
-    """Why a case has no value (for example, the relay rejected its frames)."""
 
     def add(self, key: str, value: float, record: dict[str, Any] | None = None) -> None:
         """File one repetition's value, and its raw ``record`` under the same key."""
@@ -104,96 +103,73 @@ def _ms(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def _kib(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value / 1024:,.1f} KiB"
-
-
-def _ms_unit(value: float) -> str:
-    return f"{_ms(value)} ms"
-
-
-def _kib_value(value: float) -> str:
-    return f"{value:.1f} KiB"
-
-
 def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     """The rows of the table, in order."""
-    r = results
+    r, rows = results, []
+
+    def add(case: str, what: str, key: str, compared: str = "", cpu: bool = False) -> None:
+        value = r.median(key)
+        if key.startswith("fanout.") or key == "routes.single":
+            p50, p99 = r.median(key + ".p50"), r.median(key + ".p99")
+            text = "n/a" if math.isnan(p50) else f"p50 {_ms(p50)} ms, p99 {_ms(p99)} ms"
+        elif key.startswith("memory."):
+            text = "n/a" if math.isnan(value) else f"{value / 1024:,.1f} KiB"
+        else:
+            text = _rate(value, "frames/s" if key == "ingest.noop" else "events/s")
+        busy = r.busy(key) if cpu else math.nan
+        server = "" if math.isnan(busy) else f"server CPU {busy:.0%}"
+        rows.append((case, what, text, "; ".join(part for part in (compared, server) if part)))
 
     def versus(key: str, *baselines: str) -> str:
         pairs = zip(baselines[::2], baselines[1::2], strict=True)
         return ", ".join(f"{_times(r.ratio(key, base))} {name}" for base, name in pairs)
 
-    def cpu(key: str, before: str = "") -> str:
-        value = r.busy(key)
-        return "" if math.isnan(value) else f"{before}server CPU {value:.0%}"
-
-    def latency(prefix: str) -> str:
-        p50, p99 = r.median(prefix + ".p50"), r.median(prefix + ".p99")
-        return "n/a" if math.isnan(p50) else f"p50 {_ms(p50)} ms, p99 {_ms(p99)} ms"
-
-    rows: list[Row] = []
-
-    def add(case: str, what: str, median: str, compared: str = "") -> None:
-        rows.append((case, what, median, compared))
-
     for workload, description in (
         ("short", f"{config['deltas']}-delta messages"),
         ("long", f"{config['long_chars']:,}-char messages"),
     ):
-        for key, (label, _) in ASSEMBLERS.items():
-            name, base = f"assembler.{workload}.{key}", f"assembler.{workload}."
-            compared = versus(name, base + "floor", "floor", base + "naive", "naive")
-            add(
-                "assembler",
-                f"{label}, {description}",
-                _rate(r.median(name)),
-                compared * (key == "token"),
-            )
+        for kind, (label, _) in ASSEMBLERS.items():
+            key, base = f"assembler.{workload}.{kind}", f"assembler.{workload}."
+            compared = versus(key, base + "floor", "floor", base + "naive", "naive")
+            add("assembler", f"{label}, {description}", key, compared * (kind == "token"))
     compared = versus("ingest.relay", "ingest.noop", "no-op", "ingest.socketio", "socketio")
-    what, text = "relay, 1 producer -> 1 subscriber", _rate(r.median("ingest.relay"))
-    add("ingest", what, text, compared + cpu("ingest.relay", "; "))
-    text = _rate(r.median("ingest.noop"), "frames/s")
-    add("ingest", "no-op websockets server (ceiling)", text, cpu("ingest.noop"))
-    text = _rate(r.median("ingest.socketio"))
-    add("ingest", "python-socketio relay (peer)", text, cpu("ingest.socketio"))
-    what, text = (
-        f"relay, {config['batch']} events per array frame",
-        _rate(r.median("batched.relay")),
-    )
+    add("ingest", "relay, 1 producer -> 1 subscriber", "ingest.relay", compared, cpu=True)
+    add("ingest", "no-op websockets server (ceiling)", "ingest.noop", cpu=True)
+    add("ingest", "python-socketio relay (peer)", "ingest.socketio", cpu=True)
+    what = f"relay, {config['batch']} events per array frame"
     if note := r.notes.get("batched"):
-        add("batched ingest", what, "not supported", note[:60])
+        rows.append(("batched ingest", what, "not supported", note[:60]))
     else:
         compared = versus("batched.relay", "ingest.relay", "unbatched", "batched.noop", "no-op")
-        add("batched ingest", what, text, compared + cpu("batched.relay", "; "))
-    add(
-        "batched ingest", "no-op server, the same frames (ceiling)", _rate(r.median("batched.noop"))
-    )
+        add("batched ingest", what, "batched.relay", compared, cpu=True)
+    add("batched ingest", "no-op server, the same frames (ceiling)", "batched.noop")
     for size in config["fanout_sizes"]:
         for mode, label in (("plain", ""), ("deltas", ", with deltas")):
-            prefix, compared = f"fanout.{size}.{mode}", ""
-            if r.details.get(prefix):
-                relay, clients = r.busy(prefix, "relay_busy"), r.busy(prefix, "clients_busy")
+            key, compared = f"fanout.{size}.{mode}", ""
+            if r.details.get(key):
+                relay, clients = r.busy(key, "relay_busy"), r.busy(key, "clients_busy")
                 compared = f"relay CPU {relay:.0%}, clients {clients:.0%}"
-            add("fan-out", f"{size:,} subscribers{label}", latency(prefix), compared)
-    what = f"final -> message at {config['rate']:g} msg/s, single instance"
-    add("latency", what, latency("routes.single"))
-    what = f"RSS per idle subscriber ({config['idle_subscribers']:,} of them)"
-    add("memory", what, _kib(r.median("memory.idle")))
+            add("fan-out", f"{size:,} subscribers{label}", key, compared)
+    add(
+        "latency", f"final -> message at {config['rate']:g} msg/s, single instance", "routes.single"
+    )
+    add(
+        "memory", f"RSS per idle subscriber ({config['idle_subscribers']:,} of them)", "memory.idle"
+    )
     value, chars = r.median("memory.in_flight"), config["long_chars"]
     what = f"RSS per in-flight {chars:,}-char message ({config['in_flight']:,} of them)"
     add(
         "memory",
         what,
-        _kib(value),
+        "memory.in_flight",
         "" if math.isnan(value) else f"{value / chars:.1f} bytes per char",
     )
     for key, (label, _, _) in ROUTES.items():
         prefix, base = f"routes.{key}", "routes.single"
-        text = f"{_rate(r.median(prefix + '.throughput'))}, p50 {_ms(r.median(prefix + '.p50'))} ms"
         compared = versus(prefix + ".throughput", base + ".throughput", "throughput")
         compared += ", " + versus(prefix + ".p50", base + ".p50", "p50")
-        add("redis", label, text, "baseline" if key == "single" else compared)
+        text = f"{_rate(r.median(prefix + '.throughput'))}, p50 {_ms(r.median(prefix + '.p50'))} ms"
+        rows.append(("redis", label, text, "baseline" if key == "single" else compared))
     return rows
 
 
@@ -215,9 +191,8 @@ def format_table(rows: Sequence[Row]) -> str:
 def _target(
     key: str, label: str, value: float, goal: float, comparison: str, show: Callable[[float], str]
 ) -> Target:
-    measured = not math.isnan(value)
+    measured, at_least = not math.isnan(value), comparison == ">="
     met = {">=": value >= goal, "<": value < goal, "<=": value <= goal}[comparison]
-    at_least = comparison == ">="
     factor = math.nan if not measured or value <= 0 else value / goal if at_least else goal / value
     if not measured:
         verdict = "not measured"
@@ -228,50 +203,46 @@ def _target(
     else:
         verdict = f"MISSED: {1 / factor:.2f}x over, needs to fall {1 - factor:.0%}"
     return {
-        "key": key,
-        "label": label,
-        "value": value,
-        "goal": goal,
-        "comparison": comparison,
-        "met": met if measured else None,
-        "attainment": factor,
-        "verdict": verdict,
+        **{"key": key, "label": label, "value": value, "goal": goal, "comparison": comparison},
+        **{"met": met if measured else None, "attainment": factor, "verdict": verdict},
         "shown": show(value) if measured else "n/a",
     }
 
 
 def targets(results: Results) -> list[Target]:
     """The goals the run is judged by."""
-    r, noop, sio, batched = results, NOOP_GOAL, SOCKETIO_GOAL, BATCHED_GOAL
-    vs_noop, vs_sio = (
+    r, noop, sio = results, NOOP_GOAL, SOCKETIO_GOAL
+    to_noop, to_sio = (
         r.ratio("ingest.relay", "ingest.noop"),
         r.ratio("ingest.relay", "ingest.socketio"),
     )
     out = [
-        _target("ingest_vs_noop", f"ingest >= {noop}x no-op", vs_noop, noop, ">=", _times),
-        _target("ingest_vs_socketio", f"ingest >= {sio:g}x socketio", vs_sio, sio, ">=", _times),
+        _target("ingest_vs_noop", f"ingest >= {noop}x no-op", to_noop, noop, ">=", _times),
+        _target("ingest_vs_socketio", f"ingest >= {sio:g}x socketio", to_sio, sio, ">=", _times),
     ]
-    label = f"batched ingest >= {batched:,.0f} events/s"
-    out.append(_target("batched_ingest", label, r.median("batched.relay"), batched, ">=", _rate))
+    label = f"batched ingest >= {BATCHED_GOAL:,.0f} events/s"
+    out.append(
+        _target("batched_ingest", label, r.median("batched.relay"), BATCHED_GOAL, ">=", _rate)
+    )
     if "batched" in r.notes:
         out[-1]["verdict"] += f": {r.notes['batched']}"
     for mode, label in (("plain", ""), ("deltas", ", with deltas")):
         if (key := f"fanout.10000.{mode}.p99") in r.samples:
             label = f"fan-out 10k p99 < {FANOUT_GOAL_MS:g} ms{label}"
-            out.append(
-                _target(
-                    f"fanout_10k_{mode}_p99", label, r.median(key), FANOUT_GOAL_MS, "<", _ms_unit
-                )
-            )
+            goal = _target(f"fanout_10k_{mode}_p99", label, r.median(key), FANOUT_GOAL_MS, "<", _ms)
+            out.append(goal | {"shown": goal["shown"] + " ms" * (goal["shown"] != "n/a")})
     label, idle = f"RSS <= {RSS_GOAL_KIB:g} KiB per idle subscriber", r.median("memory.idle") / 1024
-    out.append(_target("rss_per_idle_subscriber", label, idle, RSS_GOAL_KIB, "<=", _kib_value))
+    out.append(
+        _target(
+            "rss_per_idle_subscriber", label, idle, RSS_GOAL_KIB, "<=", lambda v: f"{v:.1f} KiB"
+        )
+    )
     return out
 
 
 def format_targets(goals: Sequence[Target]) -> str:
     """One line per target: the goal, the median, met or missed by how much."""
-    width = max(len(goal["label"]) for goal in goals)
-    value_width = max(len(goal["shown"]) for goal in goals)
+    width, value_width = (max(len(goal[name]) for goal in goals) for name in ("label", "shown"))
     return "\n".join(
         f"  {goal['label'].ljust(width)}  {goal['shown'].rjust(value_width)}  {goal['verdict']}"
         for goal in goals

@@ -1,20 +1,13 @@
 """``python -m bench.servers --port N {noop,socketio}``: the relay's side-by-side peers.
 
-* ``noop``, the ceiling of the ingest cases: a websockets server configured like the relay
-  (no compression, the same 1 MiB frame limit) that only reads frames, the most a Python
-  websockets process can take in on one connection. A client connects to ``/?frames=N``;
-  once the server has read N frames it answers one text frame, ``done N``, which is how the
-  load generator times it. Nothing else is sent.
-* ``socketio``, the peer: the same relay job done the way many users would, with
-  python-socketio served by aiohttp, on the default namespace. A producer connects with
-  ``auth={"channel": C}`` and emits one ``event`` per delta event, the same
-  ``{"id", "delta"?, "final"?}`` objects the relay takes; the server assembles per
-  connection with a dict of lists (append each delta, join at the final) and, at each
-  final, emits ``message`` ``{"channel", "id", "text"}`` to the room named after the
-  channel and ``ack`` ``{"id", "channel"}`` back to the producer. A subscriber calls
-  ``subscribe`` with a channel name, which joins it to that room. It runs python-socketio's
-  defaults (one task per incoming event, JSON with the standard library); it validates
-  nothing, keeps no history and numbers nothing, so it does less than the relay per event.
+* ``noop``, the ceiling: a websockets server configured like the relay (no compression, a 1
+  MiB frame limit) that only reads frames. A client of ``/?frames=N`` gets ``done N`` once
+  the server has read N frames.
+* ``socketio``, the peer: python-socketio on aiohttp with its defaults, doing the relay's job
+  the way many users would. A producer connects with ``auth={"channel": C}`` and emits the
+  relay's events as ``event``; at each final, the server (a dict of lists per producer)
+  emits ``message`` ``{"channel", "id", "text"}`` to the room ``C`` and ``ack`` to the
+  producer; ``subscribe`` joins a room. It validates, keeps and numbers nothing.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Many cheap subscriber connections in a few processes, and the pool that drives them.
 
 ``python -m bench.subscribers`` holds ``--connections`` subscribers of one channel, each a
-bare :class:`asyncio.Protocol` (no task, stream or websockets object after the handshake),
-on uvloop when it is installed. Every ``message`` frame is checked: exactly the text of the
-message its id names (ids are ``ROUND:N``, texts :func:`bench.messages.message_text`), the
-offset after the connection's last one, and with deltas, the deltas adding up to it. Every
-connection gets the same bytes for a frame, so a frame is decoded and checked once, then
-recognised by its bytes.
-
-It writes JSON lines to stdout: ``{"ready": N}`` once all N connections are subscribed
-(again after each ``deltas 1`` or ``deltas 0`` line on stdin, which subscribes them again
-with or without live deltas); ``{"id": ID, "first": T, "last": T}`` once every connection
-holds message ``ID`` (``time.time()``, comparable across processes); ``{"error": TEXT}``
-before it exits with status 1. The end of stdin closes every connection.
+bare :class:`asyncio.Protocol`, and checks every message: its exact text (rebuilt from the
+number in its id), its offset (no gap, no repeat), and with deltas, that they add up to it;
+a frame is decoded once, then recognised by its bytes. It writes JSON lines: ``{"ready":
+N}`` once all N are subscribed (again after each ``deltas 1`` or ``deltas 0`` on stdin);
+``{"id": ID, "first": T, "last": T}`` once all hold message ``ID`` (``time.time()``);
+``{"error": TEXT}`` before it exits with status 1. The end of stdin ends it.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 from urllib.parse import quote
 
 from .wire import (
@@ -48,7 +42,6 @@ DELTA, MESSAGE, SUBSCRIBED, SNAPSHOT = range(4)
 KNOWN_FRAMES = 10_000
 """Decoded frames remembered by their bytes."""
 HANDSHAKES_AT_ONCE = 25
-MAX_RESPONSE_HEAD = 16 * 1024
 READY_WITHIN = 120.0
 
 
@@ -67,19 +60,23 @@ def _emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def fail(text: str) -> NoReturn:
+    """Report ``text`` and exit with status 1 (the operating system cuts every connection)."""
+    _emit({"error": text})
+    os._exit(1)
+
+
 class Subscriber(asyncio.Protocol):
     """One connection: the handshake, then its text frames to :meth:`Subscribers.on_frame`."""
 
     __slots__ = ("handshake", "head", "offset", "opened", "owner", "parser", "parts", "transport")
 
     def __init__(self, owner: Subscribers, target: str) -> None:
-        self.owner = owner
+        self.owner, self.head, self.offset = owner, b"", 0
         self.handshake = upgrade_request(owner.port, target)
-        self.head = b""
         self.parser: FrameParser | None = None
         self.transport: asyncio.Transport | None = None
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.offset = 0
         self.parts: dict[str, list[str]] = {}
         """The deltas of the messages in progress."""
 
@@ -90,55 +87,34 @@ class Subscriber(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.time()
-        if self.parser is None:
-            head = self.head + data
-            end = head.find(b"\r\n\r\n") + 4
-            try:
-                if end < 4 and len(head) > MAX_RESPONSE_HEAD:
-                    raise BenchError("the upgrade response is too long")
-                if end < 4:
+        try:
+            if self.parser is None:
+                head = self.head + data
+                if (end := head.find(b"\r\n\r\n") + 4) < 4:
                     self.head = head
                     return
                 check_upgrade(self.handshake[0], head[:end], "/subscribe")
-            except BenchError as exc:
-                self.opened.set_exception(exc)
-                self.abort()
-                return
-            self.head, self.parser = b"", FrameParser()
-            del self.handshake  # done with: thousands of them would add up
-            self.opened.set_result(None)
-            data = head[end:]
-        try:
+                self.head, self.parser, data = b"", FrameParser(), head[end:]
+                del self.handshake  # done with: thousands of them would add up
+                self.opened.set_result(None)
             frames = self.parser.feed(data)
         except BenchError as exc:
-            self.owner.fail(str(exc))
-            return
+            fail(str(exc))
         for opcode, payload in frames:
             if opcode == TEXT:
                 self.owner.on_frame(self, now, payload)
             elif opcode == PING:
                 self.send(payload, PONG)
             elif opcode == CLOSE:
-                self.send(payload[:2], CLOSE)
-                self.abort()
+                fail(f"the relay closed a subscriber connection: {payload[2:].decode()!r}")
 
     def send(self, payload: bytes, opcode: int = TEXT) -> None:
         """Write one frame, unless the connection is gone."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(client_frame(payload, opcode))
 
-    def abort(self) -> None:
-        """Cut the connection."""
-        if self.transport is not None:
-            self.transport.abort()
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        if not self.opened.done():
-            self.opened.set_exception(BenchError("a connection was lost in the upgrade"))
-        elif not self.owner.closing:
-            reason = f": {type(exc).__name__}: {exc}" if exc else " by the relay"
-            self.owner.fail("a subscriber connection was closed" + reason)
+        fail("a subscriber connection was closed" + (f": {exc!r}" if exc else " by the relay"))
 
 
 class Subscribers:
@@ -147,21 +123,12 @@ class Subscribers:
     def __init__(self, port: int, channel: str, deltas_per_message: int) -> None:
         self.port, self.channel, self.deltas_per_message = port, channel, deltas_per_message
         self.connections: list[Subscriber] = []
-        self.deltas = False
-        self.unconfirmed = 0
-        loop = asyncio.get_running_loop()
-        self.confirmed: asyncio.Future[None] = loop.create_future()
-        self.failure: asyncio.Future[str] = loop.create_future()
-        self.closing = False
+        self.deltas, self.unconfirmed = False, 0
+        self.confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._texts: dict[int, str] = {}
         self._known: dict[bytes, tuple[int, str, str, int]] = {}
         self._pending: dict[str, list[float]] = {}
         """Per message id: how many connections hold it, first and last arrival."""
-
-    def fail(self, text: str) -> None:
-        """Fail the process with ``text`` (the first failure wins)."""
-        if not self.failure.done():
-            self.failure.set_result(text)
 
     def expected(self, message_id: str) -> str:
         """The text of the message named by ``message_id``."""
@@ -173,8 +140,7 @@ class Subscribers:
 
     async def subscribe(self, deltas: bool, new: int = 0) -> None:
         """Open and subscribe ``new`` connections, or without, subscribe every one again."""
-        self.deltas = deltas
-        self.unconfirmed = new or len(self.connections)
+        self.deltas, self.unconfirmed = deltas, new or len(self.connections)
         self.confirmed = asyncio.get_running_loop().create_future()
         if new:
             target = f"/subscribe?channel={quote(self.channel, safe='')}" + "&deltas=1" * deltas
@@ -196,10 +162,7 @@ class Subscribers:
             frame = {"type": "subscribe", "channel": self.channel, "deltas": deltas}
             for each in self.connections:
                 each.send(json.dumps(frame).encode())
-        waiting: list[asyncio.Future[Any]] = [self.confirmed, self.failure]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if self.failure.done():
-            raise BenchError(self.failure.result())
+        await self.confirmed
         _emit({"ready": len(self.connections)})
 
     def on_frame(self, connection: Subscriber, now: float, payload: bytes) -> None:
@@ -209,10 +172,7 @@ class Subscribers:
             try:
                 known = self._decode(payload)
             except (ValueError, KeyError, TypeError, AttributeError):
-                known = None
-                self.fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
-            if known is None:
-                return
+                fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
             if len(self._known) >= KNOWN_FRAMES:
                 self._known.clear()
             self._known[payload] = known
@@ -220,7 +180,18 @@ class Subscribers:
         if kind == DELTA:
             connection.parts.setdefault(message_id, []).append(value)
         elif kind == MESSAGE:
-            self._on_message(connection, now, message_id, value, offset)
+            if offset != connection.offset + 1:
+                fail(f"{message_id!r} has offset {offset}, not {connection.offset + 1}")
+            connection.offset = offset
+            held = "".join(connection.parts.pop(message_id, ()))
+            if self.deltas and held != value:
+                fail(f"the deltas of {message_id!r} add up to {held!r}")
+            record = self._pending.setdefault(message_id, [0.0, now, now])
+            record[0] += 1
+            record[2] = now
+            if record[0] == len(self.connections):
+                del self._pending[message_id]
+                _emit({"id": message_id, "first": record[1], "last": record[2]})
         elif kind == SUBSCRIBED:
             connection.offset = offset
             self.unconfirmed -= 1
@@ -229,72 +200,34 @@ class Subscribers:
         else:
             connection.parts[message_id] = [value]
 
-    def _decode(self, payload: bytes) -> tuple[int, str, str, int] | None:
-        """A frame as ``(kind, id, text or delta, offset)``, its text checked; None if bad."""
+    def _decode(self, payload: bytes) -> tuple[int, str, str, int]:
+        """A frame as ``(kind, id, text or delta, offset)``, its channel and text checked."""
         frame = json.loads(payload)
         kind = frame["type"]
         if frame["channel"] != self.channel:
-            self.fail(f"a frame came on channel {frame['channel']!r}: {payload[:300]!r}")
-        elif kind == "delta":
+            fail(f"a frame came on channel {frame['channel']!r}: {payload[:300]!r}")
+        if kind == "delta":
             return DELTA, frame["id"], frame["delta"], 0
-        elif kind == "message":
-            if frame["text"] == self.expected(frame["id"]):
-                return MESSAGE, frame["id"], frame["text"], frame["offset"]
-            self.fail(f"message {frame['id']!r} arrived with the wrong text: {frame['text']!r}")
-        elif kind == "subscribed":
+        if kind == "message" and frame["text"] == self.expected(frame["id"]):
+            return MESSAGE, frame["id"], frame["text"], frame["offset"]
+        if kind == "subscribed":
             return SUBSCRIBED, "", "", frame["offset"]
-        elif kind == "snapshot":
+        if kind == "snapshot":
             return SNAPSHOT, frame["id"], frame["text"], 0
-        else:
-            self.fail(f"a subscriber got an unexpected frame: {payload[:300]!r}")
-        return None
-
-    def _on_message(
-        self, connection: Subscriber, now: float, message_id: str, text: str, offset: int
-    ) -> None:
-        if offset != connection.offset + 1:
-            expected = connection.offset + 1
-            return self.fail(f"{message_id!r} has offset {offset}, not {expected}: a gap or repeat")
-        connection.offset = offset
-        held = "".join(connection.parts.pop(message_id, ()))
-        if self.deltas and held != text:
-            return self.fail(f"the deltas of {message_id!r} add up to {held!r}")
-        record = self._pending.get(message_id)
-        if record is None:
-            record = self._pending[message_id] = [0.0, now, now]
-        record[0] += 1
-        record[2] = now
-        if record[0] == len(self.connections):
-            del self._pending[message_id]
-            _emit({"id": message_id, "first": record[1], "last": record[2]})
+        fail(f"a subscriber got an unexpected frame or a wrong text: {payload[:300]!r}")
 
 
 async def _run(args: argparse.Namespace) -> None:
     subscribers = Subscribers(args.port, args.channel, args.deltas_per_message)
-
-    async def commands() -> None:
-        reader = asyncio.StreamReader()
-        await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
-        )
-        while line := (await reader.readline()).decode():
-            if line.split()[:1] != ["deltas"]:
-                raise BenchError(f"unknown command {line.strip()!r}")
-            await subscribers.subscribe(line.split()[1:] == ["1"])
-
-    try:
-        await subscribers.subscribe(False, args.connections)
-        reading = asyncio.ensure_future(commands())
-        waiting: list[asyncio.Future[Any]] = [reading, subscribers.failure]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if subscribers.failure.done():
-            reading.cancel()
-            raise BenchError(subscribers.failure.result())
-        reading.result()
-    finally:
-        subscribers.closing = True
-        for connection in subscribers.connections:
-            connection.abort()
+    await subscribers.subscribe(False, args.connections)
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := (await reader.readline()).decode():
+        if line.split()[:1] != ["deltas"]:
+            fail(f"unknown command {line.strip()!r}")
+        await subscribers.subscribe(line.split()[1:] == ["1"])
+    os._exit(0)  # the end of input: cut every connection at once
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,8 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.nice(args.nice)
     if raise_fd_limit() < args.connections + 64:
-        _emit({"error": f"the open-file limit is too low for {args.connections} connections"})
-        return 1
+        fail(f"the open-file limit is too low for {args.connections} connections")
     run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop  # makes each read cheaper
@@ -316,13 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = uvloop.run
     try:
         run(_run(args))
-    except (BenchError, OSError, ValueError, KeyError, TypeError) as exc:
-        _emit(
-            {"error": str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"}
-        )
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    except Exception as exc:
+        fail(f"{type(exc).__name__}: {exc}")
     return 0
 
 

@@ -160,16 +160,22 @@ class RawProducer:
     and any other frame fails, unless ``on_text`` is given: it gets every text frame instead.
     """
 
-    def __init__(self, channel: str, on_text: Callable[[bytes], None] | None = None) -> None:
-        self.channel, self.acks = channel, 0
+    def __init__(
+        self,
+        port: int,
+        channel: str,
+        target: str = "",
+        on_text: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self.port, self.channel, self.acks, self._target = port, channel, 0, 0
+        self.target = target or f"/produce?channel={quote(channel, safe='')}"
         self.error: BenchError | None = None
         self._on_text = on_text or self._count_acks
-        self._target = 0
         self._reached = asyncio.Event()
 
-    async def open(self, port: int, target: str | None = None) -> RawProducer:
-        """Connect to ``/produce?channel=CHANNEL``, or to ``target`` when given."""
-        target = target or f"/produce?channel={quote(self.channel, safe='')}"
+    async def __aenter__(self) -> RawProducer:
+        """Connect to ``target``, by default ``/produce?channel=CHANNEL``."""
+        port, target = self.port, self.target
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
         protocol, request = upgrade_request(port, target)
         try:
@@ -247,7 +253,7 @@ class RawProducer:
         self._target = count
         await self.wait_for(lambda: self.acks >= count)
 
-    async def close(self) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         """Send a close frame and drop the connection."""
         with contextlib.suppress(OSError, RuntimeError):
             self.writer.write(client_frame((1000).to_bytes(2, "big"), CLOSE))
