@@ -17,18 +17,10 @@ import socketio  # type: ignore[import-untyped]
 from token_relay.testing import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
+from . import wire
 from .report import percentile
 from .subscribers import SubscriberPool, raise_fd_limit
-from .wire import (
-    BenchError,
-    Message,
-    RawProducer,
-    Rejected,
-    all_or_first_failure,
-    build_messages,
-    client_frame,
-    client_frames,
-)
+from .wire import BenchError, Message, RawProducer, all_or_first_failure, client_frame
 
 RELAY_FLAGS = (
     *("--max-events-per-second", "1000000000"),  # one producer is saturated on purpose
@@ -42,10 +34,6 @@ DELTA_GAP = 0.02
 FANOUT_PAUSE = 0.05
 """Seconds between one message being everywhere and the next one starting."""
 IN_FLIGHT_CHARS = 10_000
-
-
-class Unsupported(BenchError):
-    """The relay rejected array frames: it does not take batched events."""
 
 
 def relay(name: str, *args: str) -> ServiceProcess:
@@ -100,10 +88,9 @@ async def running_cluster(
             redis.kill()
 
 
-def short(frame: object, limit: int = 300) -> str:
-    """``frame`` as JSON, cut to ``limit`` characters."""
-    text = json.dumps(frame, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + "..."
+def short(frame: object) -> str:
+    """``frame`` as JSON, cut to 300 characters."""
+    return json.dumps(frame, ensure_ascii=False)[:300]
 
 
 async def check_messages(
@@ -181,12 +168,6 @@ async def stream(
     arrivals: dict[str, float] = {}
     sent: dict[str, float] = {}
 
-    def done(payload: bytes) -> None:
-        if payload != f"done {len(frames) * copies}".encode():
-            raise BenchError(f"the no-op server sent {payload[:100]!r}")
-        arrivals["done"] = time.perf_counter()
-        producer.reached()
-
     async def send() -> None:
         if not rate:
             return await producer.write(data)
@@ -201,11 +182,9 @@ async def stream(
 
     async with contextlib.AsyncExitStack() as stack:
         if subscriber_at is None:
-            target = f"/?frames={len(frames) * copies}"
-            producer = await stack.enter_async_context(
-                RawProducer(producer_at.port, "", target, done)
-            )
-            waits = [producer.wait_for(lambda: bool(arrivals))]
+            target, count = f"/?frames={len(frames) * copies}", len(frames) * copies
+            producer = await stack.enter_async_context(RawProducer(producer_at.port, "", target))
+            waits = [producer.acked(count)]
         else:
             url = f"{subscriber_at.url}/subscribe?channel={quote(channel, safe='')}"
             ws = await stack.enter_async_context(connect(url, compression=None))
@@ -219,14 +198,13 @@ async def stream(
             async with asyncio.timeout(TIMEOUT_MARGIN + len(messages) * copies / (rate or 500)):
                 await all_or_first_failure(send(), *waits)
             cpu = cpu_seconds(producer_at.pid) - cpu
-        except Rejected as exc:
-            raise Unsupported(f"array frames were rejected: {exc}") if batch else exc from None
         except TimeoutError:
             raise BenchError(
                 f"{producer_at.name} timed out with {len(arrivals)} of {len(messages)} messages "
                 f"delivered and {producer.acks} acks"
             ) from None
-    record = _record(events, len(texts) * copies, max(arrivals.values()) - start, cpu)
+    end = max(arrivals.values()) if subscriber_at else producer.last_ack
+    record = _record(events, len(texts) * copies, end - start, cpu)
     if rate:
         samples = [arrivals[message_id] - at for message_id, at in sent.items()]
         record["latency"] = {**_spread(samples, 4), "max_ms": max(samples) * 1000}
@@ -239,38 +217,26 @@ async def socketio_ingest(
     """The same events through the python-socketio relay, with its own client: a producer
     emitting one ``event`` per delta event, yielding every 100 emits, and a subscriber in the
     channel's room; the record of :func:`_record`."""
-    url = f"http://127.0.0.1:{server.port}"
-    expected = {message.id: message.text for message in messages}
-    arrivals: dict[str, float] = {}
-    acks, complete = 0, asyncio.Event()
-    problems: list[str] = []
+    url, events = f"http://127.0.0.1:{server.port}", [e for m in messages for e in m.events]
+    received: list[dict[str, Any]] = []
+    acks, last, complete = 0, 0.0, asyncio.Event()
     # No reconnecting behind the benchmark's back, and Ctrl-C stays the harness's business
     # (by default the client takes over SIGINT and stops the event loop).
     subscriber = socketio.AsyncClient(reconnection=False, handle_sigint=False)
     producer = socketio.AsyncClient(reconnection=False, handle_sigint=False)
 
-    def check_done() -> None:
-        if problems or (len(arrivals) == len(expected) and acks == len(expected)):
+    @subscriber.on("message")  # type: ignore[untyped-decorator]
+    @producer.on("ack")  # type: ignore[untyped-decorator]
+    def on_frame(frame: dict[str, Any]) -> None:
+        nonlocal acks, last
+        if "text" in frame:
+            received.append(frame)
+            last = time.perf_counter()
+        else:
+            acks += 1
+        if len(received) >= len(messages) and acks >= len(messages):
             complete.set()
 
-    @subscriber.on("message")  # type: ignore[untyped-decorator]
-    def on_message(frame: dict[str, Any]) -> None:
-        message_id = frame.get("id")
-        if frame.get("channel") != channel or not isinstance(message_id, str):
-            problems.append(f"unexpected message {short(frame)}")
-        elif message_id in arrivals or frame.get("text") != expected.get(message_id):
-            problems.append(f"message {message_id!r} arrived twice or with the wrong text")
-        else:
-            arrivals[message_id] = time.perf_counter()
-        check_done()
-
-    @producer.on("ack")  # type: ignore[untyped-decorator]
-    def on_ack(frame: dict[str, Any]) -> None:
-        nonlocal acks
-        acks += 1
-        check_done()
-
-    events = [event for message in messages for event in message.events]
     try:
         await subscriber.connect(url, transports=["websocket"])
         reply = await subscriber.call("subscribe", channel, timeout=10)
@@ -279,22 +245,22 @@ async def socketio_ingest(
         await producer.connect(url, transports=["websocket"], auth={"channel": channel})
         cpu, start = cpu_seconds(server.pid), time.perf_counter()
         async with asyncio.timeout(TIMEOUT_MARGIN + len(events) / 2_000):
-            emit = producer.emit
             for index, event in enumerate(events, 1):
-                await emit("event", event)
+                await producer.emit("event", event)
                 if index % 100 == 0:
                     await asyncio.sleep(0)  # emit() only queues: let the writer task run
             await complete.wait()
         cpu = cpu_seconds(server.pid) - cpu
     except TimeoutError:
-        raise BenchError(f"socketio timed out with {len(arrivals)} of {len(expected)}") from None
+        raise BenchError(f"socketio timed out with {len(received)} of {len(messages)}") from None
     except socketio.exceptions.SocketIOError as exc:
         raise BenchError(f"socketio client: {exc}") from None
     finally:
         await asyncio.gather(producer.disconnect(), subscriber.disconnect(), return_exceptions=True)
-    if problems:
-        raise BenchError(f"socketio relay: {problems[0]}")
-    return _record(len(events), len(events), max(arrivals.values()) - start, cpu)
+    got = sorted((frame.get("channel"), frame.get("id"), frame.get("text")) for frame in received)
+    if got != sorted((channel, message.id, message.text) for message in messages):
+        raise BenchError("the socketio relay lost, repeated or changed a message")
+    return _record(len(events), len(events), last - start, cpu)
 
 
 async def measure_fanout(
@@ -365,11 +331,11 @@ async def in_flight_bytes(
     messages (``before``), then ``count`` more; each batch ends with the final of one more
     message, acked once the relay has applied everything before it."""
     deltas, warm = IN_FLIGHT_CHARS // 4, max(10, count // 5)
-    messages = build_messages(warm + count + 2, deltas, prefix="memory-")
+    messages = wire.build_messages(warm + count + 2, deltas, prefix="memory-")
     server = relay("M2", "--max-streaming-per-producer", str(warm + count + 10), *relay_args)
 
     def unfinished(batch: Sequence[Message], marker: Message) -> bytes:
-        return client_frames([*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]])
+        return wire.client_frames([*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]])
 
     async with (
         started(server, notable=notable),

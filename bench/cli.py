@@ -117,7 +117,6 @@ class Run:
         self.run_id = secrets.token_hex(3)
 
     def channel(self, case: str, repetition: int) -> str:
-        """A channel of its own for every case and repetition."""
         return f"bench-{self.run_id}-{case}-{repetition}"
 
     def file(self, key: str, value: float, record: dict[str, Any], repetition: int) -> float:
@@ -168,19 +167,12 @@ class Run:
         await file("ingest.noop", stream(noop, None, "", messages))
         some, channel = messages[: config.socketio_messages], self.channel("socketio", n)
         await file("ingest.socketio", cases.socketio_ingest(c["socketio"], channel, some))
-        line = f"[{n}/{config.repeat}] ingest: relay {rates['ingest.relay']:,.0f}, no-op "
-        line += f"{rates['ingest.noop']:,.0f}, socketio {rates['ingest.socketio']:,.0f} events/s"
-        if "batched" not in self.results.notes:
-            try:
-                channel = self.channel("batched", n)
-                await file("batched.relay", stream(relay, relay, channel, messages, batch=batch))
-                line += f"; batched {rates['batched.relay']:,.0f}"
-            except cases.Unsupported as exc:
-                self.results.notes["batched"] = f"the relay does not take array frames ({exc})"
-                _progress(f"batched ingest skipped: {exc}")
+        channel = self.channel("batched", n)
+        await file("batched.relay", stream(relay, relay, channel, messages, batch=batch))
         # The no-op server reads array frames in a blink: ten copies make the run timeable.
         await file("batched.noop", stream(noop, None, "", messages, batch=batch, copies=10))
-        _progress(line + f", batched no-op {rates['batched.noop']:,.0f}")
+        summary = ", ".join(f"{key} {value:,.0f}" for key, value in rates.items())
+        _progress(f"[{n}/{config.repeat}] events/s: {summary}")
 
     async def routes(self, c: dict[str, ServiceProcess], n: int) -> None:
         """Throughput and latency on the single instance and the Redis paths."""
@@ -197,16 +189,11 @@ class Run:
             for stat, value in (("throughput", rate), ("p50", p50), ("p99", p99)):
                 self.results.add(f"routes.{key}.{stat}", value)
             throughput = {k: throughput[k] for k in ("events", "seconds", "events_per_second")}
-            record = {
-                "label": label,
-                "throughput": {"messages": config.messages, **throughput},
-                "latency": {"rate": config.rate, **latency},
-            }
-            self.results.detail(f"routes.{key}", {"repetition": n, **record})
-            _progress(
-                f"[{n}/{config.repeat}] {label}: {rate:,.0f} events/s, "
-                f"latency p50 {p50:.2f} ms, p99 {p99:.2f} ms"
-            )
+            record = {"repetition": n, "label": label}
+            record |= {"throughput": {"messages": config.messages, **throughput}}
+            record |= {"latency": {"rate": config.rate, **latency}}
+            self.results.detail(f"routes.{key}", record)
+            _progress(f"[{n}/{config.repeat}] {label}: {rate:,.0f} events/s, p50 {p50:.2f} ms")
 
     async def fanout(self, c: dict[str, ServiceProcess]) -> None:
         """Fan-out to every size, with and without deltas, on one pool per size."""
@@ -214,12 +201,12 @@ class Run:
         for size in config.fanout_sizes:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
             channel, began = self.channel(f"fanout-{size}", 0), time.monotonic()
-            _progress(f"fan-out: connecting {size:,} subscribers from {processes} processes")
             options = {"deltas_per_message": config.deltas, "nice": 10}
             async with SubscriberPool.running(
                 relay.port, channel, size, processes, **options
             ) as pool:
-                _progress(f"fan-out: {size:,} subscribed in {time.monotonic() - began:.1f} s")
+                took = time.monotonic() - began
+                _progress(f"fan-out: {size:,} subscribers in {processes} processes in {took:.1f} s")
                 warm = build_messages(1, config.deltas, prefix="warm:")
                 await cases.measure_fanout(relay, pool, channel, warm)
                 for n, deltas in itertools.product(range(1, config.repeat + 1), (False, True)):
@@ -229,13 +216,13 @@ class Run:
                     mode = "deltas" if deltas else "plain"
                     some = build_messages(config.fanout_messages, config.deltas, f"{n}{mode}:")
                     run = await cases.measure_fanout(relay, pool, channel, some)
-                    record = {
+                    record: dict[str, Any] = {
+                        "repetition": n,
                         "subscribers": size,
                         "deltas": deltas,
-                        "delta_gap_ms": cases.DELTA_GAP * 1000,
-                        **run,
                     }
-                    self.results.detail(f"fanout.{size}.{mode}", {"repetition": n, **record})
+                    record |= {"delta_gap_ms": cases.DELTA_GAP * 1000, **run}
+                    self.results.detail(f"fanout.{size}.{mode}", record)
                     for stat in ("p50", "p99"):
                         self.results.add(f"fanout.{size}.{mode}.{stat}", run[f"{stat}_ms"])
                     _progress(
@@ -315,13 +302,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nThe servers logged warnings or errors:\n" + "\n".join(f"  {n}" for n in notable))
     print(f"\nfinished in {elapsed:.0f} s")
     if json_path is not None:
-        environment = {"python": platform.python_version(), "platform": platform.platform()}
-        extra = {
-            "config": dataclasses.asdict(config),
-            "environment": {**environment, "cpus": os.cpu_count()},
-            "elapsed_seconds": elapsed,
-            "server_warnings": notable,
-        }
+        environment: dict[str, Any] = {"python": platform.python_version()}
+        environment["platform"] = platform.platform()
+        extra: dict[str, Any] = {"config": dataclasses.asdict(config), "environment": environment}
+        environment["cpus"] = os.cpu_count()
+        extra |= {"elapsed_seconds": elapsed, "server_warnings": notable}
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(to_json(results, rows, goals, extra), indent=2) + "\n")
         print(f"results written to {json_path}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import json
 import os
@@ -25,33 +24,19 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, NoReturn, cast
 from urllib.parse import quote
 
-from .wire import (
-    CLOSE,
-    PING,
-    PONG,
-    TEXT,
-    BenchError,
-    FrameParser,
-    check_upgrade,
-    client_frame,
-    message_text,
-    upgrade_request,
-)
+from . import wire
 
 DELTA, MESSAGE, SUBSCRIBED, SNAPSHOT = range(4)
 KNOWN_FRAMES = 10_000
 """Decoded frames remembered by their bytes."""
-HANDSHAKES_AT_ONCE = 25
-READY_WITHIN = 120.0
 
 
 def raise_fd_limit() -> int:
     """Raise this process's open-file limit to its hard limit; return the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    with contextlib.suppress(ValueError, OSError):
+        target = max(soft, 1 << 20) if hard == resource.RLIM_INFINITY else hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
@@ -73,8 +58,8 @@ class Subscriber(asyncio.Protocol):
 
     def __init__(self, owner: Subscribers, target: str) -> None:
         self.owner, self.head, self.offset = owner, b"", 0
-        self.handshake = upgrade_request(owner.port, target)
-        self.parser: FrameParser | None = None
+        self.handshake = wire.upgrade_request(owner.port, target)
+        self.parser: wire.FrameParser | None = None
         self.transport: asyncio.Transport | None = None
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.parts: dict[str, list[str]] = {}
@@ -93,25 +78,25 @@ class Subscriber(asyncio.Protocol):
                 if (end := head.find(b"\r\n\r\n") + 4) < 4:
                     self.head = head
                     return
-                check_upgrade(self.handshake[0], head[:end], "/subscribe")
-                self.head, self.parser, data = b"", FrameParser(), head[end:]
+                wire.check_upgrade(self.handshake[0], head[:end], "/subscribe")
+                self.head, self.parser, data = b"", wire.FrameParser(), head[end:]
                 del self.handshake  # done with: thousands of them would add up
                 self.opened.set_result(None)
             frames = self.parser.feed(data)
-        except BenchError as exc:
+        except wire.BenchError as exc:
             fail(str(exc))
         for opcode, payload in frames:
-            if opcode == TEXT:
+            if opcode == wire.TEXT:
                 self.owner.on_frame(self, now, payload)
-            elif opcode == PING:
-                self.send(payload, PONG)
-            elif opcode == CLOSE:
+            elif opcode == wire.PING:
+                self.send(payload, wire.PONG)
+            elif opcode == wire.CLOSE:
                 fail(f"the relay closed a subscriber connection: {payload[2:].decode()!r}")
 
-    def send(self, payload: bytes, opcode: int = TEXT) -> None:
+    def send(self, payload: bytes, opcode: int = wire.TEXT) -> None:
         """Write one frame, unless the connection is gone."""
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(client_frame(payload, opcode))
+            self.transport.write(wire.client_frame(payload, opcode))
 
     def connection_lost(self, exc: Exception | None) -> None:
         fail("a subscriber connection was closed" + (f": {exc!r}" if exc else " by the relay"))
@@ -133,44 +118,40 @@ class Subscribers:
     def expected(self, message_id: str) -> str:
         """The text of the message named by ``message_id``."""
         index = int(message_id.rpartition(":")[2])
-        text = self._texts.get(index)
-        if text is None:
-            text = self._texts[index] = "".join(message_text(index, self.deltas_per_message))
+        if (text := self._texts.get(index)) is None:
+            text = self._texts[index] = "".join(wire.message_text(index, self.deltas_per_message))
         return text
 
     async def subscribe(self, deltas: bool, new: int = 0) -> None:
-        """Open and subscribe ``new`` connections, or without, subscribe every one again."""
+        """Open and subscribe ``new`` connections (25 handshakes at a time), or without,
+        subscribe every one again."""
         self.deltas, self.unconfirmed = deltas, new or len(self.connections)
         self.confirmed = asyncio.get_running_loop().create_future()
-        if new:
-            target = f"/subscribe?channel={quote(self.channel, safe='')}" + "&deltas=1" * deltas
-            gate = asyncio.Semaphore(HANDSHAKES_AT_ONCE)
+        target = f"/subscribe?channel={quote(self.channel, safe='')}" + "&deltas=1" * deltas
+        gate, frame = asyncio.Semaphore(25), {"type": "subscribe", "channel": self.channel}
 
-            def connection() -> Subscriber:
-                # Frames can arrive before create_connection() returns: keep it from here.
-                self.connections.append(Subscriber(self, target))
-                return self.connections[-1]
+        def connection() -> Subscriber:
+            # Frames can arrive before create_connection() returns: keep it from here.
+            self.connections.append(Subscriber(self, target))
+            return self.connections[-1]
 
-            async def one() -> None:
-                async with gate:
-                    loop = asyncio.get_running_loop()
-                    _, protocol = await loop.create_connection(connection, "127.0.0.1", self.port)
-                    await protocol.opened
+        async def one() -> None:
+            async with gate:
+                loop = asyncio.get_running_loop()
+                _, protocol = await loop.create_connection(connection, "127.0.0.1", self.port)
+                await protocol.opened
 
-            await asyncio.gather(*(one() for _ in range(new)))
-        else:
-            frame = {"type": "subscribe", "channel": self.channel, "deltas": deltas}
-            for each in self.connections:
-                each.send(json.dumps(frame).encode())
+        await asyncio.gather(*(one() for _ in range(new)))
+        for each in self.connections if not new else ():
+            each.send(json.dumps({**frame, "deltas": deltas}).encode())
         await self.confirmed
         _emit({"ready": len(self.connections)})
 
     def on_frame(self, connection: Subscriber, now: float, payload: bytes) -> None:
         """Check and file one text frame."""
-        known = self._known.get(payload)
-        if known is None:
+        if (known := self._known.get(payload)) is None:
             try:
-                known = self._decode(payload)
+                known = self._decode(json.loads(payload))
             except (ValueError, KeyError, TypeError, AttributeError):
                 fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
             if len(self._known) >= KNOWN_FRAMES:
@@ -187,25 +168,22 @@ class Subscribers:
             if self.deltas and held != value:
                 fail(f"the deltas of {message_id!r} add up to {held!r}")
             record = self._pending.setdefault(message_id, [0.0, now, now])
-            record[0] += 1
-            record[2] = now
+            record[0], record[2] = record[0] + 1, now
             if record[0] == len(self.connections):
                 del self._pending[message_id]
                 _emit({"id": message_id, "first": record[1], "last": record[2]})
         elif kind == SUBSCRIBED:
-            connection.offset = offset
-            self.unconfirmed -= 1
+            connection.offset, self.unconfirmed = offset, self.unconfirmed - 1
             if not self.unconfirmed:
                 self.confirmed.set_result(None)
         else:
             connection.parts[message_id] = [value]
 
-    def _decode(self, payload: bytes) -> tuple[int, str, str, int]:
+    def _decode(self, frame: dict[str, Any]) -> tuple[int, str, str, int]:
         """A frame as ``(kind, id, text or delta, offset)``, its channel and text checked."""
-        frame = json.loads(payload)
         kind = frame["type"]
         if frame["channel"] != self.channel:
-            fail(f"a frame came on channel {frame['channel']!r}: {payload[:300]!r}")
+            fail(f"a frame came on another channel: {frame}")
         if kind == "delta":
             return DELTA, frame["id"], frame["delta"], 0
         if kind == "message" and frame["text"] == self.expected(frame["id"]):
@@ -214,14 +192,13 @@ class Subscribers:
             return SUBSCRIBED, "", "", frame["offset"]
         if kind == "snapshot":
             return SNAPSHOT, frame["id"], frame["text"], 0
-        fail(f"a subscriber got an unexpected frame or a wrong text: {payload[:300]!r}")
+        fail(f"a subscriber got an unexpected frame or a wrong text: {frame}")
 
 
 async def _run(args: argparse.Namespace) -> None:
     subscribers = Subscribers(args.port, args.channel, args.deltas_per_message)
     await subscribers.subscribe(False, args.connections)
-    reader = asyncio.StreamReader()
-    loop = asyncio.get_running_loop()
+    reader, loop = asyncio.StreamReader(), asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := (await reader.readline()).decode():
         if line.split()[:1] != ["deltas"]:
@@ -230,13 +207,12 @@ async def _run(args: argparse.Namespace) -> None:
     os._exit(0)  # the end of input: cut every connection at once
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.subscribers")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--channel", required=True)
-    parser.add_argument("--connections", type=int, required=True)
-    parser.add_argument("--deltas-per-message", type=int, default=10)
+    for flag, default in (("--port", 0), ("--connections", 0), ("--deltas-per-message", 10)):
+        parser.add_argument(flag, type=int, default=default)
     parser.add_argument("--nice", type=int, default=0, help="lower this process's priority")
+    parser.add_argument("--channel", required=True)
     args = parser.parse_args(argv)
     os.nice(args.nice)
     if raise_fd_limit() < args.connections + 64:
@@ -250,17 +226,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(_run(args))
     except Exception as exc:
         fail(f"{type(exc).__name__}: {exc}")
-    return 0
 
 
 class SubscriberPool:
     """``connections`` subscribers of one channel, spread over a few processes."""
 
-    def __init__(self, processes: Sequence[asyncio.subprocess.Process], connections: int) -> None:
-        self.processes = processes
+    def __init__(self, connections: int) -> None:
         self.connections = connections
-        self.pids = [process.pid for process in processes]
-        self._errors: collections.deque[str] = collections.deque(maxlen=20)
+        self.processes: list[asyncio.subprocess.Process] = []
+
+    @property
+    def pids(self) -> list[int]:
+        """The processes' ids."""
+        return [process.pid for process in self.processes]
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -268,36 +246,28 @@ class SubscriberPool:
         cls, port: int, channel: str, connections: int, processes: int, **options: int
     ) -> AsyncIterator[SubscriberPool]:
         """Start the processes (``options``: ``deltas_per_message``, ``nice``) and wait until
-        every connection is subscribed; on the way out, close their input and wait."""
-        shares = [
-            connections // processes + (n < connections % processes) for n in range(processes)
-        ]
+        every connection is subscribed; on the way out, end their input and wait for them."""
+        pool, pipe = cls(connections), subprocess.PIPE
         flags = [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
-        started: list[asyncio.subprocess.Process] = []
         try:
-            for share in filter(None, shares):
-                started.append(
-                    await asyncio.create_subprocess_exec(
-                        *(sys.executable, "-m", "bench.subscribers", f"--port={port}"),
-                        *(f"--channel={channel}", f"--connections={share}", *flags),
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
+            for n in range(processes):
+                if share := connections // processes + (n < connections % processes):
+                    command = ["-m", "bench.subscribers", f"--port={port}", f"--channel={channel}"]
+                    command += [f"--connections={share}", *flags]
+                    process = await asyncio.create_subprocess_exec(
+                        sys.executable, *command, stdin=pipe, stdout=pipe
                     )
-                )
-            pool = cls(started, connections)
+                    pool.processes.append(process)
             await pool.ready()
             yield pool
         finally:
-            for process in started:
-                if process.stdin is not None:
-                    process.stdin.close()
-            for process in started:
-                try:
+            for process in pool.processes:
+                cast(asyncio.StreamWriter, process.stdin).close()
+            for process in pool.processes:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(process.wait(), 5)
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
+                if process.returncode is None:
+                    process.kill()
                     await process.wait()
 
     async def _lines(self, seconds: float, what: str) -> list[dict[str, Any]]:
@@ -306,41 +276,34 @@ class SubscriberPool:
         try:
             async with asyncio.timeout(seconds):
                 for process in self.processes:
-                    assert process.stdout is not None  # stderr comes the same way
-                    while raw := await process.stdout.readline():
-                        with contextlib.suppress(ValueError):
-                            lines.append(json.loads(raw))
-                            break
-                        self._errors.append(raw.decode(errors="replace"))
-                    else:
-                        status, detail = await process.wait(), "".join(self._errors).strip()
-                        raise BenchError(f"a subscriber process exited ({status}): {detail}")
-                    if "error" in lines[-1]:
-                        raise BenchError(f"subscriber process: {lines[-1]['error']}")
+                    if not (raw := await cast(asyncio.StreamReader, process.stdout).readline()):
+                        status = await process.wait()
+                        raise wire.BenchError(f"a subscriber process exited with status {status}")
+                    if "error" in (line := json.loads(raw)):
+                        raise wire.BenchError(f"subscriber process: {line['error']}")
+                    lines.append(line)
         except TimeoutError:
-            raise BenchError(f"{what} within {seconds:g} s") from None
+            raise wire.BenchError(f"{what} within {seconds:g} s") from None
         return lines
 
     async def ready(self, deltas: bool | None = None) -> None:
         """Wait until every connection is subscribed; first, with ``deltas``, subscribe every
         connection again with or without live deltas."""
         for process in self.processes if deltas is not None else ():
-            assert process.stdin is not None
-            process.stdin.write(b"deltas 1\n" if deltas else b"deltas 0\n")
-        what = f"{self.connections} subscribers were not all subscribed"
-        for line in await self._lines(READY_WITHIN, what):
+            cast(asyncio.StreamWriter, process.stdin).write(
+                b"deltas 1\n" if deltas else b"deltas 0\n"
+            )
+        for line in await self._lines(120, f"{self.connections} were not all subscribed"):
             if "ready" not in line:
-                raise BenchError(f"subscriber process: unexpected line {line}")
+                raise wire.BenchError(f"subscriber process: unexpected line {line}")
 
     async def delivered(self, message_id: str, seconds: float) -> tuple[float, float]:
         """Wait until every connection holds ``message_id``; its first and last arrival."""
-        what = f"message {message_id!r} did not reach all {self.connections} subscribers"
-        lines = await self._lines(seconds, what)
-        for line in lines:
-            if line.get("id") != message_id:
-                raise BenchError(f"expected message {message_id!r}, a client got {line}")
+        lines = await self._lines(seconds, f"{message_id!r} did not reach every subscriber")
+        if any(line.get("id") != message_id for line in lines):
+            raise wire.BenchError(f"expected message {message_id!r}, the clients got {lines}")
         return min(line["first"] for line in lines), max(line["last"] for line in lines)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Coroutine, Iterable
+import time
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -137,18 +138,12 @@ class FrameParser:
 
 async def all_or_first_failure(*coroutines: Coroutine[Any, Any, None]) -> None:
     """Run the coroutines together; on the first failure cancel the rest and re-raise it."""
-    tasks = [asyncio.create_task(coroutine) for coroutine in coroutines]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        async with asyncio.TaskGroup() as group:
+            for coroutine in coroutines:
+                group.create_task(coroutine)
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
 
 
 class RawProducer:
@@ -156,21 +151,16 @@ class RawProducer:
 
     A reader task takes every reply off the socket as it comes, so the connection never
     stalls on unread acks. ``ack`` frames count one each and ``acks`` frames (the answer to
-    an array frame) one per entry, each naming ``channel``; the ``session`` frame is skipped
-    and any other frame fails, unless ``on_text`` is given: it gets every text frame instead.
+    an array frame) one per entry, each naming ``channel``; the ``session`` frame is skipped;
+    the no-op server's ``done N`` counts N; any other frame fails the connection.
     """
 
-    def __init__(
-        self,
-        port: int,
-        channel: str,
-        target: str = "",
-        on_text: Callable[[bytes], None] | None = None,
-    ) -> None:
+    def __init__(self, port: int, channel: str, target: str = "") -> None:
         self.port, self.channel, self.acks, self._target = port, channel, 0, 0
         self.target = target or f"/produce?channel={quote(channel, safe='')}"
         self.error: BenchError | None = None
-        self._on_text = on_text or self._count_acks
+        self.last_ack = 0.0
+        """When the last ack came, ``time.perf_counter()``."""
         self._reached = asyncio.Event()
 
     async def __aenter__(self) -> RawProducer:
@@ -191,44 +181,36 @@ class RawProducer:
         self._reading = asyncio.create_task(self._read())
         return self
 
-    def _fail(self, exc: BenchError) -> None:
-        self.error = self.error or exc
-        self._reached.set()
-
     async def _read(self) -> None:
         parser, payload = FrameParser(), b""
         try:
             while data := await self.reader.read(CHUNK_BYTES):
                 for opcode, payload in parser.feed(data):
                     if opcode == TEXT:
-                        self._on_text(payload)
+                        self._count_acks(payload)
+            raise BenchError(f"producer connection closed after {self.acks} acks")
         except BenchError as exc:
-            self._fail(exc)
+            self.error = exc
         except (ValueError, AttributeError, TypeError):
-            self._fail(BenchError(f"the producer got a malformed frame: {payload[:300]!r}"))
+            self.error = BenchError(f"the producer got a malformed frame: {payload[:300]!r}")
         except OSError as exc:
-            self._fail(BenchError(f"producer connection failed: {exc}"))
-        else:
-            self._fail(BenchError(f"producer connection closed after {self.acks} acks"))
+            self.error = BenchError(f"producer connection failed: {exc}")
+        self._reached.set()
 
     def _count_acks(self, payload: bytes) -> None:
-        frame = json.loads(payload)
-        kind = frame.get("type") if isinstance(frame, dict) else None
-        if kind == "session":
-            return
-        if kind not in ("ack", "acks"):
+        if payload.startswith(b"done "):
+            self.acks = int(payload[5:])
+        elif (frame := json.loads(payload)).get("type") in ("ack", "acks"):
+            acks = [frame] if frame["type"] == "ack" else frame["acks"]
+            if any(ack.get("channel") != self.channel for ack in acks):
+                raise BenchError(f"an ack names another channel: {frame}")
+            self.acks += len(acks)
+        elif frame.get("type") != "session":
             text = payload.decode(errors="replace")[:300]
             raise Rejected(f"the relay answered with an error frame: {text}")
-        acks = [frame] if kind == "ack" else frame.get("acks") or []
-        if any(ack.get("channel") != self.channel for ack in acks):
-            raise BenchError(f"an ack names another channel: {frame}")
-        self.acks += len(acks)
+        self.last_ack = time.perf_counter()
         if self.acks >= self._target:
             self._reached.set()
-
-    def reached(self) -> None:
-        """Wake whoever waits in :meth:`wait_for` (for ``on_text`` handlers)."""
-        self._reached.set()
 
     async def write(self, data: bytes) -> None:
         """Write ``data`` in :data:`CHUNK_BYTES` chunks, waiting whenever the socket is full."""
@@ -239,19 +221,15 @@ class RawProducer:
             self.writer.write(view[start : start + CHUNK_BYTES])
             await self.writer.drain()
 
-    async def wait_for(self, condition: Callable[[], bool]) -> None:
-        """Wait until ``condition()`` holds after a reply; fail as soon as the connection does."""
-        while not condition():
+    async def acked(self, count: int) -> None:
+        """Wait until ``count`` acks have come; fail as soon as the connection does."""
+        self._target = count
+        while self.acks < count:
             if self.error:
                 raise self.error
             self._reached.clear()
-            if not condition():
+            if self.acks < count:
                 await self._reached.wait()
-
-    async def acked(self, count: int) -> None:
-        """Wait until ``count`` acks have come."""
-        self._target = count
-        await self.wait_for(lambda: self.acks >= count)
 
     async def __aexit__(self, *exc_info: object) -> None:
         """Send a close frame and drop the connection."""
@@ -259,7 +237,7 @@ class RawProducer:
             self.writer.write(client_frame((1000).to_bytes(2, "big"), CLOSE))
             await asyncio.wait_for(self.writer.drain(), 1)
         self._reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError, BenchError, OSError):
+        with contextlib.suppress(asyncio.CancelledError):
             await self._reading
         self.writer.close()
         with contextlib.suppress(OSError, TimeoutError):
