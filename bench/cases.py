@@ -1,39 +1,131 @@
-"""The measured cases over real connections, and the processes they run against."""
+"""The measured cases, and the processes they run against. The assembler case runs here:
+``TokenAssembler.apply()``, the same rules with ``text += delta``, and the floor, a bare loop
+appending to a dict of lists, over the same events; the rest go over real connections.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
+import math
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import socketio  # type: ignore[import-untyped]
+from token_relay import TokenAssembler
 from token_relay.testing import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
 from . import wire
-from .report import percentile
 from .subscribers import SubscriberPool, raise_fd_limit
 from .wire import BenchError, Message, RawProducer, all_or_first_failure, client_frame
 
-RELAY_FLAGS = (
-    *("--max-events-per-second", "1000000000"),  # one producer is saturated on purpose
-    *("--max-connections-per-ip", "100000"),  # thousands of subscribers from 127.0.0.1
-)
-"""Flags every benchmarked relay gets; otherwise they run with their defaults."""
-TIMEOUT_MARGIN = 30.0
-"""Seconds a case may run beyond what its load should take before it is declared stuck."""
-DELTA_GAP = 0.02
-"""Seconds between a fan-out message's events: 50 tokens per second, a typical model."""
-FANOUT_PAUSE = 0.05
-"""Seconds between one message being everywhere and the next one starting."""
+# Every relay runs with its defaults but for these: one producer is saturated on purpose,
+# and thousands of subscribers come from 127.0.0.1.
+RELAY_FLAGS = ("--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000")
+TIMEOUT_MARGIN = 30.0  # seconds beyond what a case's load should take: it is stuck
+DELTA_GAP = 0.02  # seconds between a fan-out message's events: 50 tokens/s, a typical model
+FANOUT_PAUSE = 0.05  # seconds between one message being everywhere and the next one
 IN_FLIGHT_CHARS = 10_000
+ROUTES = {
+    "single": ("single instance (S->S)", "S", "S"),
+    "redis-same": ("same instance via Redis (A->A)", "A", "A"),
+    "redis-cross": ("cross-instance via Redis (A->B)", "A", "B"),
+}
+"""The paths of the Redis case, baseline first: label, producer's relay, subscriber's relay."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, interpolating between closest ranks."""
+    if not values:
+        return math.nan
+    ordered, rank = sorted(values), (len(values) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+class NaiveAssembler:
+    """The seed rules with ``str +=``: each delta copies the message's text so far."""
+
+    __slots__ = ("_completed", "_texts")
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+        self._completed: dict[str, str] = {}
+
+    def apply(self, event: Mapping[str, Any]) -> str | None:
+        """Like :meth:`token_relay.TokenAssembler.apply`."""
+        message_id = event["id"]
+        completed = self._completed.get(message_id)
+        if completed is not None:
+            return completed if event.get("final") else None
+        text = self._texts.get(message_id, "")
+        delta = event.get("delta")
+        if delta is not None:
+            text += delta
+        if event.get("final"):
+            self._texts.pop(message_id, None)
+            self._completed[message_id] = text
+            return text
+        self._texts[message_id] = text
+        return None
+
+
+def _through(apply: Callable[[Mapping[str, Any]], str | None], events: Sequence[Any]) -> list[str]:
+    texts: list[str] = []
+    keep = texts.append
+    for event in events:
+        text = apply(event)
+        if text is not None:
+            keep(text)
+    return texts
+
+
+def floor_run(events: Sequence[dict[str, Any]]) -> list[str]:
+    """The floor: a dict of lists, appended to inline, joined at each final."""
+    texts: list[str] = []
+    keep = texts.append
+    streaming: dict[str, list[str]] = {}
+    for event in events:
+        message_id = event["id"]
+        parts = streaming.get(message_id)
+        if parts is None:
+            parts = streaming[message_id] = []
+        delta = event.get("delta")
+        if delta is not None:
+            parts.append(delta)
+        if event.get("final"):
+            keep("".join(streaming.pop(message_id)))
+    return texts
+
+
+ASSEMBLERS: dict[str, tuple[str, Callable[[Sequence[dict[str, Any]]], list[str]]]] = {
+    "token": ("TokenAssembler.apply()", lambda events: _through(TokenAssembler().apply, events)),
+    "naive": ("naive str += assembler", lambda events: _through(NaiveAssembler().apply, events)),
+    "floor": ("dict + list append loop (floor)", floor_run),
+}
+"""Key: label, and a function that runs a fresh assembler over the events."""
+
+
+def run_assembler(key: str, messages: Sequence[Message]) -> tuple[int, float]:
+    """Time one assembler over every event of ``messages``, check every completed text;
+    return the events and the seconds."""
+    events = [event for message in messages for event in message.events]
+    gc.collect()
+    start = time.perf_counter()
+    texts = ASSEMBLERS[key][1](events)
+    seconds = time.perf_counter() - start
+    if texts != [message.text for message in messages]:
+        raise BenchError(f"assembler {key!r} got a message wrong or missing")
+    return len(events), seconds
 
 
 def relay(name: str, *args: str) -> ServiceProcess:
@@ -88,11 +180,6 @@ async def running_cluster(
             redis.kill()
 
 
-def short(frame: object) -> str:
-    """``frame`` as JSON, cut to 300 characters."""
-    return json.dumps(frame, ensure_ascii=False)[:300]
-
-
 async def check_messages(
     ws: ClientConnection, channel: str, messages: Sequence[Message], arrivals: dict[str, float]
 ) -> None:
@@ -102,12 +189,9 @@ async def check_messages(
     async for raw in ws:
         now, frame = time.perf_counter(), json.loads(raw)
         message_id, offset = frame.get("id"), frame.get("offset")
-        if frame.get("type") != "message" or frame.get("channel") != channel:
-            raise BenchError(f"subscriber got an unexpected frame: {short(frame)}")
-        if message_id not in expected or message_id in arrivals:
-            raise BenchError(f"subscriber got a message never sent or twice: {short(frame)}")
-        if frame.get("text") != expected[message_id]:
-            raise BenchError(f"message {message_id!r} arrived with the wrong text: {short(frame)}")
+        got = (frame.get("type"), frame.get("channel"), frame.get("text"), message_id in arrivals)
+        if got != ("message", channel, expected.get(message_id), False):
+            raise BenchError(f"a wrong, unsent or repeated message: {str(frame)[:300]}")
         if offset != len(arrivals) + 1:
             raise BenchError(f"{message_id!r} has offset {offset}, not {len(arrivals) + 1}")
         arrivals[message_id] = now
@@ -119,7 +203,11 @@ async def check_messages(
 def _spread(samples: Sequence[float], digits: int) -> dict[str, Any]:
     """The p50 and p99 of ``samples`` (seconds) and the samples themselves, in ms."""
     p50, p99 = percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
-    return {"p50_ms": p50, "p99_ms": p99, "samples_ms": [round(x * 1000, digits) for x in samples]}
+    return {"p50_ms": p50, "p99_ms": p99, "samples_ms": _ms(samples, digits)}
+
+
+def _ms(seconds: Sequence[float], digits: int) -> list[float]:
+    return [round(value * 1000, digits) for value in seconds]
 
 
 def _record(events: int, frames: int, seconds: float, cpu: float) -> dict[str, Any]:
@@ -136,14 +224,6 @@ def _record(events: int, frames: int, seconds: float, cpu: float) -> dict[str, A
     return record
 
 
-def frame_texts(messages: Sequence[Message], batch: int | None = None) -> list[str]:
-    """Every event as one frame each, or ``batch`` events per JSON array frame."""
-    texts = [frame for message in messages for frame in message.frames]
-    if batch is None:
-        return texts
-    return ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
-
-
 async def stream(
     producer_at: ServiceProcess,
     subscriber_at: ServiceProcess | None,
@@ -154,28 +234,26 @@ async def stream(
     rate: float | None = None,
     copies: int = 1,
 ) -> dict[str, Any]:
-    """One producer on ``producer_at`` to one subscriber on ``subscriber_at``: every frame
-    at once in big writes (``batch`` events per array frame, if given), or ``rate`` messages
-    per second with their events spread evenly. Without ``subscriber_at``, ``producer_at`` is
-    the no-op server, fed the frames ``copies`` times over (to make a blink timeable) until it
-    says ``done``. The record of :func:`_record`, and with ``rate``, ``latency``: from
-    writing each final to its arrival."""
-    texts = frame_texts(messages, batch)
+    """One producer on ``producer_at`` to one subscriber on ``subscriber_at``, or to the no-op
+    server (``subscriber_at`` None): all frames at once in big writes, ``copies`` times over, or
+    ``rate`` messages per second; the record, with ``rate`` also from each final to arrival."""
+    texts = [frame for message in messages for frame in message.frames]
+    if batch:
+        texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
     frames = [client_frame(text.encode()) for text in texts]
     data, events = b"".join(frames) * copies, sum(len(m.frames) for m in messages) * copies
     ends = itertools.accumulate(len(message.frames) for message in messages)
     finals = {end - 1: message.id for end, message in zip(ends, messages, strict=True)}
     arrivals: dict[str, float] = {}
     sent: dict[str, float] = {}
+    interval = len(messages) / (rate * len(frames)) if rate else 0.0
 
     async def send() -> None:
         if not rate:
             return await producer.write(data)
         for index, frame in enumerate(frames):
             # Behind schedule, still yield, so the readers timestamp arrivals promptly.
-            await asyncio.sleep(
-                max(start + index / (rate * len(frames) / len(messages)) - time.perf_counter(), 0)
-            )
+            await asyncio.sleep(max(start + index * interval - time.perf_counter(), 0))
             if index in finals:
                 sent[finals[index]] = time.perf_counter()
             producer.writer.write(frame)
@@ -190,7 +268,7 @@ async def stream(
             ws = await stack.enter_async_context(connect(url, compression=None))
             confirmation = json.loads(await asyncio.wait_for(ws.recv(), 10))
             if confirmation.get("type") != "subscribed" or confirmation.get("channel") != channel:
-                raise BenchError(f"subscribing got {short(confirmation)}")
+                raise BenchError(f"subscribing got {confirmation}")
             producer = await stack.enter_async_context(RawProducer(producer_at.port, channel))
             waits = [check_messages(ws, channel, messages, arrivals), producer.acked(len(messages))]
         try:
@@ -199,10 +277,8 @@ async def stream(
                 await all_or_first_failure(send(), *waits)
             cpu = cpu_seconds(producer_at.pid) - cpu
         except TimeoutError:
-            raise BenchError(
-                f"{producer_at.name} timed out with {len(arrivals)} of {len(messages)} messages "
-                f"delivered and {producer.acks} acks"
-            ) from None
+            got = f"{len(arrivals)} of {len(messages)} messages and {producer.acks} acks"
+            raise BenchError(f"{producer_at.name} timed out with {got}") from None
     end = max(arrivals.values()) if subscriber_at else producer.last_ack
     record = _record(events, len(texts) * copies, end - start, cpu)
     if rate:
@@ -266,10 +342,8 @@ async def socketio_ingest(
 async def measure_fanout(
     relay: ServiceProcess, pool: SubscriberPool, channel: str, messages: Sequence[Message]
 ) -> dict[str, Any]:
-    """Send ``messages`` one by one, deltas :data:`DELTA_GAP` apart like a model, to
-    ``pool``'s channel; per message, the ms from writing the final to the last
-    (``samples_ms``) and first (``first_arrival_ms``) arrival, and the relay's and the
-    clients' CPU time over that span."""
+    """Send ``messages`` one by one, deltas :data:`DELTA_GAP` apart like a model; per
+    message, from writing the final to its last and first arrival, and the CPU time spent."""
     samples, first, relay_cpu, client_cpu = [], [], [], []
     async with RawProducer(relay.port, channel) as producer:
         for number, message in enumerate(messages, 1):
@@ -287,11 +361,9 @@ async def measure_fanout(
             samples.append(latest - sent)
             first.append(earliest - sent)
             await asyncio.sleep(FANOUT_PAUSE)
-    return {
-        **_spread(samples, 3),
-        "first_arrival_ms": [round(x * 1000, 3) for x in first],
-        "relay_cpu_ms": [round(x * 1000, 1) for x in relay_cpu],
-        "client_cpu_ms": [round(x * 1000, 1) for x in client_cpu],
+    record = {**_spread(samples, 3), "first_arrival_ms": _ms(first, 3)}
+    record |= {"relay_cpu_ms": _ms(relay_cpu, 1), "client_cpu_ms": _ms(client_cpu, 1)}
+    return record | {
         "relay_busy": sum(relay_cpu) / sum(samples),
         "clients_busy": sum(client_cpu) / sum(samples),
     }
@@ -308,44 +380,37 @@ async def settled_rss(process: ServiceProcess) -> int:
         previous = current
 
 
-async def idle_subscriber_bytes(
-    count: int, notable: list[str], relay_args: Sequence[str] = (), processes: int = 2
+async def memory(
+    kind: str, count: int, notable: list[str], relay_args: Sequence[str]
 ) -> dict[str, int]:
-    """The RSS of a fresh relay with 100 subscribers (``before``), then ``count`` more."""
-    server = relay("M1", *relay_args)
-    async with (
-        started(server, notable=notable),
-        SubscriberPool.running(server.port, "memory-warm", 100, 1),
-    ):
-        before = await settled_rss(server)
-        async with SubscriberPool.running(server.port, "memory-idle", count, processes):
-            after = await settled_rss(server)
-            check_alive(server)
-    return {"count": count, "before": before, "after": after}
-
-
-async def in_flight_bytes(
-    count: int, notable: list[str], relay_args: Sequence[str] = ()
-) -> dict[str, int]:
-    """The RSS of a fresh relay with a fifth as many (at least ten) unfinished 10,000-char
-    messages (``before``), then ``count`` more; each batch ends with the final of one more
-    message, acked once the relay has applied everything before it."""
+    """A fresh relay's RSS after a warm-up step and after ``count`` more idle subscribers
+    (``idle``) or unfinished 10,000-char messages (``in_flight``), the last one acked."""
     deltas, warm = IN_FLIGHT_CHARS // 4, max(10, count // 5)
-    messages = wire.build_messages(warm + count + 2, deltas, prefix="memory-")
-    server = relay("M2", "--max-streaming-per-producer", str(warm + count + 10), *relay_args)
+    limit = ("--max-streaming-per-producer", str(warm + count + 10))
+    server = relay("M1" if kind == "idle" else "M2", *limit * (kind != "idle"), *relay_args)
 
     def unfinished(batch: Sequence[Message], marker: Message) -> bytes:
-        return wire.client_frames([*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]])
+        texts = [*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]]
+        return b"".join(client_frame(text.encode()) for text in texts)
 
-    async with (
-        started(server, notable=notable),
-        RawProducer(server.port, "memory-in-flight") as producer,
-    ):
-        await producer.write(unfinished(messages[:warm], messages[-2]))
-        await asyncio.wait_for(producer.acked(1), 60 + warm * deltas / 10_000)
-        before = await settled_rss(server)
-        await producer.write(unfinished(messages[warm:-2], messages[-1]))
-        await asyncio.wait_for(producer.acked(2), 60 + count * deltas / 10_000)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(started(server, notable=notable))
+        if kind == "idle":
+            await stack.enter_async_context(
+                SubscriberPool.running(server.port, "memory-warm", 100, 1)
+            )
+            before = await settled_rss(server)
+            await stack.enter_async_context(
+                SubscriberPool.running(server.port, "memory-idle", count, 2)
+            )
+        else:
+            messages = wire.build_messages(warm + count + 2, deltas, prefix="memory-")
+            producer = await stack.enter_async_context(RawProducer(server.port, "memory-in-flight"))
+            await producer.write(unfinished(messages[:warm], messages[-2]))
+            await asyncio.wait_for(producer.acked(1), 60 + warm * deltas / 10_000)
+            before = await settled_rss(server)
+            await producer.write(unfinished(messages[warm:-2], messages[-1]))
+            await asyncio.wait_for(producer.acked(2), 60 + count * deltas / 10_000)
         after = await settled_rss(server)
         check_alive(server)
     return {"count": count, "before": before, "after": after}

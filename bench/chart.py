@@ -8,11 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .report import BATCHED_GOAL, FANOUT_GOAL_MS, RSS_GOAL_KIB, Results, Target
+from .report import BATCHED_GOAL, FANOUT_GOAL_MS, RSS_GOAL_KIB, Results, Target, times
 
 MET, MISSED, RELAY, OTHER, PEER = "#2e7d32", "#c62828", "#1565c0", "#9e9e9e", "#ef6c00"
-Series = tuple[str | None, str | list[str], list[float]]
-"""A legend label (None: no legend), a color or one per bar, a value per group."""
+Series = tuple[str | None, str | list[str], list[float]]  # legend label, colors, values
 
 
 def _short(value: float) -> str:
@@ -20,10 +19,6 @@ def _short(value: float) -> str:
         if abs(value) >= limit:
             return f"{value / limit:.3g}{suffix}"
     return f"{value:.3g}"
-
-
-def _times(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.2f}x"
 
 
 def _bars(
@@ -64,36 +59,33 @@ def write_chart(
 
     r = results
     figure, axes = plt.subplots(2, 3, figsize=(17, 9.5))
-    names = [textwrap.fill(f"{goal['label']}: {goal['shown']}", 22) for goal in goals]
+    names = [
+        textwrap.fill(goal["key"].replace("_", " "), 12) + f"\n{goal['shown']}" for goal in goals
+    ]
     values = [goal["attainment"] for goal in goals]
     colors = [MET if goal["met"] else MISSED for goal in goals]
     heading = "targets: measured / goal (above the line = met)"
     _bars(axes[0][0], heading, names, [(None, colors, values)], 1.0, lambda v: f"{v:.2f}")
-    kinds = [
-        ("token", "TokenAssembler", RELAY),
-        ("naive", "naive str +=", PEER),
-        ("floor", "floor", OTHER),
-    ]
+    kinds = {
+        "token": ("TokenAssembler", RELAY),
+        "naive": ("naive str +=", PEER),
+        "floor": ("floor", OTHER),
+    }
     series: list[Series] = [
         (label, color, [r.median(f"assembler.{w}.{key}") for w in ("short", "long")])
-        for key, label, color in kinds
+        for key, (label, color) in kinds.items()
     ]
-    _bars(
-        axes[0][1],
-        "assembler (in-process), events/s",
-        ["short messages", "10k-char messages"],
-        series,
-    )
+    names = ["short messages", "10k-char messages"]
+    _bars(axes[0][1], "assembler (in-process), events/s", names, series)
     keys = ["ingest.relay", "ingest.noop", "ingest.socketio", "batched.relay", "batched.noop"]
     names = ["relay", "no-op ws", "socketio", "relay\nbatched", "no-op ws\nbatched"]
     colors = [RELAY, OTHER, PEER, RELAY, OTHER]
     heading = (
-        f"ingest events/s: relay {_times(r.ratio('ingest.relay', 'ingest.noop'))} of no-op, "
-        f"{_times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio (target: batched 1M)"
+        f"ingest events/s: relay {times(r.ratio('ingest.relay', 'ingest.noop'))} of no-op, "
+        f"{times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio (target: batched 1M)"
     )
-    _bars(
-        axes[0][2], heading, names, [(None, colors, [r.median(key) for key in keys])], BATCHED_GOAL
-    )
+    ingest: list[Series] = [(None, colors, [r.median(key) for key in keys])]
+    _bars(axes[0][2], heading, names, ingest, BATCHED_GOAL)
     groups = [(size, mode) for size in sizes for mode in ("plain", "deltas")]
     names = [f"{size:,}\n{'+ deltas' if mode == 'deltas' else 'messages'}" for size, mode in groups]
     series = [
@@ -114,7 +106,7 @@ def write_chart(
     ]
     p50, p99 = r.median("routes.single.p50"), r.median("routes.single.p99")
     heading = f"Redis paths / single instance (its latency: p50 {p50:.2f} ms, p99 {p99:.2f} ms)"
-    _bars(axes[1][2], heading, list(routes.values()), series, 1.0, _times)
+    _bars(axes[1][2], heading, list(routes.values()), series, 1.0, times)
     for panel in (axes[0][0], axes[0][2], axes[1][0]):
         panel.set_yscale("log")
     figure.suptitle(title, fontsize=11)

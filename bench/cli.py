@@ -22,8 +22,8 @@ from token_relay.testing import ServiceProcess
 from websockets.exceptions import ConnectionClosed
 
 from . import cases
-from .assembly import ASSEMBLERS, run_assembler
-from .report import ROUTES, Results, format_table, format_targets, table_rows, targets, to_json
+from .cases import ASSEMBLERS, ROUTES, run_assembler
+from .report import Results, format_table, format_targets, table_rows, targets, to_json
 from .subscribers import SubscriberPool
 from .wire import BenchError, build_messages
 
@@ -83,13 +83,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | 
     for field in options:
         flag, help_text = f"--{field.name.replace('_', '-')}", field.metadata["help"]
         parser.add_argument(flag, type=type(field.default), help=f"{help_text} ({field.default:g})")
-    parser.add_argument(
-        "--relay-arg",
-        action="append",
-        default=[],
-        metavar="FLAG",
-        help="an extra flag for every relay, e.g. --relay-arg=--loop=uvloop (repeatable)",
-    )
+    relay_help = "an extra flag for every relay, e.g. --relay-arg=--loop=uvloop (repeatable)"
+    parser.add_argument("--relay-arg", action="append", default=[], metavar="FLAG", help=relay_help)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result as JSON")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="draw the results as a PNG")
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
@@ -119,11 +114,6 @@ class Run:
     def channel(self, case: str, repetition: int) -> str:
         return f"bench-{self.run_id}-{case}-{repetition}"
 
-    def file(self, key: str, value: float, record: dict[str, Any], repetition: int) -> float:
-        """File one repetition's value and its raw record; return the value."""
-        self.results.add(key, value, {"repetition": repetition, **record})
-        return value
-
     def assemblers(self) -> None:
         """The assembler case, in this process, before any other process starts."""
         config = self.config
@@ -135,12 +125,10 @@ class Run:
             for n in range(1, config.repeat + 1):
                 for key in ASSEMBLERS:
                     events, seconds = run_assembler(key, messages)
-                    record = {"events": events, "seconds": seconds}
-                    self.file(f"assembler.{workload}.{key}", events / seconds, record, n)
-            medians = [
-                (key, self.results.median(f"assembler.{workload}.{key}")) for key in ASSEMBLERS
-            ]
-            summary = ", ".join(f"{key} {value:,.0f}" for key, value in medians)
+                    record = {"repetition": n, "events": events, "seconds": seconds}
+                    self.results.add(f"assembler.{workload}.{key}", events / seconds, record)
+            prefix = f"assembler.{workload}."
+            summary = ", ".join(f"{k} {self.results.median(prefix + k):,.0f}" for k in ASSEMBLERS)
             _progress(f"assembler, {workload} messages: {summary} events/s")
 
     async def warm_up(self, c: dict[str, ServiceProcess]) -> None:
@@ -161,7 +149,8 @@ class Run:
 
         async def file(key: str, measure: Awaitable[dict[str, Any]]) -> None:
             record = await measure
-            rates[key] = self.file(key, record["events_per_second"], record, n)
+            rates[key] = record["events_per_second"]
+            self.results.add(key, rates[key], {"repetition": n, **record})
 
         await file("ingest.relay", stream(relay, relay, self.channel("ingest", n), messages))
         await file("ingest.noop", stream(noop, None, "", messages))
@@ -202,9 +191,8 @@ class Run:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
             channel, began = self.channel(f"fanout-{size}", 0), time.monotonic()
             options = {"deltas_per_message": config.deltas, "nice": 10}
-            async with SubscriberPool.running(
-                relay.port, channel, size, processes, **options
-            ) as pool:
+            pools = SubscriberPool.running(relay.port, channel, size, processes, **options)
+            async with pools as pool:
                 took = time.monotonic() - began
                 _progress(f"fan-out: {size:,} subscribers in {processes} processes in {took:.1f} s")
                 warm = build_messages(1, config.deltas, prefix="warm:")
@@ -216,11 +204,8 @@ class Run:
                     mode = "deltas" if deltas else "plain"
                     some = build_messages(config.fanout_messages, config.deltas, f"{n}{mode}:")
                     run = await cases.measure_fanout(relay, pool, channel, some)
-                    record: dict[str, Any] = {
-                        "repetition": n,
-                        "subscribers": size,
-                        "deltas": deltas,
-                    }
+                    record: dict[str, Any] = {"repetition": n, "subscribers": size}
+                    record["deltas"] = deltas
                     record |= {"delta_gap_ms": cases.DELTA_GAP * 1000, **run}
                     self.results.detail(f"fanout.{size}.{mode}", record)
                     for stat in ("p50", "p99"):
@@ -234,16 +219,12 @@ class Run:
         """RSS per idle subscriber and per in-flight message, each on a fresh relay."""
         config, notable, relay_args = self.config, self.notable, self.config.relay_args
         for n in range(1, config.repeat + 1):
-            idle = await cases.idle_subscriber_bytes(config.idle_subscribers, notable, relay_args)
-            flight = await cases.in_flight_bytes(config.in_flight, notable, relay_args)
-            kib = {}
+            idle = await cases.memory("idle", config.idle_subscribers, notable, relay_args)
+            flight = await cases.memory("in_flight", config.in_flight, notable, relay_args)
             for key, run in (("idle", idle), ("in_flight", flight)):
                 per_item = (run["after"] - run["before"]) / run["count"]
-                kib[key] = self.file(f"memory.{key}", per_item, run, n) / 1024
-            _progress(
-                f"[{n}/{config.repeat}] memory: {kib['idle']:.1f} KiB per idle subscriber, "
-                f"{kib['in_flight']:.1f} KiB per in-flight message"
-            )
+                self.results.add(f"memory.{key}", per_item, {"repetition": n, **run})
+                _progress(f"[{n}/{config.repeat}] memory, {key}: {per_item / 1024:.1f} KiB each")
 
     async def __call__(self) -> None:
         """Measure every case."""

@@ -1,8 +1,5 @@
-"""Statistics over repetitions, the printed table, the targets and the JSON record.
-
-Every measurement is filed in :class:`Results` under a key (``ingest.relay``,
-``fanout.10000.plain.p99``...), one value per repetition; the table shows medians.
-"""
+"""Medians over repetitions (:class:`Results`, by key such as ``fanout.10000.plain.p99``),
+the printed table, the targets and the JSON record."""
 
 from __future__ import annotations
 
@@ -12,30 +9,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assembly import ASSEMBLERS
+from .cases import ASSEMBLERS, ROUTES
 
 FANOUT_GOAL_MS, BATCHED_GOAL, RSS_GOAL_KIB, NOOP_GOAL, SOCKETIO_GOAL = 100.0, 1e6, 40.0, 0.8, 10.0
-ROUTES = {
-    "single": ("single instance (S->S)", "S", "S"),
-    "redis-same": ("same instance via Redis (A->A)", "A", "A"),
-    "redis-cross": ("cross-instance via Redis (A->B)", "A", "B"),
-}
-"""The paths of the Redis case, baseline first: label, producer's relay, subscriber's relay."""
-Row = tuple[str, str, str, str]
-"""Case, what was measured, its median, how it compares."""
-Target = dict[str, Any]
-"""A goal: ``key``, ``label``, ``value``, ``goal``, ``comparison`` (``>=``, ``<`` or ``<=``),
-``met`` (None when not measured), ``attainment`` (above 1 met), ``verdict``, ``shown``."""
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of ``values``, interpolating between closest ranks."""
-    if not values:
-        return math.nan
-    ordered, rank = sorted(values), (len(values) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+Row = tuple[str, str, str, str]  # case, what was measured, its median, how it compares
+Target = dict[str, Any]  # key, label, value, goal, comparison, met, attainment, verdict, shown
 
 
 def _median(values: Iterable[float]) -> float:
@@ -44,9 +22,8 @@ def _median(values: Iterable[float]) -> float:
 
 
 def _ratio(value: float, baseline: float) -> float:
-    return (
-        math.nan if math.isnan(value) or math.isnan(baseline) or not baseline else value / baseline
-    )
+    bad = math.isnan(value) or math.isnan(baseline) or not baseline
+    return math.nan if bad else value / baseline
 
 
 @dataclass
@@ -73,12 +50,8 @@ class Results:
         return _median(self.samples.get(key, ()))
 
     def ratio(self, key: str, baseline: str) -> float:
-        """``key`` over ``baseline``: the median of the per-repetition ratios.
-
-        Both are measured in each repetition, close together in time, so pairing them
-        cancels most of a machine's slow and fast spells; when the counts differ, the
-        ratio of the medians.
-        """
+        """``key`` over ``baseline``: the median of the per-repetition ratios, which pairs values
+        measured close together in time (the ratio of the medians when the counts differ)."""
         values, bases = self.samples.get(key, []), self.samples.get(baseline, [])
         if not values or len(values) != len(bases):
             return _ratio(self.median(key), self.median(baseline))
@@ -93,7 +66,8 @@ def _rate(value: float, unit: str = "events/s") -> str:
     return "n/a" if math.isnan(value) else f"{value:,.0f} {unit}"
 
 
-def _times(value: float) -> str:
+def times(value: float) -> str:
+    """A ratio as text: ``0.25x``, ``12.5x``."""
     return "n/a" if math.isnan(value) else f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
 
 
@@ -122,7 +96,7 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
 
     def versus(key: str, *baselines: str) -> str:
         pairs = zip(baselines[::2], baselines[1::2], strict=True)
-        return ", ".join(f"{_times(r.ratio(key, base))} {name}" for base, name in pairs)
+        return ", ".join(f"{times(r.ratio(key, base))} {name}" for base, name in pairs)
 
     for workload, description in (
         ("short", f"{config['deltas']}-delta messages"),
@@ -212,8 +186,8 @@ def targets(results: Results) -> list[Target]:
     to_noop = r.ratio("ingest.relay", "ingest.noop")
     to_sio = r.ratio("ingest.relay", "ingest.socketio")
     out = [
-        _target("ingest_vs_noop", f"ingest >= {noop}x no-op", to_noop, noop, ">=", _times),
-        _target("ingest_vs_socketio", f"ingest >= {sio:g}x socketio", to_sio, sio, ">=", _times),
+        _target("ingest_vs_noop", f"ingest >= {noop}x no-op", to_noop, noop, ">=", times),
+        _target("ingest_vs_socketio", f"ingest >= {sio:g}x socketio", to_sio, sio, ">=", times),
     ]
     label, batched = f"batched ingest >= {BATCHED_GOAL:,.0f} events/s", r.median("batched.relay")
     out.append(_target("batched_ingest", label, batched, BATCHED_GOAL, ">=", _rate))

@@ -1,13 +1,9 @@
 """``python -m bench.servers --port N {noop,socketio}``: the relay's side-by-side peers.
 
-* ``noop``, the ceiling: a websockets server configured like the relay (no compression, a 1
-  MiB frame limit) that only reads frames. A client of ``/?frames=N`` gets ``done N`` once
-  the server has read N frames.
-* ``socketio``, the peer: python-socketio on aiohttp with its defaults, doing the relay's job
-  the way many users would. A producer connects with ``auth={"channel": C}`` and emits the
-  relay's events as ``event``; at each final, the server (a dict of lists per producer)
-  emits ``message`` ``{"channel", "id", "text"}`` to the room ``C`` and ``ack`` to the
-  producer; ``subscribe`` joins a room. It validates, keeps and numbers nothing.
+``noop``, the ceiling: a websockets server set up like the relay that only reads frames and,
+to ``/?frames=N``, says ``done N`` once it has read N. ``socketio``, the peer: the relay's job
+done the way many users would, with python-socketio on aiohttp and its defaults: ``event``
+per delta event, ``message`` to the channel's room and ``ack`` at each final.
 """
 
 from __future__ import annotations
@@ -16,9 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import socket
 import sys
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -98,25 +92,17 @@ async def _serve(kind: str, port: int) -> None:
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
-            listener = socket.socket()
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", port))
-            bound = listener.getsockname()[1]
-            await web.SockSite(runner, listener).start()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            bound = runner.addresses[0][1]
             name, url = "python-socketio relay", f"http://127.0.0.1:{bound}/socket.io/"
         print(f"{name} listening on port {bound}: {url}", file=sys.stderr, flush=True)
         await stopping.wait()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.servers")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("kind", choices=("noop", "socketio"))
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args.kind, args.port))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,12 +1,9 @@
 """Many cheap subscriber connections in a few processes, and the pool that drives them.
 
-``python -m bench.subscribers`` holds ``--connections`` subscribers of one channel, each a
-bare :class:`asyncio.Protocol`, and checks every message: its exact text (rebuilt from the
-number in its id), its offset (no gap, no repeat), and with deltas, that they add up to it;
-a frame is decoded once, then recognised by its bytes. It writes JSON lines: ``{"ready":
-N}`` once all N are subscribed (again after each ``deltas 1`` or ``deltas 0`` on stdin);
-``{"id": ID, "first": T, "last": T}`` once all hold message ``ID`` (``time.time()``);
-``{"error": TEXT}`` before it exits with status 1. The end of stdin ends it.
+``python -m bench.subscribers JSON`` holds bare asyncio protocols subscribed to one channel
+and checks each message's text, offset and deltas. On stdout: ``{"ready": N}`` once all are
+subscribed (again after ``deltas 1`` or ``deltas 0`` on stdin), ``{"id", "first", "last"}``
+once all hold a message (``time.time()``), or ``{"error"}``; the end of stdin ends it.
 """
 
 from __future__ import annotations
@@ -20,15 +17,13 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, NoReturn, cast
 from urllib.parse import quote
 
 from . import wire
 
 DELTA, MESSAGE, SUBSCRIBED, SNAPSHOT = range(4)
-KNOWN_FRAMES = 10_000
-"""Decoded frames remembered by their bytes."""
 
 
 def raise_fd_limit() -> int:
@@ -60,10 +55,9 @@ class Subscriber(asyncio.Protocol):
         self.owner, self.head, self.offset = owner, b"", 0
         self.handshake = wire.upgrade_request(owner.port, target)
         self.parser: wire.FrameParser | None = None
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.parts: dict[str, list[str]] = {}
-        """The deltas of the messages in progress."""
+        self.parts: dict[str, list[str]] = {}  # the deltas of the messages in progress
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
@@ -89,14 +83,9 @@ class Subscriber(asyncio.Protocol):
             if opcode == wire.TEXT:
                 self.owner.on_frame(self, now, payload)
             elif opcode == wire.PING:
-                self.send(payload, wire.PONG)
+                self.transport.write(wire.client_frame(payload, wire.PONG))
             elif opcode == wire.CLOSE:
                 fail(f"the relay closed a subscriber connection: {payload[2:].decode()!r}")
-
-    def send(self, payload: bytes, opcode: int = wire.TEXT) -> None:
-        """Write one frame, unless the connection is gone."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(wire.client_frame(payload, opcode))
 
     def connection_lost(self, exc: Exception | None) -> None:
         fail("a subscriber connection was closed" + (f": {exc!r}" if exc else " by the relay"))
@@ -106,21 +95,12 @@ class Subscribers:
     """The connections of this process and what they received."""
 
     def __init__(self, port: int, channel: str, deltas_per_message: int) -> None:
-        self.port, self.channel, self.deltas_per_message = port, channel, deltas_per_message
+        self.port, self.channel, self.per = port, channel, deltas_per_message
         self.connections: list[Subscriber] = []
         self.deltas, self.unconfirmed = False, 0
         self.confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._texts: dict[int, str] = {}
-        self._known: dict[bytes, tuple[int, str, str, int]] = {}
-        self._pending: dict[str, list[float]] = {}
-        """Per message id: how many connections hold it, first and last arrival."""
-
-    def expected(self, message_id: str) -> str:
-        """The text of the message named by ``message_id``."""
-        index = int(message_id.rpartition(":")[2])
-        if (text := self._texts.get(index)) is None:
-            text = self._texts[index] = "".join(wire.message_text(index, self.deltas_per_message))
-        return text
+        self._known: dict[bytes, tuple[int, str, str, int]] = {}  # checked frames, by bytes
+        self._pending: dict[str, list[float]] = {}  # id: connections holding it, first, last
 
     async def subscribe(self, deltas: bool, new: int = 0) -> None:
         """Open and subscribe ``new`` connections (25 handshakes at a time), or without,
@@ -143,7 +123,7 @@ class Subscribers:
 
         await asyncio.gather(*(one() for _ in range(new)))
         for each in self.connections if not new else ():
-            each.send(json.dumps({**frame, "deltas": deltas}).encode())
+            each.transport.write(wire.client_frame(json.dumps(frame | {"deltas": deltas}).encode()))
         await self.confirmed
         _emit({"ready": len(self.connections)})
 
@@ -154,8 +134,6 @@ class Subscribers:
                 known = self._decode(json.loads(payload))
             except (ValueError, KeyError, TypeError, AttributeError):
                 fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
-            if len(self._known) >= KNOWN_FRAMES:
-                self._known.clear()
             self._known[payload] = known
         kind, message_id, value, offset = known
         if kind == DELTA:
@@ -186,7 +164,8 @@ class Subscribers:
             fail(f"a frame came on another channel: {frame}")
         if kind == "delta":
             return DELTA, frame["id"], frame["delta"], 0
-        if kind == "message" and frame["text"] == self.expected(frame["id"]):
+        index = int(frame.get("id", ":0").rpartition(":")[2])
+        if kind == "message" and frame["text"] == "".join(wire.message_text(index, self.per)):
             return MESSAGE, frame["id"], frame["text"], frame["offset"]
         if kind == "subscribed":
             return SUBSCRIBED, "", "", frame["offset"]
@@ -207,16 +186,12 @@ async def _run(args: argparse.Namespace) -> None:
     os._exit(0)  # the end of input: cut every connection at once
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.subscribers")
-    for flag, default in (("--port", 0), ("--connections", 0), ("--deltas-per-message", 10)):
-        parser.add_argument(flag, type=int, default=default)
-    parser.add_argument("--nice", type=int, default=0, help="lower this process's priority")
-    parser.add_argument("--channel", required=True)
-    args = parser.parse_args(argv)
+def main(arguments: str) -> None:
+    """Run with ``arguments`` as JSON: ``port``, ``channel``, ``connections``,
+    ``deltas_per_message`` (10) and ``nice``, how much to lower this process's priority (0)."""
+    args = argparse.Namespace(**{"deltas_per_message": 10, "nice": 0} | json.loads(arguments))
     os.nice(args.nice)
-    if raise_fd_limit() < args.connections + 64:
-        fail(f"the open-file limit is too low for {args.connections} connections")
+    raise_fd_limit()
     run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop  # makes each read cheaper
@@ -248,12 +223,11 @@ class SubscriberPool:
         """Start the processes (``options``: ``deltas_per_message``, ``nice``) and wait until
         every connection is subscribed; on the way out, end their input and wait for them."""
         pool, pipe = cls(connections), subprocess.PIPE
-        flags = [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
         try:
             for n in range(processes):
                 if share := connections // processes + (n < connections % processes):
-                    command = ["-m", "bench.subscribers", f"--port={port}", f"--channel={channel}"]
-                    command += [f"--connections={share}", *flags]
+                    arguments = {"port": port, "channel": channel, "connections": share}
+                    command = ["-m", "bench.subscribers", json.dumps(arguments | options)]
                     process = await asyncio.create_subprocess_exec(
                         sys.executable, *command, stdin=pipe, stdout=pipe
                     )
@@ -290,9 +264,8 @@ class SubscriberPool:
         """Wait until every connection is subscribed; first, with ``deltas``, subscribe every
         connection again with or without live deltas."""
         for process in self.processes if deltas is not None else ():
-            cast(asyncio.StreamWriter, process.stdin).write(
-                b"deltas 1\n" if deltas else b"deltas 0\n"
-            )
+            command = b"deltas 1\n" if deltas else b"deltas 0\n"
+            cast(asyncio.StreamWriter, process.stdin).write(command)
         for line in await self._lines(120, f"{self.connections} were not all subscribed"):
             if "ready" not in line:
                 raise wire.BenchError(f"subscriber process: unexpected line {line}")
@@ -306,4 +279,4 @@ class SubscriberPool:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

@@ -1,12 +1,9 @@
 """What goes over the wire: the messages, their frames, and a raw producer connection.
 
-Message number ``n`` is deltas of about four characters, accented letters and an emoji among
-them, so that a relay that splits or re-encodes text wrongly is caught by the exact
-comparison; any process can rebuild its text from the number (:func:`message_text`).
-Client frames must be masked; a zero masking key leaves the payload unchanged, so a frame is
-its header, four zero bytes and the JSON text (:func:`client_frame`), built before the clock
-starts. The opening handshake is websockets' sans-I/O ``ClientProtocol``; the frames after
-it are :class:`FrameParser`'s (server frames are never masked).
+Texts hold accented letters and an emoji, so that splitting or re-encoding text wrongly is
+caught. Client frames are masked with a zero key, which leaves the payload as it is, so a
+run's frames are built once, before the clock starts. The opening handshake is websockets'
+sans-I/O ``ClientProtocol``; the frames after it are :class:`FrameParser`'s.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -32,10 +29,6 @@ CHUNK_BYTES = 256 * 1024
 
 class BenchError(Exception):
     """A process did not start, a message was wrong or missing, or a case timed out."""
-
-
-class Rejected(BenchError):
-    """The relay answered an event with an error frame."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +73,6 @@ def client_frame(payload: bytes, opcode: int = TEXT) -> bytes:
     return header + b"\x00\x00\x00\x00" + payload
 
 
-def client_frames(texts: Iterable[str]) -> bytes:
-    """Text frames for every string, concatenated: ready to write as they are."""
-    return b"".join(client_frame(text.encode()) for text in texts)
-
-
 def upgrade_request(port: int, target: str) -> tuple[ClientProtocol, bytes]:
     """A client protocol for ``target`` (path and query) and its upgrade request's bytes."""
     protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}{target}"))
@@ -93,10 +81,8 @@ def upgrade_request(port: int, target: str) -> tuple[ClientProtocol, bytes]:
 
 
 def check_upgrade(protocol: ClientProtocol, head: bytes, target: str) -> None:
-    """Fail unless ``head``, the response through its blank line, accepts the upgrade.
-
-    Only the head goes to ``protocol``, so that it parses none of the frames after it.
-    """
+    """Fail unless ``head``, the response through its blank line (only it, so that the
+    protocol parses no frame), accepts the upgrade."""
     protocol.receive_data(head)
     if protocol.state is not State.OPEN:
         reason = protocol.handshake_exc or head.partition(b"\r\n")[0].decode(errors="replace")
@@ -147,13 +133,9 @@ async def all_or_first_failure(*coroutines: Coroutine[Any, Any, None]) -> None:
 
 
 class RawProducer:
-    """A producer connection on an asyncio stream: pre-built bytes out, acks counted.
-
-    A reader task takes every reply off the socket as it comes, so the connection never
-    stalls on unread acks. ``ack`` frames count one each and ``acks`` frames (the answer to
-    an array frame) one per entry, each naming ``channel``; the ``session`` frame is skipped;
-    the no-op server's ``done N`` counts N; any other frame fails the connection.
-    """
+    """A producer connection on an asyncio stream: pre-built bytes out, and a reader task
+    that counts acks (``acks`` frames one per entry, the no-op server's ``done N`` N) as they
+    come, skips ``session`` and fails on anything else."""
 
     def __init__(self, port: int, channel: str, target: str = "") -> None:
         self.port, self.channel, self.acks, self._target = port, channel, 0, 0
@@ -207,7 +189,7 @@ class RawProducer:
             self.acks += len(acks)
         elif frame.get("type") != "session":
             text = payload.decode(errors="replace")[:300]
-            raise Rejected(f"the relay answered with an error frame: {text}")
+            raise BenchError(f"the relay answered with an error frame: {text}")
         self.last_ack = time.perf_counter()
         if self.acks >= self._target:
             self._reached.set()
