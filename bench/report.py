@@ -1,67 +1,45 @@
-"""Statistics over repetitions, the printed table, the targets and the JSON record.
-
-Every measurement is filed in :class:`Results` under a key (``ingest.relay``,
-``fanout.10000.plain.p99``...), one value per repetition; the table shows medians.
-"""
+"""Medians over repetitions (:class:`Results`, by key such as ``fanout.10000.plain.p99``),
+the printed table, the targets and the JSON record."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "FANOUT_TARGET_MS",
-    "Results",
-    "Target",
-    "format_table",
-    "format_targets",
-    "percentile",
-    "table_rows",
-    "targets",
-    "to_json",
-]
+from .cases import ASSEMBLERS, ROUTES
 
-FANOUT_TARGET_MS = 100.0
-BATCHED_TARGET = 1_000_000.0
-RSS_TARGET_KIB = 40.0
-INGEST_NOOP_TARGET = 0.8
-INGEST_SOCKETIO_TARGET = 10.0
+FANOUT_GOAL_MS, BATCHED_GOAL, RSS_GOAL_KIB, NOOP_GOAL, SOCKETIO_GOAL = 100.0, 1e6, 40.0, 0.8, 10.0
+Row = tuple[str, str, str, str]  # case, what was measured, its median, how it compares
+Target = dict[str, Any]  # key, label, value, goal, comparison, met, attainment, verdict, shown
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of ``values``, interpolating between closest ranks."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+def _median(values: Iterable[float]) -> float:
+    values = list(values)
+    return statistics.median(values) if values else math.nan
 
 
 def _ratio(value: float, baseline: float) -> float:
-    if math.isnan(value) or math.isnan(baseline) or not baseline:
-        return math.nan
-    return value / baseline
+    bad = math.isnan(value) or math.isnan(baseline) or not baseline
+    return math.nan if bad else value / baseline
 
 
 @dataclass
 class Results:
-    """Every value measured in a run, per key, one per repetition."""
+    """Every value measured in a run: headline ``samples`` per key, one per repetition; raw
+    ``details`` per case, for the JSON record; ``notes`` on why a case has no value."""
 
     samples: dict[str, list[float]] = field(default_factory=dict)
-    """Headline values per key, one per repetition."""
     details: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Raw measurements per case, for the JSON record."""
     notes: dict[str, str] = field(default_factory=dict)
-    """Why a case has no value (for example, the relay rejected its frames)."""
 
-    def add(self, key: str, value: float) -> None:
-        """File one repetition's value."""
+    def add(self, key: str, value: float, record: dict[str, Any] | None = None) -> None:
+        """File one repetition's value, and its raw ``record`` under the same key."""
         self.samples.setdefault(key, []).append(value)
+        if record is not None:
+            self.detail(key, record)
 
     def detail(self, case: str, record: dict[str, Any]) -> None:
         """Keep one raw measurement."""
@@ -69,30 +47,28 @@ class Results:
 
     def median(self, key: str) -> float:
         """The median over repetitions, NaN when nothing was measured."""
-        values = self.samples.get(key)
-        return statistics.median(values) if values else math.nan
+        return _median(self.samples.get(key, ()))
 
     def ratio(self, key: str, baseline: str) -> float:
-        """``key`` over ``baseline``: the median of the per-repetition ratios.
-
-        Both are measured in each repetition, close together in time, so pairing them
-        cancels most of a machine's slow and fast spells; when the counts differ, the
-        ratio of the medians.
-        """
+        """``key`` over ``baseline``: the median of the per-repetition ratios, which pairs values
+        measured close together in time (the ratio of the medians when the counts differ)."""
         values, bases = self.samples.get(key, []), self.samples.get(baseline, [])
         if not values or len(values) != len(bases):
             return _ratio(self.median(key), self.median(baseline))
         return statistics.median(_ratio(v, b) for v, b in zip(values, bases, strict=True))
+
+    def busy(self, key: str, name: str = "server_busy") -> float:
+        """The median of ``name`` over the case's records that have it."""
+        return _median(d[name] for d in self.details.get(key, []) if name in d)
 
 
 def _rate(value: float, unit: str = "events/s") -> str:
     return "n/a" if math.isnan(value) else f"{value:,.0f} {unit}"
 
 
-def _times(value: float) -> str:
-    if math.isnan(value):
-        return "n/a"
-    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
+def times(value: float) -> str:
+    """A ratio as text: ``0.25x``, ``12.5x``."""
+    return "n/a" if math.isnan(value) else f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
 
 
 def _ms(value: float) -> str:
@@ -101,300 +77,139 @@ def _ms(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def _kib(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value / 1024:,.1f} KiB"
-
-
-def _latency(results: Results, prefix: str) -> str:
-    p50, p99 = results.median(prefix + ".p50"), results.median(prefix + ".p99")
-    if math.isnan(p50):
-        return "n/a"
-    return f"p50 {_ms(p50)} ms, p99 {_ms(p99)} ms"
-
-
-Row = tuple[str, str, str, str]
-"""Case, what was measured, its median, how it compares."""
-
-
 def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     """The rows of the table, in order."""
-    r = results
-    rows: list[Row] = []
-    assembler_labels = {
-        "token": "TokenAssembler.apply()",
-        "naive": "naive str += assembler",
-        "floor": "dict + list append loop (floor)",
-    }
-    workloads = {
-        "short": f"{config['deltas']}-delta messages",
-        "long": f"{config['long_chars']:,}-char messages",
-    }
-    for workload, description in workloads.items():
-        for key, label in assembler_labels.items():
-            name = f"assembler.{workload}.{key}"
-            compared = ""
-            if key == "token":
-                compared = (
-                    f"{_times(r.ratio(name, f'assembler.{workload}.floor'))} floor, "
-                    f"{_times(r.ratio(name, f'assembler.{workload}.naive'))} naive"
-                )
-            rows.append(("assembler", f"{label}, {description}", _rate(r.median(name)), compared))
-    busy = {
-        key: statistics.median(values) if values else math.nan
-        for key, values in (
-            (key, [d["server_busy"] for d in r.details.get(key, []) if "server_busy" in d])
-            for key in ("ingest.relay", "ingest.noop", "ingest.socketio", "batched.relay")
-        )
-    }
+    r, rows = results, []
 
-    def cpu(key: str, before: str = "") -> str:
-        value = busy.get(key, math.nan)
-        return "" if math.isnan(value) else f"{before}server CPU {value:.0%}"
+    def add(case: str, what: str, key: str, compared: str = "", cpu: bool = False) -> None:
+        value = r.median(key)
+        if key.startswith("fanout.") or key == "routes.single":
+            p50, p99 = r.median(key + ".p50"), r.median(key + ".p99")
+            text = "n/a" if math.isnan(p50) else f"p50 {_ms(p50)} ms, p99 {_ms(p99)} ms"
+        elif key.startswith("memory."):
+            text = "n/a" if math.isnan(value) else f"{value / 1024:,.1f} KiB"
+        else:
+            text = _rate(value, "frames/s" if key == "ingest.noop" else "events/s")
+        busy = r.busy(key) if cpu else math.nan
+        server = "" if math.isnan(busy) else f"server CPU {busy:.0%}"
+        rows.append((case, what, text, "; ".join(part for part in (compared, server) if part)))
 
-    rows.append(
-        (
-            "ingest",
-            "relay, 1 producer -> 1 subscriber",
-            _rate(r.median("ingest.relay")),
-            f"{_times(r.ratio('ingest.relay', 'ingest.noop'))} no-op, "
-            f"{_times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio"
-            + cpu("ingest.relay", "; "),
-        )
-    )
-    rows.append(
-        (
-            "ingest",
-            "no-op websockets server (ceiling)",
-            _rate(r.median("ingest.noop"), "frames/s"),
-            cpu("ingest.noop"),
-        )
-    )
-    rows.append(
-        (
-            "ingest",
-            "python-socketio relay (peer)",
-            _rate(r.median("ingest.socketio")),
-            cpu("ingest.socketio"),
-        )
-    )
-    batch = config["batch"]
-    batched_note = r.notes.get("batched")
-    rows.append(
-        (
-            "batched ingest",
-            f"relay, {batch} events per array frame",
-            _rate(r.median("batched.relay")) if not batched_note else "not supported",
-            (
-                f"{_times(r.ratio('batched.relay', 'ingest.relay'))} unbatched, "
-                f"{_times(r.ratio('batched.relay', 'batched.noop'))} no-op"
-                + cpu("batched.relay", "; ")
-            )
-            if not batched_note
-            else batched_note[:60],
-        )
-    )
-    rows.append(
-        (
-            "batched ingest",
-            "no-op server, the same frames (ceiling)",
-            _rate(r.median("batched.noop")),
-            "",
-        )
-    )
+    def versus(key: str, *baselines: str) -> str:
+        pairs = zip(baselines[::2], baselines[1::2], strict=True)
+        return ", ".join(f"{times(r.ratio(key, base))} {name}" for base, name in pairs)
+
+    for workload, description in (
+        ("short", f"{config['deltas']}-delta messages"),
+        ("long", f"{config['long_chars']:,}-char messages"),
+    ):
+        for kind, (label, _) in ASSEMBLERS.items():
+            key, base = f"assembler.{workload}.{kind}", f"assembler.{workload}."
+            compared = versus(key, base + "floor", "floor", base + "naive", "naive")
+            add("assembler", f"{label}, {description}", key, compared * (kind == "token"))
+    compared = versus("ingest.relay", "ingest.noop", "no-op", "ingest.socketio", "socketio")
+    add("ingest", "relay, 1 producer -> 1 subscriber", "ingest.relay", compared, cpu=True)
+    add("ingest", "no-op websockets server (ceiling)", "ingest.noop", cpu=True)
+    add("ingest", "python-socketio relay (peer)", "ingest.socketio", cpu=True)
+    what = f"relay, {config['batch']} events per array frame"
+    compared = versus("batched.relay", "ingest.relay", "unbatched", "batched.noop", "no-op")
+    add("batched ingest", what, "batched.relay", compared, cpu=True)
+    add("batched ingest", "no-op server, the same frames (ceiling)", "batched.noop")
     for size in config["fanout_sizes"]:
         for mode, label in (("plain", ""), ("deltas", ", with deltas")):
-            prefix = f"fanout.{size}.{mode}"
-            records = r.details.get(prefix, [])
-            compared = (
-                f"relay CPU {statistics.median(d['relay_busy'] for d in records):.0%}, "
-                f"clients {statistics.median(d['clients_busy'] for d in records):.0%}"
-                if records
-                else ""
-            )
-            rows.append(("fan-out", f"{size:,} subscribers{label}", _latency(r, prefix), compared))
-    rows.append(
-        (
-            "latency",
-            f"final -> message at {config['rate']:g} msg/s, single instance",
-            _latency(r, "routes.single"),
-            "",
-        )
-    )
-    rows.append(
-        (
-            "memory",
-            f"RSS per idle subscriber ({config['idle_subscribers']:,} of them)",
-            _kib(r.median("memory.idle")),
-            "",
-        )
-    )
-    in_flight = r.median("memory.in_flight")
-    chars = config["long_chars"]
-    rows.append(
-        (
-            "memory",
-            f"RSS per in-flight {chars:,}-char message ({config['in_flight']:,} of them)",
-            _kib(in_flight),
-            "" if math.isnan(in_flight) else f"{in_flight / chars:.1f} bytes per char",
-        )
-    )
-    for key, label in (
-        ("single", "single instance (S->S)"),
-        ("redis-same", "same instance via Redis (A->A)"),
-        ("redis-cross", "cross-instance via Redis (A->B)"),
-    ):
-        prefix = f"routes.{key}"
-        value = (
-            f"{_rate(r.median(prefix + '.throughput'))}, p50 {_ms(r.median(prefix + '.p50'))} ms"
-        )
-        compared = (
-            "baseline"
-            if key == "single"
-            else f"{_times(r.ratio(prefix + '.throughput', 'routes.single.throughput'))} "
-            f"throughput, {_times(r.ratio(prefix + '.p50', 'routes.single.p50'))} p50"
-        )
-        rows.append(("redis", label, value, compared))
+            key, compared = f"fanout.{size}.{mode}", ""
+            if r.details.get(key):
+                relay, clients = r.busy(key, "relay_busy"), r.busy(key, "clients_busy")
+                compared = f"relay CPU {relay:.0%}, clients {clients:.0%}"
+            add("fan-out", f"{size:,} subscribers{label}", key, compared)
+    what = f"final -> message at {config['rate']:g} msg/s, single instance"
+    add("latency", what, "routes.single")
+    what = f"RSS per idle subscriber ({config['idle_subscribers']:,} of them)"
+    add("memory", what, "memory.idle")
+    value, chars = r.median("memory.in_flight"), config["long_chars"]
+    what = f"RSS per in-flight {chars:,}-char message ({config['in_flight']:,} of them)"
+    per_char = "" if math.isnan(value) else f"{value / chars:.1f} bytes per char"
+    add("memory", what, "memory.in_flight", per_char)
+    for key, (label, _, _) in ROUTES.items():
+        prefix, base = f"routes.{key}", "routes.single"
+        compared = versus(prefix + ".throughput", base + ".throughput", "throughput")
+        compared += ", " + versus(prefix + ".p50", base + ".p50", "p50")
+        text = f"{_rate(r.median(prefix + '.throughput'))}, p50 {_ms(r.median(prefix + '.p50'))} ms"
+        rows.append(("redis", label, text, "baseline" if key == "single" else compared))
     return rows
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """The rows as aligned text, with a header."""
-    header: Row = ("case", "what", "median", "compared")
-    widths = [max(len(row[n]) for row in (header, *rows)) for n in range(4)]
-
-    def line(cells: Row) -> str:
-        return "  ".join(
-            (
-                cells[0].ljust(widths[0]),
-                cells[1].ljust(widths[1]),
-                cells[2].rjust(widths[2]),
-                cells[3],
-            )
-        ).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    out = [line(header), rule]
-    previous = ""
-    for row in rows:
-        if previous and row[0] != previous:
+    """The rows as aligned text, with a header, a blank line between cases."""
+    rows = [("case", "what", "median", "compared"), *rows]
+    widths = [max(len(row[n]) for row in rows) for n in range(4)]
+    out = []
+    for n, (case, what, median, compared) in enumerate(rows):
+        if n > 1 and case != rows[n - 1][0]:
             out.append("")
-        out.append(line(row))
-        previous = row[0]
+        cells = (case.ljust(widths[0]), what.ljust(widths[1]), median.rjust(widths[2]), compared)
+        out.append("  ".join(cells).rstrip())
+        if not n:
+            out.append("  ".join("-" * width for width in widths))
     return "\n".join(out)
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A goal for one measured value."""
-
-    key: str
-    label: str
-    value: float
-    goal: float
-    comparison: str
-    """``>=``, ``<`` or ``<=``: how the value must stand to ``goal``."""
-    show: Callable[[float], str]
-    note: str = ""
-
-    @property
-    def at_least(self) -> bool:
-        """Whether higher is better."""
-        return self.comparison == ">="
-
-    @property
-    def met(self) -> bool | None:
-        """Whether the goal is met; None when nothing was measured."""
-        if math.isnan(self.value):
-            return None
-        if self.comparison == ">=":
-            return self.value >= self.goal
-        if self.comparison == "<":
-            return self.value < self.goal
-        return self.value <= self.goal
-
-    @property
-    def attainment(self) -> float:
-        """How far along the goal is: 1.0 exactly on it, above 1 met, below 1 missed."""
-        if math.isnan(self.value) or self.value <= 0:
-            return math.nan
-        return self.value / self.goal if self.at_least else self.goal / self.value
-
-    def verdict(self) -> str:
-        """``met`` or ``MISSED`` and by how much."""
-        if self.met is None:
-            return "not measured" + (f": {self.note}" if self.note else "")
-        factor = self.attainment
-        if self.met:
-            return f"met, with {factor:.2f}x to spare"
-        if self.at_least:
-            return f"MISSED: {1 - factor:.0%} short, needs {1 / factor:.2f}x"
-        return f"MISSED: {1 / factor:.2f}x over, needs to fall {1 - factor:.0%}"
+def _target(
+    key: str,
+    label: str,
+    value: float,
+    goal: float,
+    how: str,
+    show: Callable[[float], str],
+    unit: str = "",
+) -> Target:
+    measured, at_least = not math.isnan(value), how == ">="
+    met = {">=": value >= goal, "<": value < goal, "<=": value <= goal}[how]
+    factor = math.nan if not measured or value <= 0 else value / goal if at_least else goal / value
+    if not measured:
+        verdict = "not measured"
+    elif met:
+        verdict = f"met, with {factor:.2f}x to spare"
+    elif at_least:
+        verdict = f"MISSED: {1 - factor:.0%} short, needs {1 / factor:.2f}x"
+    else:
+        verdict = f"MISSED: {1 / factor:.2f}x over, needs to fall {1 - factor:.0%}"
+    return {
+        **{"key": key, "label": label, "value": value, "goal": goal, "comparison": how},
+        **{"met": met if measured else None, "attainment": factor, "verdict": verdict},
+        "shown": show(value) + unit if measured else "n/a",
+    }
 
 
 def targets(results: Results) -> list[Target]:
     """The goals the run is judged by."""
-    r = results
+    r, noop, sio = results, NOOP_GOAL, SOCKETIO_GOAL
+    to_noop = r.ratio("ingest.relay", "ingest.noop")
+    to_sio = r.ratio("ingest.relay", "ingest.socketio")
     out = [
-        Target(
-            "ingest_vs_noop",
-            f"ingest >= {INGEST_NOOP_TARGET}x no-op",
-            r.ratio("ingest.relay", "ingest.noop"),
-            INGEST_NOOP_TARGET,
-            ">=",
-            _times,
-        ),
-        Target(
-            "ingest_vs_socketio",
-            f"ingest >= {INGEST_SOCKETIO_TARGET:g}x socketio",
-            r.ratio("ingest.relay", "ingest.socketio"),
-            INGEST_SOCKETIO_TARGET,
-            ">=",
-            _times,
-        ),
-        Target(
-            "batched_ingest",
-            f"batched ingest >= {BATCHED_TARGET:,.0f} events/s",
-            r.median("batched.relay"),
-            BATCHED_TARGET,
-            ">=",
-            _rate,
-            r.notes.get("batched", ""),
-        ),
+        _target("ingest_vs_noop", f"ingest >= {noop}x no-op", to_noop, noop, ">=", times),
+        _target("ingest_vs_socketio", f"ingest >= {sio:g}x socketio", to_sio, sio, ">=", times),
     ]
+    label, batched = f"batched ingest >= {BATCHED_GOAL:,.0f} events/s", r.median("batched.relay")
+    out.append(_target("batched_ingest", label, batched, BATCHED_GOAL, ">=", _rate))
     for mode, label in (("plain", ""), ("deltas", ", with deltas")):
-        key = f"fanout.10000.{mode}.p99"
-        if key in r.samples:
+        if (key := f"fanout.10000.{mode}.p99") in r.samples:
+            label = f"fan-out 10k p99 < {FANOUT_GOAL_MS:g} ms{label}"
+            goal = FANOUT_GOAL_MS
             out.append(
-                Target(
-                    f"fanout_10k_{mode}_p99",
-                    f"fan-out 10k p99 < {FANOUT_TARGET_MS:g} ms{label}",
-                    r.median(key),
-                    FANOUT_TARGET_MS,
-                    "<",
-                    lambda value: f"{_ms(value)} ms",
-                )
+                _target(f"fanout_10k_{mode}_p99", label, r.median(key), goal, "<", _ms, " ms")
             )
-    out.append(
-        Target(
-            "rss_per_idle_subscriber",
-            f"RSS <= {RSS_TARGET_KIB:g} KiB per idle subscriber",
-            r.median("memory.idle") / 1024,
-            RSS_TARGET_KIB,
-            "<=",
-            lambda value: f"{value:.1f} KiB",
-        )
-    )
+    label, idle = f"RSS <= {RSS_GOAL_KIB:g} KiB per idle subscriber", r.median("memory.idle") / 1024
+    kib = "{:.1f}".format
+    out.append(_target("rss_per_idle_subscriber", label, idle, RSS_GOAL_KIB, "<=", kib, " KiB"))
     return out
 
 
-def format_targets(items: Sequence[Target]) -> str:
+def format_targets(goals: Sequence[Target]) -> str:
     """One line per target: the goal, the median, met or missed by how much."""
-    width = max(len(item.label) for item in items)
-    shown = [item.show(item.value) if not math.isnan(item.value) else "n/a" for item in items]
-    value_width = max(len(text) for text in shown)
+    width, value_width = (max(len(goal[name]) for goal in goals) for name in ("label", "shown"))
     return "\n".join(
-        f"  {item.label.ljust(width)}  {text.rjust(value_width)}  {item.verdict()}"
-        for item, text in zip(items, shown, strict=True)
+        f"  {goal['label'].ljust(width)}  {goal['shown'].rjust(value_width)}  {goal['verdict']}"
+        for goal in goals
     )
 
 
@@ -403,26 +218,14 @@ def to_json(
 ) -> dict[str, Any]:
     """Every raw measurement, the medians, the table as printed and the targets."""
 
-    def clean(value: float) -> float | None:
-        return None if math.isnan(value) else value
+    def clean(value: Any) -> Any:
+        return None if isinstance(value, float) and math.isnan(value) else value
 
     return {
         **extra,
         "medians": {key: clean(results.median(key)) for key in sorted(results.samples)},
         "repetitions": results.samples,
-        "targets": [
-            {
-                "key": goal.key,
-                "label": goal.label,
-                "value": clean(goal.value),
-                "goal": goal.goal,
-                "comparison": goal.comparison,
-                "met": goal.met,
-                "attainment": clean(goal.attainment),
-                "verdict": goal.verdict(),
-            }
-            for goal in goals
-        ],
+        "targets": [{k: clean(v) for k, v in goal.items() if k != "shown"} for goal in goals],
         "table": [
             dict(zip(("case", "what", "median", "compared"), row, strict=True)) for row in rows
         ],

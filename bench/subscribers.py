@@ -1,28 +1,9 @@
-"""``python -m bench.subscribers``: one process holding many cheap subscriber connections.
+"""Many cheap subscriber connections in a few processes, and the pool that drives them.
 
-Each connection is a :class:`~bench.wire.RawSubscriber` (a bare asyncio protocol after a
-hand-made upgrade handshake) subscribed to one channel through the URL. The fan-out and
-memory cases start a few of these processes, so that the clients share the work and are not
-what is measured.
-
-Every ``message`` frame is checked: its text must be exactly that of the message the id
-names (ids are ``ROUND:N``, texts :func:`bench.messages.message_text`), its offset must
-follow the connection's last one (no gap, no repeat), and on connections that take deltas,
-the deltas received for it must add up to that same text. Every connection gets the same
-bytes for a frame, so a frame is decoded and its text checked once, then recognised by its
-bytes. The process runs on uvloop when it is installed (``--loop``), which makes each read
-cheaper, and can lower its own priority (``--nice``).
-
-Lines written to stdout, one JSON object each:
-
-* ``{"ready": N}``: all N connections are subscribed (again after each ``deltas`` command).
-* ``{"id": ID, "first": T, "last": T}``: every connection holds message ``ID``; ``T`` are
-  the first and last arrival times, ``time.time()``, so comparable across processes.
-* ``{"error": TEXT}``: something was wrong; the process exits with status 1.
-
-Commands read from stdin, one a line: ``deltas 1`` or ``deltas 0`` subscribes every
-connection again with or without live deltas; end of input closes every connection and
-exits.
+``python -m bench.subscribers JSON`` holds bare asyncio protocols subscribed to one channel
+and checks each message's text, offset and deltas. On stdout: ``{"ready": N}`` once all are
+subscribed (again after ``deltas 1`` or ``deltas 0`` on stdin), ``{"id", "first", "last"}``
+once all hold a message (``time.time()``), or ``{"error"}``; the end of stdin ends it.
 """
 
 from __future__ import annotations
@@ -33,55 +14,25 @@ import contextlib
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, NoReturn, cast
 from urllib.parse import quote
 
-from .errors import BenchError
-from .messages import message_text
-from .wire import RawSubscriber
+from . import wire
 
-__all__ = ["main", "raise_fd_limit"]
+DELTA, MESSAGE, SUBSCRIBED, SNAPSHOT = range(4)
 
 
 def raise_fd_limit() -> int:
     """Raise this process's open-file limit to its hard limit; return the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    with contextlib.suppress(ValueError, OSError):
+        target = max(soft, 1 << 20) if hard == resource.RLIM_INFINITY else hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-DELTA, MESSAGE, SUBSCRIBED, SNAPSHOT = range(4)
-KNOWN_FRAMES = 10_000
-"""Decoded frames remembered by their bytes."""
-
-
-class _State:
-    """Per connection: the last offset and the deltas of messages in progress."""
-
-    __slots__ = ("offset", "parts")
-
-    def __init__(self) -> None:
-        self.offset = 0
-        self.parts: dict[str, list[str]] = {}
-
-
-def _event_loop_runner(loop: str) -> Callable[[Coroutine[Any, Any, None]], None]:
-    """uvloop's runner when asked for and installed (it makes each read cheaper), else asyncio's."""
-    if loop == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            runner: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
-            return runner
-    return asyncio.run
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -89,239 +40,243 @@ def _emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def fail(text: str) -> NoReturn:
+    """Report ``text`` and exit with status 1 (the operating system cuts every connection)."""
+    _emit({"error": text})
+    os._exit(1)
+
+
+class Subscriber(asyncio.Protocol):
+    """One connection: the handshake, then its text frames to :meth:`Subscribers.on_frame`."""
+
+    __slots__ = ("handshake", "head", "offset", "opened", "owner", "parser", "parts", "transport")
+
+    def __init__(self, owner: Subscribers, target: str) -> None:
+        self.owner, self.head, self.offset = owner, b"", 0
+        self.handshake = wire.upgrade_request(owner.port, target)
+        self.parser: wire.FrameParser | None = None
+        self.transport: asyncio.Transport
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.parts: dict[str, list[str]] = {}  # the deltas of the messages in progress
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.handshake[1])
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        try:
+            if self.parser is None:
+                head = self.head + data
+                if (end := head.find(b"\r\n\r\n") + 4) < 4:
+                    self.head = head
+                    return
+                wire.check_upgrade(self.handshake[0], head[:end], "/subscribe")
+                self.head, self.parser, data = b"", wire.FrameParser(), head[end:]
+                del self.handshake  # done with: thousands of them would add up
+                self.opened.set_result(None)
+            frames = self.parser.feed(data)
+        except wire.BenchError as exc:
+            fail(str(exc))
+        for opcode, payload in frames:
+            if opcode == wire.TEXT:
+                self.owner.on_frame(self, now, payload)
+            elif opcode == wire.PING:
+                self.transport.write(wire.client_frame(payload, wire.PONG))
+            elif opcode == wire.CLOSE:
+                fail(f"the relay closed a subscriber connection: {payload[2:].decode()!r}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        fail("a subscriber connection was closed" + (f": {exc!r}" if exc else " by the relay"))
+
+
 class Subscribers:
     """The connections of this process and what they received."""
 
-    def __init__(self, host: str, port: int, channel: str, deltas_per_message: int) -> None:
-        self.host = host
-        self.port = port
-        self.channel = channel
-        self.deltas_per_message = deltas_per_message
-        self.connections: list[RawSubscriber] = []
-        self.deltas = False
-        self.confirmed = 0
-        self.confirmations_wanted = 0
-        self.all_confirmed = asyncio.Event()
-        self.failure: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.closing = False
-        self._texts: dict[int, str] = {}
-        self._known: dict[bytes, tuple[int, str, str, int]] = {}
-        self._pending: dict[str, list[float]] = {}
-        """Per message id: how many connections hold it, first and last arrival."""
+    def __init__(self, port: int, channel: str, deltas_per_message: int) -> None:
+        self.port, self.channel, self.per = port, channel, deltas_per_message
+        self.connections: list[Subscriber] = []
+        self.deltas, self.unconfirmed = False, 0
+        self.confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._known: dict[bytes, tuple[int, str, str, int]] = {}  # checked frames, by bytes
+        self._pending: dict[str, list[float]] = {}  # id: connections holding it, first, last
 
-    def _fail(self, text: str) -> None:
-        if not self.failure.done():
-            self.failure.set_result(text)
+    async def subscribe(self, deltas: bool, new: int = 0) -> None:
+        """Open and subscribe ``new`` connections (25 handshakes at a time), or without,
+        subscribe every one again."""
+        self.deltas, self.unconfirmed = deltas, new or len(self.connections)
+        self.confirmed = asyncio.get_running_loop().create_future()
+        target = f"/subscribe?channel={quote(self.channel, safe='')}" + "&deltas=1" * deltas
+        gate, frame = asyncio.Semaphore(25), {"type": "subscribe", "channel": self.channel}
 
-    def expected(self, message_id: str) -> str:
-        """The text of the message named by ``message_id``."""
-        index = int(message_id.rpartition(":")[2])
-        text = self._texts.get(index)
-        if text is None:
-            text = self._texts[index] = "".join(message_text(index, self.deltas_per_message))
-        return text
-
-    async def open(self, count: int, concurrency: int, deltas: bool) -> None:
-        """Open and subscribe ``count`` connections, ``concurrency`` handshakes at a time."""
-        self.deltas = deltas
-        target = f"/subscribe?channel={quote(self.channel, safe='')}" + (
-            "&deltas=1" if deltas else ""
-        )
-        self.confirmed = 0
-        self.confirmations_wanted = count
-        self.all_confirmed.clear()
-        loop = asyncio.get_running_loop()
-        gate = asyncio.Semaphore(concurrency)
-
-        def connection() -> RawSubscriber:
-            # Frames can arrive before create_connection() returns: set the state up here.
-            protocol = RawSubscriber(
-                self.host, self.port, target, self.on_frame, time.time, self.on_lost
-            )
-            protocol.state = _State()
-            self.connections.append(protocol)
-            return protocol
+        def connection() -> Subscriber:
+            # Frames can arrive before create_connection() returns: keep it from here.
+            self.connections.append(Subscriber(self, target))
+            return self.connections[-1]
 
         async def one() -> None:
             async with gate:
-                _, protocol = await loop.create_connection(connection, self.host, self.port)
+                loop = asyncio.get_running_loop()
+                _, protocol = await loop.create_connection(connection, "127.0.0.1", self.port)
                 await protocol.opened
 
-        await asyncio.gather(*(one() for _ in range(count)))
-        await self._confirmed()
-
-    async def resubscribe(self, deltas: bool) -> None:
-        """Subscribe every connection again, with or without deltas."""
-        self.deltas = deltas
-        frame = json.dumps({"type": "subscribe", "channel": self.channel, "deltas": deltas})
-        payload = frame.encode()
-        self.confirmed = 0
-        self.confirmations_wanted = len(self.connections)
-        self.all_confirmed.clear()
-        for connection in self.connections:
-            connection.send(payload)
-        await self._confirmed()
-
-    async def _confirmed(self) -> None:
-        waiter = asyncio.ensure_future(self.all_confirmed.wait())
-        pending: list[asyncio.Future[Any]] = [waiter, self.failure]
-        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self.failure.done():
-            raise BenchError(self.failure.result())
+        await asyncio.gather(*(one() for _ in range(new)))
+        for each in self.connections if not new else ():
+            each.transport.write(wire.client_frame(json.dumps(frame | {"deltas": deltas}).encode()))
+        await self.confirmed
         _emit({"ready": len(self.connections)})
 
-    def on_lost(self, connection: RawSubscriber) -> None:
-        if not self.closing:
-            reason = connection.lost_reason
-            self._fail(
-                "a subscriber connection was closed"
-                + (f": {type(reason).__name__}: {reason}" if reason else " by the relay")
-            )
-
-    def on_frame(self, connection: RawSubscriber, now: float, payload: bytes) -> None:
-        # Every subscriber gets the same bytes for a frame: decode and check them once.
-        known = self._known.get(payload)
-        if known is None:
+    def on_frame(self, connection: Subscriber, now: float, payload: bytes) -> None:
+        """Check and file one text frame."""
+        if (known := self._known.get(payload)) is None:
             try:
-                known = self._decode(payload)
+                known = self._decode(json.loads(payload))
             except (ValueError, KeyError, TypeError, AttributeError):
-                self._fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
-                return
-            if known is None:
-                return
-            if len(self._known) >= KNOWN_FRAMES:
-                self._known.clear()
+                fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
             self._known[payload] = known
         kind, message_id, value, offset = known
-        state: _State = connection.state  # type: ignore[assignment]
         if kind == DELTA:
-            held = state.parts.get(message_id)
-            if held is None:
-                state.parts[message_id] = [value]
-            else:
-                held.append(value)
+            connection.parts.setdefault(message_id, []).append(value)
         elif kind == MESSAGE:
-            self._on_message(state, now, message_id, value, offset)
+            if offset != connection.offset + 1:
+                fail(f"{message_id!r} has offset {offset}, not {connection.offset + 1}")
+            connection.offset = offset
+            held = "".join(connection.parts.pop(message_id, ()))
+            if self.deltas and held != value:
+                fail(f"the deltas of {message_id!r} add up to {held!r}")
+            record = self._pending.setdefault(message_id, [0.0, now, now])
+            record[0], record[2] = record[0] + 1, now
+            if record[0] == len(self.connections):
+                del self._pending[message_id]
+                _emit({"id": message_id, "first": record[1], "last": record[2]})
         elif kind == SUBSCRIBED:
-            state.offset = offset
-            self.confirmed += 1
-            if self.confirmed == self.confirmations_wanted:
-                self.all_confirmed.set()
+            connection.offset, self.unconfirmed = offset, self.unconfirmed - 1
+            if not self.unconfirmed:
+                self.confirmed.set_result(None)
         else:
-            state.parts[message_id] = [value]
+            connection.parts[message_id] = [value]
 
-    def _decode(self, payload: bytes) -> tuple[int, str, str, int] | None:
-        """A frame as ``(kind, id, text or delta, offset)``, its text checked; None if bad."""
-        frame = json.loads(payload)
+    def _decode(self, frame: dict[str, Any]) -> tuple[int, str, str, int]:
+        """A frame as ``(kind, id, text or delta, offset)``, its channel and text checked."""
         kind = frame["type"]
         if frame["channel"] != self.channel:
-            self._fail(f"a frame came on channel {frame['channel']!r}: {payload[:300]!r}")
-            return None
+            fail(f"a frame came on another channel: {frame}")
         if kind == "delta":
             return DELTA, frame["id"], frame["delta"], 0
-        if kind == "message":
-            message_id = frame["id"]
-            if frame["text"] != self.expected(message_id):
-                self._fail(f"message {message_id!r} arrived with the wrong text: {frame['text']!r}")
-                return None
-            return MESSAGE, message_id, frame["text"], frame["offset"]
+        index = int(frame.get("id", ":0").rpartition(":")[2])
+        if kind == "message" and frame["text"] == "".join(wire.message_text(index, self.per)):
+            return MESSAGE, frame["id"], frame["text"], frame["offset"]
         if kind == "subscribed":
             return SUBSCRIBED, "", "", frame["offset"]
         if kind == "snapshot":
             return SNAPSHOT, frame["id"], frame["text"], 0
-        self._fail(f"a subscriber got an unexpected frame: {payload[:300]!r}")
-        return None
-
-    def _on_message(
-        self, state: _State, now: float, message_id: str, text: str, offset: int
-    ) -> None:
-        if offset != state.offset + 1:
-            self._fail(
-                f"message {message_id!r} has offset {offset}, expected {state.offset + 1} "
-                "(a gap, a repeat or reordering)"
-            )
-            return
-        state.offset = offset
-        held = state.parts.pop(message_id, None)
-        if self.deltas and "".join(held or ()) != text:
-            self._fail(f"the deltas of {message_id!r} add up to {''.join(held or ())!r}")
-            return
-        record = self._pending.get(message_id)
-        if record is None:
-            record = self._pending[message_id] = [0.0, now, now]
-        record[0] += 1
-        record[2] = now
-        if record[0] == len(self.connections):
-            del self._pending[message_id]
-            _emit({"id": message_id, "first": record[1], "last": record[2]})
-
-    def close(self) -> None:
-        """Cut every connection at once."""
-        self.closing = True
-        for connection in self.connections:
-            if connection.transport is not None:
-                connection.transport.abort()
+        fail(f"a subscriber got an unexpected frame or a wrong text: {frame}")
 
 
-async def _commands(subscribers: Subscribers) -> None:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+async def _run(args: argparse.Namespace) -> None:
+    subscribers = Subscribers(args.port, args.channel, args.deltas_per_message)
+    await subscribers.subscribe(False, args.connections)
+    reader, loop = asyncio.StreamReader(), asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    while line := await reader.readline():
-        words = line.decode().split()
-        if words[:1] == ["deltas"] and len(words) == 2:
-            await subscribers.resubscribe(words[1] == "1")
-        elif words:
-            raise BenchError(f"unknown command {line.decode().strip()!r}")
+    while line := (await reader.readline()).decode():
+        if line.split()[:1] != ["deltas"]:
+            fail(f"unknown command {line.strip()!r}")
+        await subscribers.subscribe(line.split()[1:] == ["1"])
+    os._exit(0)  # the end of input: cut every connection at once
 
 
-async def run(args: argparse.Namespace) -> None:
-    subscribers = Subscribers(args.host, args.port, args.channel, args.deltas_per_message)
+def main(arguments: str) -> None:
+    """Run with ``arguments`` as JSON: ``port``, ``channel``, ``connections``,
+    ``deltas_per_message`` (10) and ``nice``, how much to lower this process's priority (0)."""
+    args = argparse.Namespace(**{"deltas_per_message": 10, "nice": 0} | json.loads(arguments))
+    os.nice(args.nice)
+    raise_fd_limit()
+    run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop  # makes each read cheaper
+
+        run = uvloop.run
     try:
-        await subscribers.open(args.connections, args.concurrency, args.deltas)
-        commands = asyncio.ensure_future(_commands(subscribers))
-        pending: list[asyncio.Future[Any]] = [commands, subscribers.failure]
-        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if subscribers.failure.done():
-            commands.cancel()
-            raise BenchError(subscribers.failure.result())
-        commands.result()
-    finally:
-        subscribers.close()
+        run(_run(args))
+    except Exception as exc:
+        fail(f"{type(exc).__name__}: {exc}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.subscribers")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--channel", required=True)
-    parser.add_argument("--connections", type=int, required=True)
-    parser.add_argument("--deltas", action="store_true", help="subscribe with live deltas")
-    parser.add_argument("--deltas-per-message", type=int, default=10)
-    parser.add_argument("--concurrency", type=int, default=25, help="handshakes at a time")
-    parser.add_argument(
-        "--loop", choices=("uvloop", "asyncio"), default="uvloop", help="uvloop if installed"
-    )
-    parser.add_argument("--nice", type=int, default=0, help="lower this process's priority")
-    args = parser.parse_args(argv)
-    if args.nice:
-        os.nice(args.nice)
-    if raise_fd_limit() < args.connections + 64:
-        _emit({"error": f"the open-file limit is too low for {args.connections} connections"})
-        return 1
-    try:
-        _event_loop_runner(args.loop)(run(args))
-    except BenchError as exc:
-        _emit({"error": str(exc)})
-        return 1
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _emit({"error": f"{type(exc).__name__}: {exc}"})
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+class SubscriberPool:
+    """``connections`` subscribers of one channel, spread over a few processes."""
+
+    def __init__(self, connections: int) -> None:
+        self.connections = connections
+        self.processes: list[asyncio.subprocess.Process] = []
+
+    @property
+    def pids(self) -> list[int]:
+        """The processes' ids."""
+        return [process.pid for process in self.processes]
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(
+        cls, port: int, channel: str, connections: int, processes: int, **options: int
+    ) -> AsyncIterator[SubscriberPool]:
+        """Start the processes (``options``: ``deltas_per_message``, ``nice``) and wait until
+        every connection is subscribed; on the way out, end their input and wait for them."""
+        pool, pipe = cls(connections), subprocess.PIPE
+        try:
+            for n in range(processes):
+                if share := connections // processes + (n < connections % processes):
+                    arguments = {"port": port, "channel": channel, "connections": share}
+                    command = ["-m", "bench.subscribers", json.dumps(arguments | options)]
+                    process = await asyncio.create_subprocess_exec(
+                        sys.executable, *command, stdin=pipe, stdout=pipe
+                    )
+                    pool.processes.append(process)
+            await pool.ready()
+            yield pool
+        finally:
+            for process in pool.processes:
+                cast(asyncio.StreamWriter, process.stdin).close()
+            for process in pool.processes:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), 5)
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+    async def _lines(self, seconds: float, what: str) -> list[dict[str, Any]]:
+        """Every process's next JSON line; an ``error`` line, an exit or a timeout fails."""
+        lines = []
+        try:
+            async with asyncio.timeout(seconds):
+                for process in self.processes:
+                    if not (raw := await cast(asyncio.StreamReader, process.stdout).readline()):
+                        status = await process.wait()
+                        raise wire.BenchError(f"a subscriber process exited with status {status}")
+                    if "error" in (line := json.loads(raw)):
+                        raise wire.BenchError(f"subscriber process: {line['error']}")
+                    lines.append(line)
+        except TimeoutError:
+            raise wire.BenchError(f"{what} within {seconds:g} s") from None
+        return lines
+
+    async def ready(self, deltas: bool | None = None) -> None:
+        """Wait until every connection is subscribed; first, with ``deltas``, subscribe every
+        connection again with or without live deltas."""
+        for process in self.processes if deltas is not None else ():
+            command = b"deltas 1\n" if deltas else b"deltas 0\n"
+            cast(asyncio.StreamWriter, process.stdin).write(command)
+        for line in await self._lines(120, f"{self.connections} were not all subscribed"):
+            if "ready" not in line:
+                raise wire.BenchError(f"subscriber process: unexpected line {line}")
+
+    async def delivered(self, message_id: str, seconds: float) -> tuple[float, float]:
+        """Wait until every connection holds ``message_id``; its first and last arrival."""
+        lines = await self._lines(seconds, f"{message_id!r} did not reach every subscriber")
+        if any(line.get("id") != message_id for line in lines):
+            raise wire.BenchError(f"expected message {message_id!r}, the clients got {lines}")
+        return min(line["first"] for line in lines), max(line["last"] for line in lines)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main(sys.argv[1])

@@ -1,48 +1,64 @@
-"""Raw WebSocket client plumbing, so that the load generator is never the bottleneck.
+"""What goes over the wire: the messages, their frames, and a raw producer connection.
 
-* :func:`client_frame` builds a client frame once, ahead of time. Client frames must be
-  masked; a zero masking key leaves the payload bytes unchanged, so a frame is its header,
-  four zero bytes and the JSON text, and a whole run's frames are one ``bytes`` object
-  written to the socket in big chunks.
-* :func:`open_raw` does the HTTP upgrade handshake on a plain asyncio stream.
-* :class:`FrameParser` splits the server's byte stream (server frames are never masked)
-  into ``(opcode, payload)`` pairs.
-* :class:`RawSubscriber` is a subscriber as an :class:`asyncio.Protocol`: no task, no
-  stream, no websockets object per connection, so a process holds thousands of them.
+Texts hold accented letters and an emoji, so that splitting or re-encoding text wrongly is
+caught. Client frames are masked with a zero key, which leaves the payload as it is, so a
+run's frames are built once, before the clock starts. The opening handshake is websockets'
+sans-I/O ``ClientProtocol``; the frames after it are :class:`FrameParser`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import os
-from collections.abc import Callable, Iterable
-from typing import cast
+import contextlib
+import json
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
-from .errors import BenchError
+from websockets.client import ClientProtocol
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
-__all__ = [
-    "CLOSE",
-    "PING",
-    "TEXT",
-    "FrameParser",
-    "RawSubscriber",
-    "client_frame",
-    "client_frames",
-    "close_frame",
-    "handshake_request",
-    "open_raw",
-]
+PIECES = ("The ", "quic", "k br", "own ", "fox ", "jump", "s ov", "er é", "🚀 la", "zy d", "og. ")
+TEXT, CLOSE, PING, PONG = 0x1, 0x8, 0x9, 0xA
+CHUNK_BYTES = 256 * 1024
+"""Bytes handed to the socket per write, and read from it per read."""
 
-TEXT = 0x1
-CLOSE = 0x8
-PING = 0x9
-PONG = 0xA
-GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-ZERO_MASK = b"\x00\x00\x00\x00"
-HANDSHAKE_TIMEOUT = 30.0
-MAX_RESPONSE_HEAD = 16 * 1024
+
+class BenchError(Exception):
+    """A process did not start, a message was wrong or missing, or a case timed out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message to send: its id, its events (deltas, then a final), their JSON frames."""
+
+    id: str
+    events: tuple[dict[str, Any], ...]
+    frames: tuple[str, ...]
+    text: str
+
+
+def message_text(index: int, deltas: int) -> list[str]:
+    """The deltas of message number ``index``; the first (``#NNN``) tells neighbours apart."""
+    pieces = [f"#{index % 1000:03d}"]
+    pieces += [PIECES[(index + n) % len(PIECES)] for n in range(1, deltas)]
+    return pieces[:deltas]
+
+
+def build_messages(count: int, deltas: int, prefix: str = "m") -> list[Message]:
+    """``count`` messages of ``deltas`` deltas and a final; number ``n`` has id ``prefix + n``."""
+    messages = []
+    for index in range(count):
+        message_id, pieces = f"{prefix}{index}", message_text(index, deltas)
+        events: list[dict[str, Any]] = [{"id": message_id, "delta": piece} for piece in pieces]
+        events.append({"id": message_id, "final": True})
+        # Compact JSON, as a gateway would send it.
+        frames = tuple(json.dumps(e, ensure_ascii=False, separators=(",", ":")) for e in events)
+        messages.append(Message(message_id, tuple(events), frames, "".join(pieces)))
+    return messages
 
 
 def client_frame(payload: bytes, opcode: int = TEXT) -> bytes:
@@ -54,66 +70,23 @@ def client_frame(payload: bytes, opcode: int = TEXT) -> bytes:
         header = bytes((0x80 | opcode, 0x80 | 126)) + size.to_bytes(2, "big")
     else:
         header = bytes((0x80 | opcode, 0x80 | 127)) + size.to_bytes(8, "big")
-    return header + ZERO_MASK + payload
+    return header + b"\x00\x00\x00\x00" + payload
 
 
-def client_frames(texts: Iterable[str]) -> bytes:
-    """Text frames for every string, concatenated: ready to write as they are."""
-    return b"".join(client_frame(text.encode()) for text in texts)
+def upgrade_request(port: int, target: str) -> tuple[ClientProtocol, bytes]:
+    """A client protocol for ``target`` (path and query) and its upgrade request's bytes."""
+    protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}{target}"))
+    protocol.send_request(protocol.connect())
+    return protocol, b"".join(protocol.data_to_send())
 
 
-def close_frame(code: int = 1000) -> bytes:
-    """A client close frame with ``code`` and no reason."""
-    return client_frame(code.to_bytes(2, "big"), CLOSE)
-
-
-def handshake_request(host: str, port: int, target: str) -> tuple[bytes, bytes]:
-    """The upgrade request for ``target`` (path and query) and the accept value it must get."""
-    key = base64.b64encode(os.urandom(16))
-    accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
-    request = (
-        f"GET {target} HTTP/1.1\r\n"
-        f"Host: {host}:{port}\r\n"
-        "Upgrade: websocket\r\n"
-        "Connection: Upgrade\r\n"
-        f"Sec-WebSocket-Key: {key.decode()}\r\n"
-        "Sec-WebSocket-Version: 13\r\n"
-        "\r\n"
-    ).encode()
-    return request, accept
-
-
-def check_response(head: bytes, accept: bytes, target: str) -> None:
-    """Fail unless ``head`` (the response up to its blank line) accepts the upgrade."""
-    status, _, rest = head.partition(b"\r\n")
-    if not status.startswith(b"HTTP/1.1 101"):
-        raise BenchError(f"upgrade of {target} refused: {status.decode(errors='replace')}")
-    for line in rest.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"sec-websocket-accept":
-            if value.strip() != accept:
-                raise BenchError(f"upgrade of {target}: wrong Sec-WebSocket-Accept")
-            return
-    raise BenchError(f"upgrade of {target}: no Sec-WebSocket-Accept")
-
-
-async def open_raw(
-    host: str, port: int, target: str, limit: int = 1 << 20
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A TCP connection upgraded to WebSocket by hand; frames are the caller's business."""
-    reader, writer = await asyncio.open_connection(host, port, limit=limit)
-    request, accept = handshake_request(host, port, target)
-    try:
-        writer.write(request)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_TIMEOUT)
-        check_response(head, accept, target)
-    except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        writer.close()
-        raise BenchError(f"upgrade of {target} on port {port} failed") from None
-    except BenchError:
-        writer.close()
-        raise
-    return reader, writer
+def check_upgrade(protocol: ClientProtocol, head: bytes, target: str) -> None:
+    """Fail unless ``head``, the response through its blank line (only it, so that the
+    protocol parses no frame), accepts the upgrade."""
+    protocol.receive_data(head)
+    if protocol.state is not State.OPEN:
+        reason = protocol.handshake_exc or head.partition(b"\r\n")[0].decode(errors="replace")
+        raise BenchError(f"upgrade of {target} refused: {reason}")
 
 
 class FrameParser:
@@ -129,26 +102,17 @@ class FrameParser:
         if self._pending:
             data = self._pending + data
         frames: list[tuple[int, bytes]] = []
-        position = 0
-        end = len(data)
+        position, end = 0, len(data)
         while end - position >= 2:
-            first = data[position]
-            size = data[position + 1]
-            if size & 0x80:
-                raise BenchError("the server sent a masked frame")
-            if not first & 0x80:
-                raise BenchError("the server sent a fragmented frame")
+            first, size = data[position], data[position + 1]
+            if size & 0x80 or not first & 0x80:
+                raise BenchError("the server sent a masked or fragmented frame")
             header = 2
-            if size == 126:
-                if end - position < 4:
+            if size >= 126:
+                header = 4 if size == 126 else 10
+                if end - position < header:
                     break
-                size = int.from_bytes(data[position + 2 : position + 4], "big")
-                header = 4
-            elif size == 127:
-                if end - position < 10:
-                    break
-                size = int.from_bytes(data[position + 2 : position + 10], "big")
-                header = 10
+                size = int.from_bytes(data[position + 2 : position + header], "big")
             stop = position + header + size
             if stop > end:
                 break
@@ -158,111 +122,105 @@ class FrameParser:
         return frames
 
 
-FrameHandler = Callable[["RawSubscriber", float, bytes], None]
-"""Called with the connection, the arrival time (``time.time()``) and a text frame's payload."""
+async def all_or_first_failure(*coroutines: Coroutine[Any, Any, None]) -> None:
+    """Run the coroutines together; on the first failure cancel the rest and re-raise it."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coroutine in coroutines:
+                group.create_task(coroutine)
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
 
 
-class RawSubscriber(asyncio.Protocol):
-    """One subscriber connection: handshake, then text frames to a callback; pings answered."""
+class RawProducer:
+    """A producer connection on an asyncio stream: pre-built bytes out, and a reader task
+    that counts acks (``acks`` frames one per entry, the no-op server's ``done N`` N) as they
+    come, skips ``session`` and fails on anything else."""
 
-    __slots__ = (
-        "_accept",
-        "_clock",
-        "_head",
-        "_on_frame",
-        "_on_lost",
-        "_parser",
-        "_request",
-        "_target",
-        "closed",
-        "lost_reason",
-        "opened",
-        "state",
-        "transport",
-    )
+    def __init__(self, port: int, channel: str, target: str = "") -> None:
+        self.port, self.channel, self.acks, self._target = port, channel, 0, 0
+        self.target = target or f"/produce?channel={quote(channel, safe='')}"
+        self.error: BenchError | None = None
+        self.last_ack = 0.0
+        """When the last ack came, ``time.perf_counter()``."""
+        self._reached = asyncio.Event()
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        target: str,
-        on_frame: FrameHandler,
-        clock: Callable[[], float],
-        on_lost: Callable[[RawSubscriber], None] | None = None,
-    ) -> None:
-        self._request, self._accept = handshake_request(host, port, target)
-        self._target = target
-        self._on_frame = on_frame
-        self._on_lost = on_lost
-        self._clock = clock
-        self._head = b""
-        self._parser: FrameParser | None = None
-        self.transport: asyncio.Transport | None = None
-        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closed = False
-        self.lost_reason: Exception | None = None
-        self.state: object = None
-        """Whatever the owner keeps per connection."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.write(self._request)
-
-    def data_received(self, data: bytes) -> None:
-        now = self._clock()
-        parser = self._parser
-        if parser is None:
-            head = self._head + data
-            end = head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(head) > MAX_RESPONSE_HEAD:
-                    self._fail(BenchError(f"upgrade of {self._target}: response too long"))
-                self._head = head
-                return
-            try:
-                check_response(head[:end], self._accept, self._target)
-            except BenchError as exc:
-                self._fail(exc)
-                return
-            self._head = b""
-            parser = self._parser = FrameParser()
-            self.opened.set_result(None)
-            data = head[end + 4 :]
-            if not data:
-                return
+    async def __aenter__(self) -> RawProducer:
+        """Connect to ``target``, by default ``/produce?channel=CHANNEL``."""
+        port, target = self.port, self.target
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        protocol, request = upgrade_request(port, target)
         try:
-            frames = parser.feed(data)
+            self.writer.write(request)
+            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 30)
+            check_upgrade(protocol, head, target)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            self.writer.close()
+            raise BenchError(f"upgrade of {target} on port {port} failed") from None
+        except BenchError:
+            self.writer.close()
+            raise
+        self._reading = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        parser, payload = FrameParser(), b""
+        try:
+            while data := await self.reader.read(CHUNK_BYTES):
+                for opcode, payload in parser.feed(data):
+                    if opcode == TEXT:
+                        self._count_acks(payload)
+            raise BenchError(f"producer connection closed after {self.acks} acks")
         except BenchError as exc:
-            self._fail(exc)
-            return
-        for opcode, payload in frames:
-            if opcode == TEXT:
-                self._on_frame(self, now, payload)
-            elif opcode == PING:
-                self.send(payload, PONG)
-            elif opcode == CLOSE:
-                self.closed = True
-                self.send(payload[:2], CLOSE)
-                if self.transport is not None:
-                    self.transport.close()
+            self.error = exc
+        except (ValueError, AttributeError, TypeError):
+            self.error = BenchError(f"the producer got a malformed frame: {payload[:300]!r}")
+        except OSError as exc:
+            self.error = BenchError(f"producer connection failed: {exc}")
+        self._reached.set()
 
-    def send(self, payload: bytes, opcode: int = TEXT) -> None:
-        """Write one frame, unless the connection is gone."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(client_frame(payload, opcode))
+    def _count_acks(self, payload: bytes) -> None:
+        if payload.startswith(b"done "):
+            self.acks = int(payload[5:])
+        elif (frame := json.loads(payload)).get("type") in ("ack", "acks"):
+            acks = [frame] if frame["type"] == "ack" else frame["acks"]
+            if any(ack.get("channel") != self.channel for ack in acks):
+                raise BenchError(f"an ack names another channel: {frame}")
+            self.acks += len(acks)
+        elif frame.get("type") != "session":
+            text = payload.decode(errors="replace")[:300]
+            raise BenchError(f"the relay answered with an error frame: {text}")
+        self.last_ack = time.perf_counter()
+        if self.acks >= self._target:
+            self._reached.set()
 
-    def _fail(self, exc: BenchError) -> None:
-        if not self.opened.done():
-            self.opened.set_exception(exc)
-        if self.transport is not None:
-            self.transport.abort()
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` in :data:`CHUNK_BYTES` chunks, waiting whenever the socket is full."""
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            if self.error:
+                raise self.error
+            self.writer.write(view[start : start + CHUNK_BYTES])
+            await self.writer.drain()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost_reason = exc
-        self.closed = True
-        self.transport = None
-        if not self.opened.done():
-            self.opened.set_exception(BenchError(f"{self._target}: connection lost in upgrade"))
-        elif self._on_lost is not None:
-            self._on_lost(self)
+    async def acked(self, count: int) -> None:
+        """Wait until ``count`` acks have come; fail as soon as the connection does."""
+        self._target = count
+        while self.acks < count:
+            if self.error:
+                raise self.error
+            self._reached.clear()
+            if self.acks < count:
+                await self._reached.wait()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Send a close frame and drop the connection."""
+        with contextlib.suppress(OSError, RuntimeError):
+            self.writer.write(client_frame((1000).to_bytes(2, "big"), CLOSE))
+            await asyncio.wait_for(self.writer.drain(), 1)
+        self._reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reading
+        self.writer.close()
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(self.writer.wait_closed(), 1)

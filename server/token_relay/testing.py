@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 LISTENING = re.compile(rb"listening on port (\d+):")
+WARNING = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
 LOG_LINES_KEPT = 500
@@ -131,7 +132,8 @@ class ServiceProcess:
     """``python -m MODULE --port 0 ARGS``, ready once it logs ``listening on port N:``.
 
     Its log (stderr) is read all along, so that a full pipe never blocks it; the last
-    :data:`LOG_LINES_KEPT` lines are kept.
+    :data:`LOG_LINES_KEPT` lines are kept, and apart from them the first
+    :data:`LOG_LINES_KEPT` warnings and errors, which a busy log would otherwise push out.
     """
 
     def __init__(self, module: str, *args: str, name: str | None = None) -> None:
@@ -141,6 +143,8 @@ class ServiceProcess:
         self.port = 0
         self.process: asyncio.subprocess.Process | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        self.warnings: list[str] = []
+        """Log lines at WARNING or above, and tracebacks, without their line ends."""
         self._reader: asyncio.Task[None] | None = None
 
     @property
@@ -184,7 +188,7 @@ class ServiceProcess:
                     line = await stderr.readline()
                     if not line:
                         raise RuntimeError(f"{self.name} exited before listening:\n{self.log}")
-                    self.lines.append(line.decode(errors="replace"))
+                    self._keep(line)
                     match = LISTENING.search(line)
                     if match:
                         self.port = int(match.group(1))
@@ -193,9 +197,15 @@ class ServiceProcess:
         self._reader = asyncio.create_task(self._read_log(stderr))
         return self
 
+    def _keep(self, line: bytes) -> None:
+        text = line.decode(errors="replace")
+        self.lines.append(text)
+        if WARNING.search(text) and len(self.warnings) < LOG_LINES_KEPT:
+            self.warnings.append(text.rstrip())
+
     async def _read_log(self, stderr: asyncio.StreamReader) -> None:
         while line := await stderr.readline():
-            self.lines.append(line.decode(errors="replace"))
+            self._keep(line)
 
     async def wait(self, timeout: float = STOP_TIMEOUT) -> int:  # noqa: ASYNC109
         """Wait for the process to exit and its log to be read; returns its exit code."""
