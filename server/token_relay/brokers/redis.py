@@ -518,7 +518,7 @@ class RedisBroker:
                 await self._dispatch()
             except asyncio.CancelledError:
                 raise
-            except (*_DOWN, redis_errors.RedisError) as exc:
+            except (*_DOWN, redis_errors.RedisError, BrokerUnavailable) as exc:
                 if self._listening or not had_outage:
                     log.warning("Redis unreachable (%s); retrying with backoff", exc)
                 self._listening = False
@@ -551,7 +551,7 @@ class RedisBroker:
             if message is None:
                 # A connection that went quiet may be dead without a reset: ask it.
                 if pinged is not None and now - pinged > PUBSUB_DEAD:
-                    raise redis_errors.ConnectionError("pub/sub connection stopped answering")
+                    raise BrokerUnavailable("the pub/sub connection stopped answering")
                 if pinged is None and now - heard > PUBSUB_QUIET:
                     await pubsub.ping()
                     pinged = now
