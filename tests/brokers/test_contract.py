@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from token_relay.brokers import Broker, CatchUp, FrameKind, LiveMessage, open_broker
+from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.events import Delta
 from token_relay.core.protocol import (
     Aborted,
@@ -29,6 +31,7 @@ class Recorder:
         self.cancels: list[tuple[str, str]] = []
         self.texts: dict[tuple[str, str], str] = {}
         self.restored = 0
+        self.refused: list[tuple[str, str, str]] = []
 
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         text = payload.decode() if isinstance(payload, bytes) else payload
@@ -36,6 +39,9 @@ class Recorder:
 
     def on_delta(self, channel: str, seq: int, delta: Delta) -> None:
         self.frames.append((channel, FrameKind.DELTA, seq, delta.render().decode()))
+
+    def on_claim_refused(self, channel: str, owner: str, message_id: str) -> None:
+        self.refused.append((channel, owner, message_id))
 
     def on_cancel(self, owner: str, payload: str | bytes) -> None:
         self.cancels.append((owner, payload.decode() if isinstance(payload, bytes) else payload))
@@ -178,10 +184,15 @@ async def test_catch_up_refuses_a_gap_older_than_history(broker: Broker) -> None
 async def test_catch_up_lists_messages_in_progress_with_their_text(broker: Broker) -> None:
     recorder = recorder_of(broker)
     broker.open("c", "inst.1", "m")
-    broker.open("c", "inst.2", "m")
-    for owner, delta in [("inst.1", "ab"), ("inst.2", "x"), ("inst.1", "c")]:
-        recorder.texts[(owner, "m")] = recorder.texts.get((owner, "m"), "") + delta
-        broker.delta("c", owner, "m", delta)
+    broker.open("c", "inst.2", "k")
+    for owner, message_id, delta in [
+        ("inst.1", "m", "ab"),
+        ("inst.2", "k", "x"),
+        ("inst.1", "m", "c"),
+    ]:
+        key = (owner, message_id)
+        recorder.texts[key] = recorder.texts.get(key, "") + delta
+        broker.delta("c", owner, message_id, delta)
     broker.open("other", "inst.1", "n")
     recorder.texts[("inst.1", "n")] = ""
 
@@ -194,11 +205,11 @@ async def test_catch_up_lists_messages_in_progress_with_their_text(broker: Broke
     )
     assert sorted(cut.live, key=lambda m: m.owner) == [
         LiveMessage("inst.1", "m", "abc"),
-        LiveMessage("inst.2", "m", "x"),
+        LiveMessage("inst.2", "k", "x"),
     ]
     await broker.terminal("c", "inst.1", "m", message_body("c", "m", "abc"))
     after = await broker.catch_up("c", None, True)
-    assert after.live == [LiveMessage("inst.2", "m", "x")]
+    assert after.live == [LiveMessage("inst.2", "k", "x")]
     assert (await broker.catch_up("c", None, False)).live == []
 
 
@@ -246,3 +257,27 @@ async def test_cancel_reaches_every_owner_of_the_message(broker: Broker) -> None
 async def test_broker_is_healthy_and_ready(broker: Broker) -> None:
     assert broker.healthy is True
     assert await broker.ready() is True
+
+
+async def test_one_live_owner_per_id_in_a_channel(broker: Broker) -> None:
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    assert broker.open("c", "inst.1", "m") is True
+    recorder.texts[("inst.1", "m")] = "mine"
+    broker.delta("c", "inst.1", "m", "mine")
+    claimed = broker.open("c", "inst.2", "m")
+    if claimed:  # settled later, in order with the deltas (Redis)
+        await until(lambda: recorder.refused == [("c", "inst.2", "m")])
+    else:
+        assert recorder.refused == []
+    broker.delta("c", "inst.2", "m", "theirs")  # dropped: not the holder
+    broker.open("d", "inst.2", "m")  # another channel: free
+    with pytest.raises(FrameRejected) as refused:
+        await broker.terminal("c", "inst.2", "m", message_body("c", "m", "theirs"))
+    assert refused.value.code is ErrorCode.ID_IN_USE
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "mine"))
+    await until(lambda: any(kind is FrameKind.TERMINAL for _, kind, _, _ in recorder.frames))
+    deltas = [frame for _, kind, _, frame in recorder.frames if kind is FrameKind.DELTA]
+    assert [json.loads(frame)["delta"] for frame in deltas] == ["mine"]
+    # Released with its terminal frame: the id is free again.
+    assert broker.open("c", "inst.2", "m") is True

@@ -265,3 +265,36 @@ async def test_workers_share_one_port_through_redis(redis_server: RedisServer) -
         assert await asyncio.wait_for(relay.process.wait(), 15) == 0
     finally:
         await relay.stop()
+
+
+async def test_one_live_owner_per_id_across_processes(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    watcher = await _subscribed(b.url, "channel=owned&deltas=1")
+    try:
+        async with (
+            open_producer(f"{a.url}/produce?channel=owned") as first,
+            open_producer(f"{b.url}/produce?channel=owned") as second,
+        ):
+            await send_json(first, {"id": "m", "delta": "first "})
+            assert (await recv_json(watcher))["delta"] == "first "
+            await send_json(second, {"id": "m", "delta": "second"})
+            refused = await recv_json(second)
+            assert (refused["type"], refused["code"], refused["id"]) == ("error", "id_in_use", "m")
+            await send_json(second, {"id": "m", "delta": "again", "final": True})
+            assert (await recv_json(second))["code"] == "id_in_use"
+            await send_json(first, {"id": "m", "delta": "wins", "final": True})
+            assert (await recv_json(first))["type"] == "ack"
+            assert await recv_json(watcher) == {
+                "type": "delta", "channel": "owned", "id": "m", "delta": "wins",
+            }  # fmt: skip
+            message = await recv_json(watcher)
+            assert (message["type"], message["text"]) == ("message", "first wins")
+            # The id is free again once its message ended.
+            await send_json(second, {"id": "m", "delta": "mine now", "final": True})
+            assert (await recv_json(second))["type"] == "ack"
+            assert (await recv_json(watcher))["delta"] == "mine now"
+            assert (await recv_json(watcher))["text"] == "mine now"
+    finally:
+        await watcher.close()

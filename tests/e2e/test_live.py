@@ -307,3 +307,25 @@ async def test_cancel_of_unknown_finished_or_unsubscribed_id_is_an_error(
         await send_json(sub, {"type": "cancel", "channel": "other", "id": "x"})
         assert (await recv_json(sub))["code"] == "not_subscribed"
         await assert_silent(producer, 0.1)
+
+
+async def test_an_id_in_progress_for_another_producer_is_refused(relay: RunningRelay) -> None:
+    async with (
+        relay.connect("/subscribe?channel=c&deltas=1") as sub,
+        relay.connect("/produce?channel=c") as first,
+        relay.connect("/produce?channel=c") as second,
+    ):
+        await recv_json(sub)
+        await send_json(first, {"id": "m", "delta": "A0 "})
+        await send_json(second, {"id": "m", "delta": "B0 "})
+        refused = await recv_json(second)
+        assert (refused["code"], refused["id"]) == ("id_in_use", "m")
+        await send_json(second, [{"id": "ok", "delta": "x"}, {"id": "m", "final": True}])
+        batch_refusal = await recv_json(second)
+        assert (batch_refusal["code"], batch_refusal["index"]) == ("id_in_use", 1)
+        await send_json(first, {"id": "m", "delta": "A1", "final": True})
+        frames = [await recv_json(sub) for _ in range(4)]
+        assert [(f["type"], f["id"]) for f in frames] == [
+            ("delta", "m"), ("delta", "ok"), ("delta", "m"), ("message", "m"),
+        ]  # fmt: skip
+        assert frames[3]["text"] == "A0 A1"

@@ -71,6 +71,9 @@ class BrokerListener(Protocol):
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """``(channel, owner, id)`` of every message in progress on this process's producers."""
 
+    def on_claim_refused(self, channel: str, owner: str, message_id: str) -> None:
+        """Another owner held the id in the channel: the local owner's message is void."""
+
     def on_restored(self) -> None:
         """The broker came back after an outage: events may have been missed meanwhile."""
 
@@ -94,8 +97,15 @@ class Broker(Protocol):
     async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
         """Receive (or stop receiving) a channel's terminal frames and its deltas."""
 
-    def open(self, channel: str, owner: str, message_id: str) -> None:
-        """A message opened. Ordered after earlier calls for the same owner."""
+    def open(self, channel: str, owner: str, message_id: str) -> bool:
+        """A message opened: claim its id in the channel for ``owner``.
+
+        False if another owner holds the id there right now. A broker that can only
+        settle the claim later answers True and reports a refusal through
+        :meth:`BrokerListener.on_claim_refused`; until then, and after, it publishes
+        nothing of the message if the claim failed. Ordered after earlier calls for
+        the same owner.
+        """
 
     def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
         """A non-empty delta. Ordered after earlier calls for the same owner; never waits."""
@@ -103,7 +113,9 @@ class Broker(Protocol):
     async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         """Give a terminal frame its offset, record and publish it; returns the full frame.
 
-        ``body`` is the frame serialized without ``offset`` and ``epoch``.
+        ``body`` is the frame serialized without ``offset`` and ``epoch``. Raises
+        ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
+        holds the id in the channel.
         """
 
     def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from ..core.errors import id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import HistoryStore
 from ..core.inflight import InflightIndex
@@ -50,12 +51,19 @@ class MemoryBroker:
     async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
         """Nothing to do: every event is handed to the listener, which filters locally."""
 
-    def open(self, channel: str, owner: str, message_id: str) -> None:
-        """Index the message for snapshots and cancel."""
+    def open(self, channel: str, owner: str, message_id: str) -> bool:
+        """Claim the id and index the message for snapshots and cancel."""
+        holder = self.inflight.holder(channel, message_id)
+        if holder is not None and holder != owner:
+            return False
         self.inflight.add(channel, owner, message_id)
+        return True
 
     def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
         """Hand the delta frame straight to the listener, built only if someone wants it."""
+        holder = self.inflight.holder(channel, message_id)
+        if holder is not None and holder != owner:
+            return  # another owner holds the id in this channel: nothing of this is published
         self._seq += 1
         listener = self._listener
         if listener is not None and listener.wants_deltas(channel):
@@ -70,6 +78,9 @@ class MemoryBroker:
         self._terminal(channel, owner, message_id, body)
 
     def _terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+        holder = self.inflight.holder(channel, message_id)
+        if holder is not None and holder != owner:
+            raise id_in_use(channel, message_id)
         self.inflight.remove(channel, owner, message_id)
         payload = self.history.record(
             channel, time.monotonic(), lambda offset, epoch: with_position(body, offset, epoch)

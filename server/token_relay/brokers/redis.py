@@ -60,12 +60,13 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from ..core.errors import BrokerUnavailable
+from ..core.errors import BrokerUnavailable, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import judge_replay, new_epoch
 from ..core.protocol import Snapshot, encode
 from ..core.settings import Settings
 from . import BrokerListener
+from .redis_scripts import SCRIPTS
 
 __all__ = ["RedisBroker"]
 
@@ -93,84 +94,6 @@ PUBSUB_DEAD = 5.0
 """Seconds a pub/sub ping may go unanswered before the connection is replaced."""
 _DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
-_OPEN = """
-redis.call('SADD', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('SET', KEYS[2], '', 'EX', ARGV[2])
-return 1
-"""
-
-_DELTA = """
-redis.call('APPEND', KEYS[3], ARGV[1])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
-local seq = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
-redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
-return seq
-"""
-
-_RESYNC = """
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
-local seq = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('PUBLISH', KEYS[4], 's|' .. seq .. '|' .. ARGV[3])
-return seq
-"""
-
-_TERMINAL = """
-local epoch = redis.call('GET', KEYS[1])
-if not epoch then
-  epoch = ARGV[2]
-  redis.call('DEL', KEYS[2], KEYS[4])
-end
-redis.call('SET', KEYS[1], epoch, 'EX', ARGV[7])
-local offset = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[7])
-local seq = redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], ARGV[7])
-local frame = string.sub(ARGV[1], 1, -2) .. ',"offset":' .. offset .. ',"epoch":"' .. epoch .. '"}'
-redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[3], offset .. '-0', 't', ARGV[4], 'f', frame)
-redis.call('EXPIRE', KEYS[4], ARGV[6])
-redis.call('SREM', KEYS[5], ARGV[5])
-redis.call('DEL', KEYS[6])
-redis.call('PUBLISH', KEYS[7], 't|' .. seq .. '|' .. frame)
-return frame
-"""
-
-_CATCH_UP = """
-local epoch = redis.call('GET', KEYS[1])
-if not epoch then
-  epoch = ARGV[2]
-  redis.call('SET', KEYS[1], epoch, 'EX', ARGV[4])
-  redis.call('DEL', KEYS[2], KEYS[4])
-end
-local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
-local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
-local since = tonumber(ARGV[1])
-local entries = {}
-if since >= 0 and since < offset then
-  entries = redis.call('XRANGE', KEYS[4], (since + 1) .. '-0', '+')
-end
-local live = {}
-if ARGV[3] == '1' then
-  for _, member in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-    local text = redis.call('GET', ARGV[5] .. member)
-    if text then
-      table.insert(live, member)
-      table.insert(live, text)
-    else
-      redis.call('SREM', KEYS[5], member)
-    end
-  end
-end
-return {epoch, offset, seq, entries, live}
-"""
-
-_SCRIPTS = {"open": _OPEN, "delta": _DELTA, "resync": _RESYNC, "terminal": _TERMINAL}
-
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -190,6 +113,8 @@ class _Write:
     """(channel, owner, id) of a delta, so a failed one marks its message for a resync."""
     deferred: tuple[str, str, str, str] | None = None
     """A terminal frame from the outbox: put back if it fails."""
+    claim: tuple[str, str, str] | None = None
+    """(channel, owner, id) of an open, so a refused claim is reported."""
 
 
 class RedisBroker:
@@ -301,17 +226,24 @@ class RedisBroker:
 
     # ------------------------------------------------------------------ events out
 
-    def open(self, channel: str, owner: str, message_id: str) -> None:
-        """Register the message as in progress, with empty text."""
+    def open(self, channel: str, owner: str, message_id: str) -> bool:
+        """Claim the id and register the message as in progress, with empty text.
+
+        Always True here: the claim is settled in Redis, in order with the message's
+        deltas (which are dropped there if the claim failed), and a refused claim is
+        reported to :meth:`BrokerListener.on_claim_refused`.
+        """
         member = f"{owner}|{message_id}"
         self._enqueue(
             _Write(
                 "open",
-                [_key("live", channel), _key("text", member)],
-                [member, self._text_ttl, KEY_TTL],
+                [_key("live", channel), _key("text", member), _key("own", channel)],
+                [member, self._text_ttl, KEY_TTL, message_id, owner],
+                claim=(channel, owner, message_id),
             ),
             (channel, owner, message_id),
         )
+        return True
 
     def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
         """Append to the message's text in Redis and publish the delta frame."""
@@ -328,8 +260,9 @@ class RedisBroker:
                     _key("live", channel),
                     _key("text", member),
                     _key("d", channel),
+                    _key("own", channel),
                 ],
-                [delta, message_id, self._text_ttl, KEY_TTL],
+                [delta, message_id, self._text_ttl, KEY_TTL, owner],
                 message=target,
             ),
             target,
@@ -349,6 +282,7 @@ class RedisBroker:
                 _key("live", channel),
                 _key("text", member),
                 _key("m", channel),
+                _key("own", channel),
             ],
             [
                 body,
@@ -358,6 +292,8 @@ class RedisBroker:
                 member,
                 max(1, int(self.settings.history_ttl)),
                 KEY_TTL,
+                message_id,
+                owner,
             ],
             done,
         )
@@ -369,8 +305,10 @@ class RedisBroker:
         if not self.healthy or self._queue.full():
             raise BrokerUnavailable("Redis is unreachable")
         self._queue.put_nowait(write)
-        frame: bytes = await done
+        frame: bytes | int = await done
         self._dirty.discard((channel, owner, message_id))
+        if isinstance(frame, int):
+            raise id_in_use(channel, message_id)
         return frame.decode()
 
     def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
@@ -464,6 +402,7 @@ class RedisBroker:
                 _key("seq", channel),
                 _key("history", channel),
                 _key("live", channel),
+                _key("own", channel),
             ],
             [
                 -1 if since is None else since[0],
@@ -609,6 +548,8 @@ class RedisBroker:
                 failed = isinstance(result, Exception)
                 if failed and write.message is not None:
                     self._dirty.add(write.message)
+                if write.claim is not None and result == 0 and self._listener is not None:
+                    self._listener.on_claim_refused(*write.claim)
                 if write.done is not None and not write.done.done():
                     if failed:
                         write.done.set_exception(BrokerUnavailable(str(result)))
@@ -642,7 +583,7 @@ class RedisBroker:
 
     async def _load_scripts(self) -> None:
         redis = self._client()
-        for name, source in {**_SCRIPTS, "catch_up": _CATCH_UP}.items():
+        for name, source in SCRIPTS.items():
             self._shas[name] = await redis.script_load(source)
 
     async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
@@ -704,8 +645,9 @@ class RedisBroker:
                     _key("live", channel),
                     _key("text", member),
                     _key("d", channel),
+                    _key("own", channel),
                 ],
-                [member, text, snapshot, self._text_ttl, KEY_TTL],
+                [member, text, snapshot, self._text_ttl, KEY_TTL, message_id, owner],
                 message=(channel, owner, message_id),
             )
         )

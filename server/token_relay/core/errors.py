@@ -52,6 +52,7 @@ __all__ = [
     "UsageError",
     "binary_rejected",
     "broker_rejected",
+    "id_in_use",
 ]
 
 
@@ -75,6 +76,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     MESSAGE_TOO_LARGE = "message_too_large"
     SEQ_GAP = "seq_gap"
+    ID_IN_USE = "id_in_use"
 
 
 class Blame(StrEnum):
@@ -163,6 +165,16 @@ def binary_rejected() -> FrameRejected:
     """A binary frame: the protocol is JSON text."""
     return FrameRejected(
         ErrorCode.BINARY_NOT_SUPPORTED, "binary frames are not supported; send JSON text frames"
+    )
+
+
+def id_in_use(channel: str, message_id: str) -> FrameRejected:
+    """Another producer is streaming a message with this id in this channel."""
+    return FrameRejected(
+        ErrorCode.ID_IN_USE,
+        f"message '{message_id}' is in progress on channel '{channel}' from another producer; "
+        "use another id",
+        message_id,
     )
 
 

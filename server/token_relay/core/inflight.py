@@ -23,14 +23,16 @@ OwnerT = TypeVar("OwnerT", bound=Hashable)
 class InflightIndex(Generic[OwnerT]):
     """Messages in progress, by channel, in the order they opened."""
 
-    __slots__ = ("_by_channel",)
+    __slots__ = ("_by_channel", "_holders")
 
     def __init__(self) -> None:
         self._by_channel: dict[str, dict[tuple[OwnerT, str], None]] = {}
+        self._holders: dict[tuple[str, str], OwnerT] = {}
 
     def add(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Record that ``owner`` opened ``message_id`` on ``channel``."""
         self._by_channel.setdefault(channel, {})[(owner, message_id)] = None
+        self._holders.setdefault((channel, message_id), owner)
 
     def remove(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Forget a message that completed or was aborted."""
@@ -38,8 +40,14 @@ class InflightIndex(Generic[OwnerT]):
         if entries is None:
             return
         entries.pop((owner, message_id), None)
+        if self._holders.get((channel, message_id)) == owner:
+            del self._holders[(channel, message_id)]
         if not entries:
             del self._by_channel[channel]
+
+    def holder(self, channel: str, message_id: str) -> OwnerT | None:
+        """The first owner that opened ``message_id`` on ``channel`` and still has it."""
+        return self._holders.get((channel, message_id))
 
     def in_channel(self, channel: str) -> list[tuple[OwnerT, str]]:
         """``(owner, message_id)`` of every message in progress on ``channel``, oldest first."""

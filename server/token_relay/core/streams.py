@@ -326,6 +326,17 @@ class MessageStreams:
         """``(id, channel)`` of every unfinished message, oldest first."""
         return [(message_id, state.channel) for message_id, state in self._streaming.items()]
 
+    def withdraw(self, message_id: str) -> None:
+        """Forget a message as if it had never been seen (its id was another's to use).
+
+        Not an abort: nothing was published of it, and the id is unknown again.
+        """
+        if self._streaming.pop(message_id, None) is not None:
+            self.assembler.discard(message_id)
+        elif self._completed.pop(message_id, None) is not None:
+            self._final_seq.pop(message_id, None)
+            self.assembler.forget(message_id)
+
     def completed_channel(self, message_id: str) -> str | None:
         """The channel of a completed message still remembered, or None."""
         return self._completed.get(message_id)

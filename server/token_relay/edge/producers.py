@@ -35,6 +35,7 @@ from ..core.errors import (
     FrameRejected,
     binary_rejected,
     broker_rejected,
+    id_in_use,
 )
 from ..core.events import Payload
 from ..core.grants import Grant
@@ -146,7 +147,9 @@ class ProducerEndpoint:
                 await self._abort(session.owner, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE)
                 continue
             if applied.text is not None:
-                ack = await self._complete(connection, session, applied, now)
+                ack = await self._complete(
+                    connection, session, applied, now, index if batch else None
+                )
                 if ack is not None:
                     acks.append(ack)
         if acks:
@@ -176,8 +179,16 @@ class ProducerEndpoint:
             applied.rejection.index = index
             self.reject_now(connection, applied.rejection)
             return applied
-        if applied.opened and applied.text is None:
-            self.broker.open(applied.channel, session.owner, applied.message_id)
+        if (
+            applied.opened
+            and applied.text is None
+            and not self.broker.open(applied.channel, session.owner, applied.message_id)
+        ):
+            session.streams.withdraw(applied.message_id)
+            refusal = id_in_use(applied.channel, applied.message_id)
+            refusal.index = index
+            self.reject_now(connection, refusal)
+            return None
         if applied.delta:
             self.broker.delta(applied.channel, session.owner, applied.message_id, applied.delta)
             if applied.delta_wait is not None:
@@ -187,7 +198,12 @@ class ProducerEndpoint:
         return applied
 
     async def _complete(
-        self, connection: ServerConnection, session: Session, applied: Applied, now: float
+        self,
+        connection: ServerConnection,
+        session: Session,
+        applied: Applied,
+        now: float,
+        index: int | None,
     ) -> tuple[str, str, bool] | None:
         """Publish a message its final completed; returns ``(channel, id, duplicate)`` to ack."""
         channel, message_id, text = applied.channel, applied.message_id, applied.text
@@ -196,6 +212,9 @@ class ProducerEndpoint:
             try:
                 await self._publish(session, channel, message_id, text)
             except FrameRejected as exc:
+                if exc.code is ErrorCode.ID_IN_USE:
+                    session.streams.withdraw(message_id)
+                exc.index = index
                 self.reject_now(connection, exc)
                 return None
             self.metrics.completed.inc()
@@ -301,6 +320,15 @@ class ProducerEndpoint:
             session.cancels.append(payload)  # parked: delivered when it resumes
         else:
             self.writer.send((session.connection,), payload)
+
+    def claim_refused(self, channel: str, owner: str, message_id: str) -> None:
+        """The broker found the id held by another producer: void the local message."""
+        session = self.sessions.by_owner.get(owner)
+        if session is None or session.streams.channel_of(message_id) != channel:
+            return
+        session.streams.withdraw(message_id)
+        if session.connection is not None:
+            self.reject_now(session.connection, id_in_use(channel, message_id))
 
     def partial(self, owner: str, message_id: str) -> str | None:
         """The text so far of a local producer's message."""

@@ -284,6 +284,10 @@ class Relay:
         """Every message in progress on this process's producers."""
         return self.producers.owned_messages()
 
+    def on_claim_refused(self, channel: str, owner: str, message_id: str) -> None:
+        """Another producer held the id in the channel: void the local producer's message."""
+        self.producers.claim_refused(channel, owner, message_id)
+
     def on_restored(self) -> None:
         """Events may have been missed during a broker outage: have subscribers resume."""
         closed = self.subscribers.resume_everyone()
