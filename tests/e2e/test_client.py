@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
+from token_relay.core.errors import HandshakeRefused
 from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
 
-from ..conftest import RunningRelay, recv_json, start_relay
+from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
 from .proxy import Proxy
 
 
@@ -62,19 +64,73 @@ async def test_producer_streams_several_messages_and_hears_cancels(relay: Runnin
         assert set(texts) == {"a", "b"}
 
 
-async def test_finish_fails_when_the_session_expired_meanwhile() -> None:
+async def test_a_message_whose_session_expired_is_sent_again_whole() -> None:
     running, relay = await start_relay(session_grace=0.2)
     async with (
         relay,
         Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c") as sub,
         RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
     ):
-        await producer.send("m", "doomed")
+        await recv_json(sub)
+        await producer.send("m", "first half, ")
         await asyncio.sleep(0.05)
         proxy.cut()
+        await producer.send("m", "second half")  # queued while the relay forgets us
+        ack = await asyncio.wait_for(producer.finish("m"), 10)
+        assert ack.id == "m"
+        aborted, message = await recv_core(sub), await recv_core(sub)
+        assert (aborted["type"], aborted["text"]) == ("aborted", "first half, ")
+        # Never the second half alone: the whole message, from its first delta.
+        assert (message["type"], message["text"]) == ("message", "first half, second half")
+
+
+async def test_a_message_the_relay_cannot_take_again_fails_by_name() -> None:
+    running, relay = await start_relay(session_grace=0)
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/produce?channel=c") as rival,
+        RelayProducer(proxy.url, channel="c", backoff=(0.4, 0.4)) as producer,
+    ):
+        await producer.send("m", "mine")
+        await asyncio.sleep(0.05)
+        proxy.cut()
+        await asyncio.sleep(0.1)  # no grace: the message is aborted, the id is free...
+        await send_json(rival, {"id": "m", "delta": "taken"})  # ...and taken
         with pytest.raises(MessageFailed) as failed:
             await asyncio.wait_for(producer.finish("m"), 10)
-        assert failed.value.code == "message_aborted"
+        assert (failed.value.message_id, failed.value.code) == ("m", "id_in_use")
+        with pytest.raises(MessageFailed):
+            await producer.send("m", " and more")  # never sent alone
+
+
+async def test_a_refused_handshake_raises_at_once() -> None:
+    running, relay = await start_relay(secret="a-secret-that-is-long-enough-for-hs256")
+    async with relay:
+        with pytest.raises(HandshakeRefused) as refused:
+            await asyncio.wait_for(RelayProducer(running.url, channel="c").__aenter__(), 5)
+        assert refused.value.status == 401
+        subscriber = RelaySubscriber(running.url, ["c"])
+        with pytest.raises(HandshakeRefused):
+            await asyncio.wait_for(subscriber.__aenter__(), 5)
+        await subscriber.close()
+
+
+async def test_a_message_of_the_maximum_size_reaches_the_subscriber_once() -> None:
+    running, relay = await start_relay(max_frame_bytes=8 << 20)
+    text = '"\\\n' * (1 << 18)  # 1 MiB of characters that JSON escapes: a ~2.5 MiB frame
+    async with (
+        relay,
+        running.connect("/produce?channel=c", max_size=None) as producer,
+        RelaySubscriber(running.url, ["c"], deltas=False) as feed,
+    ):
+        iterator = aiter(feed)
+        assert isinstance(await asyncio.wait_for(anext(iterator), 5), Subscribed)
+        await producer.send(json.dumps({"id": "big", "delta": text, "final": True}))
+        frame = await asyncio.wait_for(anext(iterator), 10)
+        assert isinstance(frame, MessageFrame) and frame.text == text
+        assert feed.reconnects == 0
 
 
 async def test_subscriber_resumes_after_a_cut_without_gaps_or_duplicates() -> None:

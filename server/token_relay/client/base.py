@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 from urllib.parse import urlencode
 
-__all__ = ["Background", "Backoff", "relay_url"]
+from ..core.errors import RelayError
+
+__all__ = ["PERMANENT", "STABLE_AFTER", "Background", "Backoff", "relay_url"]
 
 
 def relay_url(base: str, path: str, **params: str | None) -> str:
@@ -19,15 +22,38 @@ def relay_url(base: str, path: str, **params: str | None) -> str:
     return f"{base.rstrip('/')}{path}" + (f"?{query}" if query else "")
 
 
+STABLE_AFTER = 5.0
+"""Seconds a connection must stay up before the backoff starts again from its first delay."""
+
+PERMANENT = frozenset({401, 403, 404})
+"""Handshake statuses that retrying cannot change."""
+
+
 class Backoff:
-    """Exponential backoff with jitter: half the delay, plus up to half again at random."""
+    """Exponential backoff with jitter: half the delay, plus up to half again at random.
+
+    It starts again from the first delay only once a connection has stayed up for
+    :data:`STABLE_AFTER` seconds, so a connection that is dropped at once (a frame
+    too big for the client, a proxy that cuts it) does not make a tight loop.
+    """
 
     def __init__(self, initial: float, ceiling: float) -> None:
         self.initial, self.ceiling, self.attempt = initial, ceiling, 0
+        self._since: float | None = None
 
     def reset(self) -> None:
         """Start again from the initial delay."""
         self.attempt = 0
+
+    def connected(self) -> None:
+        """A connection opened: note when."""
+        self._since = time.monotonic()
+
+    def lost(self) -> None:
+        """A connection ended: if it had stayed up long enough, start again from the first delay."""
+        if self._since is not None and time.monotonic() - self._since >= STABLE_AFTER:
+            self.attempt = 0
+        self._since = None
 
     async def wait(self) -> None:
         """Sleep for the next delay."""
@@ -43,14 +69,32 @@ class Background(ABC):
 
     def __init__(self) -> None:
         self._started = asyncio.Event()
+        self._fatal: BaseException | None = None
 
     @abstractmethod
     async def _run(self) -> None:
         """Connect, serve, and reconnect after each drop, until cancelled."""
 
+    async def _guarded(self) -> None:
+        try:
+            await self._run()
+        except RelayError as exc:
+            self._fatal = exc  # a refusal for good: every waiter raises it
+            self._started.set()
+            self._on_fatal(exc)
+
+    @abstractmethod
+    def _on_fatal(self, exc: BaseException) -> None:
+        """Wake whatever waits on the connection with ``exc``."""
+
+    def _raise_if_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+
     async def __aenter__(self) -> Self:
-        self._runner = asyncio.create_task(self._run())
+        self._runner = asyncio.create_task(self._guarded())
         await asyncio.wait_for(self._started.wait(), 30)
+        self._raise_if_fatal()
         return self
 
     async def __aexit__(

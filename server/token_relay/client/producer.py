@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ from pydantic import MISSING
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError
+from ..core.errors import ErrorCode, HandshakeRefused, MessageFailed, RelayProtocolError
 from ..core.protocol import (
     SERVER_FRAME,
     Ack,
@@ -23,7 +24,7 @@ from ..core.protocol import (
     ProducerEvent,
     SessionFrame,
 )
-from .base import Background, Backoff, relay_url
+from .base import PERMANENT, Background, Backoff, relay_url
 
 __all__ = ["RelayProducer"]
 
@@ -31,6 +32,9 @@ log = logging.getLogger("token_relay.client")
 
 RESEND_BATCH = 500
 """Events per frame when sending buffered events again after a reconnect."""
+
+MAX_FAILED = 10_000
+"""Failed message ids remembered, so a later event for one raises instead of starting anew."""
 
 RETRY_DELAY = 0.25
 """Seconds before sending again what the relay refused for now (rate limit, broker down)."""
@@ -65,6 +69,8 @@ class RelayProducer(Background):
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
         self._retrying: set[str] = set()
+        self._failed: collections.OrderedDict[str, MessageFailed] = collections.OrderedDict()
+        """Ids the relay gave up, most recent last (bounded): their events raise again."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
@@ -81,11 +87,19 @@ class RelayProducer(Background):
                 future.cancel()
 
     async def send(self, message_id: str, delta: str, *, channel: str | None = None) -> None:
-        """Append ``delta`` to a message; returns once it is buffered and sent (or queued)."""
+        """Append ``delta`` to a message; returns once it is buffered and sent (or queued).
+
+        Raises :class:`MessageFailed` if the relay already gave this message up: a later
+        part of it is never sent alone, so no subscriber sees a message missing its start.
+        """
         await self._submit(message_id, delta, final=False, channel=channel)
 
     async def finish(self, message_id: str, *, channel: str | None = None) -> Ack:
-        """Complete a message and wait for the relay's acknowledgement."""
+        """Complete a message and wait for the relay's acknowledgement.
+
+        Raises :class:`MessageFailed` naming the id if the relay gave the message up.
+        """
+        self._check(message_id)
         future = self._acks.get(message_id)
         if future is None or future.done():
             future = self._acks[message_id] = asyncio.get_running_loop().create_future()
@@ -99,9 +113,21 @@ class RelayProducer(Background):
 
     # ------------------------------------------------------------------ internals
 
+    def _check(self, message_id: str) -> None:
+        self._raise_if_fatal()
+        failed = self._failed.get(message_id)
+        if failed is not None:
+            raise failed
+
+    def _on_fatal(self, exc: BaseException) -> None:
+        for future in self._acks.values():
+            if not future.done():
+                future.set_exception(exc)
+
     async def _submit(
         self, message_id: str, delta: str | None, *, final: bool, channel: str | None
     ) -> None:
+        self._check(message_id)
         async with self._room:
             await self._room.wait_for(lambda: self._buffered < self.max_unacked)
             seq = self._seq.get(message_id, 0) + 1
@@ -139,7 +165,9 @@ class RelayProducer(Background):
                         session=self.session,
                     ),
                     max_queue=None,
+                    max_size=None,
                 ) as ws:
+                    self._backoff.connected()
                     hello = SERVER_FRAME.validate_json(await ws.recv())
                     if not isinstance(hello, SessionFrame):
                         raise RelayProtocolError(f"expected a session frame, got {hello!r}")
@@ -148,22 +176,28 @@ class RelayProducer(Background):
                         await self._handle(SERVER_FRAME.validate_json(raw))
             except asyncio.CancelledError:
                 raise
-            except (OSError, ConnectionClosed, InvalidStatus, TimeoutError) as exc:
+            except InvalidStatus as exc:
+                if exc.response.status_code in PERMANENT:
+                    raise HandshakeRefused(exc.response.status_code, self.url) from None
+                log.info("producer connection refused (%s); retrying", exc)
+            except (OSError, ConnectionClosed, TimeoutError) as exc:
                 log.info("producer connection lost (%s); reconnecting", exc)
             async with self._lock:
                 self._ws = None
+            self._backoff.lost()
             self.reconnects += 1
             await self._backoff.wait()
 
     async def _start(self, ws: ClientConnection, hello: SessionFrame) -> None:
-        lost_state = self.session is not None and not hello.resumed
+        if self.session is not None and not hello.resumed and self._unacked:
+            # The relay no longer has our session: every unacknowledged message is sent
+            # again whole, from seq 1, under its own id; a message the relay cannot take
+            # again fails (finish raises MessageFailed) rather than arrive cut.
+            log.warning(
+                "relay session not resumed: sending %d messages again from the start",
+                len(self._unacked),
+            )
         self.session = hello.session
-        self._backoff.reset()
-        if lost_state:
-            # The relay no longer has our messages (the grace ran out): they were aborted.
-            for message_id in list(self._unacked):
-                self._fail(message_id, ErrorCode.MESSAGE_ABORTED, "the relay session expired")
-                await self._release(message_id)
         async with self._lock:
             pending = [frame for frames in self._unacked.values() for frame in frames]
             for start in range(0, len(pending), RESEND_BATCH):
@@ -229,9 +263,13 @@ class RelayProducer(Background):
         await self._release(message_id)
 
     def _fail(self, message_id: str, code: str, reason: str) -> None:
+        failure = MessageFailed(message_id, code, reason)
+        self._failed[message_id] = failure
+        while len(self._failed) > MAX_FAILED:
+            self._failed.popitem(last=False)
         future = self._acks.pop(message_id, None)
         if future is not None and not future.done():
-            future.set_exception(MessageFailed(message_id, code, reason))
+            future.set_exception(failure)
 
     async def _resend_from(self, message_id: str, seq: int, *, batch: bool = True) -> None:
         frames = self._unacked.get(message_id, [])[seq - 1 :]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -11,6 +12,7 @@ from pydantic import MISSING
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from ..core.errors import HandshakeRefused
 from ..core.protocol import (
     SERVER_FRAME,
     Aborted,
@@ -23,7 +25,7 @@ from ..core.protocol import (
     Subscribed,
     encode,
 )
-from .base import Background, Backoff, relay_url
+from .base import PERMANENT, Background, Backoff, relay_url
 
 __all__ = ["RelaySubscriber"]
 
@@ -54,14 +56,22 @@ class RelaySubscriber(Background):
         self.partials: dict[tuple[str, str], str] = {}
         """Text so far of messages in progress, by ``(channel, id)``."""
         self._backoff = Backoff(*backoff)
-        self._frames: asyncio.Queue[AnyServerFrame] = asyncio.Queue(max_queue)
+        self._frames: asyncio.Queue[AnyServerFrame | None] = asyncio.Queue(max_queue)
 
     def __aiter__(self) -> AsyncIterator[AnyServerFrame]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[AnyServerFrame]:
         while True:
-            yield await self._frames.get()
+            frame = await self._frames.get()
+            if frame is None:  # refused for good
+                self._raise_if_fatal()
+                continue
+            yield frame
+
+    def _on_fatal(self, exc: BaseException) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self._frames.put_nowait(None)
 
     def text(self, channel: str, message_id: str) -> str | None:
         """The text so far of a message in progress."""
@@ -70,12 +80,16 @@ class RelaySubscriber(Background):
     async def _run(self) -> None:
         while True:
             try:
+                # No frame size limit: a completed message of --max-message-chars characters
+                # is one frame of up to 6 bytes per character (JSON escapes).
                 async with connect(
-                    relay_url(self.url, "/subscribe", token=self.token), max_queue=None
+                    relay_url(self.url, "/subscribe", token=self.token),
+                    max_queue=None,
+                    max_size=None,
                 ) as ws:
+                    self._backoff.connected()
                     for channel in self.channels:
                         await ws.send(encode(self._subscribe(channel)))
-                    self._backoff.reset()
                     self._started.set()
                     async for raw in ws:
                         frame = SERVER_FRAME.validate_json(raw)
@@ -83,8 +97,13 @@ class RelaySubscriber(Background):
                             await self._frames.put(frame)
             except asyncio.CancelledError:
                 raise
-            except (OSError, ConnectionClosed, InvalidStatus, TimeoutError) as exc:
+            except InvalidStatus as exc:
+                if exc.response.status_code in PERMANENT:
+                    raise HandshakeRefused(exc.response.status_code, self.url) from None
+                log.info("subscriber connection refused (%s); retrying", exc)
+            except (OSError, ConnectionClosed, TimeoutError) as exc:
                 log.info("subscriber connection lost (%s); resuming", exc)
+            self._backoff.lost()
             self.reconnects += 1
             await self._backoff.wait()
 

@@ -12,7 +12,9 @@ The tree::
     │   │                           answers it with an ``error`` frame and keeps serving
     │   ├── InvalidToken            a connection token is missing, malformed, badly
     │   │                           signed or expired; the handshake gets 401
-    │   └── RelayProtocolError      (client) the relay sent what the protocol rules out
+    │   ├── RelayProtocolError      (client) the relay sent what the protocol rules out
+    │   └── HandshakeRefused        (client) the relay refused the connection for good
+    │                               (HTTP 401, 403 or 404): retrying would not help
     ├── MessageFailed               PEER: (client) the relay gave a message up for good
     │                               (aborted, refused); ``code`` is the error code
     └── BrokerUnavailable           WORLD: the shared broker can't be reached; what was
@@ -44,6 +46,7 @@ __all__ = [
     "ConfigError",
     "ErrorCode",
     "FrameRejected",
+    "HandshakeRefused",
     "InvalidToken",
     "MessageFailed",
     "PeerError",
@@ -142,6 +145,14 @@ class InvalidToken(PeerError):
 
 class RelayProtocolError(PeerError):
     """(Client side) the relay sent a frame the protocol does not allow there."""
+
+
+class HandshakeRefused(PeerError):
+    """(Client side) the relay refused the connection with a status retrying won't change."""
+
+    def __init__(self, status: int, url: str) -> None:
+        super().__init__(f"the relay refused the connection to {url} with HTTP {status}")
+        self.status = status
 
 
 class MessageFailed(RelayError):
