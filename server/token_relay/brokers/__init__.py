@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 from ..core.errors import ConfigError
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage, Payload
+from ..core.sessions import SessionState
 from ..core.settings import Settings
 
 __all__ = [
@@ -71,6 +72,9 @@ class BrokerListener(Protocol):
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """``(channel, owner, id)`` of every message in progress on this process's producers."""
 
+    def on_session_moved(self, owner: str) -> None:
+        """Another process took over the local session ``owner``: let go of it, abort nothing."""
+
     def on_claim_refused(self, channel: str, owner: str, message_id: str) -> None:
         """Another owner held the id in the channel: the local owner's message is void."""
 
@@ -97,7 +101,10 @@ class Broker(Protocol):
     async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
         """Receive (or stop receiving) a channel's terminal frames and its deltas."""
 
-    def open(self, channel: str, owner: str, message_id: str) -> bool:
+    shares_sessions: bool
+    """Whether producer sessions live in the broker, so a producer resumes on any process."""
+
+    def open(self, channel: str, owner: str, message_id: str, seq: int = 0) -> bool:
         """A message opened: claim its id in the channel for ``owner``.
 
         False if another owner holds the id there right now. A broker that can only
@@ -107,10 +114,22 @@ class Broker(Protocol):
         the same owner.
         """
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
-        """A non-empty delta. Ordered after earlier calls for the same owner; never waits."""
+    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
+        """A non-empty delta (``seq`` the event's, 0 if unnumbered). Ordered after earlier
+        calls for the same owner; never waits."""
 
-    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+    def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
+        """An event with a ``seq`` but no text was applied. Never waits."""
+
+    async def terminal(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+    ) -> str:
         """Give a terminal frame its offset, record and publish it; returns the full frame.
 
         ``body`` is the frame serialized without ``offset`` and ``epoch``. Raises
@@ -118,12 +137,33 @@ class Broker(Protocol):
         holds the id in the channel.
         """
 
-    def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
+    def defer(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+    ) -> None:
         """Like :meth:`terminal`, for a frame nobody will send again (an abort): publish it
         now if the broker can, else keep it (bounded) and publish it, in order, once it can."""
 
     async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
         """A consistent cut of ``channel`` for a joining subscriber."""
+
+    async def save_session(self, token: str, owner: str, grant: str) -> None:
+        """Record a new producer session (a broker that shares sessions)."""
+
+    async def take_session(self, token: str, grant: str, owner: str) -> SessionState | None:
+        """Move the session ``token`` (opened with ``grant``) to ``owner`` on this process,
+        or None if there is none to take."""
+
+    async def end_session(self, token: str, owner: str) -> None:
+        """Forget a session that ended on this process."""
+
+    async def leave(self) -> None:
+        """This process is stopping: hand its sessions over to the others."""
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Send a ``cancel`` frame to every owner of the message; returns how many there are."""

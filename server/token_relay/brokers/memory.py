@@ -15,6 +15,7 @@ from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import HistoryStore
 from ..core.inflight import InflightIndex
 from ..core.protocol import with_position
+from ..core.sessions import SessionState
 from ..core.settings import Settings
 from . import BrokerListener
 
@@ -51,7 +52,7 @@ class MemoryBroker:
     async def listen(self, channel: str, messages: bool, deltas: bool) -> None:
         """Nothing to do: every event is handed to the listener, which filters locally."""
 
-    def open(self, channel: str, owner: str, message_id: str) -> bool:
+    def open(self, channel: str, owner: str, message_id: str, seq: int = 0) -> bool:
         """Claim the id and index the message for snapshots and cancel."""
         holder = self.inflight.holder(channel, message_id)
         if holder is not None and holder != owner:
@@ -59,7 +60,7 @@ class MemoryBroker:
         self.inflight.add(channel, owner, message_id)
         return True
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
         """Hand the delta frame straight to the listener, built only if someone wants it."""
         holder = self.inflight.holder(channel, message_id)
         if holder is not None and holder != owner:
@@ -69,13 +70,48 @@ class MemoryBroker:
         if listener is not None and listener.wants_deltas(channel):
             listener.on_delta(channel, self._seq, Delta(channel, message_id, delta))
 
-    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+    async def terminal(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+    ) -> str:
         """Number, record and deliver a terminal frame."""
         return self._terminal(channel, owner, message_id, body)
 
-    def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
+    def defer(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+    ) -> None:
         """Nothing to wait for: publish at once."""
         self._terminal(channel, owner, message_id, body)
+
+    def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
+        """Nothing to note: sessions live in this process."""
+
+    shares_sessions = False
+    """Sessions live in this process only."""
+
+    async def save_session(self, token: str, owner: str, grant: str) -> None:
+        """Nothing to save: sessions live in this process."""
+
+    async def take_session(self, token: str, grant: str, owner: str) -> SessionState | None:
+        """No session lives anywhere else."""
+        return None
+
+    async def end_session(self, token: str, owner: str) -> None:
+        """Nothing to forget."""
+
+    async def leave(self) -> None:
+        """Nothing to hand over."""
 
     def _terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
         holder = self.inflight.holder(channel, message_id)

@@ -63,7 +63,8 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from ..core.errors import BrokerUnavailable, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import judge_replay, new_epoch
-from ..core.protocol import Snapshot, encode
+from ..core.protocol import Aborted, AbortReason, Snapshot, encode, encode_unpositioned
+from ..core.sessions import SessionState
 from ..core.settings import Settings
 from . import BrokerListener
 from .redis_scripts import SCRIPTS
@@ -90,6 +91,10 @@ PROBE_WHEN_DOWN = 0.2
 """Seconds between health probes while it does not."""
 PUBSUB_QUIET = 3.0
 """Seconds of pub/sub silence after which the connection is pinged."""
+LEASE_SECONDS = 3.0
+"""How long a process's lease lasts; it renews it three times as often."""
+INSTANCES = "tr:instances"
+"""The set of every process that holds, or held, a lease."""
 PUBSUB_DEAD = 5.0
 """Seconds a pub/sub ping may go unanswered before the connection is replaced."""
 _DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
@@ -103,6 +108,10 @@ def _key(kind: str, name: str) -> str:
     return f"tr:{kind}:{name}"
 
 
+_Deferred = tuple[str, str, str, str, int, bool]
+"""A terminal frame waiting in the outbox: channel, owner, id, body, seq, aborted."""
+
+
 @dataclass(slots=True)
 class _Write:
     script: str
@@ -111,7 +120,7 @@ class _Write:
     done: asyncio.Future[Any] | None = None
     message: tuple[str, str, str] | None = field(default=None)
     """(channel, owner, id) of a delta, so a failed one marks its message for a resync."""
-    deferred: tuple[str, str, str, str] | None = None
+    deferred: _Deferred | None = None
     """A terminal frame from the outbox: put back if it fails."""
     claim: tuple[str, str, str] | None = None
     """(channel, owner, id) of an open, so a refused claim is reported."""
@@ -139,9 +148,10 @@ class RedisBroker:
         """The pub/sub connection is subscribed and reading."""
         self._probe_now = asyncio.Event()
         self._joins = asyncio.Semaphore(MAX_JOINS)
-        self._outbox: collections.deque[tuple[str, str, str, str]] = collections.deque()
+        self._outbox: collections.deque[_Deferred] = collections.deque()
         self._pool: BlockingConnectionPool | None = None
         self._closing = False
+        self._leaving = False
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox = _key("i", instance)
         self._text_ttl = max(1, int(settings.idle_timeout * 2))
@@ -173,6 +183,7 @@ class RedisBroker:
             asyncio.create_task(self._read_forever(connected)),
             asyncio.create_task(self._write_forever()),
             asyncio.create_task(self._probe_forever()),
+            asyncio.create_task(self._lease_forever()),
         ]
         # Serve at once either way: if Redis is down, readiness says so and the
         # reader keeps retrying in the background.
@@ -226,7 +237,7 @@ class RedisBroker:
 
     # ------------------------------------------------------------------ events out
 
-    def open(self, channel: str, owner: str, message_id: str) -> bool:
+    def open(self, channel: str, owner: str, message_id: str, seq: int = 0) -> bool:
         """Claim the id and register the message as in progress, with empty text.
 
         Always True here: the claim is settled in Redis, in order with the message's
@@ -238,14 +249,14 @@ class RedisBroker:
             _Write(
                 "open",
                 [_key("live", channel), _key("text", member), _key("own", channel)],
-                [member, self._text_ttl, KEY_TTL, message_id, owner],
+                [member, self._text_ttl, KEY_TTL, message_id, owner, seq, channel],
                 claim=(channel, owner, message_id),
             ),
             (channel, owner, message_id),
         )
         return True
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str) -> None:
+    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
         """Append to the message's text in Redis and publish the delta frame."""
         target = (channel, owner, message_id)
         if target in self._dirty:
@@ -262,14 +273,28 @@ class RedisBroker:
                     _key("d", channel),
                     _key("own", channel),
                 ],
-                [delta, message_id, self._text_ttl, KEY_TTL, owner],
+                [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel],
                 message=target,
             ),
             target,
         )
 
+    def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
+        """Note the seq of an event that carried no text, so a resume elsewhere knows it."""
+        self._enqueue(
+            _Write("progress", [], [owner, message_id, seq, channel]), (channel, owner, message_id)
+        )
+
     def _terminal_write(
-        self, channel: str, owner: str, message_id: str, body: str, done: asyncio.Future[Any] | None
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        done: asyncio.Future[Any] | None,
+        seq: int = 0,
+        aborted: bool = False,
+        strict: bool = False,
     ) -> _Write:
         member = f"{owner}|{message_id}"
         return _Write(
@@ -294,14 +319,27 @@ class RedisBroker:
                 KEY_TTL,
                 message_id,
                 owner,
+                seq,
+                "a" if aborted else "m",
+                self.settings.max_completed_per_producer,
+                int(strict),
+                channel,
             ],
             done,
         )
 
-    async def terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+    async def terminal(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+    ) -> str:
         """Give the frame its offset, add it to history and publish it, atomically."""
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        write = self._terminal_write(channel, owner, message_id, body, done)
+        write = self._terminal_write(channel, owner, message_id, body, done, seq, aborted)
         if not self.healthy or self._queue.full():
             raise BrokerUnavailable("Redis is unreachable")
         self._queue.put_nowait(write)
@@ -311,13 +349,21 @@ class RedisBroker:
             raise id_in_use(channel, message_id)
         return frame.decode()
 
-    def defer(self, channel: str, owner: str, message_id: str, body: str) -> None:
+    def defer(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+    ) -> None:
         """Publish a terminal frame as soon as Redis takes it: now, or once it is back.
 
         Frames wait in an outbox of at most :data:`MAX_OUTBOX`, published in the order
         they came; past that the oldest is dropped, and logged.
         """
-        self._outbox.append((channel, owner, message_id, body))
+        self._outbox.append((channel, owner, message_id, body, seq, aborted))
         while len(self._outbox) > MAX_OUTBOX:
             lost = self._outbox.popleft()
             log.error("outbox full: dropped the terminal frame of %r on %r", lost[2], lost[0])
@@ -327,9 +373,175 @@ class RedisBroker:
     def _drain_outbox(self) -> None:
         while self._outbox and not self._queue.full():
             deferred = self._outbox.popleft()
-            write = self._terminal_write(*deferred, None)
+            channel, owner, message_id, body, seq, aborted = deferred
+            write = self._terminal_write(channel, owner, message_id, body, None, seq, aborted)
             write.deferred = deferred
             self._queue.put_nowait(write)
+
+    # ------------------------------------------------------------------ sessions
+
+    shares_sessions = True
+    """Producer sessions live in Redis: a producer resumes on any process."""
+
+    async def save_session(self, token: str, owner: str, grant: str) -> None:
+        """Record a new session, so that any process can take it over."""
+        try:
+            pipe = self._client().pipeline(transaction=True)
+            pipe.hset(_key("session", token), mapping={
+                "owner": owner, "instance": self.instance, "grant": grant,
+            })  # fmt: skip
+            pipe.expire(_key("session", token), KEY_TTL)
+            pipe.sadd(_key("sessions", self.instance), token)
+            await pipe.execute()
+        except (*_DOWN, redis_errors.RedisError) as exc:
+            self._suspect()
+            raise BrokerUnavailable(str(exc)) from None
+
+    async def take_session(self, token: str, grant: str, owner: str) -> SessionState | None:
+        """Move a session to ``owner`` on this process; None if there is none to take.
+
+        The process that had it is told, so it lets go of it without aborting anything.
+        """
+        await self.flush_writes()
+        try:
+            reply = await self._run(
+                "take",
+                [_key("session", token)],
+                [owner, self.instance, grant, self._text_ttl, KEY_TTL, token],
+            )
+        except (*_DOWN, redis_errors.RedisError) as exc:
+            self._suspect()
+            raise BrokerUnavailable(str(exc)) from None
+        if not reply:
+            return None
+        old_owner, old_instance, flat, ended_flat = (
+            _text(reply[0]),
+            _text(reply[1]),
+            reply[2],
+            reply[3],
+        )
+        streaming = []
+        for index in range(0, len(flat), 3):
+            message_id = _text(flat[index])
+            seq, _, channel = _text(flat[index + 1]).partition("|")
+            streaming.append((message_id, channel, int(seq), _text(flat[index + 2])))
+        ended = []
+        for index in range(0, len(ended_flat), 2):
+            outcome, seq, channel = _text(ended_flat[index + 1]).split("|", 2)
+            ended.append((_text(ended_flat[index]), channel, int(seq), outcome == "a"))
+        if old_instance and old_instance != self.instance:
+            with contextlib.suppress(*_DOWN, redis_errors.RedisError):
+                await self._client().publish(_key("i", old_instance), f"x|{old_owner}|")
+        return SessionState(old_owner, old_instance, streaming, ended)
+
+    async def end_session(self, token: str, owner: str) -> None:
+        """Forget a session that ended here (its aborts are already published)."""
+        with contextlib.suppress(*_DOWN, redis_errors.RedisError):
+            await self._client().delete(
+                _key("session", token), _key("msg", owner), _key("done", owner), _key("dl", owner)
+            )
+            await self._client().srem(_key("sessions", self.instance), token)
+
+    async def leave(self) -> None:
+        """Hand this process's sessions over: the others abort what no producer resumes
+        within ``--session-grace`` (reason ``shutdown``)."""
+        await self.flush_writes()
+        with contextlib.suppress(*_DOWN, redis_errors.RedisError):
+            pipe = self._client().pipeline(transaction=True)
+            pipe.set(_key("leaving", self.instance), 1, ex=KEY_TTL)
+            pipe.delete(_key("lease", self.instance))
+            await pipe.execute()
+        self._leaving = True
+
+    async def flush_writes(self) -> None:
+        """Wait until every write queued so far has been executed (or has failed)."""
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not self.healthy or self._queue.full():
+            return
+        self._queue.put_nowait(_Write("progress", [], ["", "", 0, ""], done))
+        with contextlib.suppress(BrokerUnavailable, TimeoutError):
+            await asyncio.wait_for(done, 5)
+
+    # ------------------------------------------------------------------ leases
+
+    async def _lease_forever(self) -> None:
+        """Hold this process's lease; reap the sessions of processes whose lease lapsed."""
+        lapsed: dict[str, float] = {}
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            try:
+                redis = self._client()
+                if not self._leaving:
+                    pipe = redis.pipeline(transaction=False)
+                    pipe.set(_key("lease", self.instance), 1, px=int(LEASE_SECONDS * 1000))
+                    pipe.sadd(INSTANCES, self.instance)
+                    await pipe.execute()
+                now = loop.time()
+                for raw in await redis.smembers(INSTANCES):
+                    other = _text(raw)
+                    if other == self.instance or await redis.exists(_key("lease", other)):
+                        lapsed.pop(other, None)
+                        continue
+                    since = lapsed.setdefault(other, now)
+                    if now - since >= self.settings.session_grace and not self._leaving:
+                        if await redis.set(_key("reap", other), self.instance, nx=True, ex=60):
+                            await self._reap(other)
+                        lapsed.pop(other, None)
+            except asyncio.CancelledError:
+                raise
+            except (*_DOWN, redis_errors.RedisError, BrokerUnavailable) as exc:
+                self._suspect()
+                log.info("lease round failed (%s)", exc)
+            await asyncio.sleep(LEASE_SECONDS / 3)
+
+    async def _reap(self, instance: str) -> None:
+        """Abort, once, what a gone process's sessions left unfinished, then forget them."""
+        redis = self._client()
+        leaving = bool(await redis.exists(_key("leaving", instance)))
+        reason = AbortReason.SHUTDOWN if leaving else AbortReason.RELAY_LOST
+        aborted = 0
+        for raw_token in await redis.smembers(_key("sessions", instance)):
+            token = _text(raw_token)
+            session = await redis.hgetall(_key("session", token))
+            values = {_text(k): _text(v) for k, v in session.items()}
+            owner = values.get("owner")
+            if owner is None or values.get("instance") != instance:
+                continue  # resumed elsewhere meanwhile
+            messages = await redis.hgetall(_key("msg", owner))
+            for raw_id, raw_value in messages.items():
+                message_id = _text(raw_id)
+                seq, _, channel = _text(raw_value).partition("|")
+                text = await redis.get(_key("text", f"{owner}|{message_id}"))
+                body = encode_unpositioned(
+                    Aborted(
+                        channel=channel,
+                        id=message_id,
+                        text=_text(text) if text is not None else "",
+                        reason=reason,
+                        offset=0,
+                        epoch="",
+                    )
+                )
+                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                self._queue.put_nowait(
+                    self._terminal_write(
+                        channel, owner, message_id, body, done, int(seq), True, strict=True
+                    )
+                )
+                with contextlib.suppress(BrokerUnavailable):
+                    if not isinstance(await done, int):
+                        aborted += 1
+            await redis.delete(
+                _key("session", token), _key("msg", owner), _key("done", owner), _key("dl", owner)
+            )
+        await redis.delete(_key("sessions", instance), _key("leaving", instance))
+        await redis.srem(INSTANCES, instance)
+        log.warning(
+            "relay %s is gone (%s): aborted %d messages its producers did not resume",
+            instance,
+            "left" if leaving else "lease lapsed",
+            aborted,
+        )
 
     @property
     def outbox(self) -> int:
@@ -514,6 +726,8 @@ class RedisBroker:
                     waiter = self._flushes.get(name.decode())
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
+                elif what == b"x":
+                    listener.on_session_moved(name.decode())
                 else:
                     listener.on_cancel(name.decode(), payload)
                 continue

@@ -5,10 +5,15 @@ maps each id in progress on ``C`` to the one owner (producer session) that holds
 """
 
 OPEN = """
+if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
+  return 0
+end
 local holder = redis.call('HGET', KEYS[3], ARGV[4])
 if holder and holder ~= ARGV[5] then
   return 0
 end
+redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[4], ARGV[6] .. '|' .. ARGV[7])
+redis.call('EXPIRE', 'tr:msg:' .. ARGV[5], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[4], ARGV[5])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 redis.call('SADD', KEYS[1], ARGV[1])
@@ -16,13 +21,20 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], '', 'EX', ARGV[2])
 return 1
 """
-"""Claim the id in the channel for this owner (0 if another owner holds it), and list
-the message as in progress with empty text."""
+"""Claim the id in the channel for this owner (0 if another owner holds it, or the owner's
+session moved to another process), note the message and its seq in the owner's session,
+and list it as in progress with empty text."""
 
 DELTA = """
+if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
+  return 0
+end
 local holder = redis.call('HGET', KEYS[5], ARGV[2])
 if holder and holder ~= ARGV[5] then
   return 0
+end
+if ARGV[6] ~= '0' then
+  redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[2], ARGV[6] .. '|' .. ARGV[7])
 end
 redis.call('APPEND', KEYS[3], ARGV[1])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
@@ -32,7 +44,19 @@ local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
 redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
-"""Append a delta to the text in Redis and publish it, unless another owner holds the id."""
+"""Append a delta to the text in Redis, note its seq, and publish it, unless another owner
+holds the id or the owner's session moved."""
+
+PROGRESS = """
+if redis.call('EXISTS', 'tr:gone:' .. ARGV[1]) == 1 then
+  return 0
+end
+if redis.call('HEXISTS', 'tr:msg:' .. ARGV[1], ARGV[2]) == 1 then
+  redis.call('HSET', 'tr:msg:' .. ARGV[1], ARGV[2], ARGV[3] .. '|' .. ARGV[4])
+end
+return 1
+"""
+"""Note the seq of an event that carried no text."""
 
 RESYNC = """
 local holder = redis.call('HGET', KEYS[5], ARGV[6])
@@ -52,13 +76,33 @@ return seq
 """Rewrite a message's whole text (after an outage) and publish it as a snapshot."""
 
 TERMINAL = """
+local owner = ARGV[9]
+if redis.call('EXISTS', 'tr:gone:' .. owner) == 1 then
+  return 0
+end
 local holder = redis.call('HGET', KEYS[8], ARGV[8])
-if holder and holder ~= ARGV[9] then
+if holder and holder ~= owner then
+  return 0
+end
+if ARGV[13] == '1' and holder ~= owner then
   return 0
 end
 if holder then
   redis.call('HDEL', KEYS[8], ARGV[8])
 end
+redis.call('HDEL', 'tr:msg:' .. owner, ARGV[8])
+local done = 'tr:done:' .. owner
+local order = 'tr:dl:' .. owner
+redis.call('HSET', done, ARGV[8], ARGV[11] .. '|' .. ARGV[10] .. '|' .. ARGV[14])
+redis.call('LPUSH', order, ARGV[8])
+while redis.call('LLEN', order) > tonumber(ARGV[12]) do
+  local old = redis.call('RPOP', order)
+  if old ~= ARGV[8] then
+    redis.call('HDEL', done, old)
+  end
+end
+redis.call('EXPIRE', done, ARGV[7])
+redis.call('EXPIRE', order, ARGV[7])
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   epoch = ARGV[2]
@@ -77,8 +121,59 @@ redis.call('DEL', KEYS[6])
 redis.call('PUBLISH', KEYS[7], 't|' .. seq .. '|' .. frame)
 return frame
 """
-"""Give a terminal frame its offset, record and publish it, and release the id's claim;
-0 if another owner holds the id."""
+"""Give a terminal frame its offset, record and publish it, release the id's claim, and
+remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
+``max_done`` of them; 0 if another owner holds the id or the session moved (with ``strict``,
+also if nobody holds it: a reaper's abort happens once)."""
+
+TAKE = """
+local session = KEYS[1]
+local old = redis.call('HGET', session, 'owner')
+if not old or redis.call('HGET', session, 'grant') ~= ARGV[3] then
+  return false
+end
+local new = ARGV[1]
+local old_instance = redis.call('HGET', session, 'instance')
+local messages = redis.call('HGETALL', 'tr:msg:' .. old)
+local out = {}
+for i = 1, #messages, 2 do
+  local id = messages[i]
+  local value = messages[i + 1]
+  local channel = string.sub(value, string.find(value, '|', 1, true) + 1)
+  local old_text = 'tr:text:' .. old .. '|' .. id
+  local text = redis.call('GET', old_text)
+  if text then
+    redis.call('RENAME', old_text, 'tr:text:' .. new .. '|' .. id)
+  else
+    text = ''
+    redis.call('SET', 'tr:text:' .. new .. '|' .. id, '', 'EX', ARGV[4])
+  end
+  redis.call('SREM', 'tr:live:' .. channel, old .. '|' .. id)
+  redis.call('SADD', 'tr:live:' .. channel, new .. '|' .. id)
+  if redis.call('HGET', 'tr:own:' .. channel, id) == old then
+    redis.call('HSET', 'tr:own:' .. channel, id, new)
+  end
+  table.insert(out, id)
+  table.insert(out, value)
+  table.insert(out, text)
+end
+for _, kind in ipairs({'msg', 'done', 'dl'}) do
+  if redis.call('EXISTS', 'tr:' .. kind .. ':' .. old) == 1 then
+    redis.call('RENAME', 'tr:' .. kind .. ':' .. old, 'tr:' .. kind .. ':' .. new)
+  end
+end
+redis.call('SET', 'tr:gone:' .. old, new, 'EX', ARGV[5])
+redis.call('HSET', session, 'owner', new, 'instance', ARGV[2])
+if old_instance then
+  redis.call('SREM', 'tr:sessions:' .. old_instance, ARGV[6])
+end
+redis.call('SADD', 'tr:sessions:' .. ARGV[2], ARGV[6])
+local done = redis.call('HGETALL', 'tr:done:' .. new)
+return {old, old_instance or '', out, done}
+"""
+"""Move a producer session to a new owner on this process: its messages in progress (with
+their texts and claims) and its completed ids; fence the old owner off, so that none of its
+late writes lands. False if there is no such session, or the grant differs."""
 
 CATCH_UP = """
 local epoch = redis.call('GET', KEYS[1])
@@ -122,4 +217,6 @@ SCRIPTS = {
     "resync": RESYNC,
     "terminal": TERMINAL,
     "catch_up": CATCH_UP,
+    "progress": PROGRESS,
+    "take": TAKE,
 }

@@ -100,6 +100,7 @@ class AbortReason(StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     MESSAGE_TOO_LARGE = "message_too_large"
     SHUTDOWN = "shutdown"
+    RELAY_LOST = "relay_lost"
 
 
 # ---------------------------------------------------------------- producer -> relay

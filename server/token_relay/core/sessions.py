@@ -33,12 +33,24 @@ from .grants import Grant
 from .ratelimit import TokenBucket
 from .streams import MessageStreams, Unfinished
 
-__all__ = ["MAX_PARKED_CANCELS", "ProducerSession", "SessionTable"]
+__all__ = ["MAX_PARKED_CANCELS", "ProducerSession", "SessionState", "SessionTable"]
 
 C = TypeVar("C", bound=Hashable)
 
 MAX_PARKED_CANCELS = 100
 """Cancels kept for a parked session, delivered when it resumes; the oldest fall out."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """A session as a shared broker keeps it, for a process that takes it over."""
+
+    old_owner: str
+    old_instance: str
+    streaming: list[tuple[str, str, int, str]]
+    """``(id, channel, last seq, text so far)`` of each message in progress."""
+    ended: list[tuple[str, str, int, bool]]
+    """``(id, channel, final seq, aborted)`` of each message that ended, latest kept."""
 
 
 @dataclass(slots=True, eq=False)
@@ -107,7 +119,7 @@ class SessionTable(Generic[C]):
             return session, True, displaced
         max_streaming, max_completed, max_chars = self._limits
         session = ProducerSession(
-            owner=f"{self.instance}.{next(self._numbers)}",
+            owner=self.new_owner(),
             token=secrets.token_urlsafe(24),
             streams=MessageStreams(
                 None,
@@ -122,6 +134,49 @@ class SessionTable(Generic[C]):
         self.by_owner[session.owner] = session
         self.by_token[session.token] = session
         return session, False, None
+
+    def new_owner(self) -> str:
+        """A fresh owner name on this process."""
+        return f"{self.instance}.{next(self._numbers)}"
+
+    def adopt(
+        self,
+        connection: C,
+        grant: Grant,
+        token: str,
+        owner: str,
+        state: SessionState,
+        now: float,
+    ) -> ProducerSession[C]:
+        """A session taken over from another process, its messages restored from ``state``."""
+        max_streaming, max_completed, max_chars = self._limits
+        streams = MessageStreams(
+            None, max_streaming=max_streaming, max_completed=max_completed, max_chars=max_chars
+        )
+        for message_id, channel, final_seq, aborted in reversed(state.ended):
+            streams.restore_ended(message_id, channel, final_seq, aborted=aborted)
+        for message_id, channel, seq, text in state.streaming:
+            streams.restore(message_id, channel, seq, text, now)
+        session = ProducerSession(
+            owner=owner,
+            token=token,
+            streams=streams,
+            grant=grant,
+            bucket=TokenBucket(self.rate, self.rate, now),
+            connection=connection,
+        )
+        self.by_owner[owner] = session
+        self.by_token[token] = session
+        return session
+
+    def forget(self, owner: str) -> ProducerSession[C] | None:
+        """Drop a session another process took over, without ending it: nothing aborts."""
+        session = self.by_owner.pop(owner, None)
+        if session is not None:
+            self.by_token.pop(session.token, None)
+            self.parked.pop(session.token, None)
+            session.parked_until = None
+        return session
 
     def detach(
         self, session: ProducerSession[C], connection: C, *, vanished: bool, now: float

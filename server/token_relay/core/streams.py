@@ -326,6 +326,27 @@ class MessageStreams:
         """``(id, channel)`` of every unfinished message, oldest first."""
         return [(message_id, state.channel) for message_id, state in self._streaming.items()]
 
+    def restore(self, message_id: str, channel: str, seq: int, text: str, now: float) -> None:
+        """Take up a message in progress where another process left it (a session resumed)."""
+        self.assembler.feed(message_id, text, False)
+        state = self._streaming[message_id] = _Open(channel, now, seq)
+        state.chars = len(text)
+        if text:
+            state.last_delta = now
+
+    def restore_ended(self, message_id: str, channel: str, seq: int, *, aborted: bool) -> None:
+        """Remember a message that ended on another process: repeats are acked or refused.
+
+        A completed one's text is not kept here: a repeated final is acked, not published.
+        """
+        if aborted:
+            self._remember(self._aborted, message_id, channel)
+            return
+        self.assembler.feed(message_id, None, True)
+        self._remember(self._completed, message_id, channel)
+        if seq:
+            self._final_seq[message_id] = seq
+
     def withdraw(self, message_id: str) -> None:
         """Forget a message as if it had never been seen (its id was another's to use).
 

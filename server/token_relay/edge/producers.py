@@ -20,6 +20,8 @@ unfinished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -82,6 +84,8 @@ class ProducerEndpoint:
         self.writer = writer
         self.stopping = stopping
         self.spawn = spawn
+        self.handing_off = False
+        """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.sessions: SessionTable[ServerConnection] = SessionTable(
             broker.instance,
             grace=settings.session_grace,
@@ -97,7 +101,7 @@ class ProducerEndpoint:
     ) -> None:
         """Serve one producer connection until it ends."""
         loop = asyncio.get_running_loop()
-        session, resumed, displaced = self.sessions.attach(connection, grant, resume, loop.time())
+        session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
         if displaced is not None:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
@@ -115,12 +119,61 @@ class ProducerEndpoint:
                     break
                 await self._frame(connection, session, raw, loop.time())
         finally:
-            vanished = connection.protocol.close_rcvd is None and not self.stopping()
-            ended = self.sessions.detach(session, connection, vanished=vanished, now=loop.time())
-            if session.parked_until is not None:
-                loop.call_later(self.settings.session_grace, self._expire_sessions)
-            for gone in ended:
-                await self._end(gone, AbortReason.PRODUCER_DISCONNECTED)
+            await self._detach(session, connection)
+
+    async def _detach(self, session: Session, connection: ServerConnection) -> None:
+        """The connection ended: park the session, end it, or (rolling restart) leave it."""
+        loop = asyncio.get_running_loop()
+        if self.handing_off and session.connection is connection:
+            # The session lives on in the broker for another process to resume.
+            self.sessions.forget(session.owner)
+            return
+        vanished = connection.protocol.close_rcvd is None and not self.stopping()
+        ended = self.sessions.detach(session, connection, vanished=vanished, now=loop.time())
+        if session.parked_until is not None:
+            loop.call_later(self.settings.session_grace, self._expire_sessions)
+        for gone in ended:
+            await self._end(gone, AbortReason.PRODUCER_DISCONNECTED)
+
+    async def _attach(
+        self, connection: ServerConnection, grant: Grant, resume: str | None, now: float
+    ) -> tuple[Session, bool, ServerConnection | None]:
+        """The session for a new connection: local, taken over from the broker, or new."""
+        sessions = self.sessions
+        if resume and resume not in sessions.by_token and self.broker.shares_sessions:
+            owner = sessions.new_owner()
+            try:
+                state = await self.broker.take_session(resume, _grant_key(grant), owner)
+            except BrokerUnavailable:
+                state = None
+            if state is not None:
+                return sessions.adopt(connection, grant, resume, owner, state, now), True, None
+        session, resumed, displaced = sessions.attach(connection, grant, resume, now)
+        if not resumed and self.broker.shares_sessions:
+            # Without the record a resume elsewhere would start afresh; with it, exactly once.
+            with contextlib.suppress(BrokerUnavailable):
+                await self.broker.save_session(session.token, session.owner, _grant_key(grant))
+        return session, resumed, displaced
+
+    def session_moved(self, owner: str) -> None:
+        """Another process took the session over: close its old connection, abort nothing."""
+        session = self.sessions.forget(owner)
+        if session is not None and session.connection is not None:
+            self.writer.close(
+                session.connection, CloseCode.POLICY_VIOLATION, "session resumed elsewhere"
+            )
+
+    async def hand_off(self) -> None:
+        """A rolling restart: leave every session to the broker and close with 1012."""
+        self.handing_off = True
+        await self.broker.leave()
+        for session in list(self.sessions.by_owner.values()):
+            if session.connection is not None:
+                self.writer.close(
+                    session.connection, CloseCode.SERVICE_RESTART, "relay restarting: resume"
+                )
+            else:
+                self.sessions.forget(session.owner)
 
     async def _frame(
         self, connection: ServerConnection, session: Session, raw: str | bytes, now: float
@@ -148,7 +201,7 @@ class ProducerEndpoint:
                 continue
             if applied.text is not None:
                 ack = await self._complete(
-                    connection, session, applied, now, index if batch else None
+                    connection, session, applied, now, index if batch else None, event
                 )
                 if ack is not None:
                     acks.append(ack)
@@ -179,10 +232,11 @@ class ProducerEndpoint:
             applied.rejection.index = index
             self.reject_now(connection, applied.rejection)
             return applied
+        seq = 0 if event.seq is MISSING else event.seq
         if (
             applied.opened
             and applied.text is None
-            and not self.broker.open(applied.channel, session.owner, applied.message_id)
+            and not self.broker.open(applied.channel, session.owner, applied.message_id, seq)
         ):
             session.streams.withdraw(applied.message_id)
             refusal = id_in_use(applied.channel, applied.message_id)
@@ -190,11 +244,15 @@ class ProducerEndpoint:
             self.reject_now(connection, refusal)
             return None
         if applied.delta:
-            self.broker.delta(applied.channel, session.owner, applied.message_id, applied.delta)
+            self.broker.delta(
+                applied.channel, session.owner, applied.message_id, applied.delta, seq
+            )
             if applied.delta_wait is not None:
                 metrics = self.metrics
                 timings = metrics.first_delta if applied.first_delta else metrics.delta_gap
                 timings.observe(applied.delta_wait)
+        elif seq and not applied.opened and applied.text is None and not applied.duplicate:
+            self.broker.progress(applied.channel, session.owner, applied.message_id, seq)
         return applied
 
     async def _complete(
@@ -204,13 +262,16 @@ class ProducerEndpoint:
         applied: Applied,
         now: float,
         index: int | None,
+        event: ProducerEvent,
     ) -> tuple[str, str, bool] | None:
         """Publish a message its final completed; returns ``(channel, id, duplicate)`` to ack."""
         channel, message_id, text = applied.channel, applied.message_id, applied.text
         assert text is not None
         if applied.first_completion or message_id in session.unpublished:
             try:
-                await self._publish(session, channel, message_id, text)
+                await self._publish(
+                    session, channel, message_id, text, 0 if event.seq is MISSING else event.seq
+                )
             except FrameRejected as exc:
                 if exc.code is ErrorCode.ID_IN_USE:
                     session.streams.withdraw(message_id)
@@ -221,11 +282,13 @@ class ProducerEndpoint:
             self.metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
         return channel, message_id, applied.duplicate
 
-    async def _publish(self, session: Session, channel: str, message_id: str, text: str) -> None:
+    async def _publish(
+        self, session: Session, channel: str, message_id: str, text: str, seq: int
+    ) -> None:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
         body = _message_body(channel, message_id, text)
         try:
-            await self.broker.terminal(channel, session.owner, message_id, body)
+            await self.broker.terminal(channel, session.owner, message_id, body, seq)
         except BrokerUnavailable:
             session.unpublished[message_id] = None
             if len(session.unpublished) > self.settings.max_completed_per_producer:
@@ -245,13 +308,15 @@ class ProducerEndpoint:
         self.metrics.messages.labels(reason.value).inc()
         body = encode_unpositioned(frame)
         try:
-            await self.broker.terminal(unfinished.channel, owner, unfinished.message_id, body)
+            await self.broker.terminal(
+                unfinished.channel, owner, unfinished.message_id, body, aborted=True
+            )
         except BrokerUnavailable:
             # Nobody will send it again: the broker keeps it and publishes it once it can.
             log.warning(
                 "abort of %r on %r waits for the broker", unfinished.message_id, unfinished.channel
             )
-            self.broker.defer(unfinished.channel, owner, unfinished.message_id, body)
+            self.broker.defer(unfinished.channel, owner, unfinished.message_id, body, aborted=True)
 
     async def _end(self, session: Session, reason: AbortReason) -> None:
         # Messages completed here but never published (the broker was down and the
@@ -266,6 +331,7 @@ class ProducerEndpoint:
         session.unpublished.clear()
         for unfinished in session.end():
             await self._abort(session.owner, unfinished, reason)
+        await self.broker.end_session(session.token, session.owner)
 
     def _expire_sessions(self) -> None:
         for session in self.sessions.expire(asyncio.get_running_loop().time()):
@@ -349,3 +415,8 @@ def _message_body(channel: str, message_id: str, text: str) -> str:
     return encode_unpositioned(
         MessageFrame.model_construct(channel=channel, id=message_id, text=text, offset=0, epoch="")
     )
+
+
+def _grant_key(grant: Grant) -> str:
+    """The identity a session is bound to, as the broker compares it."""
+    return json.dumps([grant.role.value, sorted(grant.channels)])

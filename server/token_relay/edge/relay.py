@@ -130,9 +130,15 @@ class Relay:
         server = self.server
         if server is not None:
             server.close(close_connections=False)
+        handing_off = self.broker.shares_sessions and self.broker.healthy
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                await self.producers.abort_everything(AbortReason.SHUTDOWN)
+                if handing_off:
+                    # A rolling restart: producers resume on another process, and
+                    # subscribers resume by offset there; nothing is aborted.
+                    await self.producers.hand_off()
+                else:
+                    await self.producers.abort_everything(AbortReason.SHUTDOWN)
                 with contextlib.suppress(BrokerUnavailable):
                     await self.broker.flush()
                 while self.writer.backlogs:  # noqa: ASYNC110 - drained by the writer's tasks
@@ -141,8 +147,9 @@ class Relay:
             # A peer that never answers the close handshake must not hold the process:
             # whatever is still open at the deadline is cut.
             connections = list(server.connections)
+            code = CloseCode.SERVICE_RESTART if handing_off else CloseCode.GOING_AWAY
             closing = [
-                asyncio.ensure_future(connection.close(CloseCode.GOING_AWAY, SHUTDOWN_REASON))
+                asyncio.ensure_future(connection.close(code, SHUTDOWN_REASON))
                 for connection in connections
             ]
             if closing:
@@ -283,6 +290,10 @@ class Relay:
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """Every message in progress on this process's producers."""
         return self.producers.owned_messages()
+
+    def on_session_moved(self, owner: str) -> None:
+        """Another process took over a local producer session: let go of it."""
+        self.producers.session_moved(owner)
 
     def on_claim_refused(self, channel: str, owner: str, message_id: str) -> None:
         """Another producer held the id in the channel: void the local producer's message."""
