@@ -68,3 +68,34 @@ class Proxy:
         self._pairs.discard(pair)
         with contextlib.suppress(Exception):
             sink.close()
+
+
+class Balancer(Proxy):
+    """A load balancer for tests: each new connection goes to the next backend that answers.
+
+    ``backends`` may be changed at any time (a rolling restart replaces them one by one);
+    :meth:`cut` is inherited, so it can also drop every connection at once.
+    """
+
+    def __init__(self, backends: list[int]) -> None:
+        super().__init__(backends[0])
+        self.backends = list(backends)
+        self._next = 0
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        start = self._next
+        self._next += 1  # before any await: connections arriving together spread out
+        for attempt in range(len(self.backends) * 2):
+            port = self.backends[(start + attempt) % len(self.backends)]
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            pair = (writer, up_writer)
+            self._pairs.add(pair)
+            for source, sink in ((reader, up_writer), (up_reader, writer)):
+                task = asyncio.create_task(self._pipe(source, sink, pair))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return
+        writer.transport.abort()

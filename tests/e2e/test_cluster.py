@@ -9,11 +9,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from token_relay.client import RelayProducer, RelaySubscriber
+from token_relay.core.protocol import Aborted, MessageFrame
 from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
+from .proxy import Balancer
 
 # The relay processes live in this module's event loop, so that a pair can outlive a test.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -298,3 +301,122 @@ async def test_one_live_owner_per_id_across_processes(
             assert (await recv_json(watcher))["text"] == "mine now"
     finally:
         await watcher.close()
+
+
+async def test_a_producer_resumes_its_session_on_another_process_exactly_once(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    watcher = await _subscribed(b.url, "channel=moved&deltas=1")
+    try:
+        async with open_producer(f"{a.url}/produce?channel=moved") as first:
+            token = first.session["session"]  # type: ignore[attr-defined]
+            for seq, delta in enumerate(["one ", "two ", "three "], start=1):
+                await send_json(first, {"id": "m", "delta": delta, "seq": seq})
+            await send_json(first, {"id": "done", "delta": "x", "final": True, "seq": 1})
+            assert (await recv_json(first))["type"] == "ack"
+            seen = [await recv_json(watcher) for _ in range(5)]
+            assert [f["type"] for f in seen] == ["delta"] * 4 + ["message"]
+            # The gateway moves to the other process and, not knowing what arrived, sends
+            # everything of its unacknowledged message again, and a final it had acked.
+            async with open_producer(f"{b.url}/produce?session={token}") as second:
+                assert second.session["resumed"] is True  # type: ignore[attr-defined]
+                events = [
+                    {"id": "m", "delta": d, "seq": n, "channel": "moved"}
+                    for n, d in enumerate(["one ", "two ", "three ", "four"], start=1)
+                ]
+                events.append({"id": "m", "final": True, "seq": 5, "channel": "moved"})
+                events.append({"id": "done", "delta": "x", "final": True, "seq": 1,
+                               "channel": "moved"})  # fmt: skip
+                await send_json(second, events)
+                acks = await recv_json(second)
+                assert acks["type"] == "acks"
+                assert [(e["id"], e.get("duplicate", False)) for e in acks["acks"]] == [
+                    ("m", False), ("done", True),
+                ]  # fmt: skip
+                assert await recv_json(watcher) == {
+                    "type": "delta", "channel": "moved", "id": "m", "delta": "four",
+                }  # fmt: skip
+                message = await recv_json(watcher)
+                assert (message["type"], message["text"]) == ("message", "one two three four")
+                await assert_silent(watcher, 0.3)  # no aborted, nothing twice
+    finally:
+        await watcher.close()
+
+
+async def test_a_killed_process_leaves_no_zombie_message(redis_server: RedisServer) -> None:
+    flags = ("--broker", redis_server.url, "--session-grace", "0.5", "--lease-seconds", "1")
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url, "channel=z&deltas=1")
+        async with open_producer(f"{a.url}/produce?channel=z") as producer:
+            await send_json(producer, {"id": "m", "delta": "cut short", "seq": 1})
+            assert (await recv_json(watcher))["delta"] == "cut short"
+            await a.kill()  # kill -9: no goodbye, no abort from A itself
+            started = asyncio.get_running_loop().time()
+            aborted = await recv_json(watcher, 15)
+            elapsed = asyncio.get_running_loop().time() - started
+        assert (aborted["type"], aborted["id"], aborted["text"], aborted["reason"]) == (
+            "aborted", "m", "cut short", "relay_lost",
+        )  # fmt: skip
+        assert elapsed < 0.5 + 1 + 3  # grace, lease and lease rounds, with room
+        await assert_silent(watcher, 1.0)  # exactly once
+        # A joiner gets no stale snapshot of it.
+        late = await _subscribed(b.url, "channel=z&deltas=1")
+        await assert_silent(late, 0.2)
+        await late.close()
+        await watcher.close()
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_rolling_restart_of_both_processes_aborts_nothing(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url, "--session-grace", "15")
+    relays = [relay_process(*flags), relay_process(*flags)]
+    await asyncio.gather(*(relay.start() for relay in relays))
+    balancer = Balancer([relay.port for relay in relays])
+    expected: dict[str, str] = {}
+    received: dict[str, list[str]] = {}
+    aborted: list[str] = []
+
+    async def gateway(number: int) -> None:
+        async with RelayProducer(balancer.url, channel="roll", backoff=(0.05, 0.5)) as producer:
+            for reply in range(5):
+                message_id = f"g{number}-r{reply}"
+                tokens = [f"{message_id}:{n} " for n in range(30)]
+                expected[message_id] = "".join(tokens)
+                for token in tokens:
+                    await producer.send(message_id, token)
+                    await asyncio.sleep(0.01)
+                ack = await asyncio.wait_for(producer.finish(message_id), 30)
+                assert ack.id == message_id
+
+    async with balancer, RelaySubscriber(balancer.url, ["roll"], deltas=False) as feed:
+
+        async def watch() -> None:
+            async for frame in feed:
+                if isinstance(frame, MessageFrame):
+                    received.setdefault(frame.id, []).append(frame.text)
+                elif isinstance(frame, Aborted):
+                    aborted.append(frame.id)
+
+        watcher = asyncio.create_task(watch())
+        gateways = asyncio.gather(*(gateway(n) for n in range(10)))
+        for index in range(2):  # one by one, as a deployment does
+            await asyncio.sleep(0.8)
+            assert await relays[index].terminate(10) == 0
+            relays[index] = relay_process(*flags)
+            await relays[index].start()
+            balancer.backends = [relay.port for relay in relays]
+        await asyncio.wait_for(gateways, 60)
+        await eventually(lambda: len(received) == 50, 15)
+        await asyncio.sleep(0.3)
+        watcher.cancel()
+    await asyncio.gather(*(relay.stop() for relay in relays))
+    assert aborted == []
+    assert {message_id: texts for message_id, texts in received.items()} == {
+        message_id: [text] for message_id, text in expected.items()
+    }

@@ -91,8 +91,6 @@ PROBE_WHEN_DOWN = 0.2
 """Seconds between health probes while it does not."""
 PUBSUB_QUIET = 3.0
 """Seconds of pub/sub silence after which the connection is pinged."""
-LEASE_SECONDS = 3.0
-"""How long a process's lease lasts; it renews it three times as often."""
 INSTANCES = "tr:instances"
 """The set of every process that holds, or held, a lease."""
 PUBSUB_DEAD = 5.0
@@ -144,6 +142,7 @@ class RedisBroker:
         self._flushes: dict[str, asyncio.Future[None]] = {}
         self._up = False
         """The last probe (or connect) reached Redis."""
+        self._had_answer = False
         self._listening = False
         """The pub/sub connection is subscribed and reading."""
         self._probe_now = asyncio.Event()
@@ -152,6 +151,7 @@ class RedisBroker:
         self._pool: BlockingConnectionPool | None = None
         self._closing = False
         self._leaving = False
+        self._lease = settings.lease_seconds
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox = _key("i", instance)
         self._text_ttl = max(1, int(settings.idle_timeout * 2))
@@ -473,7 +473,7 @@ class RedisBroker:
                 redis = self._client()
                 if not self._leaving:
                     pipe = redis.pipeline(transaction=False)
-                    pipe.set(_key("lease", self.instance), 1, px=int(LEASE_SECONDS * 1000))
+                    pipe.set(_key("lease", self.instance), 1, px=int(self._lease * 1000))
                     pipe.sadd(INSTANCES, self.instance)
                     await pipe.execute()
                 now = loop.time()
@@ -492,7 +492,7 @@ class RedisBroker:
             except (*_DOWN, redis_errors.RedisError, BrokerUnavailable) as exc:
                 self._suspect()
                 log.info("lease round failed (%s)", exc)
-            await asyncio.sleep(LEASE_SECONDS / 3)
+            await asyncio.sleep(self._lease / 3)
 
     async def _reap(self, instance: str) -> None:
         """Abort, once, what a gone process's sessions left unfinished, then forget them."""
@@ -823,8 +823,9 @@ class RedisBroker:
                 up = True
             except (*_DOWN, TimeoutError, redis_errors.RedisError):
                 up = False
-            if up != self._up:
+            if up != self._up and (up is False or self._had_answer):
                 log.warning("Redis %s", "answers again" if up else "does not answer")
+            self._had_answer = self._had_answer or up
             self._up = up
             self._probe_now.clear()
             with contextlib.suppress(TimeoutError):

@@ -55,6 +55,9 @@ class Settings:
     """Unsent bytes to one subscriber, merged backlog included; above it, close with 1013."""
     session_grace: float = 30.0
     """Seconds a vanished producer's session waits for it to reconnect; 0 ends it at once."""
+    lease_seconds: float = 3.0
+    """With Redis: how long a process's lease lasts (renewed three times as often). When it
+    lapses, the others abort what its producers do not resume within ``session_grace``."""
     max_parked_sessions: int = 10_000
     """Producer sessions awaiting a reconnect; past it the oldest ends (its messages abort)."""
     delta_flush_ms: float = 0.0
@@ -90,7 +93,7 @@ class Settings:
         for name in ("history_size", "workers", "subscriber_high_water_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
-        for name in ("history_ttl", "idle_timeout", "shutdown_timeout"):
+        for name in ("history_ttl", "idle_timeout", "shutdown_timeout", "lease_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.session_grace < 0:
