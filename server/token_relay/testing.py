@@ -136,8 +136,12 @@ class ServiceProcess:
     :data:`LOG_LINES_KEPT` warnings and errors, which a busy log would otherwise push out.
     """
 
-    def __init__(self, module: str, *args: str, name: str | None = None) -> None:
+    def __init__(
+        self, module: str, *args: str, name: str | None = None, python: str | None = None
+    ) -> None:
         self.module = module
+        self.python = python or sys.executable
+        """The interpreter to run it with (another installation, to compare versions)."""
         self.args = args
         self.name = name or module
         self.port = 0
@@ -173,7 +177,7 @@ class ServiceProcess:
         """Start the process and wait for the log line that names its port."""
         environment = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
+            self.python,
             *("-m", self.module, "--port", "0", *self.args),
             env=environment,
             stdin=subprocess.DEVNULL,
