@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -183,6 +184,8 @@ class ServiceProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            # Its own process group, so that kill() takes worker processes down with it.
+            start_new_session=True,
         )
         stderr = self.process.stderr
         assert stderr is not None
@@ -233,12 +236,12 @@ class ServiceProcess:
             return await self.kill()
 
     async def kill(self) -> int:
-        """Kill the process at once, as a crash would."""
+        """Kill the process, and any worker processes it started, at once, as a crash would."""
         if self.process is None:
             return 0
         if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         return await self.wait()
 
     async def stop(self) -> None:
