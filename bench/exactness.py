@@ -10,6 +10,9 @@ processes, and counts what went wrong:
   with ``since`` on a random process; duplicates and gaps are counted over every offset;
 * ``sessions``: producers whose connection is cut reconnect with ``?session=``; how many
   resumed;
+* ``truncated``: replies a gateway sends with the client library of the installation under
+  test, through a proxy that cuts every connection every 300 ms; a reply is truncated if its
+  ``finish`` returned an ack but no ``message`` holds all of it;
 * ``ready``: seconds until every relay is ready again after Redis is killed and restarted.
 
 Topologies: ``memory`` (one process), ``redis1`` (one process on Redis), ``redis2`` (two
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import random
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from token_relay.testing import RedisServer, ServiceProcess
+from token_relay.testing import Proxy, RedisServer, ServiceProcess
 from websockets.asyncio.client import ClientConnection, connect
 
 TOPOLOGIES = ("memory", "redis1", "redis2", "workers2")
@@ -218,6 +222,65 @@ async def check_session(url: str, other: str, n: int) -> bool:
         return bool(again["resumed"]) and reply["type"] == "ack"
 
 
+GATEWAY = """
+import asyncio, sys
+{module_import}
+
+async def main():
+    async with RelayProducer(sys.argv[1], channel=sys.argv[2], backoff=(0.05, 0.5)) as relay:
+        async def reply(n):
+            message_id = f"t{{n}}"
+            for token in range(40):
+                await relay.send(message_id, f"{{n}}.{{token}} ")
+                await asyncio.sleep(0.03)
+            try:
+                await asyncio.wait_for(relay.finish(message_id), 30)
+                print("acked", message_id, flush=True)
+            except Exception as exc:
+                print("failed", message_id, type(exc).__name__, flush=True)
+        await asyncio.gather(*(reply(n) for n in range(int(sys.argv[3]))))
+
+asyncio.run(main())
+"""
+
+
+async def check_truncation(c: Cluster, python: str | None, module: str, replies: int) -> int:
+    """Acked replies out of ``replies`` that no ``message`` holds whole."""
+    channel = "truncation"
+    expected = {f"t{n}": "".join(f"{n}.{token} " for token in range(40)) for n in range(replies)}
+    texts: dict[str, list[str]] = {}
+    async with (
+        Proxy(int(c.urls[0].rsplit(":", 1)[1])) as proxy,
+        connect(
+            f"{c.urls[-1]}/subscribe?channel={channel}", max_size=None, close_timeout=1
+        ) as subscriber,
+    ):
+        await subscriber.recv()
+        code = GATEWAY.format(module_import=f"from {module}.client import RelayProducer")
+        gateway = await asyncio.create_subprocess_exec(
+            python or sys.executable, "-c", code, proxy.url, channel, str(replies),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+        async def cut() -> None:
+            while True:
+                await asyncio.sleep(0.3)
+                proxy.cut()
+
+        async def collect() -> None:
+            async for frame in _frames(subscriber, time.monotonic() + 60):
+                if frame["type"] == "message":
+                    texts.setdefault(frame["id"], []).append(frame["text"])
+
+        cutter, collector = asyncio.create_task(cut()), asyncio.create_task(collect())
+        out, _ = await asyncio.wait_for(gateway.communicate(), 90)
+        cutter.cancel()
+        await asyncio.sleep(1.0)
+        collector.cancel()
+    acked = [line.split()[1] for line in out.decode().splitlines() if line.startswith("acked")]
+    return sum(1 for message_id in acked if expected[message_id] not in texts.get(message_id, []))
+
+
 async def check_ready(c: Cluster) -> float:
     """Seconds from a Redis restart until every relay answers ``/readyz`` with 200."""
     assert c.redis is not None
@@ -251,6 +314,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await check_session(c.urls[0], c.urls[-1], n) for n in range(args.sessions)
                 ]
                 row["resumed_sessions"] = sum(outcomes)
+                row["truncated_replies"] = await check_truncation(
+                    c, args.relay_python, args.relay_module, args.replies
+                )
                 row["ready_after_restart_s"] = round(await check_ready(c), 2)
         results[topology] = row
         print(f"{topology}: {json.dumps(row)}", flush=True)
@@ -264,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--joiners", type=int, default=200)
     parser.add_argument("--offsets", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--replies", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--relay-python", help="the interpreter of the relay to check")
     parser.add_argument("--relay-module", default="token_relay", help="its module (-m)")

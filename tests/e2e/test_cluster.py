@@ -11,12 +11,11 @@ import pytest
 import pytest_asyncio
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame
-from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
+from token_relay.testing import Balancer, RedisServer, ServiceProcess, eventually, relay_process
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
-from .proxy import Balancer
 
 # The relay processes live in this module's event loop, so that a pair can outlive a test.
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.exactness import TOPOLOGIES, check_joins, check_resume, check_session, cluster
+from bench.exactness import (
+    TOPOLOGIES,
+    check_joins,
+    check_resume,
+    check_session,
+    check_truncation,
+    cluster,
+)
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -18,6 +25,8 @@ async def test_joins_and_resumes_are_exact(topology: str) -> None:
         # A subscriber cut (no close frame) every 50-200 ms, resuming with since on a
         # random process: no offset twice, none missing.
         assert await check_resume(relays, 150, seed=7) == (0, 0)
+        # A gateway (RelayProducer) cut every 300 ms: every acked reply arrives whole.
+        assert await check_truncation(relays, None, "token_relay", 15) == 0
         if topology != "memory":
             # A producer cut mid-message resumes on the other process (or worker).
             for n in range(5):
