@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -419,3 +420,63 @@ async def test_a_rolling_restart_of_both_processes_aborts_nothing(
     assert {message_id: texts for message_id, texts in received.items()} == {
         message_id: [text] for message_id, text in expected.items()
     }
+
+
+async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    expected = {f"q{n}": "".join(f"{n}.{t} " for t in range(30)) for n in range(20)}
+    acked: list[str] = []
+    live: list[dict[str, Any]] = []
+
+    async def gateway(url: str, ids: list[str]) -> None:
+        async with RelayProducer(url, channel="restart", backoff=(0.05, 0.5)) as producer:
+            for message_id in ids:
+                for token in expected[message_id].split(" ")[:-1]:
+                    await producer.send(message_id, token + " ")
+                    await asyncio.sleep(0.01)
+                await asyncio.wait_for(producer.finish(message_id), 30)
+                acked.append(message_id)
+
+    try:
+        watcher = await _subscribed(b.url, "channel=restart")
+
+        async def watch() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    live.append(await recv_json(watcher, 30))
+
+        watching = asyncio.create_task(watch())
+        ids = sorted(expected)
+        gateways = asyncio.gather(*(gateway((a, b)[n % 2].url, ids[n::10]) for n in range(10)))
+        await asyncio.sleep(0.3)
+        redis_server.kill()  # empty on restart: a new epoch for every channel
+        await asyncio.sleep(0.5)
+        redis_server.start()
+        await asyncio.wait_for(gateways, 60)
+        watching.cancel()
+        # What the subscriber saw before the restart, and the new epoch's whole history.
+        async with connect(f"{a.url}/subscribe") as replay:
+            await send_json(replay, {"type": "subscribe", "channel": "restart"})
+            current = await recv_json(replay)
+            await send_json(replay, {"type": "unsubscribe", "channel": "restart"})
+            await recv_json(replay)
+            await send_json(
+                replay,
+                {"type": "subscribe", "channel": "restart",
+                 "since": {"offset": 0, "epoch": current["epoch"]}},
+            )  # fmt: skip
+            assert (await recv_json(replay))["recovered"] is True
+            history = [await recv_json(replay) for _ in range(current["offset"])]
+        before = [f for f in live if f["type"] in ("message", "aborted")]
+        before = [f for f in before if f["epoch"] != current["epoch"]]
+        terminal = before + history
+        assert sorted(acked) == ids
+        ends = [f["id"] for f in terminal]
+        assert sorted(ends) == ids  # every message ends in exactly one terminal frame
+        assert {f["id"]: f["text"] for f in terminal if f["type"] == "message"} == expected
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
