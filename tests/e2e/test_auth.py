@@ -7,8 +7,8 @@ from typing import Any
 
 import jwt
 import pytest
-from token_relay.core.errors import ErrorCode, FrameRejected, InvalidToken
-from token_relay.core.grants import OPEN, Grant, Role
+from token_relay.core.errors import ConfigError, ErrorCode, FrameRejected, InvalidToken
+from token_relay.core.grants import OPEN, Grant, Role, refusal
 from token_relay.edge import tokens as auth
 from token_relay.edge.tokens import ALGORITHM, mint, verify
 
@@ -130,12 +130,38 @@ def test_allows_glob_patterns() -> None:
     assert grant.allows("Chat-1") is False
 
 
-def test_allows_other_glob_forms() -> None:
-    grant = Grant(Role.PRODUCE, ("room-?", "team-[ab]"))
-    assert grant.allows("room-1") is True
-    assert grant.allows("room-12") is False
-    assert grant.allows("team-a") is True
-    assert grant.allows("team-c") is False
+LONG_SECRET = "a-secret-long-enough-for-hs256-keys"
+
+
+def test_grants_are_exact_names_or_prefixes_never_globs() -> None:
+    # Channel names may hold glob characters: a grant names them literally.
+    grant = Grant(Role.PRODUCE, ("room-1", "chat-*"))
+    assert grant.allows("room-1") is True and grant.allows("room-12") is False
+    assert grant.allows("chat-") is True and grant.allows("chat-42") is True
+    assert grant.allows("chat") is False and grant.allows("xchat-1") is False
+    literal = Grant(Role.PRODUCE, ("a*b-literal",))  # what verify() would refuse
+    assert literal.allows("a*b-literal") is True and literal.allows("axb-literal") is False
+
+
+@pytest.mark.parametrize("pattern", ["room-?", "team-[ab]", "a*b", "**", "x*y*"])
+def test_a_grant_with_a_metacharacter_inside_is_refused(pattern: str) -> None:
+    assert refusal(pattern) is not None
+    with pytest.raises(ConfigError):
+        mint(LONG_SECRET, Role.PRODUCE, [pattern], 60)
+    forged = jwt.encode(
+        {"role": "produce", "channels": [pattern], "exp": int(time.time()) + 60},
+        LONG_SECRET,
+        algorithm=ALGORITHM,
+    )
+    with pytest.raises(InvalidToken):
+        verify(forged, LONG_SECRET)
+
+
+@pytest.mark.parametrize("pattern", ["chat-42", "chat-*", "*", "a-b.c/d"])
+def test_exact_names_and_prefix_grants_are_accepted(pattern: str) -> None:
+    assert refusal(pattern) is None
+    token = mint(LONG_SECRET, Role.PRODUCE, [pattern], 60)
+    assert verify(token, LONG_SECRET).channels == (pattern,)
 
 
 def test_star_and_open_allow_everything() -> None:

@@ -38,7 +38,7 @@ def _mint(args: Sequence[str]) -> int:
         "--channel",
         action="append",
         required=True,
-        help="a channel name or glob pattern such as 'chat-*' (repeatable)",
+        help="a channel name, or a prefix ending in '*' such as 'chat-*' (repeatable)",
     )
     parser.add_argument("--ttl", type=float, default=3600.0, help="seconds until it expires")
     parser.add_argument(
@@ -48,7 +48,11 @@ def _mint(args: Sequence[str]) -> int:
     if not options.secret:
         print("error: give --secret or set RELAY_SECRET", file=sys.stderr)
         return 2
-    print(mint(options.secret, Role(options.role), options.channel, options.ttl))
+    try:
+        print(mint(options.secret, Role(options.role), options.channel, options.ttl))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

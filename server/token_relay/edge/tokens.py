@@ -15,8 +15,8 @@ from typing import Any
 
 import jwt
 
-from ..core.errors import InvalidToken
-from ..core.grants import Grant, Role
+from ..core.errors import ConfigError, InvalidToken
+from ..core.grants import Grant, Role, refusal
 
 __all__ = ["ALGORITHM", "mint", "verify"]
 
@@ -24,7 +24,15 @@ ALGORITHM = "HS256"
 
 
 def mint(secret: str, role: Role, channels: list[str], ttl: float) -> str:
-    """A signed token granting ``role`` on ``channels`` for ``ttl`` seconds."""
+    """A signed token granting ``role`` on ``channels`` for ``ttl`` seconds.
+
+    Raises :class:`ConfigError` for a channel that cannot be a grant (see
+    :func:`~token_relay.core.grants.refusal`).
+    """
+    for channel in channels:
+        problem = refusal(channel)
+        if problem is not None:
+            raise ConfigError(problem)
     claims = {"role": role.value, "channels": channels, "exp": int(time.time() + ttl)}
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
@@ -44,4 +52,8 @@ def verify(token: str, secret: str) -> Grant:
     channels = claims.get("channels")
     if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
         raise InvalidToken("claim 'channels' must be a list of names or patterns")
+    for channel in channels:
+        problem = refusal(channel)
+        if problem is not None:
+            raise InvalidToken(problem)
     return Grant(role, tuple(channels))
