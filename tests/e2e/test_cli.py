@@ -128,7 +128,7 @@ def test_settings_come_from_flags_then_environment() -> None:
         "RELAY_MAX_FRAME_BYTES": "2048",
         "RELAY_HOST": "0.0.0.0",
         "RELAY_SECRET": "s3cret",
-        "RELAY_ALLOWED_ORIGINS": "https://a.example, https://b.example",
+        "RELAY_ALLOWED_ORIGIN": "https://a.example, https://b.example",
         "RELAY_IDLE_TIMEOUT": "2.5",
     }
     assert Settings.from_args([], env) == Settings(

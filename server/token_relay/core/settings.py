@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
@@ -136,6 +137,21 @@ class Settings:
         return cls(**values)
 
     @classmethod
+    def flag(cls, name: str) -> str:
+        """The command-line flag of the setting ``name`` (``--allowed-origin``)."""
+        item = next(item for item in fields(cls) if item.name == name)
+        flag: str = item.metadata.get("flag", "--" + name.replace("_", "-"))
+        return flag
+
+    @classmethod
+    def environment_names(cls) -> dict[str, str]:
+        """Each setting's environment variable: ``RELAY_`` and its flag, one rule for all."""
+        return {
+            item.name: "RELAY_" + cls.flag(item.name).lstrip("-").replace("-", "_").upper()
+            for item in fields(cls)
+        }
+
+    @classmethod
     def parser(cls, environ: Mapping[str, str]) -> argparse.ArgumentParser:
         """The ``token-relay`` argument parser, with defaults read from ``environ``."""
         parser = argparse.ArgumentParser(
@@ -148,9 +164,17 @@ class Settings:
         )
         list_defaults: dict[str, list[str]] = {}
         parser.list_defaults = list_defaults  # type: ignore[attr-defined]
+        known = cls.environment_names()
+        for name in environ:
+            if name.startswith("RELAY_") and name not in known.values():
+                close = difflib.get_close_matches(name, known.values(), n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(
+                    f"unknown environment variable {name}: every flag --NAME is RELAY_NAME{hint}"
+                )
         for item in fields(cls):
-            env_name = "RELAY_" + item.name.upper()
-            flag = item.metadata.get("flag", "--" + item.name.replace("_", "-"))
+            flag = cls.flag(item.name)
+            env_name = known[item.name]
             default: Any = item.default
             raw = environ.get(env_name)
             if isinstance(default, bool):
