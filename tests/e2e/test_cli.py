@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -201,3 +202,42 @@ def test_bad_broker_settings_are_refused_with_the_reason(argv: list[str], says: 
     assert result.returncode == 2
     assert says in result.stderr
     assert b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--web-root", "no/such/folder"], b"--web-root 'no/such/folder' is not a folder"),
+        (["--allowed-origin", "notaurl"], b"--allowed-origin 'notaurl' is not an origin"),
+        (["--allowed-origin", "https://a.example/path"], b"is not an origin"),
+    ],
+)
+def test_start_up_failures_are_one_line_naming_the_flag(argv: list[str], says: bytes) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "token_relay", "--port", "0", *argv],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr
+    assert lines[0].startswith(b"error: ")
+
+
+def test_a_port_in_use_is_one_line_naming_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for extra in ([], ["--workers", "2", "--broker", "redis://127.0.0.1:1/0"]):
+            result = subprocess.run(
+                [sys.executable, "-m", "token_relay", "--port", str(port), *extra],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            assert result.returncode == 2, result.stderr
+            errors = [line for line in result.stderr.splitlines() if b"error" in line]
+            assert errors == [errors[-1]] and b"(--host, --port)" in errors[-1], result.stderr
+            assert b"Traceback" not in result.stderr

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import ConfigError
 
@@ -101,6 +102,13 @@ class Settings:
             raise ConfigError("session_grace must not be negative")
         if self.delta_flush_ms < 0:
             raise ConfigError("delta_flush_ms must not be negative")
+        for origin in self.allowed_origins:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:
+                raise ConfigError(
+                    f"--allowed-origin {origin!r} is not an origin: give scheme://host[:port], "
+                    "for example https://chat.example"
+                )
         if self.loop not in LOOPS:
             raise ConfigError(f"loop must be one of {', '.join(LOOPS)}")
         if self.log_format not in LOG_FORMATS:

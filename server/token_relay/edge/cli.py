@@ -84,11 +84,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if relay is None:
-        return run_workers(settings)
-    with (
-        contextlib.suppress(KeyboardInterrupt),
-        asyncio.Runner(loop_factory=event_loop) as runner,
-    ):
-        runner.run(run(relay))
+    try:
+        if relay is None:
+            return run_workers(settings)
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            asyncio.Runner(loop_factory=event_loop) as runner,
+        ):
+            runner.run(run(relay))
+    except OSError as exc:
+        # The one start-up failure the settings cannot foresee: the address is taken or
+        # cannot be bound.
+        reason = exc.strerror or str(exc)
+        print(
+            f"error: cannot listen on {settings.host}:{settings.port} (--host, --port): {reason}",
+            file=sys.stderr,
+        )
+        return 2
     return 0

@@ -14,6 +14,8 @@ from pathlib import Path
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Response
 
+from ..core.errors import ConfigError
+
 __all__ = ["StaticFiles", "with_body"]
 
 CONTENT_TYPES = {
@@ -33,6 +35,8 @@ class StaticFiles:
     """The files of one folder, held in memory, keyed by URL path."""
 
     def __init__(self, root: Path) -> None:
+        if not root.is_dir():
+            raise ConfigError(f"--web-root {str(root)!r} is not a folder")
         self.files: dict[str, tuple[str, bytes]] = {}
         for path in sorted(root.iterdir()):
             content_type = CONTENT_TYPES.get(path.suffix)
