@@ -112,3 +112,36 @@ async def test_a_connection_without_a_grant_is_refused_not_allowed(
         )
         assert not relay.hub.subscribers("c")
         assert relay.gate.per_address == {}
+
+
+async def test_behind_a_trusted_proxy_each_forwarded_client_is_counted_apart() -> None:
+    trusting, relay = await start_relay(trusted_proxies=("127.0.0.1/32",), max_connections_per_ip=2)
+    untrusting, other = await start_relay(max_connections_per_ip=2)
+    async with relay, other:
+
+        async def status(url: str, client: str) -> int | object:
+            port = int(url.rsplit(":", 1)[1])
+            request = _handshake("x", origin=None, key=True).replace(
+                b"Host: relay", f"Host: relay\r\nX-Forwarded-For: {client}".encode()
+            )
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request.replace(b"&token=x", b""))
+            line = await asyncio.wait_for(reader.readline(), 5)
+            return int(line.split()[1]), writer
+
+        held = []
+        for client in ("1.1.1.1", "1.1.1.1", "2.2.2.2", "3.3.3.3"):
+            code, writer = await status(trusting.url, client)  # type: ignore[misc]
+            held.append(writer)
+            assert code == 101, client
+        code, writer = await status(trusting.url, "1.1.1.1")  # type: ignore[misc]
+        held.append(writer)
+        assert code == 429  # that client's own limit
+        await eventually(lambda: relay.gate.per_address.get("1.1.1.1") == 2)
+        # Without --trusted-proxy the header is ignored: everyone is 127.0.0.1.
+        for expected in (101, 101, 429):
+            code, writer = await status(untrusting.url, "9.9.9.9")  # type: ignore[misc]
+            held.append(writer)
+            assert code == expected
+        for writer in held:
+            writer.close()

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
+from .forwarded import parse_networks
 
 __all__ = ["Settings"]
 
@@ -36,6 +37,8 @@ class Settings:
     insecure: bool = False
     """Allow running without a secret on a non-loopback address."""
     allowed_origins: tuple[str, ...] = field(default=(), metadata=_flag("--allowed-origin"))
+    trusted_proxies: tuple[str, ...] = field(default=(), metadata=_flag("--trusted-proxy"))
+    """Networks (CIDR) of reverse proxies whose Forwarded / X-Forwarded-For is believed."""
     """Browser origins allowed to connect (repeatable); clients sending no Origin always may."""
     max_frame_bytes: int = MIB
     """A bigger incoming frame closes the connection with 1009."""
@@ -102,6 +105,14 @@ class Settings:
             raise ConfigError("session_grace must not be negative")
         if self.delta_flush_ms < 0:
             raise ConfigError("delta_flush_ms must not be negative")
+        for cidr in self.trusted_proxies:
+            try:
+                parse_networks([cidr])
+            except ValueError:
+                raise ConfigError(
+                    f"--trusted-proxy {cidr!r} is not a network: give an address or CIDR, "
+                    "for example 10.0.0.0/8"
+                ) from None
         for origin in self.allowed_origins:
             parts = urlsplit(origin)
             if parts.scheme not in ("http", "https") or not parts.netloc or parts.path:

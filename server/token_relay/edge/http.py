@@ -32,6 +32,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
 from ..core.errors import InvalidToken
+from ..core.forwarded import client_address, parse_networks
 from ..core.grants import OPEN, Grant, Role
 from ..core.protocol import MAX_NAME_LENGTH
 from ..core.settings import Settings
@@ -39,7 +40,7 @@ from .metrics import Metrics
 from .tokens import verify
 from .web import StaticFiles, with_body
 
-__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "RelayConnection", "query_of"]
+__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "RelayConnection", "client_of", "query_of"]
 
 PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
@@ -51,6 +52,8 @@ class RelayConnection(ServerConnection):
 
     grant: Grant | None = None
     """Set by :meth:`Gate.check` when it admits the handshake; None means refused."""
+    client: str | None = None
+    """The client's address: the peer's, or the one a trusted proxy forwarded for."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -67,6 +70,7 @@ class Gate:
         self.ready = ready
         self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
         self.per_address: dict[str, int] = {}
+        self.trusted = parse_networks(settings.trusted_proxies)
 
     def check(self, connection: ServerConnection, request: Request) -> Response | None:
         """websockets' ``process_request``: a response refuses the handshake.
@@ -92,7 +96,10 @@ class Gate:
             return page or connection.respond(
                 HTTPStatus.NOT_FOUND, f"no endpoint at {path}; use /produce or /subscribe\n"
             )
-        if self.per_address.get(_address(connection), 0) >= self.settings.max_connections_per_ip:
+        client = client_address(_peer(connection), list(request.headers.raw_items()), self.trusted)
+        if isinstance(connection, RelayConnection):
+            connection.client = client
+        if self.per_address.get(client, 0) >= self.settings.max_connections_per_ip:
             return connection.respond(
                 HTTPStatus.TOO_MANY_REQUESTS, "too many connections from this address\n"
             )
@@ -135,12 +142,12 @@ class Gate:
 
     def admit(self, connection: ServerConnection) -> None:
         """Count an admitted connection against its client address."""
-        address = _address(connection)
+        address = client_of(connection)
         self.per_address[address] = self.per_address.get(address, 0) + 1
 
     def release(self, connection: ServerConnection) -> None:
         """Uncount a connection that closed."""
-        address = _address(connection)
+        address = client_of(connection)
         left = self.per_address.get(address, 1) - 1
         if left > 0:
             self.per_address[address] = left
@@ -148,9 +155,15 @@ class Gate:
             self.per_address.pop(address, None)
 
 
-def _address(connection: ServerConnection) -> str:
+def _peer(connection: ServerConnection) -> str:
     remote = connection.remote_address
     return str(remote[0]) if remote else "unknown"
+
+
+def client_of(connection: ServerConnection) -> str:
+    """The address a connection counts and logs as (see ``--trusted-proxy``)."""
+    client = connection.client if isinstance(connection, RelayConnection) else None
+    return client or _peer(connection)
 
 
 def _bearer(request: Request) -> str:

@@ -50,7 +50,7 @@ from ..core.hub import ChannelHub
 from ..core.protocol import AbortReason, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
-from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, RelayConnection, query_of
+from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, RelayConnection, client_of, query_of
 from .metrics import Metrics
 from .producers import ProducerEndpoint
 from .subscribers import SubscriberEndpoint
@@ -201,7 +201,7 @@ class Relay:
         gauge = self.metrics.connections.labels(role)
         gauge.inc()
         opened = time.monotonic()
-        peer = connection.remote_address[0] if connection.remote_address else None
+        peer = client_of(connection)
         log.info(
             "%s connected from %s (%s)",
             role,
