@@ -291,3 +291,16 @@ def test_an_unknown_relay_variable_is_an_error_naming_the_right_one() -> None:
     assert _from([], RELAY_ALLOWED_ORIGIN="https://good.example").allowed_origins == (
         "https://good.example",
     )
+
+
+def test_help_describes_every_flag_in_a_sentence() -> None:
+    parser = Settings.parser({})
+    for action in parser._actions:
+        if action.dest in ("help",):
+            continue
+        text = action.help or ""
+        sentence = text.split("(env")[0].strip()
+        assert len(sentence) > 15 and sentence[0].isupper(), (action.dest, text)
+    helps = {action.dest: action.help or "" for action in parser._actions}
+    assert "asyncio" in helps["loop"] and "uvloop" in helps["loop"]
+    assert "plain" in helps["log_format"] and "json" in helps["log_format"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import functools
+import inspect
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
@@ -31,15 +34,18 @@ class Settings:
     """Every tunable of a relay process. Each limit's policy is in the README."""
 
     host: str = "127.0.0.1"
+    """The address to listen on."""
     port: int = 8765
+    """The TCP port to listen on; 0 picks a free one and the start-up line names it."""
     secret: str = ""
     """HS256 key for connection tokens; without it the relay is open (loopback only)."""
     insecure: bool = False
     """Allow running without a secret on a non-loopback address."""
     allowed_origins: tuple[str, ...] = field(default=(), metadata=_flag("--allowed-origin"))
-    trusted_proxies: tuple[str, ...] = field(default=(), metadata=_flag("--trusted-proxy"))
-    """Networks (CIDR) of reverse proxies whose Forwarded / X-Forwarded-For is believed."""
     """Browser origins allowed to connect (repeatable); clients sending no Origin always may."""
+    trusted_proxies: tuple[str, ...] = field(default=(), metadata=_flag("--trusted-proxy"))
+    """A reverse proxy's address or network (CIDR), whose Forwarded or X-Forwarded-For names
+    the client (repeatable); other peers' headers are ignored."""
     max_frame_bytes: int = MIB
     """A bigger incoming frame closes the connection with 1009."""
     max_message_chars: int = MIB
@@ -86,7 +92,7 @@ class Settings:
     loop: str = "asyncio"
     """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
     log_format: str = "plain"
-    """``plain`` or ``json`` (one object per line)."""
+    """The log format: ``plain`` lines or ``json`` (one object per line)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -184,6 +190,7 @@ class Settings:
         list_defaults: dict[str, list[str]] = {}
         parser.list_defaults = list_defaults  # type: ignore[attr-defined]
         known = cls.environment_names()
+        described = descriptions()
         for name in environ:
             if name.startswith("RELAY_") and name not in known.values():
                 close = difflib.get_close_matches(name, known.values(), n=1)
@@ -204,7 +211,7 @@ class Settings:
                     dest=item.name,
                     action="store_true",
                     default=default,
-                    help=f"(env {env_name})",
+                    help=f"{described.get(item.name, '')} (env {env_name})",
                 )
                 continue
             if isinstance(default, tuple):
@@ -218,7 +225,8 @@ class Settings:
                     action="append",
                     default=None,
                     metavar="VALUE",
-                    help=f"repeatable (env {env_name}, comma-separated)",
+                    help=f"{described.get(item.name, '')} Repeatable "
+                    f"(env {env_name}, comma-separated).",
                 )
                 continue
             kind: type[int] | type[float] | type[str] = type(default)
@@ -236,9 +244,27 @@ class Settings:
                 type=kind,
                 default=default,
                 metavar=item.name.upper() if kind is str else "N",
-                help=f"(env {env_name}, default {shown!s})",
+                help=f"{described.get(item.name, '')} (env {env_name}, default {shown!s})",
             )
         return parser
+
+
+@functools.cache
+def descriptions() -> dict[str, str]:
+    """Each setting's docstring, on one line: the one description, shown by ``--help``."""
+    tree = ast.parse(inspect.getsource(Settings))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    found: dict[str, str] = {}
+    for node, following in zip(body, [*body[1:], None], strict=True):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            found[node.target.id] = " ".join(following.value.value.replace("``", "").split())
+    return found
 
 
 def _is_loopback(host: str) -> bool:
