@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 
 import pytest
 from token_relay import Relay, Settings
 from token_relay.core.grants import Role
 from token_relay.edge.http import RelayConnection
 from token_relay.edge.tokens import mint
-from token_relay.testing import eventually
+from token_relay.testing import eventually, relay_process
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -145,3 +146,39 @@ async def test_behind_a_trusted_proxy_each_forwarded_client_is_counted_apart() -
             assert code == expected
         for writer in held:
             writer.close()
+
+
+async def test_refusals_log_the_peer_the_path_and_the_reason() -> None:
+    secret = SECRET
+    relay = await relay_process(
+        "--log-format", "json", "--secret", secret, "--max-connections-per-ip", "1"
+    ).start()
+    try:
+        port = relay.port
+        sub_token = mint(secret, Role.SUBSCRIBE, ["c"], 60)
+        bad = await _status(port, _handshake("not-a-token", origin=None, key=True))
+        wrong_role = await _status(
+            port,
+            _handshake(sub_token, origin=None, key=True).replace(b"/subscribe", b"/produce"),
+        )
+        async with connect(f"{relay.url}/subscribe?channel=c&token={sub_token}") as held:
+            await recv_json(held)
+            limited = await _status(port, _handshake(sub_token, origin=None, key=True))
+        assert (bad, wrong_role, limited) == (401, 403, 429)
+        await eventually(lambda: relay.log.count('"event": "refused"') >= 3, 5)
+    finally:
+        await relay.terminate()
+    refused = [
+        json.loads(line)
+        for line in relay.log.splitlines()
+        if line.startswith("{") and '"refused"' in line
+    ]
+    assert [(r["status"], r["path"], r["peer"]) for r in refused] == [
+        (401, "/subscribe", "127.0.0.1"),
+        (403, "/produce", "127.0.0.1"),
+        (429, "/subscribe", "127.0.0.1"),
+    ]
+    assert refused[0]["reason"].startswith("invalid token:")
+    assert refused[1]["reason"] == "this token's role is 'subscribe', not 'produce'"
+    assert not any("Role." in r["reason"] or "<" in r["reason"] for r in refused)  # no reprs
+    assert sub_token not in relay.log and "not-a-token" not in relay.log

@@ -23,6 +23,7 @@ behind. A connection without a grant is refused, never taken as allowed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
@@ -45,6 +46,8 @@ __all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "RelayConnection", "client_
 PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
+
+log = logging.getLogger("token_relay")
 
 
 class RelayConnection(ServerConnection):
@@ -99,40 +102,55 @@ class Gate:
         client = client_address(_peer(connection), list(request.headers.raw_items()), self.trusted)
         if isinstance(connection, RelayConnection):
             connection.client = client
+        decision = self._decide(role, request, client)
+        if isinstance(decision, Grant):
+            return self._grant(connection, decision)
+        status, reason = decision
+        # A refusal names the peer, the path and the reason; never the query (a token).
+        log.info(
+            "refused %s from %s: %d %s",
+            path,
+            client,
+            status,
+            reason,
+            extra={
+                "event": "refused",
+                "peer": client,
+                "path": path,
+                "status": int(status),
+                "reason": reason,
+            },
+        )
+        return connection.respond(status, reason + "\n")
+
+    def _decide(self, role: Role, request: Request, client: str) -> Grant | tuple[HTTPStatus, str]:
+        """The grant of an admitted handshake, or the status and reason of its refusal."""
         if self.per_address.get(client, 0) >= self.settings.max_connections_per_ip:
-            return connection.respond(
-                HTTPStatus.TOO_MANY_REQUESTS, "too many connections from this address\n"
-            )
+            return HTTPStatus.TOO_MANY_REQUESTS, "too many connections from this address"
         query = query_of(request.path)
         channels = query.get("channel", [])
         if role is Role.PRODUCE and len(channels) > 1:
-            return connection.respond(HTTPStatus.BAD_REQUEST, "give at most one ?channel=\n")
+            return HTTPStatus.BAD_REQUEST, "give at most one ?channel="
         for channel in channels:
             if not 1 <= len(channel) <= MAX_NAME_LENGTH:
-                return connection.respond(
+                return (
                     HTTPStatus.BAD_REQUEST,
-                    f"?channel= must be 1 to {MAX_NAME_LENGTH} characters\n",
+                    f"?channel= must be 1 to {MAX_NAME_LENGTH} characters",
                 )
         if self.settings.open_access:
-            return self._grant(connection, OPEN)
+            return OPEN
         token = query.get("token", [""])[-1] or _bearer(request)
         if not token:
-            return connection.respond(
-                HTTPStatus.UNAUTHORIZED, "a token is required: ?token= or Authorization: Bearer\n"
-            )
+            return HTTPStatus.UNAUTHORIZED, "a token is required: ?token= or Authorization: Bearer"
         try:
             grant = verify(token, self.settings.secret)
         except InvalidToken as exc:
-            return connection.respond(HTTPStatus.UNAUTHORIZED, f"invalid token: {exc}\n")
+            return HTTPStatus.UNAUTHORIZED, f"invalid token: {exc}"
         if grant.role is not role:
-            return connection.respond(
-                HTTPStatus.FORBIDDEN, f"this token's role is '{grant.role}', not '{role}'\n"
-            )
+            return HTTPStatus.FORBIDDEN, f"this token's role is '{grant.role}', not '{role}'"
         if role is Role.PRODUCE and channels and not grant.allows(channels[0]):
-            return connection.respond(
-                HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel\n"
-            )
-        return self._grant(connection, grant)
+            return HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel"
+        return grant
 
     def _grant(self, connection: ServerConnection, grant: Grant) -> Response | None:
         if not isinstance(connection, RelayConnection):
