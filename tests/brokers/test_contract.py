@@ -281,3 +281,21 @@ async def test_one_live_owner_per_id_in_a_channel(broker: Broker) -> None:
     assert [json.loads(frame)["delta"] for frame in deltas] == ["mine"]
     # Released with its terminal frame: the id is free again.
     assert broker.open("c", "inst.2", "m") is True
+
+
+async def test_subscribing_creates_no_durable_channel_state(broker: Broker) -> None:
+    await broker.terminal("real", "inst.1", "m", message_body("real", "m", "t"))
+    epoch = (await broker.catch_up("real", None, False)).epoch
+    for n in range(300):
+        cut = await broker.catch_up(f"junk-{n}", None, True)
+        assert cut.offset == 0
+    history = getattr(broker, "history", None)
+    if history is not None:  # memory: one log, the real channel's
+        assert len(history) == 1
+    else:  # Redis: a junk channel's reserved epoch expires soon, nothing else is kept
+        redis = broker._client()  # type: ignore[attr-defined]
+        keys = [key async for key in redis.scan_iter("tr:*junk-1*")]
+        assert keys and all(key.startswith(b"tr:epoch:") for key in keys)
+        assert 0 < await redis.ttl(keys[0]) <= 600
+    cut = await broker.catch_up("real", (1, epoch), False)
+    assert (cut.recovered, cut.epoch) == (True, epoch)

@@ -326,3 +326,31 @@ def test_record_with_failing_render_does_not_corrupt_replay() -> None:
     assert replay == Replay(True, [f"frame 2 of {log.epoch}"], 2, log.epoch) or (
         replay.recovered is False and replay.frames == []
     )
+
+
+def test_joining_channels_with_no_history_never_evicts_one_that_has_some() -> None:
+    store = HistoryStore(size=10, ttl=100.0, max_channels=2)
+    store.record("real", 0.0, lambda offset, epoch: f"{offset}@{epoch}")
+    epoch = store.log("real", 0.0).epoch
+    for n in range(1000):
+        assert store.position(f"junk-{n}", 1.0).offset == 0
+    assert len(store) == 1  # only the real channel has a log
+    replay = store.log("real", 2.0).replay(0, epoch)
+    assert (replay.recovered, replay.frames) == (True, [f"1@{epoch}"])
+
+
+def test_the_epoch_a_joiner_was_told_is_the_one_the_first_message_gets() -> None:
+    store = HistoryStore(size=10, ttl=100.0, max_channels=2)
+    told = store.position("c", 0.0).epoch
+    assert store.position("c", 1.0).epoch == told  # stable while reserved
+    frame = store.record("c", 2.0, lambda offset, epoch: f"{offset}@{epoch}")
+    assert frame == f"1@{told}"
+    assert store.position("c", 3.0).epoch == told
+
+
+def test_reserved_epochs_are_bounded_and_a_dropped_one_is_not_reused() -> None:
+    store = HistoryStore(size=10, ttl=100.0, max_channels=2)
+    first = store.position("a", 0.0).epoch
+    store.position("b", 0.0)
+    store.position("c", 0.0)  # pushes "a" out
+    assert store.position("a", 0.0).epoch != first

@@ -182,3 +182,35 @@ async def test_refusals_log_the_peer_the_path_and_the_reason() -> None:
     assert refused[1]["reason"] == "this token's role is 'subscribe', not 'produce'"
     assert not any("Role." in r["reason"] or "<" in r["reason"] for r in refused)  # no reprs
     assert sub_token not in relay.log and "not-a-token" not in relay.log
+
+
+async def test_subscribe_churn_is_rate_limited_and_evicts_no_history() -> None:
+    running, relay = await start_relay(max_subscribes_per_second=50, max_history_channels=5)
+    async with relay:
+        async with running.connect("/produce?channel=real") as producer:
+            await producer.send(json.dumps({"id": "m", "delta": "kept", "final": True}))
+            await recv_json(producer)
+        async with running.connect("/subscribe") as churn:
+            codes: dict[str, int] = {}
+            for n in range(100):
+                for kind in ("subscribe", "unsubscribe"):
+                    await churn.send(json.dumps({"type": kind, "channel": f"junk-{n}"}))
+            for _ in range(200):
+                frame = await recv_json(churn)
+                key = frame.get("code", frame["type"])
+                codes[key] = codes.get(key, 0) + 1
+            assert 40 <= codes.get("rate_limited", 0) <= 160
+        async with running.connect("/subscribe") as resumer:
+            await resumer.send(json.dumps({"type": "subscribe", "channel": "real"}))
+            position = await recv_json(resumer)
+            assert position["offset"] == 1
+        async with running.connect("/subscribe") as again:
+            await again.send(
+                json.dumps(
+                    {"type": "subscribe", "channel": "real",
+                     "since": {"offset": 0, "epoch": position["epoch"]}}
+                )
+            )  # fmt: skip
+            confirmed = await recv_json(again)
+            assert (confirmed["recovered"], confirmed["epoch"]) == (True, position["epoch"])
+            assert (await recv_json(again))["text"] == "kept"

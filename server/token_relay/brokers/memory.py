@@ -126,7 +126,7 @@ class MemoryBroker:
 
     async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
         """The channel's position, missed history and messages in progress, right now."""
-        log = self.history.log(channel, time.monotonic())
+        log = self.history.position(channel, time.monotonic())
         recovered: bool | None = None
         frames: list[str] = []
         if since is not None:

@@ -75,6 +75,8 @@ log = logging.getLogger("token_relay.redis")
 
 KEY_TTL = 7 * 24 * 3600
 """Seconds an idle channel's epoch and offset are kept."""
+RESERVED_EPOCH_TTL = 600
+"""Seconds the epoch a subscribe reserved for a channel nobody published to is kept."""
 MAX_QUEUE = 100_000
 """Writes waiting for Redis, at most."""
 MAX_BATCH = 1000
@@ -622,6 +624,7 @@ class RedisBroker:
                 int(live),
                 KEY_TTL,
                 _key("text", ""),
+                RESERVED_EPOCH_TTL,
             ],
         )
 

@@ -178,8 +178,9 @@ late writes lands. False if there is no such session, or the grant differs."""
 CATCH_UP = """
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
+  -- Only reserve the epoch, for a while: the first terminal frame keeps it for good.
   epoch = ARGV[2]
-  redis.call('SET', KEYS[1], epoch, 'EX', ARGV[4])
+  redis.call('SET', KEYS[1], epoch, 'EX', ARGV[6])
   redis.call('DEL', KEYS[2], KEYS[4])
 end
 local offset = tonumber(redis.call('GET', KEYS[2]) or '0')

@@ -81,7 +81,7 @@ class ChannelLog:
     def __init__(self, size: int) -> None:
         self.epoch = new_epoch()
         self.offset = 0
-        self._entries: deque[tuple[int, float, str]] = deque(maxlen=size)
+        self._entries: deque[tuple[int, float, str]] = deque(maxlen=max(size, 0))
 
     def record(self, now: float, render: Callable[[int, str], str]) -> str:
         """Give the next offset to a frame rendered by ``render(offset, epoch)``; keep it."""
@@ -109,9 +109,15 @@ class ChannelLog:
 
 
 class HistoryStore:
-    """The logs of every channel, bounded in count, per-channel size and age."""
+    """The logs of every channel, bounded in count, per-channel size and age.
 
-    __slots__ = ("_logs", "max_channels", "size", "ttl")
+    Only a channel that has been published to has a log. A subscribe to a channel with no
+    log only reserves the epoch it will start with, among at most ``max_channels``
+    reserved epochs of their own, least recently used first out: subscribing to any
+    number of channels never evicts a channel that has history.
+    """
+
+    __slots__ = ("_logs", "_reserved", "max_channels", "size", "ttl")
 
     def __init__(self, *, size: int, ttl: float, max_channels: int) -> None:
         if size < 1 or ttl <= 0 or max_channels < 1:
@@ -120,6 +126,7 @@ class HistoryStore:
         self.ttl = ttl
         self.max_channels = max_channels
         self._logs: dict[str, ChannelLog] = {}
+        self._reserved: dict[str, str] = {}
 
     def log(self, channel: str, now: float) -> ChannelLog:
         """The channel's log, created if needed, pruned to ``ttl`` and marked recently used."""
@@ -128,9 +135,26 @@ class HistoryStore:
             if len(self._logs) >= self.max_channels:
                 del self._logs[next(iter(self._logs))]
             log = ChannelLog(self.size)
+            reserved = self._reserved.pop(channel, None)
+            if reserved is not None:
+                log.epoch = reserved  # the epoch its subscribers were told
         self._logs[channel] = log
         log.prune(now - self.ttl)
         return log
+
+    def position(self, channel: str, now: float) -> ChannelLog:
+        """The channel's log for a joiner: its own if it has one, else a log with no
+        entries under the epoch reserved for it (nothing is stored but that epoch)."""
+        log = self._logs.get(channel)
+        if log is not None:
+            return self.log(channel, now)
+        epoch = self._reserved.pop(channel, None) or new_epoch()
+        self._reserved[channel] = epoch
+        while len(self._reserved) > self.max_channels:
+            del self._reserved[next(iter(self._reserved))]
+        empty = ChannelLog(0)
+        empty.epoch = epoch
+        return empty
 
     def record(self, channel: str, now: float, render: Callable[[int, str], str]) -> str:
         """Record a terminal frame on ``channel``; returns its serialized form."""

@@ -38,6 +38,7 @@ from ..core.protocol import (
     encode,
     error_frame,
 )
+from ..core.ratelimit import TokenBucket
 from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
 from .metrics import Metrics
@@ -73,9 +74,12 @@ class SubscriberEndpoint:
     ) -> None:
         """Serve one subscriber connection until it ends."""
         received = self.metrics.frames_in_subscriber
+        loop = asyncio.get_running_loop()
+        rate = self.settings.max_subscribes_per_second
+        bucket = TokenBucket(rate, rate, loop.time())
         try:
             for frame in initial:
-                await self._answer(connection, frame, grant)
+                await self._answer(connection, frame, grant, bucket)
             async for raw in connection:
                 received.inc()
                 if isinstance(raw, bytes):
@@ -86,7 +90,7 @@ class SubscriberEndpoint:
                 except FrameRejected as exc:
                     self.reject_now(connection, exc)
                     continue
-                await self._answer(connection, request, grant)
+                await self._answer(connection, request, grant, bucket)
         finally:
             for channel in self.router.remove(connection):
                 await self._update_interest(channel)
@@ -97,9 +101,19 @@ class SubscriberEndpoint:
         self.writer.send((connection,), error_frame(exc))
 
     async def _answer(
-        self, connection: ServerConnection, frame: Subscribe | Unsubscribe | Cancel, grant: Grant
+        self,
+        connection: ServerConnection,
+        frame: Subscribe | Unsubscribe | Cancel,
+        grant: Grant,
+        bucket: TokenBucket,
     ) -> None:
         try:
+            if not isinstance(frame, Cancel) and not bucket.take(asyncio.get_running_loop().time()):
+                raise FrameRejected(
+                    ErrorCode.RATE_LIMITED,
+                    f"over {self.settings.max_subscribes_per_second:g} subscribes and "
+                    "unsubscribes per second; this one changed nothing, send it again",
+                )
             if isinstance(frame, Subscribe):
                 grant.check(frame.channel)
                 await self._subscribe(connection, frame)
