@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -329,3 +330,33 @@ async def test_an_id_in_progress_for_another_producer_is_refused(relay: RunningR
             ("delta", "m"), ("delta", "ok"), ("delta", "m"), ("message", "m"),
         ]  # fmt: skip
         assert frames[3]["text"] == "A0 A1"
+
+
+async def test_a_cancel_flood_reaches_the_producer_once_and_cuts_nothing_else(
+    relay: RunningRelay,
+) -> None:
+    async with (
+        relay.connect("/subscribe?channel=c") as flooder,
+        relay.connect("/subscribe?channel=other") as bystander,
+        relay.connect("/produce") as producer,
+    ):
+        await recv_json(flooder)
+        await recv_json(bystander)
+        await send_json(producer, {"id": "m", "delta": "x", "channel": "c"})
+        await send_json(producer, {"id": "elsewhere", "delta": "going ", "channel": "other"})
+        await asyncio.sleep(0.05)
+        for _ in range(300):
+            await send_json(flooder, {"type": "cancel", "channel": "c", "id": "m"})
+        answers = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                answers.append(await recv_json(flooder, 0.3))
+        # About a second's worth passed (100, plus what the bucket refilled meanwhile).
+        assert {a["code"] for a in answers} == {"rate_limited"}
+        assert 150 <= len(answers) <= 200
+        assert await recv_json(producer) == {"type": "cancel", "channel": "c", "id": "m"}
+        await assert_silent(producer, 0.2)  # once, however many Stop presses
+        await send_json(producer, {"id": "elsewhere", "delta": "on", "final": True,
+                                   "channel": "other"})  # fmt: skip
+        assert (await recv_json(producer))["type"] == "ack"
+        assert (await recv_json(bystander))["text"] == "going on"

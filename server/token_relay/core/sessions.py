@@ -71,6 +71,8 @@ class ProducerSession(Generic[C]):
     """Cancels that arrived while the session was parked."""
     parked_until: float | None = None
     """While parked: when its grace runs out."""
+    cancelled: dict[tuple[str, str], None] = field(default_factory=dict)
+    """``(channel, id)`` of messages in progress already cancelled: a cancel goes once."""
 
     def end(self) -> list[Unfinished]:
         """Abort every unfinished message and free the streams' state."""

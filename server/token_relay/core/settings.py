@@ -57,8 +57,8 @@ class Settings:
     max_events_per_second: float = 50_000.0
     """Events per second per producer connection, in bursts of one second; then ``rate_limited``."""
     max_subscribes_per_second: float = 100.0
-    """Subscribe and unsubscribe frames per subscriber connection per second, in bursts of a
-    second's worth; one more gets rate_limited and changes nothing."""
+    """Subscribe, unsubscribe and cancel frames per subscriber connection per second, in
+    bursts of a second's worth; one more gets rate_limited and changes nothing."""
     max_channels_per_subscriber: int = 100
     """Subscriptions per subscriber connection; one more gets ``too_many_channels``."""
     max_connections_per_ip: int = 256

@@ -378,14 +378,33 @@ class ProducerEndpoint:
         self.writer.send((connection,), error_frame(exc))
 
     def cancel(self, owner: str, payload: Payload) -> None:
-        """Pass a ``cancel`` frame to the local producer session that owns the message."""
+        """Pass a ``cancel`` frame to the local producer session that owns the message.
+
+        Once per message: repeated cancels of a message already cancelled are dropped, and
+        so is one for a message no longer in progress. A producer that is not reading gets
+        none past its high-water mark (the cancel is dropped, the producer is never closed
+        for it): a subscriber's flood of Stop presses can't cut an unrelated reply.
+        """
         session = self.sessions.by_owner.get(owner)
         if session is None:
             return
+        try:
+            frame = json.loads(payload)
+            key = (str(frame["channel"]), str(frame["id"]))
+        except (ValueError, KeyError, TypeError):
+            return
+        if session.streams.channel_of(key[1]) != key[0] or key in session.cancelled:
+            return
+        if len(session.cancelled) >= self.settings.max_streaming_per_producer:
+            # Forget the cancels of messages that have ended since.
+            session.cancelled = {
+                k: None for k in session.cancelled if session.streams.channel_of(k[1]) == k[0]
+            }
+        session.cancelled[key] = None
         if session.connection is None:
             session.cancels.append(payload)  # parked: delivered when it resumes
         else:
-            self.writer.send((session.connection,), payload)
+            self.writer.offer(session.connection, payload)
 
     def claim_refused(self, channel: str, owner: str, message_id: str) -> None:
         """The broker found the id held by another producer: void the local message."""

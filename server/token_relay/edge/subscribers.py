@@ -108,11 +108,12 @@ class SubscriberEndpoint:
         bucket: TokenBucket,
     ) -> None:
         try:
-            if not isinstance(frame, Cancel) and not bucket.take(asyncio.get_running_loop().time()):
+            if not bucket.take(asyncio.get_running_loop().time()):
                 raise FrameRejected(
                     ErrorCode.RATE_LIMITED,
-                    f"over {self.settings.max_subscribes_per_second:g} subscribes and "
-                    "unsubscribes per second; this one changed nothing, send it again",
+                    f"over {self.settings.max_subscribes_per_second:g} subscribes, "
+                    "unsubscribes and cancels per second; this one changed nothing",
+                    frame.id if isinstance(frame, Cancel) else None,
                 )
             if isinstance(frame, Subscribe):
                 grant.check(frame.channel)

@@ -86,6 +86,14 @@ class Writer:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
             self.metrics.slow_closes.inc()
 
+    def offer(self, connection: ServerConnection, payload: Outgoing) -> bool:
+        """Send a frame the peer can do without (a cancel to a producer), only if its socket
+        is under the high-water mark; False if it was dropped. Never closes the peer."""
+        if connection in self.backlogs or _unsent(connection) > self.high_water:
+            return False
+        self.send((connection,), payload)
+        return True
+
     def send_each(self, receiver: ServerConnection, payloads: Iterable[Outgoing]) -> None:
         """Send several frames to one receiver, in order."""
         for payload in payloads:
