@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +15,9 @@ import pytest
 from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
 from token_relay.testing import relay_process
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.uri import parse_uri
 
 from ..conftest import (
     RunningRelay,
@@ -368,3 +372,33 @@ async def test_a_batch_over_the_rate_is_refused_whole() -> None:
         await send_json(producer, [{"id": "m", "delta": "ok"}, {"id": "m", "final": True}])
         assert (await recv_json(producer))["type"] == "acks"
         assert (await recv_json(sub))["text"] == "ok"
+
+
+async def test_a_peer_that_pings_without_reading_is_cut_and_others_go_on() -> None:
+    running, relay = await start_relay(max_subscriber_buffer_bytes=256 * 1024)
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that won't
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/subscribe"))
+        protocol.send_request(protocol.connect())
+        writer.write(b"".join(protocol.data_to_send()))
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101")
+        ping = bytes([0x89, 0x80 | 125]) + b"\0\0\0\0" + b"p" * 125  # masked with zeros
+        cut = False
+        with contextlib.suppress(ConnectionError, OSError):
+            for _ in range(2000):  # up to ~25 MB of pongs owed, never read
+                writer.write(ping * 100)
+                await writer.drain()
+        with contextlib.suppress(ConnectionError, OSError):
+            await asyncio.wait_for(reader.read(), 5)  # EOF or reset once cut
+        cut = writer.transport.is_closing() or reader.at_eof()
+        assert cut
+        writer.close()
+        assert relay.gate.per_address == {}
+        async with running.connect("/subscribe?channel=ok") as fine:
+            assert (await recv_json(fine))["type"] == "subscribed"

@@ -57,6 +57,21 @@ class RelayConnection(ServerConnection):
     """Set by :meth:`Gate.check` when it admits the handshake; None means refused."""
     client: str | None = None
     """The client's address: the peer's, or the one a trusted proxy forwarded for."""
+    max_unsent: int = 0
+    """Unsent bytes past which the peer is cut, whatever it sends (0: no limit)."""
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the protocol, then cut a peer that sends faster than it reads.
+
+        Pings are answered with pongs whether or not the peer reads them, so a peer that
+        never reads can grow its outgoing buffer with any frame at all; past
+        ``max_unsent`` it is cut at once (a close frame could not reach it anyway).
+        """
+        super().data_received(data)
+        transport = self.transport
+        if self.max_unsent and transport.get_write_buffer_size() > self.max_unsent:
+            self.logger.warning("cutting %s: %d bytes unsent", self.client, self.max_unsent)
+            transport.abort()
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -102,6 +117,7 @@ class Gate:
         client = client_address(_peer(connection), list(request.headers.raw_items()), self.trusted)
         if isinstance(connection, RelayConnection):
             connection.client = client
+            connection.max_unsent = self.settings.max_subscriber_buffer_bytes
         decision = self._decide(role, request, client)
         if isinstance(decision, Grant):
             return self._grant(connection, decision)
