@@ -214,3 +214,18 @@ async def test_subscribe_churn_is_rate_limited_and_evicts_no_history() -> None:
             confirmed = await recv_json(again)
             assert (confirmed["recovered"], confirmed["epoch"]) == (True, position["epoch"])
             assert (await recv_json(again))["text"] == "kept"
+
+
+async def test_a_handshake_trickled_too_slowly_is_cut() -> None:
+    running, relay = await start_relay(handshake_timeout=0.5)
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /subscribe HTTP/1.1\r\nHost: relay\r\n")  # and then nothing more
+        await writer.drain()
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the relay
+        assert asyncio.get_running_loop().time() - started < 3
+        writer.close()
+        async with running.connect("/subscribe?channel=c") as fine:
+            assert (await recv_json(fine))["type"] == "subscribed"

@@ -82,6 +82,8 @@ class Settings:
     """Seconds a message stays in a channel's history."""
     max_history_channels: int = 10_000
     """Channels whose history is kept; the least recently used one is dropped (new epoch)."""
+    handshake_timeout: float = 5.0
+    """Seconds a connection may take to finish its opening handshake; a slower one is cut."""
     idle_timeout: float = 60.0
     """Seconds without an event after which an unfinished message is aborted."""
     shutdown_timeout: float = 10.0
@@ -107,7 +109,13 @@ class Settings:
         for name in ("history_size", "workers", "subscriber_high_water_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
-        for name in ("history_ttl", "idle_timeout", "shutdown_timeout", "lease_seconds"):
+        for name in (
+            "history_ttl",
+            "idle_timeout",
+            "shutdown_timeout",
+            "lease_seconds",
+            "handshake_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.session_grace < 0:

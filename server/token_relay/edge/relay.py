@@ -113,6 +113,7 @@ class Relay:
             process_request=self.gate.check,
             origins=[*(Origin(origin) for origin in origins), None] if origins else None,
             max_size=self.settings.max_frame_bytes,
+            open_timeout=self.settings.handshake_timeout,
             # Frames are small and mostly unique; deflate would cost CPU and ~50 KiB per
             # connection for little gain, so it is off for every endpoint.
             compression=None,
