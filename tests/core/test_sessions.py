@@ -113,3 +113,39 @@ def test_cancels_kept_for_a_parked_session_are_bounded() -> None:
         session.cancels.append(f"cancel {n}")
     assert len(session.cancels) == MAX_PARKED_CANCELS
     assert session.cancels[0] == "cancel 5"
+
+
+def _parked_with(table: SessionTable[str], name: str, address: str, text: str) -> None:
+    session, _, _ = table.attach(name, OPEN, None, 0.0)
+    session.address = address
+    session.streams.receive(ProducerEvent(id="m", delta=text, channel="c"), 0.0)
+    table.detach(session, name, vanished=True, now=1.0)
+
+
+def test_parked_sessions_are_bounded_by_the_text_they_hold() -> None:
+    table = SessionTable(
+        "inst", grace=30.0, max_parked=100, max_streaming=10, max_completed=10,
+        max_chars=100, rate=1000.0, max_parked_chars=25,
+    )  # fmt: skip
+    for n in range(5):
+        _parked_with(table, f"conn{n}", f"10.0.0.{n}", "x" * 10)
+    # 50 characters parked against a bound of 25: the oldest ended until it fit.
+    assert table.parked_chars == 20 and len(table.parked) == 2
+    assert [s.address for s in table.parked.values()] == ["10.0.0.3", "10.0.0.4"]
+
+
+def test_parked_sessions_are_bounded_per_address() -> None:
+    table = SessionTable(
+        "inst", grace=30.0, max_parked=100, max_streaming=10, max_completed=10,
+        max_chars=100, rate=1000.0, max_parked_per_address=2,
+    )  # fmt: skip
+    for n in range(6):
+        _parked_with(table, f"conn{n}", "6.6.6.6", "a")
+    _parked_with(table, "other", "7.7.7.7", "b")
+    addresses = [s.address for s in table.parked.values()]
+    assert addresses.count("6.6.6.6") == 2 and addresses.count("7.7.7.7") == 1
+    assert table.parked_chars == 3
+    # Resuming one unparks it and frees its share.
+    session = next(iter(table.parked.values()))
+    table.attach("back", OPEN, session.token, 2.0)
+    assert table.parked_chars == 2 and len(table.parked) == 2

@@ -7,11 +7,13 @@ import asyncio
 import pytest
 from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
+from token_relay.testing import eventually
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import (
     RunningRelay,
     assert_silent,
+    open_producer,
     recv_json,
     send_json,
     start_relay,
@@ -182,3 +184,17 @@ async def test_a_session_is_bound_to_the_token_identity() -> None:
             assert thief.session["resumed"] is False
         async with running.connect(f"/produce?token={alice}&session={session}") as owner:
             assert owner.session["resumed"] is True
+
+
+async def test_connect_send_vanish_again_and_again_holds_little() -> None:
+    running, relay = await start_relay(session_grace=30, max_parked_per_ip=3)
+    async with relay:
+        for n in range(20):
+            async with open_producer(f"{running.url}/produce?channel=c") as producer:
+                await send_json(producer, {"id": f"m{n}", "delta": "x" * 10_000})
+                await asyncio.sleep(0.01)
+                assert producer.transport is not None
+                producer.transport.abort()  # vanish: no close frame
+            await eventually(lambda n=n: len(relay.sessions.by_owner) <= n + 1)
+        await eventually(lambda: len(relay.sessions.parked) == 3)
+        assert relay.sessions.parked_chars == 3 * 10_000

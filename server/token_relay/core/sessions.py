@@ -71,6 +71,10 @@ class ProducerSession(Generic[C]):
     """Cancels that arrived while the session was parked."""
     parked_until: float | None = None
     """While parked: when its grace runs out."""
+    address: str = ""
+    """The client address it was last connected from, for the per-address parking limit."""
+    parked_chars: int = 0
+    """While parked: the characters of text its unfinished messages hold."""
     cancelled: dict[tuple[str, str], None] = field(default_factory=dict)
     """``(channel, id)`` of messages in progress already cancelled: a cancel goes once."""
 
@@ -92,8 +96,15 @@ class SessionTable(Generic[C]):
         max_completed: int,
         max_chars: int,
         rate: float,
+        max_parked_chars: int = 1 << 30,
+        max_parked_per_address: int = 1 << 30,
     ) -> None:
         self.instance = instance
+        self.max_parked_chars = max_parked_chars
+        self.max_parked_per_address = max_parked_per_address
+        self.parked_chars = 0
+        """Characters of text held by every parked session together."""
+        self._parked_at: dict[str, int] = {}
         self.grace = grace
         self.max_parked = max_parked
         self._limits = (max_streaming, max_completed, max_chars)
@@ -115,7 +126,7 @@ class SessionTable(Generic[C]):
         """
         session = self.by_token.get(resume) if resume else None
         if session is not None and session.grant == grant:
-            self.parked.pop(session.token, None)
+            self._unpark(session)
             session.parked_until = None
             displaced, session.connection = session.connection, connection
             return session, True, displaced
@@ -176,7 +187,7 @@ class SessionTable(Generic[C]):
         session = self.by_owner.pop(owner, None)
         if session is not None:
             self.by_token.pop(session.token, None)
-            self.parked.pop(session.token, None)
+            self._unpark(session)
             session.parked_until = None
         return session
 
@@ -193,12 +204,32 @@ class SessionTable(Generic[C]):
         if not vanished or self.grace <= 0:
             return self._end(session)
         session.parked_until = now + self.grace
+        session.parked_chars = session.streams.held_chars()
         self.parked[session.token] = session
+        self.parked_chars += session.parked_chars
+        self._parked_at[session.address] = self._parked_at.get(session.address, 0) + 1
         ended: list[ProducerSession[C]] = []
-        while len(self.parked) > self.max_parked:
+        # Past any bound, the oldest parked sessions end first (their messages abort).
+        while self._parked_at.get(session.address, 0) > self.max_parked_per_address:
+            oldest = next(s for s in self.parked.values() if s.address == session.address)
+            ended.extend(self._end(oldest))
+        while len(self.parked) > self.max_parked or (
+            self.parked and self.parked_chars > self.max_parked_chars
+        ):
             oldest = self.parked[next(iter(self.parked))]
             ended.extend(self._end(oldest))
         return ended
+
+    def _unpark(self, session: ProducerSession[C]) -> None:
+        if self.parked.pop(session.token, None) is None:
+            return
+        self.parked_chars -= session.parked_chars
+        session.parked_chars = 0
+        left = self._parked_at.get(session.address, 1) - 1
+        if left > 0:
+            self._parked_at[session.address] = left
+        else:
+            self._parked_at.pop(session.address, None)
 
     def expire(self, now: float) -> list[ProducerSession[C]]:
         """End the parked sessions whose grace has run out by ``now``."""
@@ -229,7 +260,7 @@ class SessionTable(Generic[C]):
     def _end(self, session: ProducerSession[C]) -> list[ProducerSession[C]]:
         if session.connection is not None or self.by_token.get(session.token) is not session:
             return []
-        self.parked.pop(session.token, None)
+        self._unpark(session)
         del self.by_token[session.token]
         self.by_owner.pop(session.owner, None)
         session.parked_until = None

@@ -69,6 +69,11 @@ class Settings:
     """Unsent bytes to one subscriber, merged backlog included; above it, close with 1013."""
     session_grace: float = 30.0
     """Seconds a vanished producer's session waits for it to reconnect; 0 ends it at once."""
+    max_parked_chars: int = 64 * MIB
+    """Characters of unfinished text all parked sessions may hold together; past it the
+    oldest parked session ends (its messages abort)."""
+    max_parked_per_ip: int = 16
+    """Parked sessions per client address; one more ends that address's oldest."""
     lease_seconds: float = 3.0
     """With Redis: how long a process's lease lasts (renewed three times as often). When it
     lapses, the others abort what its producers do not resume within ``session_grace``."""

@@ -326,6 +326,10 @@ class MessageStreams:
         """``(id, channel)`` of every unfinished message, oldest first."""
         return [(message_id, state.channel) for message_id, state in self._streaming.items()]
 
+    def held_chars(self) -> int:
+        """Characters of text the unfinished messages hold."""
+        return sum(state.chars for state in self._streaming.values())
+
     def restore(self, message_id: str, channel: str, seq: int, text: str, now: float) -> None:
         """Take up a message in progress where another process left it (a session resumed)."""
         self.assembler.feed(message_id, text, False)

@@ -56,6 +56,7 @@ from ..core.protocol import (
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Unfinished
+from .http import client_of
 from .metrics import Metrics
 from .writer import Writer
 
@@ -94,6 +95,8 @@ class ProducerEndpoint:
             max_completed=settings.max_completed_per_producer,
             max_chars=settings.max_message_chars,
             rate=settings.max_events_per_second,
+            max_parked_chars=settings.max_parked_chars,
+            max_parked_per_address=settings.max_parked_per_ip,
         )
 
     async def serve(
@@ -102,6 +105,7 @@ class ProducerEndpoint:
         """Serve one producer connection until it ends."""
         loop = asyncio.get_running_loop()
         session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
+        session.address = client_of(connection)
         if displaced is not None:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
