@@ -308,14 +308,24 @@ class Proxy:
         self.cuts += 1
         return len(pairs)
 
+    def _ports(self) -> list[int]:
+        """The ports to try for a new connection, in order."""
+        return [self.target_port]
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        pair = (writer, up_writer)
-        self._pairs.add(pair)
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(source, sink, pair))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        for port in self._ports():
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            pair = (writer, up_writer)
+            self._pairs.add(pair)
+            for source, sink in ((reader, up_writer), (up_reader, writer)):
+                task = asyncio.create_task(self._pipe(source, sink, pair))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return
+        writer.transport.abort()  # no backend answers
 
     async def _pipe(
         self,
@@ -344,20 +354,8 @@ class Balancer(Proxy):
         self.backends = list(backends)
         self._next = 0
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _ports(self) -> list[int]:
         start = self._next
         self._next += 1  # before any await: connections arriving together spread out
-        for attempt in range(len(self.backends) * 2):
-            port = self.backends[(start + attempt) % len(self.backends)]
-            try:
-                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                continue
-            pair = (writer, up_writer)
-            self._pairs.add(pair)
-            for source, sink in ((reader, up_writer), (up_reader, writer)):
-                task = asyncio.create_task(self._pipe(source, sink, pair))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            return
-        writer.transport.abort()
+        count = len(self.backends)
+        return [self.backends[(start + attempt) % count] for attempt in range(count * 2)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from abc import ABC, abstractmethod
@@ -11,7 +12,10 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import urlencode
 
-from ..core.errors import RelayError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from ..core.errors import HandshakeRefused, RelayError
 
 __all__ = ["PERMANENT", "STABLE_AFTER", "Background", "Backoff", "relay_url"]
 
@@ -21,6 +25,8 @@ def relay_url(base: str, path: str, **params: str | None) -> str:
     query = urlencode({name: value for name, value in params.items() if value})
     return f"{base.rstrip('/')}{path}" + (f"?{query}" if query else "")
 
+
+log = logging.getLogger("token_relay.client")
 
 STABLE_AFTER = 5.0
 """Seconds a connection must stay up before the backoff starts again from its first delay."""
@@ -71,9 +77,52 @@ class Background(ABC):
         self._started = asyncio.Event()
         self._fatal: BaseException | None = None
 
+    url: str
+    reconnects: int
+    _backoff: Backoff
+    _role = "client"
+
     @abstractmethod
+    def _target(self) -> str:
+        """The URL to connect to now (it may carry what resumes the last connection)."""
+
+    @abstractmethod
+    async def _serve(self, ws: ClientConnection) -> None:
+        """Use one connection until it drops."""
+
+    @abstractmethod
+    async def _dropped(self) -> None:
+        """A connection ended: forget it."""
+
+    @abstractmethod
+    def _stopping(self) -> bool:
+        """Whether to stop reconnecting."""
+
     async def _run(self) -> None:
-        """Connect, serve, and reconnect after each drop, until cancelled."""
+        """Connect, serve, and reconnect with backoff after each drop, until cancelled.
+
+        A handshake refused with a status retrying can't change raises
+        :class:`HandshakeRefused`.
+        """
+        while not self._stopping():
+            try:
+                # No frame size limit: a completed message of --max-message-chars characters
+                # is one frame of up to 6 bytes per character (JSON escapes).
+                async with connect(self._target(), max_queue=None, max_size=None) as ws:
+                    self._backoff.connected()
+                    await self._serve(ws)
+            except asyncio.CancelledError:
+                raise
+            except InvalidStatus as exc:
+                if exc.response.status_code in PERMANENT:
+                    raise HandshakeRefused(exc.response.status_code, self.url) from None
+                log.info("%s connection refused (%s); retrying", self._role, exc)
+            except (OSError, ConnectionClosed, TimeoutError) as exc:
+                log.info("%s connection lost (%s); reconnecting", self._role, exc)
+            await self._dropped()
+            self._backoff.lost()
+            self.reconnects += 1
+            await self._backoff.wait()
 
     async def _guarded(self) -> None:
         try:

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import MISSING
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from ..core.errors import ErrorCode, HandshakeRefused, MessageFailed, RelayProtocolError
+from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError
 from ..core.protocol import (
     SERVER_FRAME,
     Ack,
@@ -24,7 +24,7 @@ from ..core.protocol import (
     ProducerEvent,
     SessionFrame,
 )
-from .base import PERMANENT, Background, Backoff, relay_url
+from .base import Background, Backoff, relay_url
 
 __all__ = ["RelayProducer"]
 
@@ -153,40 +153,27 @@ class RelayProducer(Background):
             self._buffered -= len(frames)
             self._room.notify_all()
 
-    async def _run(self) -> None:
-        while not self._closing:
-            try:
-                async with connect(
-                    relay_url(
-                        self.url,
-                        "/produce",
-                        channel=self.channel,
-                        token=self.token,
-                        session=self.session,
-                    ),
-                    max_queue=None,
-                    max_size=None,
-                ) as ws:
-                    self._backoff.connected()
-                    hello = SERVER_FRAME.validate_json(await ws.recv())
-                    if not isinstance(hello, SessionFrame):
-                        raise RelayProtocolError(f"expected a session frame, got {hello!r}")
-                    await self._start(ws, hello)
-                    async for raw in ws:
-                        await self._handle(SERVER_FRAME.validate_json(raw))
-            except asyncio.CancelledError:
-                raise
-            except InvalidStatus as exc:
-                if exc.response.status_code in PERMANENT:
-                    raise HandshakeRefused(exc.response.status_code, self.url) from None
-                log.info("producer connection refused (%s); retrying", exc)
-            except (OSError, ConnectionClosed, TimeoutError) as exc:
-                log.info("producer connection lost (%s); reconnecting", exc)
-            async with self._lock:
-                self._ws = None
-            self._backoff.lost()
-            self.reconnects += 1
-            await self._backoff.wait()
+    _role = "producer"
+
+    def _stopping(self) -> bool:
+        return self._closing
+
+    def _target(self) -> str:
+        return relay_url(
+            self.url, "/produce", channel=self.channel, token=self.token, session=self.session
+        )
+
+    async def _serve(self, ws: ClientConnection) -> None:
+        hello = SERVER_FRAME.validate_json(await ws.recv())
+        if not isinstance(hello, SessionFrame):
+            raise RelayProtocolError(f"expected a session frame, got {hello!r}")
+        await self._start(ws, hello)
+        async for raw in ws:
+            await self._handle(SERVER_FRAME.validate_json(raw))
+
+    async def _dropped(self) -> None:
+        async with self._lock:
+            self._ws = None
 
     async def _start(self, ws: ClientConnection, hello: SessionFrame) -> None:
         if self.session is not None and not hello.resumed and self._unacked:

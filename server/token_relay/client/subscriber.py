@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import MISSING
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.asyncio.client import ClientConnection
 
-from ..core.errors import HandshakeRefused
 from ..core.protocol import (
     SERVER_FRAME,
     Aborted,
@@ -25,11 +22,9 @@ from ..core.protocol import (
     Subscribed,
     encode,
 )
-from .base import PERMANENT, Background, Backoff, relay_url
+from .base import Background, Backoff, relay_url
 
 __all__ = ["RelaySubscriber"]
-
-log = logging.getLogger("token_relay.client")
 
 
 class RelaySubscriber(Background):
@@ -77,35 +72,25 @@ class RelaySubscriber(Background):
         """The text so far of a message in progress."""
         return self.partials.get((channel, message_id))
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                # No frame size limit: a completed message of --max-message-chars characters
-                # is one frame of up to 6 bytes per character (JSON escapes).
-                async with connect(
-                    relay_url(self.url, "/subscribe", token=self.token),
-                    max_queue=None,
-                    max_size=None,
-                ) as ws:
-                    self._backoff.connected()
-                    for channel in self.channels:
-                        await ws.send(encode(self._subscribe(channel)))
-                    self._started.set()
-                    async for raw in ws:
-                        frame = SERVER_FRAME.validate_json(raw)
-                        if self._take(frame):
-                            await self._frames.put(frame)
-            except asyncio.CancelledError:
-                raise
-            except InvalidStatus as exc:
-                if exc.response.status_code in PERMANENT:
-                    raise HandshakeRefused(exc.response.status_code, self.url) from None
-                log.info("subscriber connection refused (%s); retrying", exc)
-            except (OSError, ConnectionClosed, TimeoutError) as exc:
-                log.info("subscriber connection lost (%s); resuming", exc)
-            self._backoff.lost()
-            self.reconnects += 1
-            await self._backoff.wait()
+    _role = "subscriber"
+
+    def _stopping(self) -> bool:
+        return False
+
+    async def _dropped(self) -> None:
+        """Nothing to forget: positions and texts carry over to the next connection."""
+
+    def _target(self) -> str:
+        return relay_url(self.url, "/subscribe", token=self.token)
+
+    async def _serve(self, ws: ClientConnection) -> None:
+        for channel in self.channels:
+            await ws.send(encode(self._subscribe(channel)))
+        self._started.set()
+        async for raw in ws:
+            frame = SERVER_FRAME.validate_json(raw)
+            if self._take(frame):
+                await self._frames.put(frame)
 
     def _subscribe(self, channel: str) -> Subscribe:
         fields: dict[str, Any] = {"type": "subscribe", "channel": channel, "deltas": self.deltas}

@@ -130,22 +130,9 @@ class SessionTable(Generic[C]):
             session.parked_until = None
             displaced, session.connection = session.connection, connection
             return session, True, displaced
-        max_streaming, max_completed, max_chars = self._limits
-        session = ProducerSession(
-            owner=self.new_owner(),
-            token=secrets.token_urlsafe(24),
-            streams=MessageStreams(
-                None,
-                max_streaming=max_streaming,
-                max_completed=max_completed,
-                max_chars=max_chars,
-            ),
-            grant=grant,
-            bucket=TokenBucket(self.rate, self.rate, now),
-            connection=connection,
+        session = self._add(
+            connection, grant, secrets.token_urlsafe(24), self.new_owner(), self._streams(), now
         )
-        self.by_owner[session.owner] = session
-        self.by_token[session.token] = session
         return session, False, None
 
     def new_owner(self) -> str:
@@ -162,14 +149,28 @@ class SessionTable(Generic[C]):
         now: float,
     ) -> ProducerSession[C]:
         """A session taken over from another process, its messages restored from ``state``."""
-        max_streaming, max_completed, max_chars = self._limits
-        streams = MessageStreams(
-            None, max_streaming=max_streaming, max_completed=max_completed, max_chars=max_chars
-        )
+        streams = self._streams()
         for message_id, channel, final_seq, aborted in reversed(state.ended):
             streams.restore_ended(message_id, channel, final_seq, aborted=aborted)
         for message_id, channel, seq, text in state.streaming:
             streams.restore(message_id, channel, seq, text, now)
+        return self._add(connection, grant, token, owner, streams, now)
+
+    def _streams(self) -> MessageStreams:
+        max_streaming, max_completed, max_chars = self._limits
+        return MessageStreams(
+            None, max_streaming=max_streaming, max_completed=max_completed, max_chars=max_chars
+        )
+
+    def _add(
+        self,
+        connection: C,
+        grant: Grant,
+        token: str,
+        owner: str,
+        streams: MessageStreams,
+        now: float,
+    ) -> ProducerSession[C]:
         session = ProducerSession(
             owner=owner,
             token=token,
