@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import MISSING, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH = 256
+
+T = TypeVar("T")
 
 ChannelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 """A channel name: 1 to 256 characters."""
@@ -478,22 +480,24 @@ def _with_surrogates(raw: str | bytes) -> Any:
 _NOT_JSON = object()
 
 
+def _validate(adapter: TypeAdapter[T], raw: str | bytes) -> T:
+    """``adapter.validate_json``, falling back to the standard parser for surrogate escapes."""
+    try:
+        return adapter.validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        parsed = _with_surrogates(raw) if first["type"] == "json_invalid" else None
+        if parsed is None:
+            raise
+        return adapter.validate_python(parsed)
+
+
 def decode_producer_event(raw: str | bytes) -> ProducerEvent:
     """Validate one producer event frame, or raise :class:`FrameRejected`."""
     try:
-        return PRODUCER_EVENT.validate_json(raw)
+        return _validate(PRODUCER_EVENT, raw)
     except ValidationError as exc:
-        parsed = _with_surrogates(raw) if _is_json_error(exc) else None
-        if parsed is not None:
-            try:
-                return PRODUCER_EVENT.validate_python(parsed)
-            except ValidationError as again:
-                exc = again
         raise _rejection(exc, raw, ErrorCode.INVALID_EVENT, "an event") from None
-
-
-def _is_json_error(exc: ValidationError) -> bool:
-    return exc.errors(include_url=False, include_input=False)[0]["type"] == "json_invalid"
 
 
 def decode_producer_frame(raw: str | bytes) -> ProducerEvent | list[ProducerEvent]:
@@ -501,14 +505,8 @@ def decode_producer_frame(raw: str | bytes) -> ProducerEvent | list[ProducerEven
     head = raw[:1]
     if head in ("[", b"[") or (head.isspace() and raw.lstrip()[:1] in ("[", b"[")):
         try:
-            return PRODUCER_BATCH.validate_json(raw)
+            return _validate(PRODUCER_BATCH, raw)
         except ValidationError as exc:
-            parsed = _with_surrogates(raw) if _is_json_error(exc) else None
-            if parsed is not None:
-                try:
-                    return PRODUCER_BATCH.validate_python(parsed)
-                except ValidationError as again:
-                    exc = again
             raise _batch_rejection(exc, raw) from None
     return decode_producer_event(raw)
 
