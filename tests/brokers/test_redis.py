@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import Broker, open_broker
+from token_relay.brokers import redis as redis_broker
 from token_relay.core.errors import BrokerUnavailable
 from token_relay.core.settings import Settings
 from token_relay.testing import RedisServer, eventually
@@ -129,3 +130,18 @@ async def test_terminal_frames_deferred_in_an_outage_are_published_in_order_afte
     cut = await beta.catch_up("c", (0, epoch), False)
     assert [json.loads(frame)["id"] for frame in cut.frames] == ["m0", "m1", "m2"]
     assert [json.loads(frame)["offset"] for frame in cut.frames] == [1, 2, 3]
+
+
+async def test_the_outbox_is_bounded_and_drops_the_oldest(
+    two_brokers: tuple[Broker, Broker],
+    redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alpha, _ = two_brokers
+    monkeypatch.setattr(redis_broker, "MAX_OUTBOX", 2)
+    redis_server.kill()
+    await until(lambda: not alpha.healthy, 5)
+    for n in range(3):
+        alpha.defer("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", "t"))
+    assert alpha.outbox == 2  # type: ignore[attr-defined]
+    assert [entry[2] for entry in alpha._outbox] == ["m1", "m2"]  # type: ignore[attr-defined]
