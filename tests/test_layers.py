@@ -64,7 +64,9 @@ def test_the_brokers_load_redis_only_when_asked() -> None:
 
 def test_the_edge_loads_no_redis_and_no_client() -> None:
     loaded = _loaded_after("import token_relay.edge.relay, token_relay.edge.cli")
-    assert "websockets.asyncio.server" in loaded
+    # The edge speaks HTTP with h11 and WebSocket with websockets' sans-I/O protocol.
+    assert {"h11", "websockets.protocol"} <= loaded
+    assert "websockets.asyncio.server" not in loaded
     assert "redis" not in _tops(loaded)
     assert not {m for m in loaded if m.startswith("token_relay.client")}
 

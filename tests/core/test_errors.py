@@ -11,7 +11,7 @@ from token_relay.core.errors import Blame, RelayError
 
 PACKAGE = Path(errors.__file__).resolve().parents[1]
 # Python's own protocols: a module __getattr__ must raise AttributeError.
-PROTOCOL = {"AttributeError"}
+PROTOCOL = {"AttributeError", "StopAsyncIteration"}  # Python protocols, not errors
 
 
 def _tree() -> dict[str, type[RelayError]]:

@@ -122,7 +122,7 @@ async def test_page_reconnects_and_shows_missed_messages_exactly_once(
         # The relay drops the page's socket with no close frame, as a network would.
         assert server.server is not None
         for connection in list(server.server.connections):
-            if connection.request.path.startswith("/subscribe"):
+            if connection.path.startswith("/subscribe"):
                 connection.transport.abort()
         await _until(lambda: not running.relay.hub.subscribers("web"))
 

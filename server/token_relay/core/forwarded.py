@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Network", "client_address", "parse_networks"]
+__all__ = ["Network", "client_address", "is_trusted", "parse_networks"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -59,15 +59,22 @@ def _hops(headers: Sequence[tuple[str, str]]) -> list[str]:
     ]
 
 
+def is_trusted(peer: str, trusted: Sequence[Network]) -> bool:
+    """Whether ``peer`` is one of the trusted proxies."""
+    if not trusted:
+        return False
+    address = _address(peer)
+    return address is not None and any(address in network for network in trusted)
+
+
 def client_address(
     peer: str, headers: Sequence[tuple[str, str]], trusted: Sequence[Network]
 ) -> str:
     """The address to count and log for a connection from ``peer`` with ``headers``."""
-    if not trusted:
+    if not is_trusted(peer, trusted):
         return peer
     current = _address(peer)
-    if current is None or not any(current in network for network in trusted):
-        return peer
+    assert current is not None
     for hop in reversed(_hops(headers)):
         address = _address(hop)
         if address is None:

@@ -88,7 +88,19 @@ class Settings:
     max_history_channels: int = 10_000
     """Channels whose history is kept; the least recently used one is dropped (new epoch)."""
     handshake_timeout: float = 5.0
-    """Seconds a connection may take to finish its opening handshake; a slower one is cut."""
+    """Seconds a connection may take to send a whole request head (the opening handshake,
+    or the next request on a kept-alive connection); a slower one is cut."""
+    max_handshakes: int = 1024
+    """Handshakes in flight at once (request heads not yet complete); one more cuts the
+    oldest."""
+    max_handshakes_per_ip: int = 64
+    """Handshakes in flight from one address; one more is refused with HTTP 429 (trusted
+    proxies are exempt)."""
+    max_body_bytes: int = MIB
+    """Bytes an HTTP request body may declare; a bigger one is refused with HTTP 413."""
+    ping_interval: float = 20.0
+    """Seconds between keepalive pings to each WebSocket peer; one silent for a whole
+    interval is cut, so a half-open connection ends within two."""
     idle_timeout: float = 60.0
     """Seconds without an event after which an unfinished message is aborted."""
     shutdown_timeout: float = 10.0
@@ -120,6 +132,7 @@ class Settings:
             "shutdown_timeout",
             "lease_seconds",
             "handshake_timeout",
+            "ping_interval",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")

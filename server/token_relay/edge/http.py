@@ -1,4 +1,4 @@
-"""The HTTP side of the port: admission of WebSocket handshakes, and plain GET endpoints.
+"""What each HTTP request gets: a plain response, a refusal, or an admitted WebSocket handshake.
 
 Before a handshake completes the relay decides, in this order:
 
@@ -11,67 +11,112 @@ Before a handshake completes the relay decides, in this order:
 5. With ``--secret``: no token, a bad one or an expired one is 401; a token for
    the other role, or one that doesn't grant the URL's ``?channel=``, is 403.
 
-The ``Origin`` check (``--allowed-origin``) is websockets' own and answers 403.
-A refused handshake never opens a socket. Query strings, which may carry a
-token, are never logged.
+Plain HTTP on ``/produce`` and ``/subscribe`` gets 426 with ``Upgrade:
+websocket``, and any method but ``GET`` (or ``HEAD`` on the plain endpoints)
+gets 405 with ``Allow``. The ``Origin`` check (``--allowed-origin``) is
+websockets' own and answers 403. A refused handshake never opens a socket.
+Query strings, which may carry a token, are never logged.
 
-The grant an admitted handshake earns is kept on its connection
-(:class:`RelayConnection`), never in a table: a handshake refused after this check
-(by the ``Origin`` check, or for a missing ``Sec-WebSocket-Key``) leaves nothing
-behind. A connection without a grant is refused, never taken as allowed.
+The grant an admitted handshake earns is handed to its
+:class:`~token_relay.edge.websocket.WebSocket`, never kept in a table: a
+handshake refused after this check (by the ``Origin`` check, or for a missing
+``Sec-WebSocket-Key``) leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import ServerConnection
-from websockets.http11 import Request, Response
-
 from ..core.errors import InvalidToken
-from ..core.forwarded import client_address, parse_networks
+from ..core.forwarded import Network, client_address
 from ..core.grants import OPEN, Grant, Role
 from ..core.protocol import MAX_NAME_LENGTH
 from ..core.settings import Settings
 from .metrics import Metrics
 from .tokens import verify
-from .web import StaticFiles, with_body
+from .web import StaticFiles
+from .websocket import WebSocket
 
-__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Gate", "RelayConnection", "client_of", "query_of"]
+__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Admit", "Gate", "HttpRequest", "Reply", "query_of"]
 
 PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
+PLAIN_METHODS = frozenset({"GET", "HEAD"})
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 log = logging.getLogger("token_relay")
 
 
-class RelayConnection(ServerConnection):
-    """A WebSocket connection that carries the grant its handshake earned."""
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """What the gate reads of a request: never its body."""
 
-    grant: Grant | None = None
-    """Set by :meth:`Gate.check` when it admits the handshake; None means refused."""
-    client: str | None = None
-    """The client's address: the peer's, or the one a trusted proxy forwarded for."""
-    max_unsent: int = 0
-    """Unsent bytes past which the peer is cut, whatever it sends (0: no limit)."""
+    method: str
+    target: str
+    """The path with its query string."""
+    path: str
+    headers: tuple[tuple[str, str], ...]
+    """Names lower-cased."""
+    client: str
+    """The peer's address, or the one a trusted proxy forwarded for."""
 
-    def data_received(self, data: bytes) -> None:
-        """Feed the protocol, then cut a peer that sends faster than it reads.
+    @classmethod
+    def of(
+        cls,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        peer: str,
+        trusted: Sequence[Network],
+    ) -> HttpRequest:
+        """A request from ``peer``; the client is worked out from ``--trusted-proxy``."""
+        lowered = tuple((name.lower(), value) for name, value in headers)
+        return cls(
+            method, target, urlsplit(target).path, lowered, client_address(peer, lowered, trusted)
+        )
 
-        Pings are answered with pongs whether or not the peer reads them, so a peer that
-        never reads can grow its outgoing buffer with any frame at all; past
-        ``max_unsent`` it is cut at once (a close frame could not reach it anyway).
-        """
-        super().data_received(data)
-        transport = self.transport
-        if self.max_unsent and transport.get_write_buffer_size() > self.max_unsent:
-            self.logger.warning("cutting %s: %d bytes unsent", self.client, self.max_unsent)
-            transport.abort()
+    def header(self, name: str) -> str:
+        """The last value of a header, or ''."""
+        found = ""
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+    @property
+    def upgrade(self) -> bool:
+        """Whether it asks for a WebSocket."""
+        return "websocket" in self.header("upgrade").lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete plain HTTP response."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def text(cls, status: int, text: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+        """A short plain-text response."""
+        return cls(status, (text.rstrip("\n") + "\n").encode(), headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """An admitted WebSocket handshake and the grant it earned."""
+
+    request: HttpRequest
+    role: Role
+    grant: Grant
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -80,7 +125,7 @@ def query_of(path: str) -> dict[str, list[str]]:
 
 
 class Gate:
-    """Decides each handshake, and counts the open connections of each client address."""
+    """Decides each request, and counts the open connections of each client address."""
 
     def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool]) -> None:
         self.settings = settings
@@ -88,62 +133,83 @@ class Gate:
         self.ready = ready
         self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
         self.per_address: dict[str, int] = {}
-        self.trusted = parse_networks(settings.trusted_proxies)
 
-    def check(self, connection: ServerConnection, request: Request) -> Response | None:
-        """websockets' ``process_request``: a response refuses the handshake.
+    def route(self, request: HttpRequest) -> Reply | Admit:
+        """The response to a request, or the admission of its WebSocket handshake."""
+        path, method = request.path, request.method
+        role = ROLES.get(path)
+        if role is not None:
+            if method != "GET":
+                return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET"),))
+            if not request.upgrade:
+                return self.refuse(
+                    request,
+                    426,
+                    f"{path} is a WebSocket endpoint: send Upgrade: websocket",
+                    (("Upgrade", "websocket"), ("Connection", "Upgrade")),
+                )
+            decision = self._decide(role, request)
+            if isinstance(decision, Grant):
+                return Admit(request, role, decision)
+            status, reason = decision
+            return self.refuse(request, status, reason)
+        reply = self._plain(path)
+        if reply is None:
+            return self.refuse(
+                request, 404, f"no endpoint at {path}; use {PRODUCE_PATH} or {SUBSCRIBE_PATH}"
+            )
+        if method not in PLAIN_METHODS:
+            return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET, HEAD"),))
+        return reply
 
-        An admitted handshake gets its grant set on the connection.
-        """
-        path = urlsplit(request.path).path
+    def _plain(self, path: str) -> Reply | None:
         if path == "/healthz":
-            return connection.respond(HTTPStatus.OK, "ok\n")
+            return Reply.text(200, "ok")
         if path == "/readyz":
             if self.ready():
-                return connection.respond(HTTPStatus.OK, "ready\n")
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "broker unreachable\n")
+                return Reply.text(200, "ready")
+            return Reply.text(503, "broker unreachable")
         if path == "/metrics":
-            return with_body(
-                connection.respond(HTTPStatus.OK, ""),
-                self.metrics.render(),
-                "text/plain; version=0.0.4; charset=utf-8",
-            )
-        role = ROLES.get(path)
-        if role is None:
-            page = self.web.respond(connection, path) if self.web else None
-            return page or connection.respond(
-                HTTPStatus.NOT_FOUND, f"no endpoint at {path}; use /produce or /subscribe\n"
-            )
-        client = client_address(_peer(connection), list(request.headers.raw_items()), self.trusted)
-        if isinstance(connection, RelayConnection):
-            connection.client = client
-            connection.max_unsent = self.settings.max_subscriber_buffer_bytes
-        decision = self._decide(role, request, client)
-        if isinstance(decision, Grant):
-            return self._grant(connection, decision)
-        status, reason = decision
-        # A refusal names the peer, the path and the reason; never the query (a token).
+            return Reply(200, self.metrics.render(), METRICS_TYPE)
+        found = self.web.files.get(path) if self.web else None
+        if found is None:
+            return None
+        content_type, body = found
+        return Reply(200, body, content_type, (("Cache-Control", "no-cache"),))
+
+    def refuse(
+        self,
+        request: HttpRequest,
+        status: int,
+        reason: str,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> Reply:
+        """Log a refusal (the client, the path and the reason; never the query, which may
+        hold a token) and build its response."""
         log.info(
-            "refused %s from %s: %d %s",
-            path,
-            client,
+            "refused %s %s from %s: %d %s",
+            request.method,
+            request.path,
+            request.client,
             status,
             reason,
             extra={
                 "event": "refused",
-                "peer": client,
-                "path": path,
-                "status": int(status),
+                "peer": request.client,
+                "method": request.method,
+                "path": request.path,
+                "status": status,
                 "reason": reason,
             },
         )
-        return connection.respond(status, reason + "\n")
+        self.metrics.refusals.labels(str(status)).inc()
+        return Reply.text(status, reason, headers)
 
-    def _decide(self, role: Role, request: Request, client: str) -> Grant | tuple[HTTPStatus, str]:
+    def _decide(self, role: Role, request: HttpRequest) -> Grant | tuple[HTTPStatus, str]:
         """The grant of an admitted handshake, or the status and reason of its refusal."""
-        if self.per_address.get(client, 0) >= self.settings.max_connections_per_ip:
+        if self.per_address.get(request.client, 0) >= self.settings.max_connections_per_ip:
             return HTTPStatus.TOO_MANY_REQUESTS, "too many connections from this address"
-        query = query_of(request.path)
+        query = query_of(request.target)
         channels = query.get("channel", [])
         if role is Role.PRODUCE and len(channels) > 1:
             return HTTPStatus.BAD_REQUEST, "give at most one ?channel="
@@ -168,20 +234,14 @@ class Gate:
             return HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel"
         return grant
 
-    def _grant(self, connection: ServerConnection, grant: Grant) -> Response | None:
-        if not isinstance(connection, RelayConnection):
-            return connection.respond(HTTPStatus.INTERNAL_SERVER_ERROR, "no place for a grant\n")
-        connection.grant = grant
-        return None
-
-    def admit(self, connection: ServerConnection) -> None:
-        """Count an admitted connection against its client address."""
-        address = client_of(connection)
+    def admit(self, connection: WebSocket) -> None:
+        """Count an open connection against its client address."""
+        address = connection.client
         self.per_address[address] = self.per_address.get(address, 0) + 1
 
-    def release(self, connection: ServerConnection) -> None:
+    def release(self, connection: WebSocket) -> None:
         """Uncount a connection that closed."""
-        address = client_of(connection)
+        address = connection.client
         left = self.per_address.get(address, 1) - 1
         if left > 0:
             self.per_address[address] = left
@@ -189,18 +249,6 @@ class Gate:
             self.per_address.pop(address, None)
 
 
-def _peer(connection: ServerConnection) -> str:
-    remote = connection.remote_address
-    return str(remote[0]) if remote else "unknown"
-
-
-def client_of(connection: ServerConnection) -> str:
-    """The address a connection counts and logs as (see ``--trusted-proxy``)."""
-    client = connection.client if isinstance(connection, RelayConnection) else None
-    return client or _peer(connection)
-
-
-def _bearer(request: Request) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
+def _bearer(request: HttpRequest) -> str:
+    scheme, _, value = request.header("authorization").partition(" ")
     return value.strip() if scheme.lower() == "bearer" else ""

@@ -126,6 +126,23 @@ class Metrics:
             registry=registry,
         )
         self.completed = self.messages.labels("completed")
+        self.refusals = Counter(
+            "relay_http_refusals_total",
+            "HTTP requests and handshakes refused, by status.",
+            ["status"],
+            registry=registry,
+        )
+        self.sockets_refused = Counter(
+            "relay_sockets_refused_total",
+            "Sockets cut or refused before their request was read, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.handshakes = Gauge(
+            "relay_handshakes_in_flight",
+            "Sockets whose request head is not complete yet.",
+            registry=registry,
+        )
         self.frames_in_producer = Tally()
         self.frames_in_subscriber = Tally()
         self.frames_out = Tally()

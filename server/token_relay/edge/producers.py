@@ -28,7 +28,6 @@ from typing import Any
 
 from pydantic import MISSING
 from websockets import CloseCode
-from websockets.asyncio.server import ServerConnection
 
 from ..brokers import Broker
 from ..core.errors import (
@@ -56,15 +55,15 @@ from ..core.protocol import (
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Unfinished
-from .http import client_of
 from .metrics import Metrics
+from .websocket import WebSocket
 from .writer import Writer
 
 __all__ = ["ProducerEndpoint", "Session"]
 
 log = logging.getLogger("token_relay")
 
-Session = ProducerSession[ServerConnection]
+Session = ProducerSession[WebSocket]
 
 
 class ProducerEndpoint:
@@ -87,7 +86,7 @@ class ProducerEndpoint:
         self.spawn = spawn
         self.handing_off = False
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
-        self.sessions: SessionTable[ServerConnection] = SessionTable(
+        self.sessions: SessionTable[WebSocket] = SessionTable(
             broker.instance,
             grace=settings.session_grace,
             max_parked=settings.max_parked_sessions,
@@ -100,12 +99,12 @@ class ProducerEndpoint:
         )
 
     async def serve(
-        self, connection: ServerConnection, channel: str | None, grant: Grant, resume: str | None
+        self, connection: WebSocket, channel: str | None, grant: Grant, resume: str | None
     ) -> None:
         """Serve one producer connection until it ends."""
         loop = asyncio.get_running_loop()
         session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
-        session.address = client_of(connection)
+        session.address = connection.client
         if displaced is not None:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
@@ -125,14 +124,14 @@ class ProducerEndpoint:
         finally:
             await self._detach(session, connection)
 
-    async def _detach(self, session: Session, connection: ServerConnection) -> None:
+    async def _detach(self, session: Session, connection: WebSocket) -> None:
         """The connection ended: park the session, end it, or (rolling restart) leave it."""
         loop = asyncio.get_running_loop()
         if self.handing_off and session.connection is connection:
             # The session lives on in the broker for another process to resume.
             self.sessions.forget(session.owner)
             return
-        vanished = connection.protocol.close_rcvd is None and not self.stopping()
+        vanished = not connection.close_received and not self.stopping()
         ended = self.sessions.detach(session, connection, vanished=vanished, now=loop.time())
         if session.parked_until is not None:
             loop.call_later(self.settings.session_grace, self._expire_sessions)
@@ -140,8 +139,8 @@ class ProducerEndpoint:
             await self._end(gone, AbortReason.PRODUCER_DISCONNECTED)
 
     async def _attach(
-        self, connection: ServerConnection, grant: Grant, resume: str | None, now: float
-    ) -> tuple[Session, bool, ServerConnection | None]:
+        self, connection: WebSocket, grant: Grant, resume: str | None, now: float
+    ) -> tuple[Session, bool, WebSocket | None]:
         """The session for a new connection: local, taken over from the broker, or new."""
         sessions = self.sessions
         if resume and resume not in sessions.by_token and self.broker.shares_sessions:
@@ -180,7 +179,7 @@ class ProducerEndpoint:
                 self.sessions.forget(session.owner)
 
     async def _frame(
-        self, connection: ServerConnection, session: Session, raw: str | bytes, now: float
+        self, connection: WebSocket, session: Session, raw: str | bytes, now: float
     ) -> None:
         try:
             if isinstance(raw, bytes):
@@ -214,7 +213,7 @@ class ProducerEndpoint:
 
     def _apply(
         self,
-        connection: ServerConnection,
+        connection: WebSocket,
         session: Session,
         event: ProducerEvent,
         now: float,
@@ -261,7 +260,7 @@ class ProducerEndpoint:
 
     async def _complete(
         self,
-        connection: ServerConnection,
+        connection: WebSocket,
         session: Session,
         applied: Applied,
         now: float,
@@ -371,12 +370,12 @@ class ProducerEndpoint:
             expected=expected,
         )
 
-    async def reject(self, connection: ServerConnection, exc: FrameRejected) -> None:
+    async def reject(self, connection: WebSocket, exc: FrameRejected) -> None:
         """Answer a refused frame and wait until the producer can take more."""
         self.metrics.errors.labels(exc.code.value).inc()
         await self.writer.reply(connection, error_frame(exc))
 
-    def reject_now(self, connection: ServerConnection, exc: FrameRejected) -> None:
+    def reject_now(self, connection: WebSocket, exc: FrameRejected) -> None:
         """Answer a refused frame without waiting."""
         self.metrics.errors.labels(exc.code.value).inc()
         self.writer.send((connection,), error_frame(exc))

@@ -38,10 +38,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from websockets import CloseCode, State
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
-from websockets.typing import Origin
+from websockets import CloseCode
 
 from ..brokers import Broker, open_broker
 from ..core.errors import BrokerUnavailable
@@ -50,10 +47,12 @@ from ..core.hub import ChannelHub
 from ..core.protocol import AbortReason, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
-from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, RelayConnection, client_of, query_of
+from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
 from .metrics import Metrics
 from .producers import ProducerEndpoint
+from .server import HttpServer
 from .subscribers import SubscriberEndpoint
+from .websocket import WebSocket
 from .writer import Writer
 
 __all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Relay"]
@@ -68,7 +67,6 @@ except ImportError:  # pragma: no cover - depends on the installed wheel
     SPEEDUPS = False
 
 SHUTDOWN_REASON = "relay shutting down"
-NO_GRANT_REASON = "connection was not admitted"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -93,32 +91,23 @@ class Relay:
             stopping=lambda: self._stopping,
             spawn=self._spawn,
         )
-        self.server: Server | None = None
+        self.server: HttpServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> Server:
-        """Connect the broker and start listening."""
+    async def start(self) -> HttpServer:
+        """Connect the broker and start listening.
+
+        Frames are small and mostly unique: deflate would cost CPU and ~50 KiB per
+        connection for little gain, so no compression is offered on any endpoint.
+        """
         if not SPEEDUPS:
-            log.warning("websockets' C speedups are missing: frames are masked in pure Python")
+            log.warning("websockets' C speedups are missing: frames are unmasked in pure Python")
         await self.broker.start(self)
-        origins = self.settings.allowed_origins
-        self.server = await serve(
-            self._handle,
-            self.settings.host,
-            self.settings.port,
-            create_connection=RelayConnection,
-            process_request=self.gate.check,
-            origins=[*(Origin(origin) for origin in origins), None] if origins else None,
-            max_size=self.settings.max_frame_bytes,
-            open_timeout=self.settings.handshake_timeout,
-            # Frames are small and mostly unique; deflate would cost CPU and ~50 KiB per
-            # connection for little gain, so it is off for every endpoint.
-            compression=None,
-            reuse_port=self.settings.workers > 1 or None,
-        )
+        self.server = HttpServer(self.settings, self.gate, self.metrics, self._handle)
+        await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
         return self.server
 
@@ -130,7 +119,7 @@ class Relay:
         deadline = time.monotonic() + self.settings.shutdown_timeout
         server = self.server
         if server is not None:
-            server.close(close_connections=False)
+            server.close()
         handing_off = self.broker.shares_sessions and self.broker.healthy
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -149,15 +138,13 @@ class Relay:
             # whatever is still open at the deadline is cut.
             connections = list(server.connections)
             code = CloseCode.SERVICE_RESTART if handing_off else CloseCode.GOING_AWAY
-            closing = [
-                asyncio.ensure_future(connection.close(code, SHUTDOWN_REASON))
-                for connection in connections
-            ]
+            for connection in connections:
+                connection.start_close(code, SHUTDOWN_REASON)
+            closing = [asyncio.ensure_future(c.wait_closed()) for c in connections]
             if closing:
                 await asyncio.wait(closing, timeout=max(0.1, deadline - time.monotonic()))
             for connection in connections:
-                if connection.state is not State.CLOSED and connection.transport is not None:
-                    connection.transport.abort()
+                connection.abort()
             for task in closing:
                 task.cancel()
             await asyncio.gather(*closing, return_exceptions=True)
@@ -188,21 +175,15 @@ class Relay:
 
     # ------------------------------------------------------------------ connections
 
-    async def _handle(self, connection: ServerConnection) -> None:
-        request = connection.request
-        assert request is not None  # the handshake is done
-        grant = connection.grant if isinstance(connection, RelayConnection) else None
-        if grant is None:
-            # Fail closed: only a handshake the gate admitted carries a grant.
-            await connection.close(CloseCode.POLICY_VIOLATION, NO_GRANT_REASON)
-            return
-        path = urlsplit(request.path).path
+    async def _handle(self, connection: WebSocket) -> None:
+        grant = connection.grant
+        path = urlsplit(connection.path).path
         role = "producer" if path == PRODUCE_PATH else "subscriber"
         self.gate.admit(connection)
         gauge = self.metrics.connections.labels(role)
         gauge.inc()
         opened = time.monotonic()
-        peer = client_of(connection)
+        peer = connection.client
         log.info(
             "%s connected from %s (%s)",
             role,
@@ -216,25 +197,32 @@ class Relay:
                 "path": path,
             },
         )
-        query = query_of(request.path)
+        query = query_of(connection.path)
         try:
-            # A peer that vanishes without a close frame ends its handler; that is the
-            # world's doing (trio would say Broken), not an error of ours to log.
-            with contextlib.suppress(ConnectionClosed):
-                if role == "producer":
-                    channels = query.get("channel")
-                    resume = query.get("session", [""])[-1] or None
-                    await self.producers.serve(
-                        connection, channels[0] if channels else None, grant, resume
-                    )
-                else:
-                    deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
-                    initial = [
-                        Subscribe(type="subscribe", channel=c, deltas=deltas)
-                        for c in query.get("channel", [])
-                    ]
-                    await self.subscribers.serve(connection, initial, grant)
+            # A peer that vanishes without a close frame just ends its iteration: that
+            # is the world's doing, not an error of ours to log.
+            if role == "producer":
+                channels = query.get("channel")
+                resume = query.get("session", [""])[-1] or None
+                await self.producers.serve(
+                    connection, channels[0] if channels else None, grant, resume
+                )
+            else:
+                deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
+                initial = [
+                    Subscribe(type="subscribe", channel=c, deltas=deltas)
+                    for c in query.get("channel", [])
+                ]
+                await self.subscribers.serve(connection, initial, grant)
+        except Exception:
+            log.exception("%s %s failed", role, connection.id)
+            connection.start_close(CloseCode.INTERNAL_ERROR, "internal error")
+            raise
         finally:
+            if connection.open:
+                # The endpoint is done with it (the relay is stopping, or the session
+                # moved): close cleanly and wait, so the code logged below is the real one.
+                await connection.close(CloseCode.NORMAL_CLOSURE)
             gauge.dec()
             self.gate.release(connection)
             code = connection.close_code
@@ -254,16 +242,16 @@ class Relay:
             )
 
     @property
-    def hub(self) -> ChannelHub[ServerConnection]:
+    def hub(self) -> ChannelHub[WebSocket]:
         """Which local subscribers hold which channels (read-only use)."""
         return self.subscribers.router.hub
 
     @property
-    def sessions(self) -> SessionTable[ServerConnection]:
+    def sessions(self) -> SessionTable[WebSocket]:
         """Every producer session of this process, parked ones included (read-only use)."""
         return self.producers.sessions
 
-    def _forget(self, connection: ServerConnection) -> None:
+    def _forget(self, connection: WebSocket) -> None:
         self.subscribers.forget(connection)
 
     # ---------------------------------------------------------------- broker listener

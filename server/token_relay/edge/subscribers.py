@@ -17,7 +17,6 @@ from typing import Any
 
 from pydantic import MISSING
 from websockets import CloseCode
-from websockets.asyncio.server import ServerConnection
 
 from ..brokers import Broker
 from ..core.errors import (
@@ -42,6 +41,7 @@ from ..core.ratelimit import TokenBucket
 from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
 from .metrics import Metrics
+from .websocket import WebSocket
 from .writer import Writer
 
 __all__ = ["SubscriberEndpoint"]
@@ -65,13 +65,11 @@ class SubscriberEndpoint:
         self.metrics = metrics
         self.writer = writer
         self.spawn = spawn
-        self.router: ChannelRouter[ServerConnection] = ChannelRouter(
+        self.router: ChannelRouter[WebSocket] = ChannelRouter(
             settings.max_channels_per_subscriber, window=settings.delta_flush_ms > 0
         )
 
-    async def serve(
-        self, connection: ServerConnection, initial: list[Subscribe], grant: Grant
-    ) -> None:
+    async def serve(self, connection: WebSocket, initial: list[Subscribe], grant: Grant) -> None:
         """Serve one subscriber connection until it ends."""
         received = self.metrics.frames_in_subscriber
         loop = asyncio.get_running_loop()
@@ -95,14 +93,14 @@ class SubscriberEndpoint:
             for channel in self.router.remove(connection):
                 await self._update_interest(channel)
 
-    def reject_now(self, connection: ServerConnection, exc: FrameRejected) -> None:
+    def reject_now(self, connection: WebSocket, exc: FrameRejected) -> None:
         """Answer a refused frame without waiting."""
         self.metrics.errors.labels(exc.code.value).inc()
         self.writer.send((connection,), error_frame(exc))
 
     async def _answer(
         self,
-        connection: ServerConnection,
+        connection: WebSocket,
         frame: Subscribe | Unsubscribe | Cancel,
         grant: Grant,
         bucket: TokenBucket,
@@ -128,7 +126,7 @@ class SubscriberEndpoint:
         except FrameRejected as exc:
             self.reject_now(connection, exc)
 
-    async def _subscribe(self, connection: ServerConnection, frame: Subscribe) -> None:
+    async def _subscribe(self, connection: WebSocket, frame: Subscribe) -> None:
         """Join: the confirmation, replayed history, snapshots, then what followed."""
         channel = frame.channel
         since = None if frame.since is MISSING else (frame.since.offset, frame.since.epoch)
@@ -155,7 +153,7 @@ class SubscriberEndpoint:
         with contextlib.suppress(BrokerUnavailable):
             await self.broker.listen(channel, messages, deltas)
 
-    async def _cancel(self, connection: ServerConnection, frame: Cancel) -> None:
+    async def _cancel(self, connection: WebSocket, frame: Cancel) -> None:
         if not self.router.hub.is_subscribed(connection, frame.channel):
             raise FrameRejected(
                 ErrorCode.NOT_SUBSCRIBED,
@@ -179,7 +177,7 @@ class SubscriberEndpoint:
         """Route one frame of ``channel`` to this process's subscribers."""
         self.carry_out(self.router.deliver(channel, kind, seq, item))
 
-    def carry_out(self, actions: list[Action[ServerConnection]]) -> None:
+    def carry_out(self, actions: list[Action[WebSocket]]) -> None:
         """Write, close and start timers as the router says."""
         for action in actions:
             if isinstance(action, Send):
@@ -206,7 +204,7 @@ class SubscriberEndpoint:
             self.writer.close(connection, CloseCode.SERVICE_RESTART, BROKER_RESTORED_REASON)
         return len(subscribers)
 
-    def forget(self, connection: ServerConnection) -> None:
+    def forget(self, connection: WebSocket) -> None:
         """Drop the subscriptions of a connection being closed, and the broker's interest."""
         channels = self.router.remove(connection)
         if channels:

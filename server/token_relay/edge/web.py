@@ -7,16 +7,11 @@ sub-folders, no path traversal, nothing read per request. ``/`` serves
 
 from __future__ import annotations
 
-import dataclasses
-from http import HTTPStatus
 from pathlib import Path
-
-from websockets.asyncio.server import ServerConnection
-from websockets.http11 import Response
 
 from ..core.errors import ConfigError
 
-__all__ = ["StaticFiles", "with_body"]
+__all__ = ["StaticFiles"]
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -47,22 +42,3 @@ class StaticFiles:
             self.files["/" + path.name] = (content_type, path.read_bytes())
         if "/index.html" in self.files:
             self.files["/"] = self.files["/index.html"]
-
-    def respond(self, connection: ServerConnection, path: str) -> Response | None:
-        """The response for ``path``, or None if there is no such file."""
-        found = self.files.get(path)
-        if found is None:
-            return None
-        content_type, body = found
-        response = with_body(connection.respond(HTTPStatus.OK, ""), body, content_type)
-        response.headers["Cache-Control"] = "no-cache"
-        return response
-
-
-def with_body(response: Response, body: bytes, content_type: str) -> Response:
-    """``response`` with another body and content type."""
-    del response.headers["Content-Type"]
-    del response.headers["Content-Length"]
-    response.headers["Content-Type"] = content_type
-    response.headers["Content-Length"] = str(len(body))
-    return dataclasses.replace(response, body=body)

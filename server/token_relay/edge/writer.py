@@ -22,20 +22,18 @@ it stays connected.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from websockets import CloseCode, State
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
+from websockets import CloseCode
 from websockets.frames import Frame, Opcode
 
 from ..core.events import Delta, Outgoing
 from ..core.merge import Backlog
 from ..core.settings import Settings
 from .metrics import Metrics
+from .websocket import WebSocket
 
 __all__ = ["SLOW_CONSUMER_REASON", "Writer"]
 
@@ -51,26 +49,25 @@ class Writer:
         self,
         settings: Settings,
         metrics: Metrics,
-        forget: Callable[[ServerConnection], None],
+        forget: Callable[[WebSocket], None],
     ) -> None:
         self.high_water = settings.subscriber_high_water_bytes
         self.hard_limit = settings.max_subscriber_buffer_bytes
         self.metrics = metrics
         self._forget = forget
-        self.backlogs: dict[ServerConnection, Backlog] = {}
+        self.backlogs: dict[WebSocket, Backlog] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def send(self, receivers: Iterable[ServerConnection], payload: Outgoing) -> None:
+    def send(self, receivers: Iterable[WebSocket], payload: Outgoing) -> None:
         """Send one serialized frame to every receiver, each at its own pace."""
-        ready: list[ServerConnection] = []
-        over: list[ServerConnection] = []
+        ready: list[WebSocket] = []
+        over: list[WebSocket] = []
         high_water = self.high_water
         backlogs = self.backlogs
         for receiver in receivers:
             backlog = backlogs.get(receiver)
             if backlog is None:
-                transport = receiver.transport
-                if transport is None or transport.get_write_buffer_size() <= high_water:
+                if receiver.transport.get_write_buffer_size() <= high_water:
                     ready.append(receiver)
                     continue
                 backlog = self._start_backlog(receiver)
@@ -86,7 +83,7 @@ class Writer:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
             self.metrics.slow_closes.inc()
 
-    def offer(self, connection: ServerConnection, payload: Outgoing) -> bool:
+    def offer(self, connection: WebSocket, payload: Outgoing) -> bool:
         """Send a frame the peer can do without (a cancel to a producer), only if its socket
         is under the high-water mark; False if it was dropped. Never closes the peer."""
         if connection in self.backlogs or _unsent(connection) > self.high_water:
@@ -94,18 +91,17 @@ class Writer:
         self.send((connection,), payload)
         return True
 
-    def send_each(self, receiver: ServerConnection, payloads: Iterable[Outgoing]) -> None:
+    def send_each(self, receiver: WebSocket, payloads: Iterable[Outgoing]) -> None:
         """Send several frames to one receiver, in order."""
         for payload in payloads:
             self.send((receiver,), payload)
 
-    async def reply(self, connection: ServerConnection, payload: Outgoing) -> None:
+    async def reply(self, connection: WebSocket, payload: Outgoing) -> None:
         """Send a frame to a producer, then wait until its socket can take more."""
         self.send((connection,), payload)
-        if connection.transport is not None and not connection.transport.is_closing():
-            await connection.drain()
+        await connection.drain()
 
-    def close(self, connection: ServerConnection, code: CloseCode, reason: str) -> None:
+    def close(self, connection: WebSocket, code: CloseCode, reason: str) -> None:
         """Forget a connection's subscriptions and close it, without waiting."""
         if code == CloseCode.TRY_AGAIN_LATER:
             log.warning("closing slow peer %s: %s", connection.id, reason)
@@ -121,19 +117,17 @@ class Writer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _start_backlog(self, connection: ServerConnection) -> Backlog:
+    def _start_backlog(self, connection: WebSocket) -> Backlog:
         backlog = self.backlogs[connection] = Backlog()
         self._spawn(self._drain(connection, backlog))
         return backlog
 
-    async def _drain(self, connection: ServerConnection, backlog: Backlog) -> None:
+    async def _drain(self, connection: WebSocket, backlog: Backlog) -> None:
         try:
-            while backlog:
+            while backlog and connection.open:
                 # send() waits until the socket has room: the backlog drains at its pace.
-                await connection.send(backlog.pop_payload(), text=True)
+                await connection.send(backlog.pop_payload())
                 self.metrics.frames_out.inc()
-        except ConnectionClosed:
-            pass
         finally:
             if self.backlogs.get(connection) is backlog:
                 del self.backlogs[connection]
@@ -144,12 +138,11 @@ class Writer:
         task.add_done_callback(self._tasks.discard)
 
 
-def _write_all(receivers: list[ServerConnection], payload: Outgoing) -> None:
+def _write_all(receivers: list[WebSocket], payload: Outgoing) -> None:
     """Write one text frame to every open receiver, serializing the frame once.
 
-    websockets' ``broadcast()`` encodes the message once but rebuilds the frame for
-    each connection. Compression is off and a server never masks, so the frame's
-    bytes are the same for everyone: build them once and hand them to each socket.
+    Compression is off and a server never masks, so the frame's bytes are the same
+    for everyone: build them once and hand them to each socket.
     Only whole, unfragmented frames are ever written, so nothing can interleave.
     """
     if isinstance(payload, Delta):
@@ -158,14 +151,8 @@ def _write_all(receivers: list[ServerConnection], payload: Outgoing) -> None:
         data = payload.encode() if isinstance(payload, str) else payload
     frame = Frame(Opcode.TEXT, data).serialize(mask=False)
     for receiver in receivers:
-        transport = receiver.transport
-        if receiver.protocol.state is State.OPEN and transport is not None:
-            transport.write(frame)
+        receiver.write_frame(frame)
 
 
-def _unsent(connection: ServerConnection) -> int:
-    transport = connection.transport
-    with contextlib.suppress(Exception):
-        if transport is not None:
-            return int(transport.get_write_buffer_size())
-    return 0
+def _unsent(connection: WebSocket) -> int:
+    return connection.transport.get_write_buffer_size()

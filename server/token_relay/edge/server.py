@@ -1,0 +1,476 @@
+"""The listening socket: HTTP/1.1 with h11, then WebSocket after an upgrade.
+
+Each accepted socket gets one :class:`HttpConnection` (an ``asyncio.Protocol``).
+It parses requests with h11 and asks the :class:`~token_relay.edge.http.Gate`
+what to do with each one: answer it (health, readiness, metrics, static files
+and every refusal), or accept the WebSocket upgrade, after which every byte goes
+to a :class:`~token_relay.edge.websocket.WebSocket`.
+
+Every plain HTTP request gets a real response: 426 with ``Upgrade: websocket``
+on the WebSocket endpoints, 405 for a wrong method, 413 for a body over
+``--max-body-bytes``, 404 for anything else, each with ``Connection: close``.
+The socket then closes cleanly: the response is flushed, our side is shut, and
+whatever the client still sends is read and dropped for a moment, so the
+response is never lost to a reset. Successful responses keep the connection
+alive for the next request.
+
+Handshakes
+----------
+A socket is *handshaking* from its accept until its request head is complete
+(and again while it idles between keep-alive requests). Handshakes are bounded:
+
+* ``--handshake-timeout``: a request head that takes longer is cut.
+* ``--max-handshakes``: past this many in flight, the *oldest* is cut, so a
+  slow trickle of heads (slowloris) never shuts out a real client.
+* ``--max-handshakes-per-ip``: one client address past this many gets 429 at
+  once. A ``--trusted-proxy`` peer is exempt: it sends whole heads.
+* File descriptors: when open sockets come within :data:`FD_RESERVE` of the
+  process's limit (``ulimit -n``), the oldest handshake is cut to make room, or,
+  if there is none, the new socket gets 503 at once; the listening socket never
+  runs into ``EMFILE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
+
+import h11
+from websockets.datastructures import Headers
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
+from websockets.typing import Origin
+
+from ..core.forwarded import is_trusted, parse_networks
+from ..core.settings import Settings
+from .http import Admit, Gate, HttpRequest, Reply
+from .metrics import Metrics
+from .websocket import WebSocket
+
+__all__ = ["FD_RESERVE", "HttpConnection", "HttpServer"]
+
+log = logging.getLogger("token_relay")
+
+FD_RESERVE = 128
+"""File descriptors kept free for everything but client sockets (Redis, logs, files)."""
+
+LINGER_SECONDS = 1.0
+"""How long a socket closing after a refusal keeps reading (and dropping) its input."""
+
+MAX_HEAD_BYTES = 16 * 1024
+"""A bigger request line and headers get 431."""
+
+Handler = Callable[[WebSocket], Coroutine[Any, Any, None]]
+
+
+class HttpServer:
+    """The listening socket and every connection on it."""
+
+    def __init__(self, settings: Settings, gate: Gate, metrics: Metrics, handler: Handler) -> None:
+        self.settings = settings
+        self.gate = gate
+        self.metrics = metrics
+        self.handler = handler
+        origins = settings.allowed_origins
+        self.origins: list[Origin | None] | None = (
+            [*(Origin(origin) for origin in origins), None] if origins else None
+        )
+        self.trusted = parse_networks(settings.trusted_proxies)
+        self.open: set[HttpConnection] = set()
+        self.handshaking: dict[HttpConnection, None] = {}
+        """Sockets whose request head is not complete yet, oldest first."""
+        self.handshaking_per_address: dict[str, int] = {}
+        self.connections: set[WebSocket] = set()
+        """Open WebSocket connections."""
+        self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._refusals: dict[str, tuple[float, int]] = {}
+
+    async def start(self) -> None:
+        """Listen on ``--host``/``--port``."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self),
+            self.settings.host,
+            self.settings.port,
+            reuse_port=self.settings.workers > 1 or None,
+            backlog=1024,
+        )
+        self._sweeper = asyncio.create_task(self._keepalive())
+
+    @property
+    def sockets(self) -> tuple[Any, ...]:
+        """The listening sockets."""
+        return tuple(self._server.sockets) if self._server is not None else ()
+
+    @property
+    def port(self) -> int:
+        """The port listened on."""
+        return int(self.sockets[0].getsockname()[1])
+
+    def is_serving(self) -> bool:
+        """Whether new connections are accepted."""
+        return self._server is not None and self._server.is_serving()
+
+    def close(self) -> None:
+        """Stop accepting, and close every socket that is not a WebSocket."""
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.open):
+            if connection.ws is None:
+                connection.transport_close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    async def wait_closed(self) -> None:
+        """Wait until the listening socket and every handler are done."""
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def admit_socket(self, connection: HttpConnection) -> str | None:
+        """A new socket: None to go on, or why it is refused at once."""
+        low = len(self.open) + FD_RESERVE >= self.fd_limit
+        if low and not self._cut_oldest_handshake("file descriptors low"):
+            return "503 out of file descriptors; try again later"
+        peer = connection.peer
+        exempt = is_trusted(peer, self.trusted)
+        if not exempt and (
+            self.handshaking_per_address.get(peer, 0) >= self.settings.max_handshakes_per_ip
+        ):
+            return "429 too many handshakes in flight from this address"
+        if len(self.handshaking) >= self.settings.max_handshakes:
+            self._cut_oldest_handshake("too many handshakes in flight")
+        self.open.add(connection)
+        return None
+
+    def handshake_started(self, connection: HttpConnection) -> None:
+        """The socket waits for a request head."""
+        if connection in self.handshaking:
+            return
+        self.handshaking[connection] = None
+        peer = connection.peer
+        self.handshaking_per_address[peer] = self.handshaking_per_address.get(peer, 0) + 1
+        self.metrics.handshakes.set(len(self.handshaking))
+
+    def handshake_ended(self, connection: HttpConnection) -> None:
+        """The socket's request head is complete, or the socket is gone."""
+        if self.handshaking.pop(connection, 0) is None:
+            peer = connection.peer
+            left = self.handshaking_per_address.get(peer, 1) - 1
+            if left > 0:
+                self.handshaking_per_address[peer] = left
+            else:
+                self.handshaking_per_address.pop(peer, None)
+            self.metrics.handshakes.set(len(self.handshaking))
+
+    def _cut_oldest_handshake(self, reason: str) -> bool:
+        oldest = next(iter(self.handshaking), None)
+        if oldest is None:
+            return False
+        self.refused(oldest.peer, reason)
+        oldest.abort()
+        return True
+
+    def refused(self, peer: str, reason: str) -> None:
+        """Count a socket refused before its request, logging at most once a second per
+        reason (a flood would otherwise be a flood of log lines)."""
+        self.metrics.sockets_refused.labels(reason).inc()
+        now = time.monotonic()
+        since, count = self._refusals.get(reason, (0.0, 0))
+        if now - since < 1.0:
+            self._refusals[reason] = (since, count + 1)
+            return
+        self._refusals[reason] = (now, 0)
+        more = f" (and {count} more in the last second)" if count else ""
+        log.warning(
+            "refused a socket from %s: %s%s",
+            peer,
+            reason,
+            more,
+            extra={"event": "refused", "peer": peer, "reason": reason, "more": count},
+        )
+
+    def upgraded(self, ws: WebSocket) -> None:
+        """A WebSocket is open: serve it."""
+        self.connections.add(ws)
+        task = asyncio.ensure_future(self.handler(ws))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def closed(self, connection: HttpConnection) -> None:
+        """The socket is gone."""
+        self.open.discard(connection)
+        self.handshake_ended(connection)
+        if connection.ws is not None:
+            self.connections.discard(connection.ws)
+
+    async def _keepalive(self) -> None:
+        """Ping every WebSocket peer each ``--ping-interval``; cut those that stayed silent."""
+        interval = self.settings.ping_interval
+        while True:
+            await asyncio.sleep(interval)
+            for ws in list(self.connections):
+                if not ws.heard:
+                    log.info("cutting %s (%s): no answer to a ping", ws.client, ws.id)
+                    ws.abort()
+                else:
+                    ws.heard = False
+                    ws.ping()
+
+
+class HttpConnection(asyncio.Protocol):
+    """One accepted socket: HTTP requests, then possibly a WebSocket."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.peer = "unknown"
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.ws: WebSocket | None = None
+        self.request: h11.Request | None = None
+        self.lingering = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        transport = self.transport
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if peername else "unknown"
+        refusal = self.server.admit_socket(self)
+        if refusal is not None:
+            status, _, reason = refusal.partition(" ")
+            self.server.refused(self.peer, reason)
+            transport.write(_raw_response(int(status), reason))
+            transport.close()
+            return
+        self._waiting()
+
+    def data_received(self, data: bytes) -> None:
+        ws = self.ws
+        if ws is not None:
+            ws.receive(data)
+            return
+        if self.lingering:
+            return
+        self.h11.receive_data(data)
+        self._next_events()
+
+    def eof_received(self) -> bool | None:
+        if self.ws is not None:
+            self.ws.receive_eof()
+            return True
+        if not self.lingering:
+            self.h11.receive_data(b"")
+            self._next_events()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.server.closed(self)
+        if self.ws is not None:
+            self.ws.lost()
+
+    def pause_writing(self) -> None:
+        if self.ws is not None:
+            self.ws.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.ws is not None:
+            self.ws.resume_writing()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _waiting(self) -> None:
+        """Start (again) to wait for a request head, within ``--handshake-timeout``."""
+        self.server.handshake_started(self)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.server.settings.handshake_timeout, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self.server.refused(self.peer, "handshake timeout")
+        self.abort()
+
+    def _head_done(self) -> None:
+        self.server.handshake_ended(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _next_events(self) -> None:
+        conn = self.h11
+        while self.ws is None and not self.lingering:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._head_done()
+                self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            if isinstance(event, h11.Request):
+                self._head_done()
+                self.request = event
+                if _has_body(event):
+                    # Nothing here reads a body: answer at once, never read it.
+                    self._respond(self._refuse_body(event), event)
+                    return
+            elif isinstance(event, h11.EndOfMessage):
+                request = self.request
+                if request is not None:
+                    self._answer(request)
+            elif isinstance(event, h11.ConnectionClosed):
+                self.transport_close()
+                return
+
+    def _answer(self, request: h11.Request) -> None:
+        decision = self.server.gate.route(self._view(request))
+        if isinstance(decision, Reply):
+            self._respond(decision, request)
+            return
+        self._upgrade(request, decision)
+
+    def _refuse_body(self, request: h11.Request) -> Reply:
+        """A request with a body: 413 past ``--max-body-bytes``; no route here reads one."""
+        view = self._view(request)
+        length = _content_length(request)
+        limit = self.server.settings.max_body_bytes
+        gate = self.server.gate
+        if length is not None and length > limit:
+            return gate.refuse(view, 413, f"request body over {limit} bytes")
+        decision = gate.route(view)
+        if isinstance(decision, Admit):
+            return gate.refuse(view, 400, "a WebSocket handshake has no body")
+        if decision.status < 400:
+            return gate.refuse(view, 405, f"{view.path} takes no body", (("Allow", "GET, HEAD"),))
+        return decision
+
+    def _view(self, request: h11.Request) -> HttpRequest:
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers]
+        return HttpRequest.of(
+            request.method.decode("latin-1"),
+            request.target.decode("latin-1"),
+            headers,
+            self.peer,
+            self.server.trusted,
+        )
+
+    def _upgrade(self, request: h11.Request, admit: Admit) -> None:
+        """websockets checks the handshake itself (key, version, ``Origin``) and answers it."""
+        assert self.transport is not None
+        headers = Headers(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in request.headers.raw_items()
+        )
+        handshake = ServerProtocol(origins=self.server.origins)
+        response = handshake.accept(Request(admit.request.target, headers))
+        if response.status_code != 101:
+            extra = tuple(
+                (k, v) for k, v in response.headers.raw_items() if k.lower() in {"upgrade", "allow"}
+            )
+            reason = (response.body or b"").decode(errors="replace").strip()
+            reply = self.server.gate.refuse(admit.request, response.status_code, reason, extra)
+            self._respond(reply, request)
+            return
+        settings = self.server.settings
+        self.ws = WebSocket(
+            self.transport,
+            path=admit.request.target,
+            client=admit.request.client,
+            grant=admit.grant,
+            max_size=settings.max_frame_bytes,
+            max_unsent=settings.max_subscriber_buffer_bytes,
+        )
+        self.transport.write(response.serialize())
+        trailing, _ = self.h11.trailing_data
+        self.server.upgraded(self.ws)
+        if trailing:
+            self.ws.receive(trailing)
+
+    def _respond(self, reply: Reply, request: h11.Request | None) -> None:
+        """Send a plain HTTP response; keep the connection for the next one, or close it."""
+        transport = self.transport
+        assert transport is not None
+        keep = reply.status < 400 and request is not None and not _has_body(request)
+        headers = [
+            ("Content-Type", reply.content_type),
+            ("Content-Length", str(len(reply.body))),
+            ("Server", "token-relay"),
+            *reply.headers,
+        ]
+        if not keep:
+            headers.append(("Connection", "close"))
+        conn = self.h11
+        try:
+            data = conn.send(h11.Response(status_code=reply.status, headers=headers))
+            head_only = request is not None and request.method == b"HEAD"
+            if reply.body and not head_only:
+                data = (data or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
+            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:
+            data = _raw_response(reply.status, reply.body.decode(errors="replace"))
+            keep = False
+        transport.write(data)
+        if keep and conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+            self.request = None
+            self._waiting()
+            return
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after a response without losing it: shut our side, drop what comes, close."""
+        transport = self.transport
+        assert transport is not None
+        self.lingering = True
+        self._head_done()
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)
+
+    def transport_close(self) -> None:
+        """Close the socket once what is written has gone."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Cut the socket now."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _has_body(request: h11.Request) -> bool:
+    length = _content_length(request)
+    if length:
+        return True
+    return any(name == b"transfer-encoding" for name, _ in request.headers)
+
+
+def _content_length(request: h11.Request) -> int | None:
+    for name, value in request.headers:
+        if name == b"content-length":
+            return int(value)
+    return None
+
+
+def _raw_response(status: int, reason: str) -> bytes:
+    from http import HTTPStatus
+
+    body = (reason + "\n").encode()
+    phrase = HTTPStatus(status).phrase
+    return (
+        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: token-relay\r\n\r\n"
+    ).encode() + body
