@@ -29,7 +29,10 @@ from .wire import BenchError, Message, RawProducer, all_or_first_failure, client
 
 # Every relay runs with its defaults but for these: one producer is saturated on purpose,
 # and thousands of subscribers come from 127.0.0.1.
-RELAY_FLAGS = ("--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000")
+COMPARE_FLAGS = ("--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000")
+"""The limits lifted on a relay from ``--compare-python`` (an earlier version)."""
+RELAY_FLAGS = (*COMPARE_FLAGS, "--max-handshakes-per-ip", "100000")
+"""The limits lifted on every relay of this version: the load comes from one address."""
 TIMEOUT_MARGIN = 30.0  # seconds beyond what a case's load should take: it is stuck
 DELTA_GAP = 0.02  # seconds between a fan-out message's events: 50 tokens/s, a typical model
 FANOUT_PAUSE = 0.05  # seconds between one message being everywhere and the next one
@@ -155,9 +158,10 @@ async def started(*services: ServiceProcess, notable: list[str]) -> AsyncIterato
 
 @contextlib.asynccontextmanager
 async def running_cluster(
-    relay_args: Sequence[str], notable: list[str]
+    relay_args: Sequence[str], notable: list[str], compare: str = ""
 ) -> AsyncIterator[dict[str, ServiceProcess]]:
-    """redis-server, relays S, F, and A and B through Redis, and the peers, by name."""
+    """redis-server, relays S, F, and A and B through Redis, and the peers, by name; with
+    ``compare`` (another installation's python), its relays S0 and F0 too."""
     raise_fd_limit()  # inherited by every child: the fan-out relay holds 10,000 sockets
     with tempfile.TemporaryDirectory(prefix="token-relay-bench-") as directory:
         redis = RedisServer(Path(directory))
@@ -174,6 +178,9 @@ async def running_cluster(
                 "noop": ServiceProcess("bench.servers", "noop", name="no-op server"),
                 "socketio": ServiceProcess("bench.servers", "socketio", name="socketio relay"),
             }
+            for name in ("S0", "F0") if compare else ():
+                flags = (*COMPARE_FLAGS, *relay_args)
+                cluster[name] = ServiceProcess("token_relay", *flags, name=name, python=compare)
             async with started(*cluster.values(), notable=notable):
                 yield cluster
         finally:

@@ -69,6 +69,7 @@ class Config:
     idle_subscribers: int = option(2_000, 1_000, "idle subscribers, memory case")
     in_flight: int = option(100, 20, "unfinished 10k-character messages, memory case")
     relay_args: tuple[str, ...] = option(())  # extra flags for every relay
+    compare_python: str = option("")  # another installation's python: its relay beside ours
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | None]:
@@ -85,12 +86,18 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | 
         parser.add_argument(flag, type=type(field.default), help=f"{help_text} ({field.default:g})")
     relay_help = "an extra flag for every relay, e.g. --relay-arg=--loop=uvloop (repeatable)"
     parser.add_argument("--relay-arg", action="append", default=[], metavar="FLAG", help=relay_help)
+    compare_help = (
+        "the python of another installation of token-relay (an earlier version): its relay "
+        "is measured beside this one's, in the same run, for ingest and fan-out"
+    )
+    parser.add_argument("--compare-python", default="", metavar="PYTHON", help=compare_help)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result as JSON")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="draw the results as a PNG")
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
     args = parser.parse_args(argv)
     values = {field.name: field.metadata["quick"] for field in dataclasses.fields(Config)}
     values = (values if args.quick else {}) | {"relay_args": tuple(args.relay_arg)}
+    values["compare_python"] = args.compare_python
     for field in options:
         if (given := getattr(args, field.name)) is not None:
             if given < 1 and not (field.name == "deltas" and given == 0):
@@ -153,11 +160,17 @@ class Run:
             self.results.add(key, rates[key], {"repetition": n, **record})
 
         await file("ingest.relay", stream(relay, relay, self.channel("ingest", n), messages))
+        if "S0" in c:
+            channel = self.channel("ingest-compare", n)
+            await file("ingest.compare", stream(c["S0"], c["S0"], channel, messages))
         await file("ingest.noop", stream(noop, None, "", messages))
         some, channel = messages[: config.socketio_messages], self.channel("socketio", n)
         await file("ingest.socketio", cases.socketio_ingest(c["socketio"], channel, some))
         channel = self.channel("batched", n)
         await file("batched.relay", stream(relay, relay, channel, messages, batch=batch))
+        if "S0" in c:
+            channel = self.channel("batched-compare", n)
+            await file("batched.compare", stream(c["S0"], c["S0"], channel, messages, batch=batch))
         # The no-op server reads array frames in a blink: ten copies make the run timeable.
         await file("batched.noop", stream(noop, None, "", messages, batch=batch, copies=10))
         summary = ", ".join(f"{key} {value:,.0f}" for key, value in rates.items())
@@ -185,16 +198,24 @@ class Run:
             _progress(f"[{n}/{config.repeat}] {label}: {rate:,.0f} events/s, p50 {p50:.2f} ms")
 
     async def fanout(self, c: dict[str, ServiceProcess]) -> None:
-        """Fan-out to every size, with and without deltas, on one pool per size."""
-        config, relay = self.config, c["F"]
+        """Fan-out to every size, with and without deltas, on one pool per size and relay."""
+        await self.fanout_of(c, c["F"], "fanout")
+        if "F0" in c:
+            await self.fanout_of(c, c["F0"], "fanout-compare")
+
+    async def fanout_of(
+        self, c: dict[str, ServiceProcess], relay: ServiceProcess, case: str
+    ) -> None:
+        """Fan-out from one relay, its results under keys starting with ``case``."""
+        config = self.config
         for size in config.fanout_sizes:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
-            channel, began = self.channel(f"fanout-{size}", 0), time.monotonic()
+            channel, began = self.channel(f"{case}-{size}", 0), time.monotonic()
             options = {"deltas_per_message": config.deltas, "nice": 10}
             pools = SubscriberPool.running(relay.port, channel, size, processes, **options)
             async with pools as pool:
                 took = time.monotonic() - began
-                _progress(f"fan-out: {size:,} subscribers in {processes} processes in {took:.1f} s")
+                _progress(f"{case}: {size:,} subscribers in {processes} processes in {took:.1f} s")
                 warm = build_messages(1, config.deltas, prefix="warm:")
                 await cases.measure_fanout(relay, pool, channel, warm)
                 for n, deltas in itertools.product(range(1, config.repeat + 1), (False, True)):
@@ -207,11 +228,12 @@ class Run:
                     record: dict[str, Any] = {"repetition": n, "subscribers": size}
                     record["deltas"] = deltas
                     record |= {"delta_gap_ms": cases.DELTA_GAP * 1000, **run}
-                    self.results.detail(f"fanout.{size}.{mode}", record)
+                    key = f"{case.replace('-', '.')}.{size}.{mode}"
+                    self.results.detail(key, record)
                     for stat in ("p50", "p99"):
-                        self.results.add(f"fanout.{size}.{mode}.{stat}", run[f"{stat}_ms"])
+                        self.results.add(f"{key}.{stat}", run[f"{stat}_ms"])
                     _progress(
-                        f"[{n}/{config.repeat}] fan-out {size:,}{' with deltas' * deltas}: "
+                        f"[{n}/{config.repeat}] {case} {size:,}{' with deltas' * deltas}: "
                         f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms"
                     )
 
@@ -234,7 +256,9 @@ class Run:
         self.assemblers()
         _progress("starting redis-server, relays S, A, B and F, and the two peers")
         try:
-            async with cases.running_cluster(self.config.relay_args, self.notable) as cluster:
+            async with cases.running_cluster(
+                self.config.relay_args, self.notable, self.config.compare_python
+            ) as cluster:
                 await self.warm_up(cluster)
                 # Repetition-major: the cases of one repetition run close together in time,
                 # so a noisy spell on the machine hits all of them rather than one.

@@ -84,11 +84,15 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     def add(case: str, what: str, key: str, compared: str = "", cpu: bool = False) -> None:
         value = r.median(key)
         if key.startswith("fanout.") or key == "routes.single":
+            if math.isnan(r.median(key + ".p50")) and "compare" in key:
+                return
             p50, p99 = r.median(key + ".p50"), r.median(key + ".p99")
             text = "n/a" if math.isnan(p50) else f"p50 {_ms(p50)} ms, p99 {_ms(p99)} ms"
         elif key.startswith("memory."):
             text = "n/a" if math.isnan(value) else f"{value / 1024:,.1f} KiB"
         else:
+            if math.isnan(value) and "compare" in key:
+                return
             text = _rate(value, "frames/s" if key == "ingest.noop" else "events/s")
         busy = r.busy(key) if cpu else math.nan
         server = "" if math.isnan(busy) else f"server CPU {busy:.0%}"
@@ -108,11 +112,15 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
             add("assembler", f"{label}, {description}", key, compared * (kind == "token"))
     compared = versus("ingest.relay", "ingest.noop", "no-op", "ingest.socketio", "socketio")
     add("ingest", "relay, 1 producer -> 1 subscriber", "ingest.relay", compared, cpu=True)
+    compared = versus("ingest.compare", "ingest.noop", "no-op", "ingest.relay", "this relay")
+    add("ingest", "--compare-python's relay, the same", "ingest.compare", compared, cpu=True)
     add("ingest", "no-op websockets server (ceiling)", "ingest.noop", cpu=True)
     add("ingest", "python-socketio relay (peer)", "ingest.socketio", cpu=True)
     what = f"relay, {config['batch']} events per array frame"
     compared = versus("batched.relay", "ingest.relay", "unbatched", "batched.noop", "no-op")
     add("batched ingest", what, "batched.relay", compared, cpu=True)
+    compared = versus("batched.compare", "batched.relay", "this relay")
+    add("batched ingest", "--compare-python's relay, the same", "batched.compare", compared)
     add("batched ingest", "no-op server, the same frames (ceiling)", "batched.noop")
     for size in config["fanout_sizes"]:
         for mode, label in (("plain", ""), ("deltas", ", with deltas")):
@@ -121,6 +129,9 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
                 relay, clients = r.busy(key, "relay_busy"), r.busy(key, "clients_busy")
                 compared = f"relay CPU {relay:.0%}, clients {clients:.0%}"
             add("fan-out", f"{size:,} subscribers{label}", key, compared)
+            key = f"fanout.compare.{size}.{mode}"
+            compared = versus(key + ".p99", f"fanout.{size}.{mode}.p99", "this relay's p99")
+            add("fan-out", f"--compare-python's relay, {size:,}{label}", key, compared)
     what = f"final -> message at {config['rate']:g} msg/s, single instance"
     add("latency", what, "routes.single")
     what = f"RSS per idle subscriber ({config['idle_subscribers']:,} of them)"

@@ -33,8 +33,10 @@ A socket is *handshaking* from its accept until its request head is complete
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
@@ -49,7 +51,7 @@ from ..core.forwarded import is_trusted, parse_networks
 from ..core.settings import Settings
 from .http import Admit, Gate, HttpRequest, Reply
 from .metrics import Metrics
-from .websocket import WebSocket
+from .websocket import WebSocket, frames_log
 
 __all__ = ["FD_RESERVE", "HttpConnection", "HttpServer"]
 
@@ -57,6 +59,12 @@ log = logging.getLogger("token_relay")
 
 FD_RESERVE = 128
 """File descriptors kept free for everything but client sockets (Redis, logs, files)."""
+
+ACCEPT_BURST = 64
+"""Sockets accepted in one go, before the loop turns."""
+
+LISTEN_BACKLOG = 4096
+"""Connections the kernel queues for accepting (capped by ``net.core.somaxconn``)."""
 
 LINGER_SECONDS = 1.0
 """How long a socket closing after a refusal keeps reading (and dropping) its input."""
@@ -87,41 +95,64 @@ class HttpServer:
         self.connections: set[WebSocket] = set()
         """Open WebSocket connections."""
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self._server: asyncio.Server | None = None
+        self.sockets_open = 0
+        """Accepted sockets not yet closed: what counts against the descriptor limit."""
+        self._listening: list[socket.socket] = []
+        self._serving = False
+        self._closed = asyncio.Event()
+        self._accepting: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._refusals: dict[str, tuple[float, int]] = {}
 
     async def start(self) -> None:
         """Listen on ``--host``/``--port``."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: HttpConnection(self),
-            self.settings.host,
-            self.settings.port,
-            reuse_port=self.settings.workers > 1 or None,
-            backlog=1024,
+        settings = self.settings
+        infos = socket.getaddrinfo(
+            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
+        seen: set[tuple[int, Any]] = set()
+        for family, _, _, _, address in infos:
+            if (family, address) in seen or (settings.port == 0 and self._listening):
+                continue  # port 0: one free port on the first address
+            seen.add((family, address))
+            sock = socket.create_server(
+                address[:2],
+                family=family,
+                backlog=LISTEN_BACKLOG,
+                reuse_port=settings.workers > 1,
+            )
+            sock.setblocking(False)
+            self._listening.append(sock)
+        loop = asyncio.get_running_loop()
+        for sock in self._listening:
+            loop.add_reader(sock.fileno(), self._accept, sock)
+        self._serving = True
         self._sweeper = asyncio.create_task(self._keepalive())
 
     @property
-    def sockets(self) -> tuple[Any, ...]:
+    def sockets(self) -> tuple[socket.socket, ...]:
         """The listening sockets."""
-        return tuple(self._server.sockets) if self._server is not None else ()
+        return tuple(self._listening)
 
     @property
     def port(self) -> int:
         """The port listened on."""
-        return int(self.sockets[0].getsockname()[1])
+        return int(self._listening[0].getsockname()[1])
 
     def is_serving(self) -> bool:
         """Whether new connections are accepted."""
-        return self._server is not None and self._server.is_serving()
+        return self._serving
 
     def close(self) -> None:
         """Stop accepting, and close every socket that is not a WebSocket."""
-        if self._server is not None:
-            self._server.close()
+        self._closed.set()
+        if self._serving:
+            self._serving = False
+            loop = asyncio.get_running_loop()
+            for sock in self._listening:
+                loop.remove_reader(sock.fileno())
+                sock.close()
         for connection in list(self.open):
             if connection.ws is None:
                 connection.transport_close()
@@ -129,19 +160,67 @@ class HttpServer:
             self._sweeper.cancel()
 
     async def wait_closed(self) -> None:
-        """Wait until the listening socket and every handler are done."""
-        if self._server is not None:
-            await self._server.wait_closed()
+        """Wait until the server is closed and every handler is done."""
+        await self._closed.wait()
         if self._tasks:
             await asyncio.wait(list(self._tasks))
+
+    # ------------------------------------------------------------------ accepting
+
+    def _accept(self, sock: socket.socket) -> None:
+        """Accept what is waiting, a few at a time, never past the descriptors left."""
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPT_BURST):
+            low = self.sockets_open + FD_RESERVE >= self.fd_limit
+            if low and self._cut_oldest_handshake("file descriptors low"):
+                # Its descriptor is freed on the loop's next turn: accept again after it.
+                self._pause(sock, 0.0)
+                return
+            try:
+                conn, address = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: out of room for now
+                log.warning("cannot accept a connection: %s; trying again in 1 s", exc)
+                self._pause(sock, 1.0)
+                return
+            if low:
+                self.refused(str(address[0]), "file descriptors low")
+                with contextlib.suppress(OSError):
+                    conn.send(_raw_response(503, "out of file descriptors; try again later"))
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self.sockets_open += 1
+            task = loop.create_task(self._connect(conn))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: HttpConnection(self), conn)
+        except OSError:
+            self.sockets_open -= 1  # it went away before its transport was made
+            conn.close()
+
+    def _pause(self, sock: socket.socket, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(sock.fileno())
+
+        def resume() -> None:
+            if self._serving:
+                loop.add_reader(sock.fileno(), self._accept, sock)
+
+        if seconds:
+            loop.call_later(seconds, resume)
+        else:
+            loop.call_soon(resume)
 
     # ------------------------------------------------------------------ bookkeeping
 
     def admit_socket(self, connection: HttpConnection) -> str | None:
         """A new socket: None to go on, or why it is refused at once."""
-        low = len(self.open) + FD_RESERVE >= self.fd_limit
-        if low and not self._cut_oldest_handshake("file descriptors low"):
-            return "503 out of file descriptors; try again later"
         peer = connection.peer
         exempt = is_trusted(peer, self.trusted)
         if not exempt and (
@@ -178,6 +257,7 @@ class HttpServer:
         if oldest is None:
             return False
         self.refused(oldest.peer, reason)
+        self.handshake_ended(oldest)
         oldest.abort()
         return True
 
@@ -209,6 +289,7 @@ class HttpServer:
 
     def closed(self, connection: HttpConnection) -> None:
         """The socket is gone."""
+        self.sockets_open -= 1
         self.open.discard(connection)
         self.handshake_ended(connection)
         if connection.ws is not None:
@@ -323,6 +404,13 @@ class HttpConnection(asyncio.Protocol):
             if isinstance(event, h11.Request):
                 self._head_done()
                 self.request = event
+                if _head_size(event) > MAX_HEAD_BYTES:
+                    # h11 bounds a head that arrives in pieces; this, one that came whole.
+                    reply = self.server.gate.refuse(
+                        self._view(event), 431, f"request head over {MAX_HEAD_BYTES} bytes"
+                    )
+                    self._respond(reply, None)
+                    return
                 if _has_body(event):
                     # Nothing here reads a body: answer at once, never read it.
                     self._respond(self._refuse_body(event), event)
@@ -374,7 +462,7 @@ class HttpConnection(asyncio.Protocol):
             (name.decode("latin-1"), value.decode("latin-1"))
             for name, value in request.headers.raw_items()
         )
-        handshake = ServerProtocol(origins=self.server.origins)
+        handshake = ServerProtocol(origins=self.server.origins, logger=frames_log)
         response = handshake.accept(Request(admit.request.target, headers))
         if response.status_code != 101:
             extra = tuple(
@@ -456,6 +544,10 @@ def _has_body(request: h11.Request) -> bool:
     if length:
         return True
     return any(name == b"transfer-encoding" for name, _ in request.headers)
+
+
+def _head_size(request: h11.Request) -> int:
+    return len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
 
 
 def _content_length(request: h11.Request) -> int | None:

@@ -35,6 +35,9 @@ from ..core.grants import Grant
 __all__ = ["MAX_QUEUE", "WebSocket"]
 
 log = logging.getLogger("token_relay")
+frames_log = logging.getLogger("token_relay.frames")
+"""websockets' protocol logs each open and close at INFO; the relay logs its own."""
+frames_log.setLevel(logging.WARNING)
 
 MAX_QUEUE = 16
 """Whole incoming messages queued per connection before its socket stops being read."""
@@ -63,7 +66,7 @@ class WebSocket:
         self.client = client
         """The client's address: the peer's, or the one a trusted proxy forwarded for."""
         self.grant = grant
-        self.protocol = Protocol(SERVER, state=State.OPEN, max_size=max_size)
+        self.protocol = Protocol(SERVER, state=State.OPEN, max_size=max_size, logger=frames_log)
         self.max_size = max_size
         self.max_unsent = max_unsent
         self.heard = True
