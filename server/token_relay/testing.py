@@ -6,6 +6,8 @@
   that a test can kill and start again (a restart loses everything, as a crash would).
 * :class:`ServiceProcess`: ``python -m MODULE --port 0 ...`` as a real subprocess, ready once
   it logs the port it listens on; :func:`relay_process` is one for ``token_relay``.
+* :class:`Nginx`: a real ``nginx`` running the repository's ``deploy/nginx.conf``, on a
+  free port, in front of relays.
 * :class:`Proxy`: a TCP proxy that can cut every connection at once, with no close frame, as
   a network failure would; :class:`Balancer`, one that spreads connections over backends that
   may change (a rolling restart).
@@ -31,6 +33,7 @@ from pathlib import Path
 
 __all__ = [
     "Balancer",
+    "Nginx",
     "Proxy",
     "RedisServer",
     "ServiceProcess",
@@ -131,6 +134,91 @@ class RedisServer:
         if self.process is not None:
             self.process.kill()
             self.process.wait()
+            self.process = None
+
+
+class Nginx:
+    """A real ``nginx`` with a deployment's configuration, in front of relays on ``backends``.
+
+    The configuration's ``listen`` line becomes a free port on 127.0.0.1 and its upstream
+    becomes one ``server`` line per backend, with the options of the first; everything
+    else is used as it is written. Its pid, logs and temporary files go to ``directory``.
+    """
+
+    def __init__(self, config: Path, backends: list[int], directory: Path) -> None:
+        self.config = config
+        self.backends = backends
+        self.directory = directory
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The WebSocket base URL clients use."""
+        return f"ws://127.0.0.1:{self.port}"
+
+    def render(self) -> str:
+        """The configuration as it runs here."""
+        text = self.config.read_text()
+        text, listens = re.subn(r"(?m)^(\s*)listen \d+;", rf"\1listen 127.0.0.1:{self.port};", text)
+        upstream = re.compile(r"(?m)^(\s*)server 127\.0\.0\.1:\d+( [^;]*)?;\n")
+        servers = upstream.findall(text)
+        if listens != 1 or not servers:
+            raise RuntimeError(f"{self.config} has no single 'listen PORT;' or no upstream")
+        indent, options = servers[0]
+        lines = "".join(f"{indent}server 127.0.0.1:{port}{options};\n" for port in self.backends)
+        text = upstream.sub("", text, count=len(servers) - 1)
+        text = upstream.sub(lines.replace("\\", "\\\\"), text, count=1)
+        temp = self.directory / "temp"
+        temp.mkdir(exist_ok=True)
+        here = "".join(
+            f"    {kind}_temp_path {temp / kind};\n"
+            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        text = text.replace("http {\n", f"http {{\n    access_log off;\n{here}", 1)
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        pid, log = self.directory / "nginx.pid", self.directory / "error.log"
+        return f"{user}pid {pid};\nerror_log {log} warn;\n" + text
+
+    def start(self) -> None:
+        """Start nginx and wait until it accepts connections."""
+        path = self.directory / "nginx.conf"
+        path.write_text(self.render())
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.process = subprocess.Popen(
+            [binary, "-p", str(self.directory), "-c", str(path), "-g", "daemon off;"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline and self.process.poll() is None:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.5),
+            ):
+                return
+            time.sleep(0.02)
+        error = self.process.stderr.read().decode() if self.process.stderr else ""
+        self.stop()
+        raise RuntimeError(f"nginx did not start on port {self.port}: {error}")
+
+    @property
+    def errors(self) -> str:
+        """nginx's error log so far."""
+        log = self.directory / "error.log"
+        return log.read_text() if log.exists() else ""
+
+    def stop(self) -> None:
+        """Stop nginx at once."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
             self.process = None
 
 

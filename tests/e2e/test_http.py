@@ -14,6 +14,7 @@ import pytest
 from token_relay.edge.server import FD_RESERVE
 from token_relay.testing import relay_process
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from ..conftest import recv_json, send_json, start_relay
 
@@ -262,3 +263,21 @@ async def test_a_slowloris_against_a_low_fd_limit_never_shuts_out_a_canary(
         assert "file descriptors low" in relay.log
     finally:
         await relay.stop()
+
+
+async def test_a_burst_of_handshakes_from_one_address_cannot_pass_its_limit() -> None:
+    running, relay = await start_relay(max_connections_per_ip=10)
+    async with relay:
+
+        async def one() -> object:
+            try:
+                return await connect(f"{running.url}/subscribe?channel=c")
+            except InvalidStatus as exc:
+                return exc.response.status_code
+
+        outcomes = await asyncio.gather(*(one() for _ in range(40)))
+        admitted = [ws for ws in outcomes if not isinstance(ws, int)]
+        try:
+            assert len(admitted) == 10 and outcomes.count(429) == 30
+        finally:
+            await asyncio.gather(*(ws.close() for ws in admitted))  # type: ignore[attr-defined]

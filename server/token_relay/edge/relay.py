@@ -179,7 +179,6 @@ class Relay:
         grant = connection.grant
         path = urlsplit(connection.path).path
         role = "producer" if path == PRODUCE_PATH else "subscriber"
-        self.gate.admit(connection)
         gauge = self.metrics.connections.labels(role)
         gauge.inc()
         opened = time.monotonic()
@@ -224,7 +223,6 @@ class Relay:
                 # moved): close cleanly and wait, so the code logged below is the real one.
                 await connection.close(CloseCode.NORMAL_CLOSURE)
             gauge.dec()
-            self.gate.release(connection)
             code = connection.close_code
             log.info(
                 "%s %s closed (%s)",

@@ -362,6 +362,7 @@ class HttpConnection(asyncio.Protocol):
             self._timer.cancel()
         self.server.closed(self)
         if self.ws is not None:
+            self.server.gate.release(self.ws)
             self.ws.lost()
 
     def pause_writing(self) -> None:
@@ -481,6 +482,9 @@ class HttpConnection(asyncio.Protocol):
             max_size=settings.max_frame_bytes,
             max_unsent=settings.max_subscriber_buffer_bytes,
         )
+        # Counted now, in the same step as the decision: a burst of handshakes from one
+        # address can't all pass --max-connections-per-ip before any is counted.
+        self.server.gate.admit(self.ws)
         self.transport.write(response.serialize())
         trailing, _ = self.h11.trailing_data
         self.server.upgraded(self.ws)

@@ -1,0 +1,185 @@
+"""Behind a real nginx running ``deploy/nginx.conf``, in front of two relay processes on one
+real redis-server: per-client limits, origins, readiness, bodies and a producer that moves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from token_relay.client import RelayProducer, RelaySubscriber
+from token_relay.core.protocol import Aborted, MessageFrame
+from token_relay.testing import Nginx, RedisServer, ServiceProcess, eventually, relay_process
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+
+from ..conftest import recv_json, send_json
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
+ORIGIN = "https://chat.example"
+
+
+@contextlib.asynccontextmanager
+async def _fleet(
+    redis: RedisServer, directory: Path, *flags: str
+) -> AsyncIterator[tuple[Nginx, list[ServiceProcess]]]:
+    """Two relays on ``redis``, trusting nginx (127.0.0.1), behind the shipped nginx.conf."""
+    args = ("--broker", redis.url, "--trusted-proxy", "127.0.0.1", *flags)
+    relays = [relay_process(*args, name="relay-a"), relay_process(*args, name="relay-b")]
+    await asyncio.gather(*(relay.start() for relay in relays))
+    nginx = Nginx(DEPLOY, [relay.port for relay in relays], directory)
+    nginx.start()
+    try:
+        yield nginx, relays
+    finally:
+        nginx.stop()
+        await asyncio.gather(*(relay.stop() for relay in relays))
+
+
+async def _http(port: int, request: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request.encode())
+        data = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    text = data.decode("latin-1")
+    return int(text.split()[1]), text
+
+
+def _get(path: str, *headers: str) -> str:
+    return "\r\n".join([f"GET {path} HTTP/1.1", "Host: relay", *headers, "Connection: close"]) + (
+        "\r\n\r\n"
+    )
+
+
+async def _subscriber(url: str, source: str) -> ClientConnection | int:
+    """A subscriber from ``source`` (a loopback address of its own), or its refusal's status."""
+    try:
+        ws = await connect(f"{url}/subscribe?channel=crowd", local_addr=(source, 0))
+    except InvalidStatus as exc:
+        return exc.response.status_code
+    assert (await recv_json(ws))["type"] == "subscribed"
+    return ws
+
+
+async def test_600_users_through_nginx_are_each_limited_as_themselves(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with _fleet(redis_server, tmp_path) as (nginx, relays):
+        crowd: list[ClientConnection | int] = []
+        sources = [f"127.0.{1 + n // 200}.{1 + n % 200}" for n in range(600)]
+        for start in range(0, 600, 50):
+            crowd += await asyncio.gather(
+                *(_subscriber(nginx.url, s) for s in sources[start : start + 50])
+            )
+        sockets = [ws for ws in crowd if not isinstance(ws, int)]
+        try:
+            assert [ws for ws in crowd if isinstance(ws, int)] == []  # no 429 at all
+            # Each relay counts and logs the client, not nginx.
+            assert "subscriber connected from 127.0.1.7 " in relays[0].log + relays[1].log
+            async with connect(f"{nginx.url}/produce?channel=crowd") as producer:
+                await recv_json(producer)
+                await send_json(producer, {"id": "hello", "delta": "to all 600", "final": True})
+                texts = await asyncio.gather(*(recv_json(ws) for ws in sockets))
+            assert {frame["text"] for frame in texts} == {"to all 600"}
+            # The gateway's own connection was never refused either; one client address
+            # past --max-connections-per-ip (256 on each relay) is.
+            same: list[ClientConnection | int] = []
+            for _ in range(11):
+                same += await asyncio.gather(
+                    *(_subscriber(nginx.url, "127.0.9.9") for _ in range(50))
+                )
+            sockets += [ws for ws in same if not isinstance(ws, int)]
+            refused = [ws for ws in same if isinstance(ws, int)]
+            # nginx spreads them over the two relays, each admitting at most 256.
+            assert set(refused) == {429} and len(same) - len(refused) <= 2 * 256
+        finally:
+            await asyncio.gather(*(ws.close() for ws in sockets))
+
+
+async def test_origins_readiness_and_bodies_through_nginx(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with _fleet(redis_server, tmp_path, "--allowed-origin", ORIGIN) as (nginx, _):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(f"{nginx.url}/subscribe?channel=c", origin="https://evil.example")  # type: ignore[arg-type]
+        assert refused.value.response.status_code == 403
+        async with connect(f"{nginx.url}/subscribe?channel=c", origin=ORIGIN) as ws:  # type: ignore[arg-type]
+            assert (await recv_json(ws))["type"] == "subscribed"
+        # Requests with bodies get real answers, and nobody's WebSocket suffers for them.
+        for _ in range(5):
+            status, _ = await _http(
+                nginx.port,
+                "POST /produce HTTP/1.1\r\nHost: relay\r\nContent-Length: 1\r\n"
+                "Connection: close\r\n\r\nx",
+            )
+            assert status == 405
+        status, _ = await _http(nginx.port, _get("/produce"))
+        assert status == 426
+        async with connect(f"{nginx.url}/subscribe?channel=c", origin=ORIGIN) as ws:  # type: ignore[arg-type]
+            assert (await recv_json(ws))["type"] == "subscribed"
+        assert "prematurely closed" not in nginx.errors
+        # /readyz follows Redis, through nginx.
+        assert (await _http(nginx.port, _get("/readyz")))[0] == 200
+        redis_server.kill()
+
+        async def status_is(expected: int) -> bool:
+            return (await _http(nginx.port, _get("/readyz")))[0] == expected
+
+        await eventually(lambda: status_is(503), 15)
+        redis_server.start()
+        await eventually(lambda: status_is(200), 15)
+
+
+async def _producers_on(relay: ServiceProcess) -> float:
+    status, text = await _http(relay.port, _get("/metrics"))
+    assert status == 200
+    for line in text.splitlines():
+        if line.startswith('relay_connections{role="producer"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_a_producer_reconnects_through_nginx_and_lands_on_the_other_process(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    flags = ("--session-grace", "15")
+    async with _fleet(redis_server, tmp_path, *flags) as (nginx, relays):
+        received: list[MessageFrame] = []
+        aborted: list[Aborted] = []
+        async with (
+            RelaySubscriber(nginx.url, ["moving"], deltas=False) as feed,
+            RelayProducer(nginx.url, channel="moving", backoff=(0.05, 0.5)) as producer,
+        ):
+
+            async def watch() -> None:
+                async for frame in feed:
+                    if isinstance(frame, MessageFrame):
+                        received.append(frame)
+                    elif isinstance(frame, Aborted):
+                        aborted.append(frame)
+
+            watcher = asyncio.create_task(watch())
+            tokens = [f"t{n} " for n in range(40)]
+            for token in tokens[:20]:
+                await producer.send("m", token)
+            counts = [await _producers_on(relay) for relay in relays]
+            assert sorted(counts) == [0.0, 1.0]
+            holder, other = (relays[0], relays[1]) if counts[0] else (relays[1], relays[0])
+            assert await holder.terminate(10) == 0  # a rolling restart of its process
+            for token in tokens[20:]:
+                await producer.send("m", token)
+                await asyncio.sleep(0.005)
+            ack = await asyncio.wait_for(producer.finish("m"), 30)
+            assert ack.id == "m"
+            assert await _producers_on(other) == 1.0
+            await eventually(lambda: len(received) >= 1, 15)
+            await asyncio.sleep(0.3)
+            watcher.cancel()
+        assert [frame.text for frame in received] == ["".join(tokens)]
+        assert aborted == []
+        assert json.loads(json.dumps(ack.id)) == "m"
