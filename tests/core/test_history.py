@@ -354,3 +354,22 @@ def test_reserved_epochs_are_bounded_and_a_dropped_one_is_not_reused() -> None:
     store.position("b", 0.0)
     store.position("c", 0.0)  # pushes "a" out
     assert store.position("a", 0.0).epoch != first
+
+
+def test_the_store_counts_the_bytes_it_keeps_through_eviction_pruning_and_expiry() -> None:
+    import random
+
+    rng = random.Random(5)
+    store = HistoryStore(size=3, ttl=10.0, max_channels=4)
+    now = 0.0
+    for _ in range(500):
+        now += rng.random()
+        channel = f"c{rng.randrange(7)}"
+        text = "x" * rng.randrange(0, 50)
+        store.record(channel, now, lambda offset, epoch, text=text: f"{offset}{epoch}{text}")
+        if rng.random() < 0.1:
+            store.expire(now)
+        kept = sum(len(p) for log in store._logs.values() for _, _, p in log._entries)
+        assert store.bytes == kept
+    store.expire(now + 11)
+    assert store.bytes == 0

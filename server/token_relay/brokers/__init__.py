@@ -92,6 +92,9 @@ class Broker(Protocol):
     def healthy(self) -> bool:
         """Whether the broker is reachable right now."""
 
+    def memory_bytes(self) -> int:
+        """Characters of frames this process holds for the broker (history, outbox)."""
+
     async def start(self, listener: BrokerListener) -> None:
         """Connect, and start delivering events to ``listener``."""
 

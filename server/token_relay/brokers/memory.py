@@ -41,6 +41,12 @@ class MemoryBroker:
         """Always: nothing to reach."""
         return True
 
+    def memory_bytes(self) -> int:
+        """Characters this process holds for the broker: every channel's history (what
+        has outlived ``--history-ttl`` is dropped first)."""
+        self.history.expire(time.monotonic())
+        return self.history.bytes
+
     async def start(self, listener: BrokerListener) -> None:
         """Start delivering events to ``listener``."""
         self._listener = listener

@@ -86,6 +86,8 @@ MAX_CONNECTIONS = 64
 MAX_JOINS = 32
 """Catch-up reads in flight per process; more joins wait their turn, none is refused."""
 MAX_OUTBOX = 10_000
+MAX_OUTBOX_BYTES = 64 * 1024 * 1024
+"""The outbox's bound in characters of frames (each at least a byte), beside its count."""
 """Terminal frames kept while Redis is down, published in order when it is back."""
 PROBE_EVERY = 1.0
 """Seconds between health probes (PING) while Redis answers."""
@@ -150,6 +152,7 @@ class RedisBroker:
         self._probe_now = asyncio.Event()
         self._joins = asyncio.Semaphore(MAX_JOINS)
         self._outbox: collections.deque[_Deferred] = collections.deque()
+        self._outbox_bytes = 0
         self._pool: BlockingConnectionPool | None = None
         self._closing = False
         self._leaving = False
@@ -362,12 +365,15 @@ class RedisBroker:
     ) -> None:
         """Publish a terminal frame as soon as Redis takes it: now, or once it is back.
 
-        Frames wait in an outbox of at most :data:`MAX_OUTBOX`, published in the order
-        they came; past that the oldest is dropped, and logged.
+        Frames wait in an outbox of at most :data:`MAX_OUTBOX` frames and
+        :data:`MAX_OUTBOX_BYTES`, published in the order they came; past either the
+        oldest is dropped, and logged.
         """
         self._outbox.append((channel, owner, message_id, body, seq, aborted))
-        while len(self._outbox) > MAX_OUTBOX:
+        self._outbox_bytes += len(body)
+        while len(self._outbox) > MAX_OUTBOX or self._outbox_bytes > MAX_OUTBOX_BYTES:
             lost = self._outbox.popleft()
+            self._outbox_bytes -= len(lost[3])
             log.error("outbox full: dropped the terminal frame of %r on %r", lost[2], lost[0])
         if self.healthy:
             self._drain_outbox()
@@ -376,6 +382,7 @@ class RedisBroker:
         while self._outbox and not self._queue.full():
             deferred = self._outbox.popleft()
             channel, owner, message_id, body, seq, aborted = deferred
+            self._outbox_bytes -= len(body)
             write = self._terminal_write(channel, owner, message_id, body, None, seq, aborted)
             write.deferred = deferred
             self._queue.put_nowait(write)
@@ -549,6 +556,10 @@ class RedisBroker:
     def outbox(self) -> int:
         """Terminal frames waiting for Redis."""
         return len(self._outbox)
+
+    def memory_bytes(self) -> int:
+        """Characters this process holds for the broker: the outbox's frames."""
+        return self._outbox_bytes
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Publish the cancel to each process owning the message; count those that got it."""
@@ -761,6 +772,7 @@ class RedisBroker:
             for write, result in reversed(list(zip(batch, results, strict=True))):
                 if isinstance(result, Exception) and write.deferred is not None:
                     self._outbox.appendleft(write.deferred)  # in order, for the next try
+                    self._outbox_bytes += len(write.deferred[3])
             for write, result in zip(batch, results, strict=True):
                 failed = isinstance(result, Exception)
                 if failed and write.message is not None:

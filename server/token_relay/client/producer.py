@@ -28,6 +28,9 @@ from .base import Background, Backoff, relay_url
 
 __all__ = ["RelayProducer"]
 
+RETRIED = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.BROKER_UNAVAILABLE, ErrorCode.OVERLOADED})
+"""Refusals that pass: the message is sent again shortly, from where the relay says."""
+
 log = logging.getLogger("token_relay.client")
 
 RESEND_BATCH = 500
@@ -204,7 +207,7 @@ class RelayProducer(Background):
             with contextlib.suppress(asyncio.QueueFull):
                 self._cancels.put_nowait(frame)
         elif isinstance(frame, ErrorFrame):
-            if frame.code in (ErrorCode.RATE_LIMITED, ErrorCode.BROKER_UNAVAILABLE):
+            if frame.code in RETRIED:
                 # Transient: send again shortly; what was applied meanwhile is dropped by seq.
                 start = 1 if frame.expected is MISSING else frame.expected
                 self._retry_later(frame.id, start)

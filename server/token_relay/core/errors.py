@@ -80,6 +80,7 @@ class ErrorCode(StrEnum):
     MESSAGE_TOO_LARGE = "message_too_large"
     SEQ_GAP = "seq_gap"
     ID_IN_USE = "id_in_use"
+    OVERLOADED = "overloaded"
 
 
 class Blame(StrEnum):

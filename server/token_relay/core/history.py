@@ -76,12 +76,14 @@ def new_epoch() -> str:
 class ChannelLog:
     """One channel's offset, epoch and retained frames."""
 
-    __slots__ = ("_entries", "epoch", "offset")
+    __slots__ = ("_entries", "bytes", "epoch", "offset")
 
     def __init__(self, size: int) -> None:
         self.epoch = new_epoch()
         self.offset = 0
         self._entries: deque[tuple[int, float, str]] = deque(maxlen=max(size, 0))
+        self.bytes = 0
+        """Characters of the frames kept (each at least a byte)."""
 
     def record(self, now: float, render: Callable[[int, str], str]) -> str:
         """Give the next offset to a frame rendered by ``render(offset, epoch)``; keep it."""
@@ -89,14 +91,20 @@ class ChannelLog:
         payload = render(offset, self.epoch)
         # Only a rendered frame takes the offset, so offsets and entries never drift apart.
         self.offset = offset
-        self._entries.append((offset, now, payload))
+        entries = self._entries
+        if entries.maxlen == 0:
+            return payload
+        if len(entries) == entries.maxlen:
+            self.bytes -= len(entries[0][2])
+        entries.append((offset, now, payload))
+        self.bytes += len(payload)
         return payload
 
     def prune(self, oldest_allowed: float) -> None:
         """Drop frames recorded before ``oldest_allowed``."""
         entries = self._entries
         while entries and entries[0][1] < oldest_allowed:
-            entries.popleft()
+            self.bytes -= len(entries.popleft()[2])
 
     def replay(self, since: int, epoch: str) -> Replay:
         """The frames after offset ``since`` of ``epoch``, if none of them is lost."""
@@ -117,7 +125,7 @@ class HistoryStore:
     number of channels never evicts a channel that has history.
     """
 
-    __slots__ = ("_logs", "_reserved", "max_channels", "size", "ttl")
+    __slots__ = ("_logs", "_reserved", "bytes", "max_channels", "size", "ttl")
 
     def __init__(self, *, size: int, ttl: float, max_channels: int) -> None:
         if size < 1 or ttl <= 0 or max_channels < 1:
@@ -127,19 +135,23 @@ class HistoryStore:
         self.max_channels = max_channels
         self._logs: dict[str, ChannelLog] = {}
         self._reserved: dict[str, str] = {}
+        self.bytes = 0
+        """Characters of every frame kept, in every log (each at least a byte)."""
 
     def log(self, channel: str, now: float) -> ChannelLog:
         """The channel's log, created if needed, pruned to ``ttl`` and marked recently used."""
         log = self._logs.pop(channel, None)
         if log is None:
             if len(self._logs) >= self.max_channels:
-                del self._logs[next(iter(self._logs))]
+                self.bytes -= self._logs.pop(next(iter(self._logs))).bytes
             log = ChannelLog(self.size)
             reserved = self._reserved.pop(channel, None)
             if reserved is not None:
                 log.epoch = reserved  # the epoch its subscribers were told
         self._logs[channel] = log
+        before = log.bytes
         log.prune(now - self.ttl)
+        self.bytes += log.bytes - before
         return log
 
     def position(self, channel: str, now: float) -> ChannelLog:
@@ -156,9 +168,21 @@ class HistoryStore:
         empty.epoch = epoch
         return empty
 
+    def expire(self, now: float) -> None:
+        """Drop every frame older than ``ttl``, in every log."""
+        oldest_allowed = now - self.ttl
+        for log in self._logs.values():
+            before = log.bytes
+            log.prune(oldest_allowed)
+            self.bytes += log.bytes - before
+
     def record(self, channel: str, now: float, render: Callable[[int, str], str]) -> str:
         """Record a terminal frame on ``channel``; returns its serialized form."""
-        return self.log(channel, now).record(now, render)
+        log = self.log(channel, now)
+        before = log.bytes
+        payload = log.record(now, render)
+        self.bytes += log.bytes - before
+        return payload
 
     def __len__(self) -> int:
         return len(self._logs)

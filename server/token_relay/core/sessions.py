@@ -267,5 +267,9 @@ class SessionTable(Generic[C]):
         session.parked_until = None
         return [session]
 
+    def text_chars(self) -> int:
+        """Characters of text every session holds, parked ones included."""
+        return sum(session.streams.text_chars for session in self.by_owner.values())
+
     def __len__(self) -> int:
         return len(self.by_owner)

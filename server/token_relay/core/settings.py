@@ -20,6 +20,7 @@ from .forwarded import parse_networks
 __all__ = ["Settings"]
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 KIB = 1024
 LOG_FORMATS = ("plain", "json")
 LOOPS = ("asyncio", "uvloop")
@@ -79,6 +80,10 @@ class Settings:
     lapses, the others abort what its producers do not resume within ``session_grace``."""
     max_parked_sessions: int = 10_000
     """Producer sessions awaiting a reconnect; past it the oldest ends (its messages abort)."""
+    max_memory_bytes: int = GIB
+    """Bytes of text the relay may hold: messages under way and kept for finals, parked
+    sessions, history and the broker's outbox (a character counts as a byte). Past it a
+    new message is refused with ``overloaded``; messages under way go on."""
     delta_flush_ms: float = 0.0
     """With more than 0, a channel's deltas are held this long and merged per message."""
     history_size: int = 100

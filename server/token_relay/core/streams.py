@@ -326,6 +326,11 @@ class MessageStreams:
         """``(id, channel)`` of every unfinished message, oldest first."""
         return [(message_id, state.channel) for message_id, state in self._streaming.items()]
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of text held, unfinished and completed (kept for idempotent finals)."""
+        return self.assembler.chars
+
     def held_chars(self) -> int:
         """Characters of text the unfinished messages hold."""
         return sum(state.chars for state in self._streaming.values())

@@ -138,6 +138,27 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.overloaded = Counter(
+            "relay_overloaded_total",
+            "New messages refused with 'overloaded' (over --max-memory-bytes).",
+            registry=registry,
+        )
+        self.memory = Gauge(
+            "relay_memory_bytes",
+            "Bytes of text held: messages, parked sessions, history, the broker's outbox.",
+            registry=registry,
+        )
+        self.memory_limit = Gauge(
+            "relay_memory_limit_bytes", "--max-memory-bytes.", registry=registry
+        )
+        self.parked = Gauge(
+            "relay_parked_sessions",
+            "Producer sessions waiting for their producer to reconnect.",
+            registry=registry,
+        )
+        self.broker_healthy = Gauge(
+            "relay_broker_healthy", "1 while the broker is reachable, else 0.", registry=registry
+        )
         self.handshakes = Gauge(
             "relay_handshakes_in_flight",
             "Sockets whose request head is not complete yet.",

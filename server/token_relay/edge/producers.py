@@ -63,6 +63,9 @@ __all__ = ["ProducerEndpoint", "Session"]
 
 log = logging.getLogger("token_relay")
 
+MEMORY_CHECK_SECONDS = 0.1
+"""How stale the count of memory in use may be when a new message is let in."""
+
 Session = ProducerSession[WebSocket]
 
 
@@ -85,6 +88,9 @@ class ProducerEndpoint:
         self.stopping = stopping
         self.spawn = spawn
         self.handing_off = False
+        self.memory_used = 0
+        """Bytes of text held, as last counted (see :meth:`overloaded`)."""
+        self._memory_checked = -MEMORY_CHECK_SECONDS
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.sessions: SessionTable[WebSocket] = SessionTable(
             broker.instance,
@@ -226,6 +232,8 @@ class ProducerEndpoint:
         try:
             if event.channel is not MISSING:
                 session.grant.check(event.channel, event.id)
+            if self.overloaded(now) and session.streams.phase(event.id) is None:
+                raise self._overloaded(event.id)
             applied = session.streams.receive(event, now)
         except FrameRejected as exc:
             exc.index = index
@@ -350,6 +358,29 @@ class ProducerEndpoint:
         """End every session, parked ones included, aborting what is in progress."""
         for session in self.sessions.end_all():
             await self._end(session, reason)
+
+    def memory_in_use(self) -> int:
+        """Bytes of text held (see ``--max-memory-bytes``), counted now."""
+        return self.sessions.text_chars() + self.broker.memory_bytes()
+
+    def overloaded(self, now: float) -> bool:
+        """Whether memory in use is past ``--max-memory-bytes``, as counted at most
+        :data:`MEMORY_CHECK_SECONDS` ago (a count walks every session)."""
+        if now - self._memory_checked >= MEMORY_CHECK_SECONDS:
+            self._memory_checked = now
+            self.memory_used = self.memory_in_use()
+        return self.memory_used > self.settings.max_memory_bytes
+
+    def _overloaded(self, message_id: str) -> FrameRejected:
+        self.metrics.overloaded.inc()
+        limit = self.settings.max_memory_bytes
+        return FrameRejected(
+            ErrorCode.OVERLOADED,
+            f"the relay holds over --max-memory-bytes ({limit}) of text; this new message "
+            "was not started, send it again later (messages under way go on)",
+            message_id,
+            expected=1,
+        )
 
     def _rate_limited(
         self, frame: ProducerEvent | list[ProducerEvent], session: Session

@@ -92,6 +92,11 @@ class Relay:
             spawn=self._spawn,
         )
         self.server: HttpServer | None = None
+        metrics = self.metrics
+        metrics.memory.set_function(self.producers.memory_in_use)
+        metrics.memory_limit.set(self.settings.max_memory_bytes)
+        metrics.parked.set_function(lambda: len(self.producers.sessions.parked))
+        metrics.broker_healthy.set_function(lambda: float(self.broker.healthy))
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
 
