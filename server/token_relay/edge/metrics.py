@@ -5,18 +5,34 @@ the timing histograms) are plain Python numbers, exported by a custom collector
 when ``/metrics`` is scraped: ``prometheus_client``'s own counters take a lock
 on every increment, which cost about a sixth of the relay's time per event.
 Rare events (connections, errors, message outcomes) use its ordinary metrics.
+
+With ``--workers N`` a scrape reaches one worker, so every worker writes its metrics
+to a folder the supervisor shares among them, once a second, and each scrape returns
+every worker's, with a ``worker`` label: the answering worker's as of now, the others'
+as of their last write (at most :data:`PUBLISH_SECONDS` old). A worker that died and
+was restarted starts its counters again under the same label, which Prometheus reads
+as a counter reset.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics", "Tally", "Timings"]
+__all__ = ["PUBLISH_SECONDS", "Metrics", "Tally", "Timings"]
+
+PUBLISH_SECONDS = 1.0
+"""How often a worker writes its metrics for the others to serve."""
+STALE_SECONDS = 10.0
+"""A worker's file older than this is not served (the worker is gone)."""
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _GAP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -174,6 +190,61 @@ class Metrics:
         self.final_to_delivery = Timings(_LATENCY_BUCKETS)
         registry.register(_HotCollector(self))
 
+        self.shared: tuple[Path, int] | None = None
+        """With ``--workers N``: the folder the workers share, and this worker's number."""
+
+    def share(self, directory: Path, worker: int) -> None:
+        """Serve every worker's metrics, through ``directory``."""
+        self.shared = (directory, worker)
+
+    def publish(self) -> None:
+        """Write this worker's metrics for the others (atomically: write, then rename)."""
+        if self.shared is None:
+            return
+        directory, worker = self.shared
+        path = directory / f"worker-{worker}.prom"
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(generate_latest(self.registry))
+        partial.replace(path)
+
     def render(self) -> bytes:
-        """The metrics in Prometheus' text format."""
-        return generate_latest(self.registry)
+        """The metrics in Prometheus' text format: this process's, or every worker's."""
+        own = generate_latest(self.registry)
+        if self.shared is None:
+            return own
+        directory, worker = self.shared
+        texts = {worker: own.decode()}
+        now = time.time()
+        for path in directory.glob("worker-*.prom"):
+            number = int(path.stem.removeprefix("worker-"))
+            if number == worker:
+                continue
+            try:
+                if now - path.stat().st_mtime < STALE_SECONDS:
+                    texts[number] = path.read_text()
+            except OSError:
+                continue  # it is being replaced, or its worker's folder is gone
+        registry = CollectorRegistry()
+        registry.register(_Merged(texts))
+        return generate_latest(registry)
+
+
+class _Merged(Collector):
+    """Several workers' metrics as one family per name, each sample labelled by worker."""
+
+    def __init__(self, texts: dict[int, str]) -> None:
+        self.texts = texts
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for worker, text in sorted(self.texts.items()):
+            for family in text_string_to_metric_families(text):
+                into = merged.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type)
+                )
+                label = str(worker)
+                into.samples.extend(
+                    sample._replace(labels={**sample.labels, "worker": label})
+                    for sample in family.samples
+                )
+        return merged.values()

@@ -48,7 +48,7 @@ from ..core.protocol import AbortReason, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
-from .metrics import Metrics
+from .metrics import PUBLISH_SECONDS, Metrics
 from .producers import ProducerEndpoint
 from .server import HttpServer
 from .subscribers import SubscriberEndpoint
@@ -114,6 +114,8 @@ class Relay:
         self.server = HttpServer(self.settings, self.gate, self.metrics, self._handle)
         await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
+        if self.metrics.shared is not None:
+            self._spawn(self._publish_metrics())
         return self.server
 
     async def stop(self) -> None:
@@ -306,6 +308,12 @@ class Relay:
         while True:
             await asyncio.sleep(min(timeout / 4, 1.0))
             await self.producers.expire_idle(loop.time() - timeout)
+
+    async def _publish_metrics(self) -> None:
+        """With ``--workers N``: write this worker's metrics for the others, every second."""
+        while True:
+            self.metrics.publish()
+            await asyncio.sleep(PUBLISH_SECONDS)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)

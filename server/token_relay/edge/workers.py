@@ -2,8 +2,11 @@
 
 A lone process announces its URLs itself. With ``--workers N`` a supervisor reserves
 the port (``SO_REUSEPORT``), starts N worker processes that each run a relay on it,
-announces once they all listen, and passes SIGTERM and SIGINT on. A worker asks
-Linux to stop it if its supervisor dies, so none is ever orphaned.
+announces once they all listen, and passes SIGTERM and SIGINT on. A worker that dies
+any other way (a crash, SIGKILL, the OOM killer) is logged and started again, at most
+once per :data:`RESTART_SECONDS` each. A worker asks Linux to stop it if its
+supervisor dies, so none is ever orphaned. The workers share a folder for their
+metrics (see :mod:`token_relay.edge.metrics`), removed when the supervisor ends.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import ctypes.util
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
 import socket
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
@@ -32,6 +39,10 @@ __all__ = ["loop_factory", "run", "run_workers"]
 log = logging.getLogger("token_relay")
 
 PR_SET_PDEATHSIG = 1
+
+RESTART_SECONDS = 1.0
+"""The least time between two starts of one worker: a worker that keeps dying is not
+started in a tight loop."""
 
 
 def _announce(host: str, port: int, workers: int) -> None:
@@ -82,7 +93,7 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _worker(settings: Settings, ready: Any) -> None:
+def _worker(settings: Settings, ready: Any, metrics: str, number: int) -> None:
     """One of several processes sharing the port."""
     _die_with_parent()
     configure_logs(settings.log_format)
@@ -90,7 +101,9 @@ def _worker(settings: Settings, ready: Any) -> None:
         contextlib.suppress(KeyboardInterrupt),
         asyncio.Runner(loop_factory=loop_factory(settings)) as runner,
     ):
-        runner.run(run(Relay(settings), ready))
+        relay = Relay(settings)
+        relay.metrics.share(Path(metrics), number)
+        runner.run(run(relay, ready))
 
 
 def run_workers(settings: Settings) -> int:
@@ -103,40 +116,83 @@ def run_workers(settings: Settings) -> int:
     shared = dataclasses.replace(settings, port=port)
     context = multiprocessing.get_context("spawn")
     ready = context.Queue()
-    workers = [
-        context.Process(target=_worker, args=(shared, ready), name=f"relay-worker-{n}")
-        for n in range(settings.workers)
-    ]
-    stopping = False
+    with tempfile.TemporaryDirectory(prefix="token-relay-metrics-") as metrics:
 
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        def start(number: int) -> multiprocessing.process.BaseProcess:
+            (Path(metrics) / f"worker-{number}.prom").unlink(missing_ok=True)
+            worker = context.Process(
+                target=_worker, args=(shared, ready, metrics, number), name=f"relay-worker-{number}"
+            )
+            worker.start()
+            log.info(
+                "worker %d started (pid %s)",
+                number,
+                worker.pid,
+                extra={"event": "worker_start", "worker": number, "pid": worker.pid},
+            )
+            return worker
+
+        workers = [start(number) for number in range(settings.workers)]
+        started_at = [time.monotonic()] * len(workers)
+        stopping = False
+
+        def stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+            for worker in workers:
+                if worker.pid is not None and worker.is_alive():
+                    worker.terminate()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        started = 0
+        while started < len(workers) and not stopping:
+            try:
+                ready.get(timeout=0.2)
+                started += 1
+            except queue.Empty:
+                if any(not worker.is_alive() for worker in workers):
+                    log.error("a worker process exited while starting")
+                    stop(signal.SIGTERM, None)
+        if not stopping:
+            _announce(settings.host, port, settings.workers)
+        while not stopping:
+            multiprocessing.connection.wait([w.sentinel for w in workers], timeout=0.5)
+            for number, worker in enumerate(workers):
+                if stopping or worker.is_alive():
+                    continue
+                if time.monotonic() - started_at[number] < RESTART_SECONDS:
+                    continue  # it died at once: wait a little before the next try
+                log.error(
+                    "worker %d (pid %s) exited with %s; starting it again",
+                    number,
+                    worker.pid,
+                    _exit_status(worker.exitcode),
+                    extra={
+                        "event": "worker_restart",
+                        "worker": number,
+                        "pid": worker.pid,
+                        "exitcode": worker.exitcode,
+                    },
+                )
+                workers[number] = start(number)
+                started_at[number] = time.monotonic()
         for worker in workers:
-            if worker.pid is not None and worker.is_alive():
-                worker.terminate()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for worker in workers:
-        worker.start()
-    started = 0
-    while started < len(workers) and not stopping:
-        try:
-            ready.get(timeout=0.2)
-            started += 1
-        except queue.Empty:
-            if any(not worker.is_alive() for worker in workers):
-                log.error("a worker process exited while starting")
-                stop(signal.SIGTERM, None)
-    if not stopping:
-        _announce(settings.host, port, settings.workers)
-    for worker in workers:
-        worker.join()
+            worker.join()
+        with contextlib.suppress(queue.Empty, OSError, ValueError):
+            while True:
+                ready.get_nowait()
     reservation.close()
     failed = [worker.exitcode for worker in workers if worker.exitcode not in (0, -signal.SIGTERM)]
     log.info("token-relay stopped")
     return 1 if failed or started < len(workers) else 0
+
+
+def _exit_status(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+    return f"exit code {code}"
 
 
 def loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
