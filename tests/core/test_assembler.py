@@ -382,21 +382,3 @@ def test_matches_reference_model(events: list[dict[str, object]]) -> None:
             assert actual.is_streaming(message_id) == (
                 message_id in expected.texts and message_id not in expected.finalized
             )
-
-
-def test_chars_counts_the_text_held_through_every_change() -> None:
-    import random
-
-    rng = random.Random(3)
-    assembler = TokenAssembler()
-    ids = [f"m{n}" for n in range(8)]
-    for _ in range(2000):
-        message_id, roll = rng.choice(ids), rng.random()
-        if roll < 0.6:
-            assembler.feed(message_id, "ab"[: rng.randrange(3)] or None, rng.random() < 0.1)
-        elif roll < 0.8:
-            assembler.discard(message_id)
-        else:
-            assembler.forget(message_id)
-        held = sum(len(assembler.get(i) or "") for i in ids)
-        assert assembler.chars == held

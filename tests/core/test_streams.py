@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -952,3 +954,36 @@ def test_text_without_surrogates_is_untouched() -> None:
     for delta in ["héllo ", "\U0001f44b", "日本語", "\u2028"]:
         applied = streams.receive(ProducerEvent(id="m", delta=delta))
         assert isinstance(applied, Applied) and applied.delta == delta
+
+
+def test_text_chars_counts_exactly_what_is_held_through_every_change() -> None:
+    import random
+
+    rng = random.Random(11)
+    streams = MessageStreams("c", max_chars=40, max_completed=3, max_streaming=4)
+    ids = [f"m{n}" for n in range(30)]
+    now = 0.0
+    for _ in range(3000):
+        now += 1.0
+        message_id, roll = rng.choice(ids), rng.random()
+        if roll < 0.8:
+            event: dict[str, object] = {
+                "id": message_id,
+                "delta": rng.choice(["", "ab", "é", "xyz"]),
+            }
+            if rng.random() < 0.2:
+                event["final"] = True
+            with contextlib.suppress(FrameRejected):
+                streams.receive(decode_producer_event(json.dumps(event)), now)
+        elif roll < 0.9:
+            streams.withdraw(message_id)
+        elif roll < 0.995:
+            streams.expire(now - rng.randrange(5))
+        else:
+            streams.close()
+        held = sum(
+            len(streams.assembler.get(i) or "")
+            for i in ids
+            if streams.phase(i) in (Phase.STREAMING, Phase.COMPLETED)
+        )
+        assert streams.text_chars == held

@@ -90,6 +90,9 @@ async def test_every_plain_request_gets_a_response_and_a_clean_close() -> None:
         # And WebSockets connect at once, as before any of it.
         async with running.connect("/subscribe?channel=c") as sub:
             assert (await recv_json(sub))["type"] == "subscribed"
+        metrics = relay.metrics.render().decode()
+        for status, count in (("426", 1), ("405", 3), ("413", 1), ("404", 1), ("431", 1)):
+            assert f'relay_http_refusals_total{{status="{status}"}} {count}.0' in metrics
 
 
 async def test_keep_alive_serves_several_requests_on_one_socket() -> None:
@@ -215,6 +218,7 @@ async def test_handshakes_in_flight_are_bounded_per_address_and_in_all() -> None
                 port, _request("GET", "/healthz"), source="127.0.0.2"
             )
             assert status == 429 and b"handshakes" in body
+            assert relay.metrics.handshakes._value.get() == 20
             # Another address is untouched.
             status, _, _, _ = await _exchange(
                 port, _request("GET", "/healthz", "Connection: close")
@@ -230,6 +234,10 @@ async def test_handshakes_in_flight_are_bounded_per_address_and_in_all() -> None
             assert not _alive(held[0]) and _alive(held[-1])
         await asyncio.sleep(0.1)
         assert relay.server is not None and not relay.server.handshaking
+        metrics = relay.metrics.render().decode()
+        assert 'reason="too many handshakes in flight from this address"} 1.0' in metrics
+        assert 'reason="too many handshakes in flight"}' in metrics
+        assert "relay_handshakes_in_flight 0.0" in metrics
 
 
 @pytest.fixture

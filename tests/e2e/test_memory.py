@@ -49,6 +49,8 @@ async def test_past_the_memory_limit_new_messages_wait_and_old_ones_go_on() -> N
             assert await _metric(port, "relay_overloaded_total") == 1
             assert await _metric(port, "relay_memory_bytes") > 10_000
             assert await _metric(port, "relay_memory_limit_bytes") == 10_000
+            assert await _metric(port, "relay_parked_sessions") == 0
+            assert await _metric(port, "relay_broker_healthy") == 1
         # A client's message waits while the relay is full, and arrives once memory frees:
         # the producer's session ended, and the history outlives its ttl.
         async with RelayProducer(running.url, channel="c", backoff=(0.05, 0.3)) as gateway:

@@ -36,3 +36,31 @@ async def test_readme_gateway_example_delivers_its_reply(relay: RunningRelay) ->
         assert out.decode().strip() == "delivered: reply-1"
         message = await recv_json(sub)
         assert (message["type"], message["text"]) == ("message", "Hello, world")
+
+
+def _table_names(heading: str) -> set[str]:
+    """The back-quoted names in the first column of the table under ``heading``."""
+    text = README.read_text()
+    section = text[text.index(heading) :]
+    rows = re.findall(r"^\| (`[^|]+`(?:, `[^|]+`)*) \|", section.split("\n## ")[0], re.M)
+    return {name for row in rows for name in re.findall(r"`([^`{]+)", row)}
+
+
+def test_every_flag_error_code_and_metric_is_in_the_readme() -> None:
+    import dataclasses
+
+    from token_relay.core.errors import ErrorCode
+    from token_relay.core.settings import Settings
+    from token_relay.edge.metrics import Metrics
+
+    flags = {
+        f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        for f in dataclasses.fields(Settings)
+    }
+    assert flags - _table_names("| flag | default |") == set()
+    assert {code.value for code in ErrorCode} - _table_names("| code | sent to | when |") == set()
+    exported = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in Metrics().registry.collect()
+    }
+    assert exported - _table_names("| metric | what |") == set()

@@ -30,13 +30,11 @@ __all__ = ["TokenAssembler"]
 class TokenAssembler:
     """Assemble interleaved streams of deltas into completed message texts."""
 
-    __slots__ = ("_completed", "_parts", "chars")
+    __slots__ = ("_completed", "_parts")
 
     def __init__(self) -> None:
         self._parts: dict[str, list[str]] = {}
         self._completed: dict[str, str] = {}
-        self.chars = 0
-        """Characters of text held, streaming and completed: what this assembler costs."""
 
     def apply(self, event: Mapping[str, object]) -> str | None:
         """Apply one event ``{"id", "delta"?, "final"?}``.
@@ -62,7 +60,6 @@ class TokenAssembler:
             parts = self._parts[message_id] = []
         if delta is not None:
             parts.append(delta)
-            self.chars += len(delta)
         if not final:
             return None
         text = "".join(parts)
@@ -93,17 +90,11 @@ class TokenAssembler:
     def discard(self, message_id: str) -> str | None:
         """Drop an unfinished message and return its partial text (None if not streaming)."""
         parts = self._parts.pop(message_id, None)
-        if parts is None:
-            return None
-        text = "".join(parts)
-        self.chars -= len(text)
-        return text
+        return None if parts is None else "".join(parts)
 
     def forget(self, message_id: str) -> None:
         """Release a completed message's cached text. Later events for it start afresh."""
-        text = self._completed.pop(message_id, None)
-        if text is not None:
-            self.chars -= len(text)
+        self._completed.pop(message_id, None)
 
     @property
     def streaming_count(self) -> int:

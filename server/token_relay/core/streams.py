@@ -180,6 +180,7 @@ class MessageStreams:
         "_final_seq",
         "_streaming",
         "assembler",
+        "completed_chars",
         "default_channel",
         "max_chars",
         "max_completed",
@@ -205,6 +206,8 @@ class MessageStreams:
         self._completed: dict[str, str] = {}
         self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
+        self.completed_chars = 0
+        """Characters of the completed texts kept for idempotent finals."""
 
     def receive(self, event: ProducerEvent, now: float = 0.0) -> Applied | Overflow:
         """Apply one event; raise :class:`FrameRejected` leaving all state unchanged."""
@@ -246,6 +249,7 @@ class MessageStreams:
             if text is None:
                 return Applied(channel, message_id, None, False, delta, False, wait, first)
             del self._streaming[message_id]
+            self.completed_chars += len(text)
             self._remember(self._completed, message_id, channel)
             if state.seq:
                 self._final_seq[message_id] = state.seq
@@ -296,6 +300,7 @@ class MessageStreams:
                 state.chars = len(delta)
                 state.last_delta = now
             return Applied(channel, message_id, None, False, delta, True, wait, bool(delta))
+        self.completed_chars += len(text)
         self._remember(self._completed, message_id, channel)
         if seq:
             self._final_seq[message_id] = seq
@@ -329,7 +334,7 @@ class MessageStreams:
     @property
     def text_chars(self) -> int:
         """Characters of text held, unfinished and completed (kept for idempotent finals)."""
-        return self.assembler.chars
+        return self.held_chars() + self.completed_chars
 
     def held_chars(self) -> int:
         """Characters of text the unfinished messages hold."""
@@ -365,6 +370,7 @@ class MessageStreams:
             self.assembler.discard(message_id)
         elif self._completed.pop(message_id, None) is not None:
             self._final_seq.pop(message_id, None)
+            self.completed_chars -= len(self.assembler.get(message_id) or "")
             self.assembler.forget(message_id)
 
     def completed_channel(self, message_id: str) -> str | None:
@@ -388,6 +394,7 @@ class MessageStreams:
         self._final_seq.clear()
         self._aborted.clear()
         self.assembler = TokenAssembler()
+        self.completed_chars = 0
         return unfinished
 
     @property
@@ -414,6 +421,8 @@ class MessageStreams:
             del memory[oldest]
             self._final_seq.pop(oldest, None)
             # The two memories never share an id, so this frees only a completed text.
+            if memory is self._completed:
+                self.completed_chars -= len(self.assembler.get(oldest) or "")
             self.assembler.forget(oldest)
 
 
