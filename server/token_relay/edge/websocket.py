@@ -42,6 +42,9 @@ frames_log.setLevel(logging.WARNING)
 MAX_QUEUE = 16
 """Whole incoming messages queued per connection before its socket stops being read."""
 
+FAIR_SHARE = 32
+"""Messages one connection is handed in a row before the event loop runs other work."""
+
 CLOSE_TIMEOUT = 5.0
 """Seconds a peer has to answer a close frame before its socket is cut."""
 
@@ -78,6 +81,7 @@ class WebSocket:
         self._waiter: asyncio.Future[None] | None = None
         self._paused_reading = False
         self._failed = False
+        self._unbroken = 0
         self._paused_writing = False
         self._drained: asyncio.Future[None] | None = None
         loop = asyncio.get_running_loop()
@@ -184,9 +188,19 @@ class WebSocket:
         return self
 
     async def __anext__(self) -> str | bytes:
-        """The next whole message; the iteration ends when the connection closes."""
+        """The next whole message; the iteration ends when the connection closes.
+
+        A peer whose messages keep coming gets them without a wait, but the loop is let
+        run every :data:`FAIR_SHARE` of them: a flood on one connection can delay others
+        by that many frames' work, never by a whole socket read's worth.
+        """
         messages = self._messages
+        self._unbroken += 1
+        if self._unbroken >= FAIR_SHARE and messages:
+            self._unbroken = 0
+            await asyncio.sleep(0)
         while not messages:
+            self._unbroken = 0
             if self.protocol.state is not State.OPEN or self.protocol.close_rcvd is not None:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -205,13 +219,14 @@ class WebSocket:
     # ------------------------------------------------------------------ outgoing
 
     def write_frame(self, frame: bytes) -> None:
-        """Write one serialized frame, if the connection is open."""
-        if self.protocol.state is State.OPEN:
+        """Write one serialized frame, if the connection is open (and its socket not gone:
+        asyncio warns of every write to a socket that failed)."""
+        if self.protocol.state is State.OPEN and not self.transport.is_closing():
             self.transport.write(frame)
 
     async def send(self, data: str | bytes) -> None:
         """Send one text frame, then wait until the socket can take more."""
-        if self.protocol.state is not State.OPEN:
+        if self.protocol.state is not State.OPEN or self.transport.is_closing():
             return
         self.transport.write(
             Frame(Opcode.TEXT, data.encode() if isinstance(data, str) else data).serialize(
@@ -270,6 +285,8 @@ class WebSocket:
     def _flush(self) -> None:
         transport = self.transport
         for data in self.protocol.data_to_send():
+            if transport.is_closing():
+                return
             if data:
                 transport.write(data)
             else:

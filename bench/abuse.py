@@ -1,0 +1,971 @@
+"""Abuse played against real relay processes: ``python -m bench.abuse`` (from the repository root).
+
+Each case starts a fresh relay process (``python -m token_relay --port 0``) of the installation
+under test, reads its resident set size (RSS) before the abuse, samples it every 50 ms while it
+lasts (the peak), and again once the abuse has stopped and the process has had half a second to
+settle; then it stops the process. Every case is bounded in time, runs in its own ``try`` (a
+failure is reported as ``error: ...`` for that case and the run goes on), and stops every
+process it started. Whether the relay was still alive at the end, and how many warnings or
+tracebacks it logged, is reported for every case.
+
+* ``slowloris``: the relay runs with a soft ``RLIMIT_NOFILE`` of 1,024; 3,000 sockets from
+  127.0.0.1 trickle ``GET /subscribe?channel=c HTTP/1.1`` one byte every 0.5 s for 10 s,
+  while a canary opens a real subscriber every 0.2 s, both from the attacker's address and from
+  another one (127.0.0.2). Figures: what became of the attack sockets, the canaries' success
+  rate, and the seconds from closing every attack socket until a canary gets in again.
+* ``ping_flood``: one WebSocket peer that never reads writes up to 2,000,000 pings (for 10 s at
+  most). Figures: whether the relay cut it (or stopped reading, or was still reading when the
+  10 s were over), how many pings it had written, the relay's CPU seconds meanwhile, and
+  whether a subscriber still gets in afterwards.
+* ``junk_subscribes``: a subscriber notes the position of channel ``real``, a message is
+  published to it, one connection sends 10,001 subscribe and unsubscribe pairs for
+  ``junk-N`` without waiting (their answers are counted until none has come for a second), and
+  a new connection resumes ``real`` from the position noted. Figure: whether it was
+  ``recovered``.
+* ``cancel_flood``: producer P opens message ``m`` on channel ``a`` and stops reading its
+  socket; producer Q streams message ``q`` on ``b``; a subscriber of ``a`` writes 300,000
+  cancels of ``m`` as fast as the socket takes them. Then P reads again. Figures: whether the
+  relay closed P, whether P's message can still complete, whether Q's message reached a
+  subscriber of ``b`` (and how long after its final).
+* ``parked_sessions``: 400 times, one at a time, a producer sends three 1,000,000-character
+  deltas of one new message and vanishes (the TCP connection is cut with no close frame).
+* ``memory``: 200 producers each hold one unfinished message of 2,000,000 characters, with
+  ``--max-memory-bytes 268435456`` where the relay has that flag. Figure: how many messages
+  were refused with ``overloaded``.
+* ``nginx_600``: two relays on one redis-server behind a real nginx running
+  ``deploy/nginx.conf`` (with ``--trusted-proxy 127.0.0.1`` where the relay has that flag); 600
+  subscribers from 600 source addresses, in batches of 50 (figure: how many got HTTP 429);
+  then two ``POST /produce`` requests with a 1-byte body, and a subscriber through nginx every
+  0.2 s for 12 s (figures: how many failed, the seconds until the first got in, and until the
+  last failure ended: nginx may take a relay out of rotation only after a first success).
+
+``parked_sessions`` and ``memory`` run the relay with ``--max-message-chars 4194304``, which
+both installations know: with the default of 1 MiB the second delta of every message would
+abort it (``message_too_large``) and the relay would hold no unfinished text of that size.
+
+To compare two installations, run it twice, the second time with the other one's interpreter
+(the bench itself always runs here; only the relay processes use ``--relay-python``)::
+
+    python -m bench.abuse --json new.json
+    python -m bench.abuse --relay-python /path/to/other/venv/bin/python --json old.json
+
+Flags are passed to a relay only if its ``--help`` names them, so an older relay, which
+rejects flags it does not know, still runs every case (with its own defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import re
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from token_relay.testing import Nginx, RedisServer, ServiceProcess, cpu_seconds, rss_bytes
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from .wire import (
+    CHUNK_BYTES,
+    CLOSE,
+    PING,
+    TEXT,
+    FrameParser,
+    check_upgrade,
+    client_frame,
+    upgrade_request,
+)
+
+MIB = 1024 * 1024
+SETTLE_SECONDS = 0.5
+SAMPLE_SECONDS = 0.05
+NGINX_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "nginx.conf"
+BIG_MESSAGES = ("--max-message-chars", "4194304")
+Figures = dict[str, Any]
+
+
+# ------------------------------------------------------------------ relays and their memory
+
+
+@dataclass(frozen=True)
+class Installation:
+    """A relay installation: its interpreter and the flags its ``--help`` names."""
+
+    python: str
+    flags: frozenset[str]
+
+    def supports(self, flag: str) -> bool:
+        """Whether this relay knows ``flag``."""
+        return flag in self.flags
+
+    def only_known(self, *pairs: tuple[str, str]) -> list[str]:
+        """The ``(flag, value)`` pairs this relay knows, flattened into arguments."""
+        return [part for flag, value in pairs if self.supports(flag) for part in (flag, value)]
+
+
+def installation(python: str) -> Installation:
+    """Ask ``python -m token_relay --help`` which flags it knows."""
+    help_text = subprocess.run(
+        [python, "-m", "token_relay", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return Installation(python, frozenset(re.findall(r"--[a-z][a-z0-9-]*", help_text)))
+
+
+@contextlib.asynccontextmanager
+async def relays(
+    inst: Installation, out: Figures, *flags: Sequence[str], nofile: int | None = None
+) -> AsyncIterator[list[ServiceProcess]]:
+    """One relay process per sequence of flags, started together and killed on the way out;
+    ``nofile`` lowers their soft ``RLIMIT_NOFILE`` (this process's own is restored at once).
+    Records in ``out`` whether each was still alive at the end and how much it warned."""
+    processes = [
+        ServiceProcess("token_relay", *args, name=f"relay{n}", python=inst.python)
+        for n, args in enumerate(flags)
+    ]
+    saved = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, saved[1]))
+        try:
+            await asyncio.gather(*(process.start() for process in processes))
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, saved)
+        yield processes
+    finally:
+        out["relay_alive_at_end"] = all(process.alive for process in processes)
+        codes = [process.process.returncode for process in processes if process.process]
+        if any(code is not None for code in codes):
+            out["relay_exit_codes"] = codes
+        await asyncio.gather(*(process.stop() for process in processes))
+        warnings = [line for process in processes for line in process.warnings]
+        out["relay_log_warnings"] = len(warnings)
+        if warnings:
+            out["relay_first_warning"] = warnings[0][:200]
+
+
+def total_rss(processes: Sequence[ServiceProcess]) -> int | None:
+    """The RSS of every process together, or ``None`` once one of them has gone."""
+    try:
+        sizes = [rss_bytes(process.pid) for process in processes if process.alive]
+    except OSError:
+        return None
+    return sum(sizes) if len(sizes) == len(processes) else None
+
+
+class RssWatch:
+    """RSS before an abuse, its peak while it lasts (sampled), and after it has settled."""
+
+    def __init__(self, processes: Sequence[ServiceProcess], out: Figures) -> None:
+        self.processes, self.out = processes, out
+        self.before = total_rss(processes) or 0
+        self.peak = self.before
+        self._sampling = asyncio.create_task(self._sample())
+
+    async def _sample(self) -> None:
+        while (size := total_rss(self.processes)) is not None:
+            self.peak = max(self.peak, size)
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    async def settled(self) -> None:
+        """Wait :data:`SETTLE_SECONDS`, then record before, peak and settled growth in MiB."""
+        await asyncio.sleep(SETTLE_SECONDS)
+        after = total_rss(self.processes)
+        self._sampling.cancel()
+        self.out["rss_before_mib"] = round(self.before / MIB, 1)
+        self.out["rss_growth_mib"] = (
+            None if after is None else round((after - self.before) / MIB, 1)
+        )
+        self.out["rss_peak_growth_mib"] = round((self.peak - self.before) / MIB, 1)
+
+
+async def metric(port: int, name: str) -> float | None:
+    """The sum of a metric's samples in ``GET /metrics``, or ``None`` if it is not there."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        if length:
+            body = await asyncio.wait_for(reader.readexactly(int(length.group(1))), 5)
+        else:
+            body = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    pattern = re.compile(rf"(?m)^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$")
+    values = [float(value) for value in pattern.findall(body.decode(errors="replace"))]
+    return sum(values) if values else None
+
+
+# ------------------------------------------------------------------ clients
+
+
+async def try_subscribe(
+    url: str,
+    source: str | None = None,
+    timeout: float = 3.0,  # noqa: ASYNC109 - a bound on one handshake, passed on to connect
+    channel: str = "canary",
+) -> str:
+    """Open a real subscriber and wait for its ``subscribed`` frame: ``"ok"``, ``"429"`` (an
+    HTTP status), ``"timeout"`` or the exception's name."""
+    try:
+        async with (
+            asyncio.timeout(timeout + 1),
+            connect(
+                f"{url}/subscribe?channel={channel}",
+                open_timeout=timeout,
+                close_timeout=0.5,
+                compression=None,
+                proxy=None,
+                local_addr=(source, 0) if source else None,
+            ) as ws,
+        ):
+            frame = json.loads(await ws.recv())
+            return "ok" if frame.get("type") == "subscribed" else f"frame {frame.get('type')}"
+    except InvalidStatus as exc:
+        return str(exc.response.status_code)
+    except TimeoutError:
+        return "timeout"
+    except Exception as exc:
+        return type(exc).__name__
+
+
+async def producer(url: str, channel: str) -> ClientConnection:
+    """A producer connection past its ``session`` frame."""
+    ws = await connect(
+        f"{url}/produce?channel={channel}",
+        open_timeout=5,
+        close_timeout=1,
+        max_size=None,
+        ping_interval=None,
+        compression=None,
+        proxy=None,
+    )
+    await asyncio.wait_for(ws.recv(), 5)  # the session frame
+    return ws
+
+
+async def subscriber(url: str, query: str) -> tuple[ClientConnection, dict[str, Any]]:
+    """A subscriber connection and, with a ``?channel=``, its first frame (``subscribed``)."""
+    ws = await connect(
+        f"{url}/subscribe?{query}",
+        open_timeout=5,
+        close_timeout=1,
+        max_size=None,
+        compression=None,
+        proxy=None,
+    )
+    first: dict[str, Any] = {}
+    if "channel=" in query:
+        first = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    return ws, first
+
+
+async def frame_where(
+    ws: ClientConnection,
+    wanted: Callable[[dict[str, Any]], bool],
+    timeout: float,  # noqa: ASYNC109 - a bound on the whole search
+    seen: collections.Counter[str] | None = None,
+) -> dict[str, Any] | None:
+    """The first frame ``wanted`` accepts within ``timeout`` (others are counted in ``seen``,
+    by error code or type), or ``None``."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            while True:
+                frame: dict[str, Any] = json.loads(await ws.recv())
+                if wanted(frame):
+                    return frame
+                if seen is not None:
+                    seen[str(frame.get("code") or frame.get("type"))] += 1
+    return None
+
+
+def is_error(code: str) -> Callable[[dict[str, Any]], bool]:
+    """A :func:`frame_where` test for an error frame with ``code``."""
+    return lambda frame: frame.get("type") == "error" and frame.get("code") == code
+
+
+class RawPeer:
+    """A WebSocket client on a bare asyncio stream: pre-built frames out, as fast as the socket
+    takes them, and (once :meth:`read` is called) the frames that come back counted, by error
+    code or by type."""
+
+    def __init__(self, port: int, target: str) -> None:
+        self.port, self.target = port, target
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.closed: str | None = None
+        """How the relay ended the connection, once it has."""
+        self.last_progress = 0.0
+        """When the socket last took a chunk, ``time.monotonic()``."""
+        self._reading: asyncio.Task[None] | None = None
+
+    async def open(self, receive_buffer: int | None = None) -> None:
+        """Connect and upgrade; ``receive_buffer`` sets the socket's ``SO_RCVBUF`` first."""
+        sock = socket.socket()
+        try:
+            if receive_buffer is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            sock.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", self.port)), 5)
+        except BaseException:
+            sock.close()
+            raise
+        self.reader, self.writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+        protocol, request = upgrade_request(self.port, self.target)
+        self.writer.write(request)
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 5)
+        check_upgrade(protocol, head, self.target)
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        """The socket's transport."""
+        transport = self.writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        return transport
+
+    def read(self) -> None:
+        """Read and count frames from now on, in a task."""
+        self._reading = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        parser = FrameParser()
+        try:
+            while data := await self.reader.read(CHUNK_BYTES):
+                for opcode, payload in parser.feed(data):
+                    if opcode == TEXT:
+                        frame = json.loads(payload)
+                        self.counts[str(frame.get("code") or frame.get("type"))] += 1
+                    elif opcode == CLOSE:
+                        code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
+                        self.closed = f"close frame {code}"
+                        return
+            self.closed = "EOF"
+        except OSError as exc:
+            self.closed = type(exc).__name__
+
+    async def write(self, data: bytes, deadline: float) -> tuple[str, int]:
+        """Write ``data`` in chunks, waiting whenever the socket is full: ``("done", n)``,
+        ``("cut", n)`` once the relay has closed the connection, or, if ``deadline``
+        (``time.monotonic()``) came first, ``("stalled", n)`` when the socket had taken
+        nothing for a second (the relay stopped reading) and ``("deadline", n)`` otherwise;
+        ``n`` is the bytes written."""
+        view, written = memoryview(data), 0
+        self.last_progress = time.monotonic()
+        while written < len(view):
+            if self.closed or self.transport.is_closing():
+                return "cut", written
+            chunk = view[written : written + CHUNK_BYTES]
+            try:
+                self.writer.write(chunk)
+                await asyncio.wait_for(self.writer.drain(), max(deadline - time.monotonic(), 0))
+            except TimeoutError:
+                stalled = time.monotonic() - self.last_progress > 1.0
+                return ("stalled" if stalled else "deadline"), written
+            except OSError:
+                return "cut", written
+            written += len(chunk)
+            self.last_progress = time.monotonic()
+        return "done", written
+
+    async def quiet(self, idle: float = 1.0, limit: float = 20.0) -> float:
+        """Wait until no frame has come for ``idle`` s (or the connection is closed), for
+        ``limit`` s at most; returns the seconds waited."""
+        started = last_change = time.monotonic()
+        total = self.counts.total()
+        while not self.closed and time.monotonic() - started < limit:
+            await asyncio.sleep(0.05)
+            if self.counts.total() != total:
+                total, last_change = self.counts.total(), time.monotonic()
+            elif time.monotonic() - last_change >= idle:
+                break
+        return round(time.monotonic() - started, 2)
+
+    async def close(self) -> None:
+        """Cut the connection (no close frame) and stop reading."""
+        self.transport.abort()
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
+
+
+async def canaries(
+    url: str, sources: Sequence[str | None], seconds: float, every: float = 0.2
+) -> dict[str | None, list[str]]:
+    """A subscriber from each of ``sources`` every ``every`` s for ``seconds``: outcomes."""
+    outcomes: dict[str | None, list[asyncio.Task[str]]] = {source: [] for source in sources}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for source in sources:
+            outcomes[source].append(asyncio.create_task(try_subscribe(url, source)))
+        await asyncio.sleep(every)
+    return {source: list(await asyncio.gather(*tasks)) for source, tasks in outcomes.items()}
+
+
+@dataclass
+class Window:
+    """Subscribers tried one after another: what each got, and when."""
+
+    outcomes: list[str]
+    first_success_s: float | None
+    """Seconds from the start until the first success ended, ``None`` if none did."""
+    last_failure_s: float | None
+    """Seconds from the start until the last failure ended, ``None`` if none did."""
+
+
+async def time_to_serve(
+    url: str,
+    timeout: float,  # noqa: ASYNC109 - a bound on the whole window
+    every: float = 0.2,
+    source: Callable[[int], str | None] = lambda n: None,
+    full: bool = False,
+) -> Window:
+    """A subscriber every ``every`` s (the n-th from ``source(n)``) for ``timeout`` s, or, unless
+    ``full``, until one gets in."""
+    started = time.monotonic()
+    successes: list[float] = []
+    failures: list[float] = []
+
+    async def attempt(n: int) -> str:
+        outcome = await try_subscribe(url, source(n))
+        (successes if outcome == "ok" else failures).append(time.monotonic() - started)
+        return outcome
+
+    tasks: list[asyncio.Task[str]] = []
+    while time.monotonic() - started < timeout and (full or not successes):
+        tasks.append(asyncio.create_task(attempt(len(tasks))))
+        await asyncio.sleep(every)
+    outcomes = list(await asyncio.gather(*tasks))
+    first = round(min(successes), 2) if successes else None
+    return Window(outcomes, first, round(max(failures), 2) if failures else None)
+
+
+def rate(outcomes: Sequence[str]) -> dict[str, int]:
+    """Successes out of tries, as the table shows them."""
+    return {"successes": outcomes.count("ok"), "tries": len(outcomes)}
+
+
+def tally(outcomes: Sequence[str]) -> dict[str, int]:
+    """How many times each outcome came."""
+    return dict(collections.Counter(outcomes).most_common())
+
+
+# ------------------------------------------------------------------ 1. slowloris
+
+SLOW_HEAD = b"GET /subscribe?channel=c HTTP/1.1\r\nHost: r\r\n"
+
+
+async def slowloris(inst: Installation, out: Figures) -> None:
+    """3,000 trickled request heads against a relay with 1,024 file descriptors."""
+    async with relays(inst, out, [], nofile=1024) as (relay,):
+        watch = RssWatch([relay], out)
+        stop = asyncio.Event()
+        fates: collections.Counter[str] = collections.Counter()
+
+        async def trickle() -> None:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", relay.port), 3
+                )
+            except (OSError, TimeoutError):
+                fates["connect failed"] += 1
+                return
+            fate, position = "open", 0
+            try:
+                while not stop.is_set():
+                    if position < len(SLOW_HEAD):
+                        writer.write(SLOW_HEAD[position : position + 1])
+                        position += 1
+                    try:
+                        data = await asyncio.wait_for(reader.read(256), 0.5)
+                    except TimeoutError:
+                        continue
+                    status = re.match(rb"HTTP/1\.[01] (\d{3})", data)
+                    fate = f"answered {status.group(1).decode()}" if status else "cut"
+                    break
+            except OSError:
+                fate = "cut"
+            finally:
+                fates[fate] += 1
+                writer.close()
+
+        attack = [asyncio.create_task(trickle()) for _ in range(3000)]
+        await asyncio.sleep(1.0)  # the connects are under way (each has 3 s)
+        during = await canaries(relay.url, [None, "127.0.0.2"], seconds=10.0)
+        stop.set()
+        await asyncio.gather(*attack)
+        out["attack_sockets"] = dict(fates.most_common())
+        out["canary_success_same_addr"] = rate(during[None])
+        out["canary_success_other_addr"] = rate(during["127.0.0.2"])
+        out["canary_failures"] = tally([o for o in during[None] if o != "ok"])
+        out["time_to_serve_again_s"] = (await time_to_serve(relay.url, 15.0)).first_success_s
+        await watch.settled()
+
+
+# ------------------------------------------------------------------ 2. ping flood
+
+PINGS = 2_000_000
+PINGS_PER_WRITE = 10_000
+
+
+async def ping_flood(inst: Installation, out: Figures) -> None:
+    """Pings from a peer that never reads a pong."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        peer = RawPeer(relay.port, "/subscribe?channel=flood")
+        await peer.open(receive_buffer=64 * 1024)
+        peer.transport.pause_reading()  # never read again
+        chunk = client_frame(b"flooding", PING) * PINGS_PER_WRITE
+        started, cpu = time.monotonic(), cpu_seconds(relay.pid)
+        deadline = started + 10.0
+        sent, status = 0, "done"
+        while sent < PINGS and time.monotonic() < deadline:
+            status, written = await peer.write(chunk, deadline)
+            sent += written // len(client_frame(b"flooding", PING))
+            if status != "done":
+                break
+        out["pings_written"] = sent
+        out["relay_cut_connection"] = status == "cut"
+        out["outcome"] = {
+            "done": "all written",
+            "cut": "cut by the relay",
+            "stalled": "relay stopped reading",
+            "deadline": "10 s over, relay still reading",
+        }[status]
+        out["seconds_flooding"] = round(time.monotonic() - started, 2)
+        out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+        if status == "stalled":
+            out["relay_stopped_reading_after_s"] = round(peer.last_progress - started, 2)
+        await peer.close()
+        out["subscriber_after"] = await try_subscribe(relay.url)
+        await watch.settled()
+
+
+# ------------------------------------------------------------------ 3. junk subscribes
+
+JUNK_PAIRS = 10_001
+
+
+async def junk_subscribes(inst: Installation, out: Figures) -> None:
+    """Subscribes to junk channel names, then a resume of a real channel from before them."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        watcher, first = await subscriber(relay.url, "channel=real")
+        position = {"offset": first["offset"], "epoch": first["epoch"]}
+        publisher = await producer(relay.url, "real")
+        await publisher.send(json.dumps({"id": "m1", "delta": "hello", "final": True}))
+        acked = await frame_where(publisher, lambda f: f.get("type") == "ack", 5)
+        got = await frame_where(watcher, lambda f: f.get("type") == "message", 5)
+        out["message_published"] = bool(acked and got)
+        await publisher.close()
+        await watcher.close()
+
+        frames = b"".join(
+            client_frame(json.dumps({"type": kind, "channel": f"junk-{n}"}).encode())
+            for n in range(JUNK_PAIRS)
+            for kind in ("subscribe", "unsubscribe")
+        )
+        junk = RawPeer(relay.port, "/subscribe")
+        await junk.open()
+        junk.read()
+        status, _ = await junk.write(frames, time.monotonic() + 20)
+        # Read the answers until none has come for a second: every frame has been served.
+        out["junk_answers_quiet_after_s"] = await junk.quiet()
+        out["junk_frames_sent"] = 2 * JUNK_PAIRS if status == "done" else status
+        out["junk_answers"] = dict(junk.counts.most_common())
+        out["junk_connection_closed"] = junk.closed or False
+        await junk.close()
+
+        resumer, _ = await subscriber(relay.url, "")
+        await resumer.send(json.dumps({"type": "subscribe", "channel": "real", "since": position}))
+        answer = await frame_where(resumer, lambda f: f.get("type") == "subscribed", 5)
+        out["resume_recovered"] = None if answer is None else answer.get("recovered")
+        replayed = await frame_where(resumer, lambda f: f.get("type") == "message", 1)
+        out["resume_replayed_message"] = bool(replayed and replayed.get("id") == "m1")
+        if answer is not None and answer.get("epoch") != position["epoch"]:
+            out["resume_epoch_changed"] = True
+        await resumer.close()
+        await watch.settled()
+
+
+# ------------------------------------------------------------------ 4. cancel flood
+
+CANCELS = 300_000
+
+
+async def cancel_flood(inst: Installation, out: Figures) -> None:
+    """Cancels of a message whose producer does not read, beside another producer's stream."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        p = await producer(relay.url, "a")
+        await p.send(json.dumps({"id": "m", "delta": "unfinished"}))
+        await asyncio.sleep(0.1)
+        assert p.transport is not None
+        p.transport.pause_reading()
+
+        watcher, _ = await subscriber(relay.url, "channel=b")
+        q = await producer(relay.url, "b")
+        flooder = RawPeer(relay.port, "/subscribe?channel=a")
+        await flooder.open()
+        flooder.read()
+        for _ in range(100):
+            if flooder.counts["subscribed"]:
+                break
+            await asyncio.sleep(0.02)
+        flooding = asyncio.Event()
+        flooding.set()
+
+        async def stream() -> tuple[int, float]:
+            deltas = 0
+            while flooding.is_set():
+                await q.send(json.dumps({"id": "q", "delta": "token "}))
+                deltas += 1
+                await asyncio.sleep(0.01)
+            await q.send(json.dumps({"id": "q", "final": True}))
+            return deltas, time.monotonic()
+
+        streaming = asyncio.create_task(stream())
+        frame = client_frame(json.dumps({"type": "cancel", "channel": "a", "id": "m"}).encode())
+        started = time.monotonic()
+        status, written = await flooder.write(frame * CANCELS, started + 20)
+        out["cancels_written"] = written // len(frame)
+        out["flood_outcome"] = status
+        out["flood_seconds"] = round(time.monotonic() - started, 2)
+        flooding.clear()
+        q_deltas, q_final_at = await streaming
+        message = await frame_where(
+            watcher, lambda f: f.get("type") == "message" and f.get("id") == "q", 10
+        )
+        out["q_delivered"] = bool(message and message["text"] == "token " * q_deltas)
+        if message:
+            out["q_final_to_message_ms"] = round((time.monotonic() - q_final_at) * 1000, 1)
+        out["flooder_answers_quiet_after_s"] = await flooder.quiet()  # the flood's answers
+        out["flooder_answers"] = dict(flooder.counts.most_common())
+        out["flooder_closed"] = flooder.closed or False
+
+        p.transport.resume_reading()
+        cancels, closed = 0, None
+        try:
+            async with asyncio.timeout(8):
+                while True:
+                    raw = await asyncio.wait_for(p.recv(), 1.0)
+                    cancels += json.loads(raw).get("type") == "cancel"
+        except TimeoutError:
+            pass
+        except ConnectionClosed as exc:
+            closed = f"close {exc.rcvd.code}" if exc.rcvd else "no close frame"
+        out["p_cancels_received"] = cancels
+        out["p_closed_by_relay"] = closed or False
+        if closed is None:
+            await p.send(json.dumps({"id": "m", "final": True}))
+            ack = await frame_where(p, lambda f: f.get("type") == "ack", 5)
+            out["p_message_completed"] = ack is not None
+        await flooder.close()
+        for ws in (p, q, watcher):
+            await ws.close()
+        await watch.settled()
+
+
+# ------------------------------------------------------------------ 5. parked sessions
+
+PARKED = 400
+MILLION_X = "x" * 1_000_000
+
+
+def delta_frame(message_id: str) -> str:
+    """One event whose delta is a million characters (a frame under 1 MiB)."""
+    return f'{{"id":"{message_id}","delta":"{MILLION_X}"}}'
+
+
+async def synced(ws: ClientConnection, seen: collections.Counter[str]) -> bool:
+    """Send a frame that is not JSON and wait for its ``invalid_json`` error: every frame sent
+    before it has then been applied. Other frames on the way are counted in ``seen``."""
+    await ws.send("sync")
+    return await frame_where(ws, is_error("invalid_json"), 15, seen) is not None
+
+
+async def parked_sessions(inst: Installation, out: Figures) -> None:
+    """Producers that send three million-character deltas and vanish, one after another."""
+    async with relays(inst, out, BIG_MESSAGES) as (relay,):
+        watch = RssWatch([relay], out)
+        seen: collections.Counter[str] = collections.Counter()
+        deadline = time.monotonic() + 60
+        vanished = 0
+        for n in range(PARKED):
+            if time.monotonic() > deadline:
+                break
+            ws = await producer(relay.url, "parked")
+            for _ in range(3):
+                await ws.send(delta_frame(f"m{n}"))
+            await synced(ws, seen)
+            assert ws.transport is not None
+            ws.transport.abort()  # no close frame
+            vanished += 1
+        out["producers_vanished"] = vanished
+        out["producer_errors"] = dict(seen.most_common())
+        await watch.settled()
+        with contextlib.suppress(Exception):
+            out["parked_sessions_metric"] = await metric(relay.port, "relay_parked_sessions")
+            out["memory_bytes_metric"] = await metric(relay.port, "relay_memory_bytes")
+
+
+# ------------------------------------------------------------------ 6. memory
+
+HOLDERS = 200
+
+
+async def memory(inst: Installation, out: Figures) -> None:
+    """Producers each holding an unfinished message of two million characters."""
+    limit = inst.only_known(("--max-memory-bytes", "268435456"))
+    out["max_memory_bytes_flag"] = bool(limit)
+    async with relays(inst, out, [*BIG_MESSAGES, *limit]) as (relay,):
+        watch = RssWatch([relay], out)
+        held: list[ClientConnection] = []
+        refused = 0
+        codes: collections.Counter[str] = collections.Counter()
+        deadline = time.monotonic() + 45
+        try:
+            for n in range(HOLDERS):
+                if time.monotonic() > deadline:
+                    break
+                ws = await producer(relay.url, "memory")
+                held.append(ws)
+                seen: collections.Counter[str] = collections.Counter()
+                for _ in range(2):
+                    await ws.send(delta_frame(f"m{n}"))
+                await synced(ws, seen)
+                refused += bool(seen["overloaded"])
+                codes.update(seen)
+            out["producers"] = len(held)
+            out["refused_overloaded"] = refused
+            out["producer_errors"] = dict(codes.most_common())
+            await watch.settled()
+            with contextlib.suppress(Exception):
+                out["memory_bytes_metric"] = await metric(relay.port, "relay_memory_bytes")
+        finally:
+            for ws in held:
+                assert ws.transport is not None
+                ws.transport.abort()
+
+
+# ------------------------------------------------------------------ 7. nginx
+
+CROWD = 600
+BATCH = 50
+
+
+def crowd_address(n: int, block: int = 1) -> str:
+    """The ``n``-th of 200 source addresses per ``127.0.B.0/24``, from ``127.0.block.1``."""
+    return f"127.0.{block + n // 200}.{1 + n % 200}"
+
+
+async def post_with_body(port: int) -> str:
+    """``POST /produce`` with a 1-byte body: the status line nginx answers, or what failed."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError as exc:
+        return type(exc).__name__
+    try:
+        writer.write(
+            b"POST /produce HTTP/1.1\r\nHost: r\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"
+        )
+        line = await asyncio.wait_for(reader.readline(), 12)
+        return line.decode(errors="replace").strip() or "EOF"
+    except TimeoutError:
+        return "no answer in 12 s"
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        writer.close()
+
+
+async def nginx_600(inst: Installation, out: Figures) -> None:
+    """600 users from 600 addresses through nginx, then bodies, then who gets in."""
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = Path(scratch)
+        (directory / "redis").mkdir()
+        (directory / "nginx").mkdir()
+        redis = RedisServer(directory / "redis")
+        redis.start()
+        try:
+            flags = [
+                "--broker",
+                redis.url,
+                *inst.only_known(("--trusted-proxy", "127.0.0.1")),
+            ]
+            out["trusted_proxy_flag"] = inst.supports("--trusted-proxy")
+            async with relays(inst, out, flags, flags) as pair:
+                watch = RssWatch(pair, out)
+                nginx = Nginx(NGINX_CONFIG, [relay.port for relay in pair], directory / "nginx")
+                await asyncio.to_thread(nginx.start)
+                try:
+                    await crowd_then_bodies(nginx, out)
+                    await watch.settled()
+                finally:
+                    nginx.stop()
+        finally:
+            redis.kill()
+
+
+async def crowd_then_bodies(nginx: Nginx, out: Figures) -> None:
+    """The two phases of :func:`nginx_600`, through ``nginx``."""
+    held: list[ClientConnection] = []
+    outcomes: list[str] = []
+
+    async def join(n: int) -> None:
+        try:
+            ws = await connect(
+                f"{nginx.url}/subscribe?channel=crowd",
+                open_timeout=10,
+                close_timeout=1,
+                compression=None,
+                proxy=None,
+                local_addr=(crowd_address(n), 0),
+            )
+        except InvalidStatus as exc:
+            outcomes.append(str(exc.response.status_code))
+            return
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+            return
+        held.append(ws)
+        try:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            outcomes.append("ok" if frame.get("type") == "subscribed" else "no subscribed")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+
+    try:
+        for start in range(0, CROWD, BATCH):
+            await asyncio.gather(*(join(n) for n in range(start, start + BATCH)))
+        out["crowd_outcomes"] = tally(outcomes)
+        out["crowd_429"] = outcomes.count("429")
+    finally:
+        await asyncio.gather(*(ws.close() for ws in held), return_exceptions=True)
+    await asyncio.sleep(0.5)
+
+    posts = [asyncio.create_task(post_with_body(nginx.port)) for _ in range(2)]
+    await asyncio.sleep(0.05)  # both written
+    window = await time_to_serve(
+        nginx.url, 12.0, source=lambda n: crowd_address(n, block=10), full=True
+    )
+    after = window.outcomes
+    out["post_answers"] = list(await asyncio.gather(*posts))
+    out["connects_after_bodies"] = len(after)
+    out["failed_connects_after_bodies"] = len(after) - after.count("ok")
+    out["failures_after_bodies"] = tally([o for o in after if o != "ok"])
+    out["time_to_serve_again_s"] = window.first_success_s
+    out["last_failure_after_bodies_s"] = window.last_failure_s
+    errors = nginx.errors.strip().splitlines()
+    out["nginx_error_log_lines"] = len(errors)
+    if errors:
+        out["nginx_first_error"] = errors[0][:200]
+
+
+# ------------------------------------------------------------------ main
+
+CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float]] = {
+    "slowloris": (slowloris, 75),
+    "ping_flood": (ping_flood, 45),
+    "junk_subscribes": (junk_subscribes, 45),
+    "cancel_flood": (cancel_flood, 60),
+    "parked_sessions": (parked_sessions, 90),
+    "memory": (memory, 75),
+    "nginx_600": (nginx_600, 75),
+}
+"""Each case and the seconds it may take at most, relay start and stop included."""
+
+
+async def play(inst: Installation, names: Sequence[str]) -> dict[str, Figures]:
+    """Every case named, one after another; its figures, or its error, by case."""
+    results: dict[str, Figures] = {}
+    for name in names:
+        case, limit = CASES[name]
+        out: Figures = {}
+        started = time.monotonic()
+        bound = asyncio.timeout(limit)
+        try:
+            async with bound:
+                await case(inst, out)
+        except TimeoutError:
+            out["error"] = f"timed out after {limit:g} s" if bound.expired() else "TimeoutError"
+        except Exception as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}".strip()[:300]
+        out["case_seconds"] = round(time.monotonic() - started, 1)
+        results[name] = out
+        print(f"{name}: done in {out['case_seconds']:g} s", file=sys.stderr, flush=True)
+    return results
+
+
+def show(value: Any) -> str:
+    """A figure as the table prints it."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict) and set(value) == {"successes", "tries"}:
+        successes, tries = value["successes"], value["tries"]
+        return f"{successes}/{tries} ({100 * successes / tries:.0f}%)" if tries else "0/0"
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {show(count)}" for key, count in value.items()) or "none"
+    if isinstance(value, list):
+        return "; ".join(show(item) for item in value)
+    return str(value)
+
+
+def format_table(results: dict[str, Figures]) -> str:
+    """One row per figure: case, figure, value."""
+    rows = [("case", "figure", "value")]
+    for case, figures in results.items():
+        rows += [(case, figure, show(value)) for figure, value in figures.items()]
+    widths = [max(len(row[column]) for row in rows) for column in range(2)]
+    lines = [f"{c:<{widths[0]}}  {f:<{widths[1]}}  {v}" for c, f, v in rows]
+    lines.insert(1, f"{'-' * widths[0]}  {'-' * widths[1]}  {'-' * 5}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Play the cases and print the table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.abuse",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--relay-python", default=sys.executable, help="the relay's interpreter")
+    parser.add_argument("--case", action="append", choices=list(CASES), help="only these cases")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:  # thousands of sockets of our own
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    inst = installation(args.relay_python)
+    print(f"relay: {inst.python} -m token_relay", file=sys.stderr, flush=True)
+    results = asyncio.run(play(inst, args.case or list(CASES)))
+    print(format_table(results))
+    if args.json:
+        document = {"relay_python": inst.python, "cases": results}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
