@@ -38,6 +38,9 @@ tracebacks it logged, is reported for every case.
   then two ``POST /produce`` requests with a 1-byte body, and a subscriber through nginx every
   0.2 s for 12 s (figures: how many failed, the seconds until the first got in, and until the
   last failure ended: nginx may take a relay out of rotation only after a first success).
+* ``worker_kill``: ``--workers 2`` on a redis-server; one worker is killed with SIGKILL.
+  Figures: whether the supervisor logged and restarted it, and the seconds until there are two
+  workers again and a subscriber gets in.
 
 ``parked_sessions`` and ``memory`` run the relay with ``--max-message-chars 4194304``, which
 both installations know: with the default of 1 MiB the second delta of every message would
@@ -60,8 +63,10 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -879,6 +884,58 @@ async def crowd_then_bodies(nginx: Nginx, out: Figures) -> None:
 
 # ------------------------------------------------------------------ main
 
+# ------------------------------------------------------------------ 8. a worker killed
+
+
+async def worker_kill(inst: Installation, out: Figures) -> None:
+    """``--workers 2`` on Redis: SIGKILL one worker, then count the seconds until there are
+    two workers again and a new subscriber gets in (or until 15 s are over)."""
+    with tempfile.TemporaryDirectory(prefix="abuse-workers-") as folder:
+        redis = RedisServer(Path(folder))
+        redis.start()
+        try:
+            flags = ["--workers", "2", "--broker", redis.url]
+            async with relays(inst, out, flags) as (relay,):
+                await asyncio.sleep(1.0)
+                workers = children(relay.pid)
+                out["workers_before"] = len(workers)
+                victim = workers[-1]
+                os.kill(victim, signal.SIGKILL)
+                killed = time.monotonic()
+                back = None
+                while time.monotonic() - killed < 15:
+                    now = children(relay.pid)
+                    if (
+                        len(now) == 2
+                        and victim not in now
+                        and await try_subscribe(relay.url) == "ok"
+                    ):
+                        back = round(time.monotonic() - killed, 2)
+                        break
+                    await asyncio.sleep(0.05)
+                out["restart_logged"] = "starting it again" in relay.log
+                out["workers_after"] = len(children(relay.pid))
+                out["time_to_two_workers_s"] = back if back is not None else "never (15 s)"
+        finally:
+            redis.kill()
+
+
+def children(pid: int) -> list[int]:
+    """The worker processes of a supervisor (its children running a relay)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float]] = {
     "slowloris": (slowloris, 75),
     "ping_flood": (ping_flood, 45),
@@ -887,6 +944,7 @@ CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float
     "parked_sessions": (parked_sessions, 90),
     "memory": (memory, 75),
     "nginx_600": (nginx_600, 75),
+    "worker_kill": (worker_kill, 45),
 }
 """Each case and the seconds it may take at most, relay start and stop included."""
 
