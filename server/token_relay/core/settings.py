@@ -103,6 +103,8 @@ class Settings:
     proxies are exempt)."""
     max_body_bytes: int = MIB
     """Bytes an HTTP request body may declare; a bigger one is refused with HTTP 413."""
+    sse_heartbeat: float = 15.0
+    """Seconds between the comment lines that keep an idle SSE stream open through proxies."""
     ping_interval: float = 20.0
     """Seconds between keepalive pings to each WebSocket peer; one silent for a whole
     interval is cut, so a half-open connection ends within two."""
@@ -138,6 +140,7 @@ class Settings:
             "lease_seconds",
             "handshake_timeout",
             "ping_interval",
+            "sse_heartbeat",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")

@@ -32,20 +32,31 @@ from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from ..core.errors import InvalidToken
+from ..core.errors import FrameRejected, InvalidToken
 from ..core.forwarded import Network, client_address
 from ..core.grants import OPEN, Grant, Role
 from ..core.protocol import MAX_NAME_LENGTH
+from ..core.resume import decode_positions
 from ..core.settings import Settings
 from .metrics import Metrics
+from .peer import Peer
 from .tokens import verify
 from .web import StaticFiles
-from .websocket import WebSocket
 
-__all__ = ["PRODUCE_PATH", "SUBSCRIBE_PATH", "Admit", "Gate", "HttpRequest", "Reply", "query_of"]
+__all__ = [
+    "PRODUCE_PATH",
+    "SSE_PATH",
+    "SUBSCRIBE_PATH",
+    "Admit",
+    "Gate",
+    "HttpRequest",
+    "Reply",
+    "query_of",
+]
 
 PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
+SSE_PATH = "/sse"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
 PLAIN_METHODS = frozenset({"GET", "HEAD"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -112,11 +123,14 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """An admitted WebSocket handshake and the grant it earned."""
+    """An admitted WebSocket handshake or SSE stream, and the grant it earned."""
 
     request: HttpRequest
     role: Role
     grant: Grant
+    positions: dict[str, tuple[int, str]] | None = None
+    """For an SSE stream: where to resume each channel (``Last-Event-ID`` or ``?since=``);
+    None for a WebSocket."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -137,6 +151,8 @@ class Gate:
     def route(self, request: HttpRequest) -> Reply | Admit:
         """The response to a request, or the admission of its WebSocket handshake."""
         path, method = request.path, request.method
+        if path == SSE_PATH:
+            return self._sse(request)
         role = ROLES.get(path)
         if role is not None:
             if method != "GET":
@@ -161,6 +177,24 @@ class Gate:
         if method not in PLAIN_METHODS:
             return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET, HEAD"),))
         return reply
+
+    def _sse(self, request: HttpRequest) -> Reply | Admit:
+        """``GET /sse``: a stream of every channel named, resumed where its token says."""
+        if request.method != "GET":
+            return self.refuse(request, 405, f"{SSE_PATH} takes GET", (("Allow", "GET"),))
+        query = query_of(request.target)
+        if not query.get("channel"):
+            return self.refuse(request, 400, "give at least one ?channel=")
+        decision = self._decide(Role.SUBSCRIBE, request)
+        if not isinstance(decision, Grant):
+            status, reason = decision
+            return self.refuse(request, status, reason)
+        token = request.header("last-event-id") or query.get("since", [""])[-1]
+        try:
+            positions = decode_positions(token) if token else {}
+        except FrameRejected as exc:
+            return self.refuse(request, 400, exc.message)
+        return Admit(request, Role.SUBSCRIBE, decision, positions)
 
     def _plain(self, path: str) -> Reply | None:
         if path == "/healthz":
@@ -234,12 +268,12 @@ class Gate:
             return HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel"
         return grant
 
-    def admit(self, connection: WebSocket) -> None:
+    def admit(self, connection: Peer) -> None:
         """Count an open connection against its client address."""
         address = connection.client
         self.per_address[address] = self.per_address.get(address, 0) + 1
 
-    def release(self, connection: WebSocket) -> None:
+    def release(self, connection: Peer) -> None:
         """Uncount a connection that closed."""
         address = connection.client
         left = self.per_address.get(address, 1) - 1

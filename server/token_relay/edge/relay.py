@@ -44,13 +44,15 @@ from ..brokers import Broker, open_broker
 from ..core.errors import BrokerUnavailable
 from ..core.events import Delta, FrameKind, Payload
 from ..core.hub import ChannelHub
-from ..core.protocol import AbortReason, Subscribe
+from ..core.protocol import AbortReason, Since, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
 from .metrics import PUBLISH_SECONDS, Metrics
+from .peer import Peer
 from .producers import ProducerEndpoint
 from .server import HttpServer
+from .sse import SseStream
 from .subscribers import SubscriberEndpoint
 from .websocket import WebSocket
 from .writer import Writer
@@ -182,7 +184,7 @@ class Relay:
 
     # ------------------------------------------------------------------ connections
 
-    async def _handle(self, connection: WebSocket) -> None:
+    async def _handle(self, connection: Peer) -> None:
         grant = connection.grant
         path = urlsplit(connection.path).path
         role = "producer" if path == PRODUCE_PATH else "subscriber"
@@ -207,7 +209,7 @@ class Relay:
         try:
             # A peer that vanishes without a close frame just ends its iteration: that
             # is the world's doing, not an error of ours to log.
-            if role == "producer":
+            if isinstance(connection, WebSocket) and role == "producer":
                 channels = query.get("channel")
                 resume = query.get("session", [""])[-1] or None
                 await self.producers.serve(
@@ -215,9 +217,10 @@ class Relay:
                 )
             else:
                 deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
+                positions = connection.positions if isinstance(connection, SseStream) else {}
                 initial = [
-                    Subscribe(type="subscribe", channel=c, deltas=deltas)
-                    for c in query.get("channel", [])
+                    _subscribe(channel, deltas, positions.get(channel))
+                    for channel in dict.fromkeys(query.get("channel", []))
                 ]
                 await self.subscribers.serve(connection, initial, grant)
         except Exception:
@@ -247,7 +250,7 @@ class Relay:
             )
 
     @property
-    def hub(self) -> ChannelHub[WebSocket]:
+    def hub(self) -> ChannelHub[Peer]:
         """Which local subscribers hold which channels (read-only use)."""
         return self.subscribers.router.hub
 
@@ -256,7 +259,7 @@ class Relay:
         """Every producer session of this process, parked ones included (read-only use)."""
         return self.producers.sessions
 
-    def _forget(self, connection: WebSocket) -> None:
+    def _forget(self, connection: Peer) -> None:
         self.subscribers.forget(connection)
 
     # ---------------------------------------------------------------- broker listener
@@ -319,3 +322,12 @@ class Relay:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _subscribe(channel: str, deltas: bool, since: tuple[int, str] | None) -> Subscribe:
+    if since is None:
+        return Subscribe(type="subscribe", channel=channel, deltas=deltas)
+    offset, epoch = since
+    return Subscribe(
+        type="subscribe", channel=channel, deltas=deltas, since=Since(offset=offset, epoch=epoch)
+    )

@@ -39,6 +39,7 @@ import resource
 import socket
 import time
 from collections.abc import Callable, Coroutine
+from http import HTTPStatus
 from typing import Any, cast
 
 import h11
@@ -51,6 +52,8 @@ from ..core.forwarded import is_trusted, parse_networks
 from ..core.settings import Settings
 from .http import Admit, Gate, HttpRequest, Reply
 from .metrics import Metrics
+from .peer import Peer
+from .sse import SSE_HEADERS, SseStream
 from .websocket import WebSocket, frames_log
 
 __all__ = ["FD_RESERVE", "HttpConnection", "HttpServer"]
@@ -72,7 +75,7 @@ LINGER_SECONDS = 1.0
 MAX_HEAD_BYTES = 16 * 1024
 """A bigger request line and headers get 431."""
 
-Handler = Callable[[WebSocket], Coroutine[Any, Any, None]]
+Handler = Callable[[Peer], Coroutine[Any, Any, None]]
 
 
 class HttpServer:
@@ -92,8 +95,8 @@ class HttpServer:
         self.handshaking: dict[HttpConnection, None] = {}
         """Sockets whose request head is not complete yet, oldest first."""
         self.handshaking_per_address: dict[str, int] = {}
-        self.connections: set[WebSocket] = set()
-        """Open WebSocket connections."""
+        self.connections: set[Peer] = set()
+        """Open WebSocket connections and SSE streams."""
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.sockets_open = 0
         """Accepted sockets not yet closed: what counts against the descriptor limit."""
@@ -103,6 +106,7 @@ class HttpServer:
         self._accepting: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
         self._refusals: dict[str, tuple[float, int]] = {}
 
     async def start(self) -> None:
@@ -129,6 +133,7 @@ class HttpServer:
             loop.add_reader(sock.fileno(), self._accept, sock)
         self._serving = True
         self._sweeper = asyncio.create_task(self._keepalive())
+        self._heartbeat = asyncio.create_task(self._sse_heartbeat())
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -158,6 +163,8 @@ class HttpServer:
                 connection.transport_close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
 
     async def wait_closed(self) -> None:
         """Wait until the server is closed and every handler is done."""
@@ -280,8 +287,8 @@ class HttpServer:
             extra={"event": "refused", "peer": peer, "reason": reason, "more": count},
         )
 
-    def upgraded(self, ws: WebSocket) -> None:
-        """A WebSocket is open: serve it."""
+    def upgraded(self, ws: Peer) -> None:
+        """A WebSocket (or an SSE stream) is open: serve it."""
         self.connections.add(ws)
         task = asyncio.ensure_future(self.handler(ws))
         self._tasks.add(task)
@@ -301,12 +308,23 @@ class HttpServer:
         while True:
             await asyncio.sleep(interval)
             for ws in list(self.connections):
+                if isinstance(ws, SseStream):
+                    continue  # a stream's client sends nothing; its heartbeat is below
                 if not ws.heard:
                     log.info("cutting %s (%s): no answer to a ping", ws.client, ws.id)
                     ws.abort()
                 else:
                     ws.heard = False
                     ws.ping()
+
+    async def _sse_heartbeat(self) -> None:
+        """A comment line on every SSE stream each ``--sse-heartbeat``, for proxies."""
+        interval = self.settings.sse_heartbeat
+        while True:
+            await asyncio.sleep(interval)
+            for stream in list(self.connections):
+                if isinstance(stream, SseStream):
+                    stream.ping()
 
 
 class HttpConnection(asyncio.Protocol):
@@ -317,7 +335,7 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "unknown"
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self.ws: WebSocket | None = None
+        self.ws: Peer | None = None
         self.request: h11.Request | None = None
         self.lingering = False
         self._timer: asyncio.TimerHandle | None = None
@@ -428,8 +446,10 @@ class HttpConnection(asyncio.Protocol):
         decision = self.server.gate.route(self._view(request))
         if isinstance(decision, Reply):
             self._respond(decision, request)
-            return
-        self._upgrade(request, decision)
+        elif decision.positions is not None:
+            self._stream(decision)
+        else:
+            self._upgrade(request, decision)
 
     def _refuse_body(self, request: h11.Request) -> Reply:
         """A request with a body: 413 past ``--max-body-bytes``; no route here reads one."""
@@ -491,6 +511,25 @@ class HttpConnection(asyncio.Protocol):
         if trailing:
             self.ws.receive(trailing)
 
+    def _stream(self, admit: Admit) -> None:
+        """Start an SSE response; every frame from now on is written by the stream."""
+        assert self.transport is not None and admit.positions is not None
+        head = self.h11.send(h11.Response(status_code=200, headers=list(SSE_HEADERS), reason=b"OK"))
+        stream = SseStream(
+            self.transport,
+            self.h11,
+            path=admit.request.target,
+            client=admit.request.client,
+            grant=admit.grant,
+            positions=admit.positions,
+        )
+        self.ws = stream
+        self.server.gate.admit(stream)
+        if head:
+            self.transport.write(head)
+        stream.start()
+        self.server.upgraded(stream)
+
     def _respond(self, reply: Reply, request: h11.Request | None) -> None:
         """Send a plain HTTP response; keep the connection for the next one, or close it."""
         transport = self.transport
@@ -506,7 +545,8 @@ class HttpConnection(asyncio.Protocol):
             headers.append(("Connection", "close"))
         conn = self.h11
         try:
-            data = conn.send(h11.Response(status_code=reply.status, headers=headers))
+            phrase = HTTPStatus(reply.status).phrase.encode()
+            data = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=phrase))
             head_only = request is not None and request.method == b"HEAD"
             if reply.body and not head_only:
                 data = (data or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
@@ -562,8 +602,6 @@ def _content_length(request: h11.Request) -> int | None:
 
 
 def _raw_response(status: int, reason: str) -> bytes:
-    from http import HTTPStatus
-
     body = (reason + "\n").encode()
     phrase = HTTPStatus(status).phrase
     return (

@@ -41,7 +41,7 @@ from ..core.ratelimit import TokenBucket
 from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
 from .metrics import Metrics
-from .websocket import WebSocket
+from .peer import Peer
 from .writer import Writer
 
 __all__ = ["SubscriberEndpoint"]
@@ -65,11 +65,11 @@ class SubscriberEndpoint:
         self.metrics = metrics
         self.writer = writer
         self.spawn = spawn
-        self.router: ChannelRouter[WebSocket] = ChannelRouter(
+        self.router: ChannelRouter[Peer] = ChannelRouter(
             settings.max_channels_per_subscriber, window=settings.delta_flush_ms > 0
         )
 
-    async def serve(self, connection: WebSocket, initial: list[Subscribe], grant: Grant) -> None:
+    async def serve(self, connection: Peer, initial: list[Subscribe], grant: Grant) -> None:
         """Serve one subscriber connection until it ends."""
         received = self.metrics.frames_in_subscriber
         loop = asyncio.get_running_loop()
@@ -93,14 +93,14 @@ class SubscriberEndpoint:
             for channel in self.router.remove(connection):
                 await self._update_interest(channel)
 
-    def reject_now(self, connection: WebSocket, exc: FrameRejected) -> None:
+    def reject_now(self, connection: Peer, exc: FrameRejected) -> None:
         """Answer a refused frame without waiting."""
         self.metrics.errors.labels(exc.code.value).inc()
         self.writer.send((connection,), error_frame(exc))
 
     async def _answer(
         self,
-        connection: WebSocket,
+        connection: Peer,
         frame: Subscribe | Unsubscribe | Cancel,
         grant: Grant,
         bucket: TokenBucket,
@@ -126,7 +126,7 @@ class SubscriberEndpoint:
         except FrameRejected as exc:
             self.reject_now(connection, exc)
 
-    async def _subscribe(self, connection: WebSocket, frame: Subscribe) -> None:
+    async def _subscribe(self, connection: Peer, frame: Subscribe) -> None:
         """Join: the confirmation, replayed history, snapshots, then what followed."""
         channel = frame.channel
         since = None if frame.since is MISSING else (frame.since.offset, frame.since.epoch)
@@ -153,7 +153,7 @@ class SubscriberEndpoint:
         with contextlib.suppress(BrokerUnavailable):
             await self.broker.listen(channel, messages, deltas)
 
-    async def _cancel(self, connection: WebSocket, frame: Cancel) -> None:
+    async def _cancel(self, connection: Peer, frame: Cancel) -> None:
         if not self.router.hub.is_subscribed(connection, frame.channel):
             raise FrameRejected(
                 ErrorCode.NOT_SUBSCRIBED,
@@ -177,7 +177,7 @@ class SubscriberEndpoint:
         """Route one frame of ``channel`` to this process's subscribers."""
         self.carry_out(self.router.deliver(channel, kind, seq, item))
 
-    def carry_out(self, actions: list[Action[WebSocket]]) -> None:
+    def carry_out(self, actions: list[Action[Peer]]) -> None:
         """Write, close and start timers as the router says."""
         for action in actions:
             if isinstance(action, Send):
@@ -204,7 +204,7 @@ class SubscriberEndpoint:
             self.writer.close(connection, CloseCode.SERVICE_RESTART, BROKER_RESTORED_REASON)
         return len(subscribers)
 
-    def forget(self, connection: WebSocket) -> None:
+    def forget(self, connection: Peer) -> None:
         """Drop the subscriptions of a connection being closed, and the broker's interest."""
         channels = self.router.remove(connection)
         if channels:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A frame is serialized once, WebSocket header included, and written to every
+A frame is serialized once, Peer header included, and written to every
 ready socket without waiting. A socket whose unsent bytes pass
 ``subscriber_high_water_bytes`` is not written to directly any more: its frames
 go to a :class:`~token_relay.core.merge.Backlog`, where its pending deltas merge
@@ -33,7 +33,8 @@ from ..core.events import Delta, Outgoing
 from ..core.merge import Backlog
 from ..core.settings import Settings
 from .metrics import Metrics
-from .websocket import WebSocket
+from .peer import Peer
+from .sse import Fields, SseStream
 
 __all__ = ["SLOW_CONSUMER_REASON", "Writer"]
 
@@ -49,19 +50,19 @@ class Writer:
         self,
         settings: Settings,
         metrics: Metrics,
-        forget: Callable[[WebSocket], None],
+        forget: Callable[[Peer], None],
     ) -> None:
         self.high_water = settings.subscriber_high_water_bytes
         self.hard_limit = settings.max_subscriber_buffer_bytes
         self.metrics = metrics
         self._forget = forget
-        self.backlogs: dict[WebSocket, Backlog] = {}
+        self.backlogs: dict[Peer, Backlog] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def send(self, receivers: Iterable[WebSocket], payload: Outgoing) -> None:
+    def send(self, receivers: Iterable[Peer], payload: Outgoing) -> None:
         """Send one serialized frame to every receiver, each at its own pace."""
-        ready: list[WebSocket] = []
-        over: list[WebSocket] = []
+        ready: list[Peer] = []
+        over: list[Peer] = []
         high_water = self.high_water
         backlogs = self.backlogs
         for receiver in receivers:
@@ -83,7 +84,7 @@ class Writer:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
             self.metrics.slow_closes.inc()
 
-    def offer(self, connection: WebSocket, payload: Outgoing) -> bool:
+    def offer(self, connection: Peer, payload: Outgoing) -> bool:
         """Send a frame the peer can do without (a cancel to a producer), only if its socket
         is under the high-water mark; False if it was dropped. Never closes the peer."""
         if connection in self.backlogs or _unsent(connection) > self.high_water:
@@ -91,17 +92,17 @@ class Writer:
         self.send((connection,), payload)
         return True
 
-    def send_each(self, receiver: WebSocket, payloads: Iterable[Outgoing]) -> None:
+    def send_each(self, receiver: Peer, payloads: Iterable[Outgoing]) -> None:
         """Send several frames to one receiver, in order."""
         for payload in payloads:
             self.send((receiver,), payload)
 
-    async def reply(self, connection: WebSocket, payload: Outgoing) -> None:
+    async def reply(self, connection: Peer, payload: Outgoing) -> None:
         """Send a frame to a producer, then wait until its socket can take more."""
         self.send((connection,), payload)
         await connection.drain()
 
-    def close(self, connection: WebSocket, code: CloseCode, reason: str) -> None:
+    def close(self, connection: Peer, code: CloseCode, reason: str) -> None:
         """Forget a connection's subscriptions and close it, without waiting."""
         if code == CloseCode.TRY_AGAIN_LATER:
             log.warning("closing slow peer %s: %s", connection.id, reason)
@@ -117,12 +118,12 @@ class Writer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _start_backlog(self, connection: WebSocket) -> Backlog:
+    def _start_backlog(self, connection: Peer) -> Backlog:
         backlog = self.backlogs[connection] = Backlog()
         self._spawn(self._drain(connection, backlog))
         return backlog
 
-    async def _drain(self, connection: WebSocket, backlog: Backlog) -> None:
+    async def _drain(self, connection: Peer, backlog: Backlog) -> None:
         try:
             while backlog and connection.open:
                 # send() waits until the socket has room: the backlog drains at its pace.
@@ -138,21 +139,28 @@ class Writer:
         task.add_done_callback(self._tasks.discard)
 
 
-def _write_all(receivers: list[WebSocket], payload: Outgoing) -> None:
+def _write_all(receivers: list[Peer], payload: Outgoing) -> None:
     """Write one text frame to every open receiver, serializing the frame once.
 
     Compression is off and a server never masks, so the frame's bytes are the same
-    for everyone: build them once and hand them to each socket.
+    for every WebSocket: build them once and hand them to each socket. An SSE stream
+    gets the frame as an event, read once for all the streams.
     Only whole, unfragmented frames are ever written, so nothing can interleave.
     """
     if isinstance(payload, Delta):
         data = payload.render()
     else:
         data = payload.encode() if isinstance(payload, str) else payload
-    frame = Frame(Opcode.TEXT, data).serialize(mask=False)
+    frame: bytes | None = None
+    fields: Fields | None = None
     for receiver in receivers:
+        if isinstance(receiver, SseStream):
+            fields = receiver.write_event(data, fields)
+            continue
+        if frame is None:
+            frame = Frame(Opcode.TEXT, data).serialize(mask=False)
         receiver.write_frame(frame)
 
 
-def _unsent(connection: WebSocket) -> int:
+def _unsent(connection: Peer) -> int:
     return connection.transport.get_write_buffer_size()

@@ -1,0 +1,225 @@
+"""A subscriber over Server-Sent Events: ``GET /sse?channel=C[&channel=D…][&deltas=1]``.
+
+Every frame a WebSocket subscriber would get is one event, ``event: <type>`` with
+``data: <the same JSON>``, in the same order, with the same snapshots and the same
+exactly-once rules: an :class:`SseStream` stands where a
+:class:`~token_relay.edge.websocket.WebSocket` would, for the router and the writer.
+
+Every ``message`` and ``aborted`` event carries an ``id:``, a resume token holding the
+position of every channel of the stream (:mod:`token_relay.core.resume`). A browser's
+``EventSource`` sends the last one back as ``Last-Event-ID`` when it reconnects, and
+``?since=TOKEN`` does the same for clients that can't set headers: each channel is
+resumed exactly as ``since`` resumes it on a WebSocket.
+
+A comment line every ``--sse-heartbeat`` seconds keeps proxies from timing the stream
+out. The slow-subscriber policy applies as on WebSockets: a stream whose unsent bytes
+pass ``--max-subscriber-buffer-bytes`` is ended, and its client resumes by its last id.
+An ended stream (shutdown, slow reader) finishes its chunked response after a comment
+naming the WebSocket close code it stands for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import h11
+from websockets import CloseCode
+
+from ..core.grants import Grant
+from ..core.resume import encode_positions
+
+__all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
+
+RETRY_MS = 1000
+"""Sent first on every stream (``retry:``): how soon a browser reconnects after a cut."""
+
+SSE_HEADERS = (
+    ("Content-Type", "text/event-stream; charset=utf-8"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),
+    ("Server", "token-relay"),
+)
+
+Fields = tuple[bytes, bool, str | None, int, str]
+"""What a stream needs of a frame: its event line, whether it carries an ``id:``, and the
+channel, offset and epoch it moves (offset -1: the channel is dropped)."""
+
+_IDENTIFIED = frozenset({"message", "aborted"})
+_POSITIONED = _IDENTIFIED | {"subscribed"}
+
+
+def event_fields(data: bytes) -> Fields:
+    """Read a serialized frame once, for every stream it goes to."""
+    frame: dict[str, Any] = json.loads(data)
+    kind = str(frame.get("type"))
+    line = b"event: " + kind.encode() + b"\n"
+    if kind in _POSITIONED and "offset" in frame:
+        channel, offset, epoch = str(frame["channel"]), int(frame["offset"]), str(frame["epoch"])
+        return line, kind in _IDENTIFIED, channel, offset, epoch
+    if kind == "unsubscribed":
+        return line, False, str(frame["channel"]), -1, ""
+    return line, False, None, 0, ""
+
+
+class SseStream:
+    """One SSE response: frames out as events, nothing in."""
+
+    sse = True
+    """How the writer tells a stream from a WebSocket."""
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        http: h11.Connection,
+        *,
+        path: str,
+        client: str,
+        grant: Grant,
+        positions: dict[str, tuple[int, str]],
+    ) -> None:
+        self.id = uuid.uuid4()
+        self.transport = transport
+        self.http = http
+        self.path = path
+        self.client = client
+        self.grant = grant
+        self.positions = positions
+        """Every channel's position so far: what the next ``id:`` holds."""
+        self.close_received = False
+        self._code: int | None = None
+        self._ended = False
+        self._paused_writing = False
+        self._drained: asyncio.Future[None] | None = None
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def open(self) -> bool:
+        """Whether events may still be sent."""
+        return not self._ended and not self.transport.is_closing()
+
+    @property
+    def close_code(self) -> int | None:
+        """The WebSocket code the end stands for: ours, or 1006 if the client went away."""
+        if self._code is not None:
+            return self._code
+        return CloseCode.ABNORMAL_CLOSURE if self._closed.done() else None
+
+    # ------------------------------------------------------------------ events out
+
+    def start(self) -> None:
+        """The stream's first line: how soon to reconnect after a cut."""
+        self._write(f"retry: {RETRY_MS}\n\n".encode())
+
+    def write_event(self, data: bytes, fields: Fields | None = None) -> Fields:
+        """Send one frame as an event; returns what was read of it, for the next stream."""
+        if fields is None:
+            fields = event_fields(data)
+        line, identified, channel, offset, epoch = fields
+        if channel is not None:
+            if offset < 0:
+                self.positions.pop(channel, None)
+            else:
+                self.positions[channel] = (offset, epoch)
+        if not self.open:
+            return fields
+        body = [line]
+        if identified:
+            body += (b"id: ", encode_positions(self.positions).encode(), b"\n")
+        body += (b"data: ", data, b"\n\n")
+        self._write(b"".join(body))
+        return fields
+
+    async def send(self, data: str | bytes) -> None:
+        """Send one frame as an event, then wait until the socket can take more."""
+        self.write_event(data.encode() if isinstance(data, str) else data)
+        await self.drain()
+
+    def ping(self) -> None:
+        """A heartbeat: a comment line, which every client ignores."""
+        if self.open:
+            self._write(b":\n\n")
+
+    def _write(self, body: bytes) -> None:
+        data = self.http.send(h11.Data(data=body))
+        if data:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the socket's buffer is under its high-water mark."""
+        if not self._paused_writing or self._closed.done():
+            return
+        if self._drained is None or self._drained.done():
+            self._drained = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._drained)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed its high-water mark."""
+        self._paused_writing = True
+
+    def resume_writing(self) -> None:
+        """The transport's buffer fell under its low-water mark."""
+        self._paused_writing = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # ------------------------------------------------------------------ ending
+
+    def start_close(self, code: int, reason: str = "") -> None:
+        """End the response (a comment names the code), then close the socket."""
+        if self._ended:
+            return
+        self._code = code
+        if not self.transport.is_closing():
+            comment = f": closed {code} {reason}".replace("\n", " ").encode() + b"\n\n"
+            self._write(comment)
+            data = self.http.send(h11.EndOfMessage())
+            if data:
+                self.transport.write(data)
+            self.transport.close()
+        self._ended = True
+
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        """End the stream and wait until the socket is gone."""
+        self.start_close(code, reason)
+        await asyncio.shield(self._closed)
+
+    def abort(self) -> None:
+        """Cut the socket now."""
+        if not self._closed.done():
+            self.transport.abort()
+
+    async def wait_closed(self) -> None:
+        """Wait until the socket is gone."""
+        await asyncio.shield(self._closed)
+
+    # ------------------------------------------------------------------ the socket
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the client after its request: there is nothing to read; dropped."""
+
+    def receive_eof(self) -> None:
+        """The client closed its side: the stream is over."""
+        self.close_received = True
+        self._ended = True
+        self.transport.close()
+
+    def lost(self) -> None:
+        """The socket is gone."""
+        self._ended = True
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def __aiter__(self) -> SseStream:
+        return self
+
+    async def __anext__(self) -> str | bytes:
+        """A stream receives nothing: this waits until it ends."""
+        await asyncio.shield(self._closed)
+        raise StopAsyncIteration

@@ -1,0 +1,188 @@
+"""SSE subscribers over real sockets: the same frames as a WebSocket, resume by the last event
+id (or ?since=) exactly once, heartbeats, auth, limits and the slow-reader policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from token_relay.core.grants import Role
+from token_relay.edge.tokens import mint
+from token_relay.testing import SseReader
+
+from ..conftest import RunningRelay, recv_json, send_json, start_relay
+
+SECRET = "sse-test-secret-of-at-least-32-bytes-long"
+
+
+def _port(running: RunningRelay) -> int:
+    return int(running.url.rsplit(":", 1)[1])
+
+
+async def _produce(running: RunningRelay, channel: str, *events: dict[str, Any]) -> None:
+    async with running.connect(f"/produce?channel={channel}") as producer:
+        for event in events:
+            await send_json(producer, event)
+        if events and events[-1].get("final"):
+            assert (await recv_json(producer))["type"] == "ack"
+
+
+async def test_a_stream_carries_the_same_frames_as_a_websocket() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=c&deltas=1") as ws:
+        await recv_json(ws)
+        async with SseReader(_port(running), "/sse?channel=c&deltas=1") as sse:
+            assert sse.status == 200
+            assert sse.response_headers["content-type"] == "text/event-stream; charset=utf-8"
+            assert sse.response_headers["cache-control"] == "no-cache"
+            assert sse.response_headers["x-accel-buffering"] == "no"
+            subscribed = await sse.next()
+            assert (subscribed.event, subscribed.json()["channel"]) == ("subscribed", "c")
+            assert sse.retry == 1000
+            async with running.connect("/produce?channel=c") as producer:
+                await send_json(producer, {"id": "m", "delta": "Hel"})
+                await send_json(producer, {"id": "m", "delta": "lo, wörld 👋", "final": True})
+                await recv_json(producer)
+                expected = [await recv_json(ws) for _ in range(3)]
+            got = [await sse.next() for _ in range(3)]
+            assert [event.json() for event in got] == expected
+            assert [event.event for event in got] == ["delta", "delta", "message"]
+            assert got[0].id is None and got[2].id is not None
+            assert got[2].json()["text"] == "Hello, wörld 👋"
+
+
+async def test_a_cut_stream_resumes_from_its_last_id_exactly_once() -> None:
+    running, relay = await start_relay()
+    port = _port(running)
+    async with relay:
+        async with SseReader(port, "/sse?channel=a&channel=b") as first:
+            await first.next()
+            await first.next()
+            await _produce(running, "a", {"id": "a1", "delta": "one", "final": True})
+            await _produce(running, "b", {"id": "b1", "delta": "uno", "final": True})
+            seen = [await first.next() for _ in range(2)]
+            last_id = seen[-1].id
+            assert last_id is not None
+        # Cut; meanwhile both channels move on.
+        await _produce(running, "a", {"id": "a2", "delta": "two", "final": True})
+        await _produce(running, "b", {"id": "b2", "delta": "dos", "final": True})
+        for header in (True, False):
+            path = "/sse?channel=a&channel=b" + ("" if header else f"&since={last_id}")
+            headers = [("Last-Event-ID", last_id)] if header else []
+            async with SseReader(port, path, headers) as again:
+                # Each channel: its confirmation, then what it missed since the id.
+                expected = ["a2", "b2"] if header else ["a2", "b2", "live-True"]
+                frames = [(await again.next()).json() for _ in range(2 + len(expected))]
+                confirmations = [f for f in frames if f["type"] == "subscribed"]
+                missed = [f for f in frames if f["type"] == "message"]
+                assert [f["recovered"] for f in confirmations] == [True, True]
+                assert sorted(frame["id"] for frame in missed) == expected
+                with_id = [frame for frame in missed if frame["id"] == "b2"]
+                assert with_id[0]["text"] == "dos"
+                # Nothing else: the messages before the cut are not sent again.
+                await _produce(running, "a", {"id": f"live-{header}", "delta": "x", "final": True})
+                assert (await again.next()).json()["id"] == f"live-{header}"
+
+
+async def test_a_resumed_deltas_stream_gets_a_fresh_snapshot() -> None:
+    running, relay = await start_relay()
+    port = _port(running)
+    async with relay, running.connect("/produce?channel=c") as producer:
+        async with SseReader(port, "/sse?channel=c&deltas=1") as first:
+            await first.next()
+            await send_json(producer, {"id": "done", "delta": "first", "final": True})
+            await recv_json(producer)
+            assert (await first.next()).event == "delta"
+            done = await first.next()
+            assert done.event == "message" and done.id is not None
+            await send_json(producer, {"id": "m", "delta": "abc"})
+            assert (await first.next()).json()["delta"] == "abc"
+        await send_json(producer, {"id": "m", "delta": "def"})
+        resume = [("Last-Event-ID", done.id)]
+        async with SseReader(port, "/sse?channel=c&deltas=1", resume) as again:
+            confirmation = (await again.next()).json()
+            assert (confirmation["recovered"], confirmation["offset"]) == (True, 1)
+            snapshot = (await again.next()).json()
+            assert (snapshot["type"], snapshot["id"], snapshot["text"]) == (
+                "snapshot",
+                "m",
+                "abcdef",
+            )
+            await send_json(producer, {"id": "m", "delta": "!", "final": True})
+            assert (await again.next()).json()["delta"] == "!"
+            assert (await again.next()).json()["text"] == "abcdef!"
+
+
+async def test_heartbeats_keep_an_idle_stream_alive() -> None:
+    running, relay = await start_relay(sse_heartbeat=0.1)
+    async with relay, SseReader(_port(running), "/sse?channel=quiet") as sse:
+        await sse.next()
+        await asyncio.sleep(0.55)
+        await _produce(running, "quiet", {"id": "m", "delta": "late", "final": True})
+        assert (await sse.next()).json()["text"] == "late"
+        assert sse.comments >= 3
+
+
+async def test_streams_take_tokens_like_websockets_and_refuse_bad_requests() -> None:
+    running, relay = await start_relay(secret=SECRET)
+    port = _port(running)
+    reader = mint(SECRET, Role.SUBSCRIBE, ["c"], 60)
+    writer = mint(SECRET, Role.PRODUCE, ["c"], 60)
+    async with relay:
+        cases = [
+            ("/sse?channel=c", [], 401),
+            (f"/sse?channel=c&token={writer}", [], 403),
+            ("/sse", [("Authorization", f"Bearer {reader}")], 400),
+            (f"/sse?channel=c&token={reader}&since=%%%", [], 400),
+        ]
+        for path, headers, status in cases:
+            async with SseReader(port, path, headers) as refused:
+                assert refused.status == status, path
+        async with SseReader(port, f"/sse?channel=c&token={reader}") as by_query:
+            assert by_query.status == 200
+            assert (await by_query.next()).event == "subscribed"
+        bearer = [("Authorization", f"Bearer {reader}")]
+        async with SseReader(port, "/sse?channel=c&channel=other", bearer) as partly:
+            events = [await partly.next() for _ in range(2)]
+            assert [e.event for e in events] == ["subscribed", "error"]
+            assert events[1].json()["code"] == "forbidden"
+
+
+async def test_a_stream_that_does_not_read_is_ended_and_others_go_on() -> None:
+    running, relay = await start_relay(
+        subscriber_high_water_bytes=4096, max_subscriber_buffer_bytes=65536
+    )
+    port = _port(running)
+    async with (
+        relay,
+        SseReader(port, "/sse?channel=c&deltas=1") as stuck,
+        SseReader(port, "/sse?channel=c") as fine,
+    ):
+        await stuck.next()
+        await fine.next()
+        assert stuck._writer is not None
+        stuck._writer.transport.pause_reading()
+
+        async def read_all() -> list[str]:
+            return [(await fine.next(10)).json()["id"] for _ in range(800)]
+
+        reading = asyncio.ensure_future(read_all())
+        async with running.connect("/produce?channel=c") as producer:
+            for n in range(800):
+                await send_json(producer, {"id": f"m{n}", "delta": "x" * 20_000, "final": True})
+                await recv_json(producer)
+        assert await reading == [f"m{n}" for n in range(800)]
+        assert relay.metrics.slow_closes.value == 1
+        assert len(relay.hub.subscribers("c")) == 1
+        stuck._writer.transport.resume_reading()
+        events = []
+        try:
+            while True:
+                events.append(await stuck.next(2))
+        except EOFError:
+            pass
+        assert stuck.ended  # the relay ended it, and said why in a comment
+        # What it got before the end was in order and whole: a prefix of the stream.
+        kinds = [json.loads(e.data)["type"] for e in events]
+        assert set(kinds) <= {"delta", "message"} and len(kinds) < 1600
