@@ -195,3 +195,50 @@ async def test_demo_relay_start_helper_is_independent(page: Page) -> None:
     async with server:
         response = await page.goto(running.url.replace("ws://", "http://") + "/")
         assert response is not None and response.status == 404
+
+
+async def test_event_source_resumes_after_cuts_with_every_message_exactly_once(
+    web_relay: tuple[RunningRelay, Any], page: Page
+) -> None:
+    """Chromium's own EventSource, cut in the middle of a stream, more than once."""
+    running, server = web_relay
+    http = running.url.replace("ws://", "http://")
+    await page.goto(f"{http}/")
+    await page.evaluate(
+        """(url) => {
+            window.seen = [];
+            window.opened = 0;
+            const source = new EventSource(url);
+            source.onopen = () => { window.opened += 1; };
+            source.addEventListener("message", (e) => window.seen.push(JSON.parse(e.data)));
+        }""",
+        f"{http}/sse?channel=es",
+    )
+    await page.wait_for_function("window.opened === 1")
+    await _until(lambda: running.relay.hub.subscribers("es"))
+    expected: list[str] = []
+
+    async def publish(producer: Any, message_id: str) -> None:
+        expected.append(message_id)
+        await send_json(producer, {"id": message_id, "delta": f"text {message_id}"})
+        await send_json(producer, {"id": message_id, "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+
+    async with running.connect("/produce?channel=es") as producer:
+        for round_ in range(3):
+            await page.wait_for_function(f"window.opened === {round_ + 1}", timeout=15000)
+            await _until(lambda: running.relay.hub.subscribers("es"))
+            for n in range(3):
+                await publish(producer, f"r{round_}-{n}")
+            # Cut the stream with no goodbye, as a network would, and publish meanwhile.
+            assert server.server is not None
+            for connection in list(server.server.connections):
+                if connection.path.startswith("/sse"):
+                    connection.transport.abort()
+            for n in range(3, 5):
+                await publish(producer, f"r{round_}-{n}")
+        await page.wait_for_function("window.opened === 4", timeout=15000)
+    await page.wait_for_function(f"window.seen.length >= {len(expected)}", timeout=10000)
+    seen = await page.evaluate("window.seen")
+    assert [frame["id"] for frame in seen] == expected
+    assert all(frame["text"] == f"text {frame['id']}" for frame in seen)

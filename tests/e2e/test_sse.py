@@ -186,3 +186,40 @@ async def test_a_stream_that_does_not_read_is_ended_and_others_go_on() -> None:
         # What it got before the end was in order and whole: a prefix of the stream.
         kinds = [json.loads(e.data)["type"] for e in events]
         assert set(kinds) <= {"delta", "message"} and len(kinds) < 1600
+
+
+async def _post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Length: {len(body)}\r\nConnection: close"
+    writer.write(head.encode() + b"\r\n\r\n" + body)
+    response = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    status = int(response.split()[1])
+    return status, response.partition(b"\r\n\r\n")[2]
+
+
+async def test_post_cancel_is_stop_for_a_stream_and_answers_plainly() -> None:
+    running, relay = await start_relay(secret=SECRET)
+    port = _port(running)
+    producing = mint(SECRET, Role.PRODUCE, ["c"], 60)
+    reading = mint(SECRET, Role.SUBSCRIBE, ["c"], 60)
+    elsewhere = mint(SECRET, Role.SUBSCRIBE, ["other"], 60)
+    async with relay, running.connect(f"/produce?channel=c&token={producing}") as producer:
+        await send_json(producer, {"id": "m", "delta": "going"})
+        await asyncio.sleep(0.05)
+        body = json.dumps({"channel": "c", "id": "m"}).encode()
+        assert (await _post(port, "/cancel", body))[0] == 401
+        assert (await _post(port, f"/cancel?token={elsewhere}", body))[0] == 403
+        status, answer = await _post(port, f"/cancel?token={reading}", body)
+        assert (status, answer) == (204, b"")
+        assert await recv_json(producer) == {"type": "cancel", "channel": "c", "id": "m"}
+        gone = json.dumps({"channel": "c", "id": "never"}).encode()
+        status, answer = await _post(port, f"/cancel?token={reading}", gone)
+        assert (status, json.loads(answer)["code"]) == (404, "unknown_message")
+        status, answer = await _post(port, f"/cancel?token={reading}", b"{not json")
+        assert (status, json.loads(answer)["code"]) == (400, "invalid_json")
+        status, answer = await _post(port, f"/cancel?token={reading}", b'{"channel": "c"}')
+        assert (status, json.loads(answer)["code"]) == (400, "invalid_frame")
+        # The producer was asked once, and its message goes on to its end.
+        await send_json(producer, {"id": "m", "delta": " on", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"

@@ -50,6 +50,7 @@ __all__ = [
     "Admit",
     "Gate",
     "HttpRequest",
+    "ReadBody",
     "Reply",
     "query_of",
 ]
@@ -57,6 +58,7 @@ __all__ = [
 PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
 SSE_PATH = "/sse"
+CANCEL_PATH = "/cancel"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
 PLAIN_METHODS = frozenset({"GET", "HEAD"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -133,6 +135,14 @@ class Admit:
     None for a WebSocket."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReadBody:
+    """An admitted request whose route takes a body (``POST /cancel``)."""
+
+    request: HttpRequest
+    grant: Grant
+
+
 def query_of(path: str) -> dict[str, list[str]]:
     """The query string of a request path, as lists of values."""
     return parse_qs(urlsplit(path).query, keep_blank_values=True)
@@ -148,11 +158,20 @@ class Gate:
         self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
         self.per_address: dict[str, int] = {}
 
-    def route(self, request: HttpRequest) -> Reply | Admit:
-        """The response to a request, or the admission of its WebSocket handshake."""
+    def route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
+        """The response to a request, the admission of its WebSocket handshake or SSE
+        stream, or of its body."""
         path, method = request.path, request.method
         if path == SSE_PATH:
             return self._sse(request)
+        if path == CANCEL_PATH:
+            if method != "POST":
+                return self.refuse(request, 405, f"{path} takes POST", (("Allow", "POST"),))
+            decision = self._decide(Role.SUBSCRIBE, request)
+            if isinstance(decision, Grant):
+                return ReadBody(request, decision)
+            status, reason = decision
+            return self.refuse(request, status, reason)
         role = ROLES.get(path)
         if role is not None:
             if method != "GET":

@@ -47,7 +47,7 @@ from ..core.hub import ChannelHub
 from ..core.protocol import AbortReason, Since, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
-from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, query_of
+from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, ReadBody, Reply, query_of
 from .metrics import PUBLISH_SECONDS, Metrics
 from .peer import Peer
 from .producers import ProducerEndpoint
@@ -113,7 +113,9 @@ class Relay:
         if not SPEEDUPS:
             log.warning("websockets' C speedups are missing: frames are unmasked in pure Python")
         await self.broker.start(self)
-        self.server = HttpServer(self.settings, self.gate, self.metrics, self._handle)
+        self.server = HttpServer(
+            self.settings, self.gate, self.metrics, self._handle, self._read_body
+        )
         await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
         if self.metrics.shared is not None:
@@ -248,6 +250,13 @@ class Relay:
                     "seconds": round(time.monotonic() - opened, 3),
                 },
             )
+
+    async def _read_body(self, request: ReadBody, body: bytes) -> Reply:
+        """A request whose route takes a body: ``POST /cancel``."""
+        status, error = await self.subscribers.cancel_over_http(request.grant, body)
+        if status == 204:
+            return Reply(204, b"")
+        return Reply(status, error.encode(), "application/json")
 
     @property
     def hub(self) -> ChannelHub[Peer]:

@@ -38,7 +38,7 @@ import logging
 import resource
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -50,7 +50,7 @@ from websockets.typing import Origin
 
 from ..core.forwarded import is_trusted, parse_networks
 from ..core.settings import Settings
-from .http import Admit, Gate, HttpRequest, Reply
+from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .metrics import Metrics
 from .peer import Peer
 from .sse import SSE_HEADERS, SseStream
@@ -76,16 +76,26 @@ MAX_HEAD_BYTES = 16 * 1024
 """A bigger request line and headers get 431."""
 
 Handler = Callable[[Peer], Coroutine[Any, Any, None]]
+BodyHandler = Callable[[ReadBody, bytes], Awaitable[Reply]]
 
 
 class HttpServer:
     """The listening socket and every connection on it."""
 
-    def __init__(self, settings: Settings, gate: Gate, metrics: Metrics, handler: Handler) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        gate: Gate,
+        metrics: Metrics,
+        handler: Handler,
+        read: BodyHandler,
+    ) -> None:
         self.settings = settings
         self.gate = gate
         self.metrics = metrics
         self.handler = handler
+        self.read = read
+        """Answers a request whose route takes a body, given the whole body."""
         origins = settings.allowed_origins
         self.origins: list[Origin | None] | None = (
             [*(Origin(origin) for origin in origins), None] if origins else None
@@ -290,7 +300,11 @@ class HttpServer:
     def upgraded(self, ws: Peer) -> None:
         """A WebSocket (or an SSE stream) is open: serve it."""
         self.connections.add(ws)
-        task = asyncio.ensure_future(self.handler(ws))
+        self.spawn(self.handler(ws))
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a handler; :meth:`wait_closed` waits for it."""
+        task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -338,6 +352,8 @@ class HttpConnection(asyncio.Protocol):
         self.ws: Peer | None = None
         self.request: h11.Request | None = None
         self.lingering = False
+        self._reading: ReadBody | None = None
+        self._body = bytearray()
         self._timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -431,11 +447,30 @@ class HttpConnection(asyncio.Protocol):
                     self._respond(reply, None)
                     return
                 if _has_body(event):
-                    # Nothing here reads a body: answer at once, never read it.
-                    self._respond(self._refuse_body(event), event)
-                    return
+                    decision = self._body_route(event)
+                    if isinstance(decision, Reply):
+                        # Answered at once: the body is never read.
+                        self._respond(decision, event)
+                        return
+                    self._reading, self._body = decision, bytearray()
+                    self._arm_body_timer()
+            elif isinstance(event, h11.Data):
+                if self._reading is not None:
+                    self._body += event.data
+                    limit = self.server.settings.max_body_bytes
+                    if len(self._body) > limit:
+                        view = self._reading.request
+                        self._reading = None
+                        refusal = f"request body over {limit} bytes"
+                        self._respond(self.server.gate.refuse(view, 413, refusal), None)
+                        return
             elif isinstance(event, h11.EndOfMessage):
                 request = self.request
+                reading, self._reading = self._reading, None
+                if request is not None and reading is not None:
+                    self._disarm_body_timer()
+                    self._spawn_body(request, reading, bytes(self._body))
+                    return
                 if request is not None:
                     self._answer(request)
             elif isinstance(event, h11.ConnectionClosed):
@@ -444,15 +479,18 @@ class HttpConnection(asyncio.Protocol):
 
     def _answer(self, request: h11.Request) -> None:
         decision = self.server.gate.route(self._view(request))
-        if isinstance(decision, Reply):
+        if isinstance(decision, ReadBody):
+            self._spawn_body(request, decision, b"")  # it takes a body, and got none
+        elif isinstance(decision, Reply):
             self._respond(decision, request)
         elif decision.positions is not None:
             self._stream(decision)
         else:
             self._upgrade(request, decision)
 
-    def _refuse_body(self, request: h11.Request) -> Reply:
-        """A request with a body: 413 past ``--max-body-bytes``; no route here reads one."""
+    def _body_route(self, request: h11.Request) -> Reply | ReadBody:
+        """A request with a body: read it for a route that takes one, else refuse it
+        (413 past ``--max-body-bytes``) without reading it."""
         view = self._view(request)
         length = _content_length(request)
         limit = self.server.settings.max_body_bytes
@@ -460,11 +498,32 @@ class HttpConnection(asyncio.Protocol):
         if length is not None and length > limit:
             return gate.refuse(view, 413, f"request body over {limit} bytes")
         decision = gate.route(view)
+        if isinstance(decision, ReadBody):
+            return decision
         if isinstance(decision, Admit):
-            return gate.refuse(view, 400, "a WebSocket handshake has no body")
+            return gate.refuse(view, 400, "a WebSocket handshake or stream has no body")
         if decision.status < 400:
             return gate.refuse(view, 405, f"{view.path} takes no body", (("Allow", "GET, HEAD"),))
         return decision
+
+    def _arm_body_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.server.settings.handshake_timeout, self._too_slow)
+
+    def _disarm_body_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _spawn_body(self, request: h11.Request, reading: ReadBody, body: bytes) -> None:
+        """Hand a whole body to its route, and answer with what it returns."""
+
+        async def answer() -> None:
+            reply = await self.server.read(reading, body)
+            if self.transport is not None and not self.transport.is_closing():
+                self._respond(reply, request, read=True)
+
+        self.server.spawn(answer())
 
     def _view(self, request: h11.Request) -> HttpRequest:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers]
@@ -530,17 +589,17 @@ class HttpConnection(asyncio.Protocol):
         stream.start()
         self.server.upgraded(stream)
 
-    def _respond(self, reply: Reply, request: h11.Request | None) -> None:
+    def _respond(self, reply: Reply, request: h11.Request | None, *, read: bool = False) -> None:
         """Send a plain HTTP response; keep the connection for the next one, or close it."""
         transport = self.transport
         assert transport is not None
-        keep = reply.status < 400 and request is not None and not _has_body(request)
-        headers = [
-            ("Content-Type", reply.content_type),
-            ("Content-Length", str(len(reply.body))),
-            ("Server", "token-relay"),
-            *reply.headers,
-        ]
+        keep = reply.status < 400 and request is not None and (read or not _has_body(request))
+        headers = [("Server", "token-relay"), *reply.headers]
+        if reply.status != 204:  # a 204 has neither a body nor a length
+            headers += [
+                ("Content-Type", reply.content_type),
+                ("Content-Length", str(len(reply.body))),
+            ]
         if not keep:
             headers.append(("Connection", "close"))
         conn = self.h11

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -171,6 +172,30 @@ class SubscriberEndpoint:
                 frame.id,
             )
 
+    async def cancel_over_http(self, grant: Grant, body: bytes) -> tuple[int, str]:
+        """``POST /cancel`` with ``{"channel", "id"}``: Stop for a client without a socket
+        to send a cancel frame on (an SSE stream). Returns the HTTP status and the error
+        frame (empty for 204)."""
+        try:
+            request = decode_subscriber_frame(_as_cancel(body))
+            if not isinstance(request, Cancel):
+                raise FrameRejected(ErrorCode.INVALID_FRAME, "the body is a cancel")
+            grant.check(request.channel, request.id)
+            try:
+                owners = await self.broker.cancel(request.channel, request.id, encode(request))
+            except BrokerUnavailable:
+                raise broker_rejected(request.id) from None
+            if not owners:
+                raise FrameRejected(
+                    ErrorCode.UNKNOWN_MESSAGE,
+                    f"no message '{request.id}' is in progress on channel '{request.channel}'",
+                    request.id,
+                )
+        except FrameRejected as exc:
+            self.metrics.errors.labels(exc.code.value).inc()
+            return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
+        return 204, ""
+
     # ---------------------------------------------------------------- from the broker
 
     def deliver(self, channel: str, kind: FrameKind, seq: int, item: Outgoing) -> None:
@@ -213,3 +238,22 @@ class SubscriberEndpoint:
     async def _update_interests(self, channels: list[str]) -> None:
         for channel in channels:
             await self._update_interest(channel)
+
+
+HTTP_STATUS = {
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNKNOWN_MESSAGE: 404,
+    ErrorCode.BROKER_UNAVAILABLE: 503,
+}
+"""The HTTP status of a refused ``POST /cancel``, by code; any other is 400."""
+
+
+def _as_cancel(body: bytes) -> bytes:
+    """A body ``{"channel", "id"}`` as a cancel frame (``type`` may be left out)."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return body  # refused by the decoder, with its own words
+    if isinstance(value, dict) and "type" not in value:
+        value = {"type": "cancel", **value}
+    return json.dumps(value).encode()
