@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 
+import pytest
 from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
 from token_relay.edge.websocket import WebSocket
@@ -197,3 +199,23 @@ async def test_a_handshake_trickled_too_slowly_is_cut() -> None:
         writer.close()
         async with running.connect("/subscribe?channel=c") as fine:
             assert (await recv_json(fine))["type"] == "subscribed"
+
+
+async def test_a_clean_close_is_logged_as_1000_and_a_vanished_peer_as_1006(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        with caplog.at_level(logging.INFO, logger="token_relay"):
+            async with running.connect("/subscribe?channel=c") as clean:
+                await recv_json(clean)
+            vanishing = await connect(f"{running.url}/subscribe?channel=c")
+            await recv_json(vanishing)
+            assert vanishing.transport is not None
+            vanishing.transport.abort()
+            await eventually(
+                lambda: len([r for r in caplog.records if getattr(r, "event", "") == "close"]) == 2,
+                5,
+            )
+        codes = [r.code for r in caplog.records if getattr(r, "event", "") == "close"]  # type: ignore[attr-defined]
+        assert codes == [1000, 1006]
