@@ -6,13 +6,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import statistics
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame
-from token_relay.testing import Nginx, RedisServer, ServiceProcess, eventually, relay_process
+from token_relay.testing import (
+    Nginx,
+    RedisServer,
+    ServiceProcess,
+    SseReader,
+    eventually,
+    relay_process,
+)
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
@@ -183,3 +192,42 @@ async def test_a_producer_reconnects_through_nginx_and_lands_on_the_other_proces
         assert [frame.text for frame in received] == ["".join(tokens)]
         assert aborted == []
         assert json.loads(json.dumps(ack.id)) == "m"
+
+
+async def test_sse_streams_through_nginx_unbuffered_and_resume_on_the_other_process(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with _fleet(redis_server, tmp_path) as (nginx, relays):
+        async with (
+            SseReader(nginx.port, "/sse?channel=live&deltas=1") as via_nginx,
+            SseReader(relays[0].port, "/sse?channel=live&deltas=1") as direct,
+            connect(f"{relays[1].url}/produce?channel=live") as producer,
+        ):
+            assert via_nginx.response_headers["content-type"].startswith("text/event-stream")
+            await via_nginx.next()
+            await direct.next()
+            await recv_json(producer)
+            lags = []
+            for n in range(20):
+                sent = time.perf_counter()
+                await send_json(producer, {"id": "m", "delta": f"{n} "})
+                # Each delta comes through before the next is sent: nothing is buffered.
+                assert (await direct.next(2)).json()["delta"] == f"{n} "
+                reached_direct = time.perf_counter()
+                assert (await via_nginx.next(2)).json()["delta"] == f"{n} "
+                lags.append((time.perf_counter() - sent) - (reached_direct - sent))
+            await send_json(producer, {"id": "m", "final": True})
+            message = await via_nginx.next()
+            assert message.event == "message" and message.id is not None
+            print(f"nginx adds {statistics.median(lags) * 1000:.2f} ms per delta (median)")
+        # The stream resumes from its last id through nginx, on whichever relay it lands.
+        async with connect(f"{relays[0].url}/produce?channel=live") as producer:
+            await recv_json(producer)
+            await send_json(producer, {"id": "after", "delta": "missed", "final": True})
+            await recv_json(producer)
+        for _ in range(2):  # nginx alternates: both relays serve the resume
+            resume = [("Last-Event-ID", message.id)]
+            async with SseReader(nginx.port, "/sse?channel=live", resume) as again:
+                assert (await again.next()).json()["recovered"] is True
+                missed = (await again.next()).json()
+                assert (missed["id"], missed["text"]) == ("after", "missed")
