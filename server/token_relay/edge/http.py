@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..core.errors import FrameRejected, InvalidToken
 from ..core.forwarded import Network, client_address
@@ -59,6 +59,7 @@ PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
 SSE_PATH = "/sse"
 CANCEL_PATH = "/cancel"
+AI_SDK_PREFIX = "/ai-sdk/"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
 PLAIN_METHODS = frozenset({"GET", "HEAD"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -133,14 +134,20 @@ class Admit:
     positions: dict[str, tuple[int, str]] | None = None
     """For an SSE stream: where to resume each channel (``Last-Event-ID`` or ``?since=``);
     None for a WebSocket."""
+    stream: str = ""
+    """``sse`` or ``ai-sdk`` for a streamed response."""
+    channel: str = ""
+    """The channel named in the path (``/ai-sdk/{channel}/…``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ReadBody:
-    """An admitted request whose route takes a body (``POST /cancel``)."""
+    """An admitted request whose route takes a body (``POST /cancel``, Stop)."""
 
     request: HttpRequest
     grant: Grant
+    channel: str = ""
+    """The channel named in the path, if any."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -164,6 +171,8 @@ class Gate:
         path, method = request.path, request.method
         if path == SSE_PATH:
             return self._sse(request)
+        if path.startswith(AI_SDK_PREFIX):
+            return self._ai_sdk(request)
         if path == CANCEL_PATH:
             if method != "POST":
                 return self.refuse(request, 405, f"{path} takes POST", (("Allow", "POST"),))
@@ -197,6 +206,27 @@ class Gate:
             return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET, HEAD"),))
         return reply
 
+    def _ai_sdk(self, request: HttpRequest) -> Reply | Admit | ReadBody:
+        """``GET /ai-sdk/{channel}/stream`` and ``POST /ai-sdk/{channel}/stop``."""
+        name, _, action = request.path.removeprefix(AI_SDK_PREFIX).partition("/")
+        channel = unquote(name)
+        if action not in ("stream", "stop") or not channel:
+            return self.refuse(request, 404, f"use {AI_SDK_PREFIX}CHANNEL/stream or /stop")
+        method = "GET" if action == "stream" else "POST"
+        if request.method != method:
+            return self.refuse(request, 405, f"{request.path} takes {method}", (("Allow", method),))
+        if len(channel) > MAX_NAME_LENGTH:
+            return self.refuse(request, 400, f"a channel is 1 to {MAX_NAME_LENGTH} characters")
+        decision = self._decide(Role.SUBSCRIBE, request)
+        if not isinstance(decision, Grant):
+            status, reason = decision
+            return self.refuse(request, status, reason)
+        if not decision.allows(channel):
+            return self.refuse(request, 403, "this token does not grant the channel")
+        if action == "stop":
+            return ReadBody(request, decision, channel)
+        return Admit(request, Role.SUBSCRIBE, decision, {}, "ai-sdk", channel)
+
     def _sse(self, request: HttpRequest) -> Reply | Admit:
         """``GET /sse``: a stream of every channel named, resumed where its token says."""
         if request.method != "GET":
@@ -213,7 +243,7 @@ class Gate:
             positions = decode_positions(token) if token else {}
         except FrameRejected as exc:
             return self.refuse(request, 400, exc.message)
-        return Admit(request, Role.SUBSCRIBE, decision, positions)
+        return Admit(request, Role.SUBSCRIBE, decision, positions, "sse")
 
     def _plain(self, path: str) -> Reply | None:
         if path == "/healthz":

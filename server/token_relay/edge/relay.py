@@ -36,7 +36,7 @@ import time
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from websockets import CloseCode
 
@@ -47,6 +47,7 @@ from ..core.hub import ChannelHub
 from ..core.protocol import AbortReason, Since, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
+from .aisdk import AiSdkStream
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, ReadBody, Reply, query_of
 from .metrics import PUBLISH_SECONDS, Metrics
 from .peer import Peer
@@ -220,9 +221,12 @@ class Relay:
             else:
                 deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
                 positions = connection.positions if isinstance(connection, SseStream) else {}
+                channels = list(dict.fromkeys(query.get("channel", [])))
+                if isinstance(connection, AiSdkStream):
+                    # The chat id is the channel; the stream follows its deltas.
+                    channels, deltas = [unquote(path.split("/")[2])], True
                 initial = [
-                    _subscribe(channel, deltas, positions.get(channel))
-                    for channel in dict.fromkeys(query.get("channel", []))
+                    _subscribe(channel, deltas, positions.get(channel)) for channel in channels
                 ]
                 await self.subscribers.serve(connection, initial, grant)
         except Exception:
@@ -252,8 +256,12 @@ class Relay:
             )
 
     async def _read_body(self, request: ReadBody, body: bytes) -> Reply:
-        """A request whose route takes a body: ``POST /cancel``."""
-        status, error = await self.subscribers.cancel_over_http(request.grant, body)
+        """A request whose route takes a body: ``POST /cancel``, or Stop of the AI SDK."""
+        if request.channel:
+            wanted = query_of(request.request.target).get("id", [""])[-1] or None
+            status, error = await self.subscribers.stop_over_http(request.channel, wanted)
+        else:
+            status, error = await self.subscribers.cancel_over_http(request.grant, body)
         if status == 204:
             return Reply(204, b"")
         return Reply(status, error.encode(), "application/json")

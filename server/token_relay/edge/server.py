@@ -50,10 +50,11 @@ from websockets.typing import Origin
 
 from ..core.forwarded import is_trusted, parse_networks
 from ..core.settings import Settings
+from .aisdk import AiSdkStream
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .metrics import Metrics
 from .peer import Peer
-from .sse import SSE_HEADERS, SseStream
+from .sse import SseStream
 from .websocket import WebSocket, frames_log
 
 __all__ = ["FD_RESERVE", "HttpConnection", "HttpServer"]
@@ -573,8 +574,8 @@ class HttpConnection(asyncio.Protocol):
     def _stream(self, admit: Admit) -> None:
         """Start an SSE response; every frame from now on is written by the stream."""
         assert self.transport is not None and admit.positions is not None
-        head = self.h11.send(h11.Response(status_code=200, headers=list(SSE_HEADERS), reason=b"OK"))
-        stream = SseStream(
+        kind = AiSdkStream if admit.stream == "ai-sdk" else SseStream
+        stream = kind(
             self.transport,
             self.h11,
             path=admit.request.target,
@@ -584,8 +585,6 @@ class HttpConnection(asyncio.Protocol):
         )
         self.ws = stream
         self.server.gate.admit(stream)
-        if head:
-            self.transport.write(head)
         stream.start()
         self.server.upgraded(stream)
 

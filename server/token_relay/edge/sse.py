@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -89,6 +90,7 @@ class SseStream:
         self.positions = positions
         """Every channel's position so far: what the next ``id:`` holds."""
         self.close_received = False
+        self.head_sent = False
         self._code: int | None = None
         self._ended = False
         self._paused_writing = False
@@ -112,10 +114,20 @@ class SseStream:
     # ------------------------------------------------------------------ events out
 
     def start(self) -> None:
-        """The stream's first line: how soon to reconnect after a cut."""
+        """The response head, then the stream's first line: how soon to reconnect."""
+        self._head(200, SSE_HEADERS)
         self._write(f"retry: {RETRY_MS}\n\n".encode())
 
-    def write_event(self, data: bytes, fields: Fields | None = None) -> Fields:
+    def _head(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
+        phrase = HTTPStatus(status).phrase.encode()
+        head = self.http.send(
+            h11.Response(status_code=status, headers=list(headers), reason=phrase)
+        )
+        if head:
+            self.transport.write(head)
+        self.head_sent = True
+
+    def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
         """Send one frame as an event; returns what was read of it, for the next stream."""
         if fields is None:
             fields = event_fields(data)
@@ -141,7 +153,7 @@ class SseStream:
 
     def ping(self) -> None:
         """A heartbeat: a comment line, which every client ignores."""
-        if self.open:
+        if self.open and self.head_sent:
             self._write(b":\n\n")
 
     def _write(self, body: bytes) -> None:
@@ -175,8 +187,11 @@ class SseStream:
             return
         self._code = code
         if not self.transport.is_closing():
-            comment = f": closed {code} {reason}".replace("\n", " ").encode() + b"\n\n"
-            self._write(comment)
+            if not self.head_sent:
+                self._head(204, (("Server", "token-relay"),))
+            else:
+                comment = f": closed {code} {reason}".replace("\n", " ").encode() + b"\n\n"
+                self._write(comment)
             data = self.http.send(h11.EndOfMessage())
             if data:
                 self.transport.write(data)

@@ -196,6 +196,31 @@ class SubscriberEndpoint:
             return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
         return 204, ""
 
+    async def stop_over_http(self, channel: str, wanted: str | None) -> tuple[int, str]:
+        """``POST /ai-sdk/{channel}/stop``: cancel the newest message in progress on the
+        channel (or the one ``?id=`` names). Returns the HTTP status and the error frame."""
+        try:
+            try:
+                cut = await self.broker.catch_up(channel, None, True)
+                live = [message.message_id for message in cut.live]
+                target = wanted if wanted in live else (live[-1] if live and not wanted else "")
+                owners = 0
+                if target:
+                    frame = Cancel(type="cancel", channel=channel, id=target)
+                    owners = await self.broker.cancel(channel, target, encode(frame))
+            except BrokerUnavailable:
+                raise broker_rejected(wanted) from None
+            if not owners:
+                raise FrameRejected(
+                    ErrorCode.UNKNOWN_MESSAGE,
+                    f"no message is in progress on channel '{channel}'",
+                    wanted,
+                )
+        except FrameRejected as exc:
+            self.metrics.errors.labels(exc.code.value).inc()
+            return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
+        return 204, ""
+
     # ---------------------------------------------------------------- from the broker
 
     def deliver(self, channel: str, kind: FrameKind, seq: int, item: Outgoing) -> None:

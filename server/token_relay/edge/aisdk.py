@@ -1,0 +1,149 @@
+"""The Vercel AI SDK's UI message stream, version 1: ``GET /ai-sdk/{channel}/stream``.
+
+This is the resume endpoint of ``useChat({resume: true})`` and of
+``DefaultChatTransport``, whose GET is ``${api}/${chatId}/stream``: the chat id is the
+channel. The stream joins the channel as a deltas subscriber, with the same exactly-once
+join as every other subscriber, and then serves one message:
+
+* **204** when no message is in progress on the channel (``?wait=S``, at most 30 s, first
+  waits that long for one to start);
+* otherwise the headers of the UI message stream and, for the newest message in progress
+  (or the one ``?id=`` names): ``start`` with ``messageId`` set to the relay's id,
+  ``text-start``, one ``text-delta`` holding the text so far, the live ``text-delta``\\ s,
+  then ``text-end``, ``finish`` and ``data: [DONE]``. An aborted message ends with
+  ``abort`` and its reason, then ``[DONE]``.
+
+A resume replays from ``start`` under the same ``messageId``, so it replaces the client's
+partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop (see
+:mod:`token_relay.edge.relay`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .sse import SSE_HEADERS, Fields, SseStream
+
+__all__ = ["AI_SDK_HEADERS", "MAX_WAIT_SECONDS", "AiSdkStream"]
+
+AI_SDK_HEADERS = (*SSE_HEADERS, ("x-vercel-ai-ui-message-stream", "v1"))
+MAX_WAIT_SECONDS = 30.0
+TEXT_PART = "text-1"
+"""The id of the one text part of a message."""
+
+
+class AiSdkStream(SseStream):
+    """One UI message stream: one message of a channel, as the AI SDK's parts."""
+
+    def start(self) -> None:
+        """Nothing is sent until the join says whether there is a message to serve."""
+        query = parse_qs(urlsplit(self.path).query)
+        self.wanted = query.get("id", [""])[-1] or None
+        try:
+            wait = float(query.get("wait", ["0"])[-1])
+        except ValueError:
+            wait = 0.0
+        self.wait = min(max(wait, 0.0), MAX_WAIT_SECONDS)
+        self.target: str | None = None
+        self.joined = False
+        self.done = False
+        self._snapshots: dict[str, str] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ frames in
+
+    def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
+        """Turn one frame of the channel into parts, for the message being served."""
+        if self.done:
+            return fields
+        frame: dict[str, Any] = json.loads(data)
+        kind, message_id = frame.get("type"), frame.get("id")
+        if kind == "error" and not self.head_sent:
+            self._refuse(frame)
+        elif not self.joined:
+            if kind == "snapshot":
+                self._snapshots[str(message_id)] = str(frame["text"])
+        elif self.target is None:
+            if kind in ("delta", "message") and self.wanted in (None, message_id):
+                # A message that started after the join: all of it is still to come (a
+                # one-shot one comes whole, as its message frame).
+                self._serve(str(message_id), str(frame["text"]) if kind == "message" else "")
+                self._part(frame)
+        elif message_id == self.target:
+            self._part(frame)
+        return fields
+
+    async def __anext__(self) -> str | bytes:
+        """Called once the join is done: decide, then wait until the stream ends."""
+        if not self.joined:
+            self._decide()
+        return await super().__anext__()
+
+    def _decide(self) -> None:
+        self.joined = True
+        snapshots, self._snapshots = self._snapshots, {}
+        if self.done:
+            return
+        if self.wanted is not None and self.wanted in snapshots:
+            self._serve(self.wanted, snapshots[self.wanted])
+        elif self.wanted is None and snapshots:
+            newest = list(snapshots)[-1]
+            self._serve(newest, snapshots[newest])
+        elif self.wait > 0:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.wait, self._nothing)
+        else:
+            self._nothing()
+
+    def _nothing(self) -> None:
+        """No message to serve: 204, and the end."""
+        if self.target is None and not self.done:
+            self.done = True
+            self.start_close(1000, "no message in progress")
+
+    def _refuse(self, frame: dict[str, Any]) -> None:
+        """The join itself was refused (a channel the token does not grant, Redis down)."""
+        self.done = True
+        status = {"forbidden": 403, "broker_unavailable": 503}.get(str(frame.get("code")), 400)
+        body = json.dumps(frame).encode()
+        self._head(status, (("Content-Type", "application/json"), ("Server", "token-relay")))
+        self._write(body)
+        self.start_close(1000, "refused")
+
+    # ------------------------------------------------------------------ parts out
+
+    def _serve(self, message_id: str, text: str) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.target = message_id
+        self._head(200, AI_SDK_HEADERS)
+        self._emit({"type": "start", "messageId": message_id})
+        self._emit({"type": "text-start", "id": TEXT_PART})
+        if text:
+            self._emit({"type": "text-delta", "id": TEXT_PART, "delta": text})
+
+    def _part(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        if kind == "delta":
+            self._emit({"type": "text-delta", "id": TEXT_PART, "delta": frame["delta"]})
+        elif kind == "message":
+            self._emit({"type": "text-end", "id": TEXT_PART})
+            self._emit({"type": "finish"})
+            self._end()
+        elif kind == "aborted":
+            self._emit({"type": "abort", "reason": frame.get("reason", "")})
+            self._end()
+
+    def _emit(self, part: dict[str, Any]) -> None:
+        if self.open:
+            line = json.dumps(part, ensure_ascii=False, separators=(",", ":"))
+            self._write(b"data: " + line.encode() + b"\n\n")
+
+    def _end(self) -> None:
+        if self.open:
+            self._write(b"data: [DONE]\n\n")
+        self.done = True
+        self.start_close(1000, "done")

@@ -1,0 +1,114 @@
+"""The AI SDK's UI message stream, driven by the real ``ai`` npm package in Node
+(``DefaultChatTransport.reconnectToStream`` and ``readUIMessageStream``) against a running
+relay: from the start, resumed in the middle, 204 once done, Stop, and an abort."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import RunningRelay, recv_json, send_json, start_relay
+
+JS = Path(__file__).resolve().parents[1] / "js"
+
+
+@pytest.fixture(scope="session")
+def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """tests/js with its pinned packages installed (npm reaches the registry)."""
+    npm = shutil.which("npm")
+    assert npm is not None, "the AI SDK tests need Node and npm (scripts/test installs nodejs)"
+    folder = tmp_path_factory.mktemp("js")
+    for name in ("package.json", "ai_sdk_resume.mjs"):
+        shutil.copy(JS / name, folder / name)
+    subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=folder,
+        check=True,
+        timeout=300,
+    )
+    yield folder / "ai_sdk_resume.mjs"
+
+
+async def _resume(script: Path, running: RunningRelay, chat: str, query: str = "") -> Any:
+    base = running.url.replace("ws://", "http://")
+    node = await asyncio.create_subprocess_exec(
+        "node", str(script), base, chat, query, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(node.communicate(), 30)
+    assert node.returncode == 0
+    return json.loads(out)
+
+
+async def _post(running: RunningRelay, path: str) -> int:
+    port = int(running.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Length: 0\r\n\r\n".encode())
+    line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    return int(line.split()[1])
+
+
+async def test_a_stream_read_from_its_start_and_a_204_once_it_is_done(ai_sdk: Path) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
+        reading = asyncio.ensure_future(_resume(ai_sdk, running, "chat-1", "?wait=10"))
+        await asyncio.sleep(1.0)  # Node has started and waits for a message
+        tokens = ["Hello", ", ", "wörld", " 👋", "", "!"]
+        async with running.connect("/produce?channel=chat-1") as producer:
+            for token in tokens:
+                await send_json(producer, {"id": "reply-1", "delta": token})
+                await asyncio.sleep(0.02)
+            await send_json(producer, {"id": "reply-1", "final": True})
+            assert (await recv_json(producer))["type"] == "ack"
+        got = await reading
+        assert (got["id"], got["text"], got["states"]) == ("reply-1", "".join(tokens), ["done"])
+        assert got["parts"][:2] == ["start", "text-start"]
+        assert got["parts"][-2:] == ["text-end", "finish"]
+        assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
+
+
+async def test_a_resume_in_the_middle_replays_from_start_under_the_same_id(ai_sdk: Path) -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/produce?channel=chat-2") as producer:
+        for n in range(20):
+            await send_json(producer, {"id": "r", "delta": f"{n} "})
+        await asyncio.sleep(0.1)
+        reading = asyncio.ensure_future(_resume(ai_sdk, running, "chat-2"))
+        await asyncio.sleep(1.0)
+        for n in range(20, 40):
+            await send_json(producer, {"id": "r", "delta": f"{n} "})
+        await send_json(producer, {"id": "r", "final": True})
+        got = await reading
+        assert (got["id"], got["text"]) == ("r", "".join(f"{n} " for n in range(40)))
+        # The head came as one delta of the text so far, then the live ones, once each.
+        assert got["parts"].count("start") == 1 and got["parts"].count("text-start") == 1
+
+
+async def test_stop_reaches_the_producer_and_an_abort_ends_the_stream(ai_sdk: Path) -> None:
+    running, relay = await start_relay(session_grace=0)
+    async with relay:
+        assert await _post(running, "/ai-sdk/chat-3/stop") == 404
+        async with running.connect("/produce?channel=chat-3") as producer:
+            await send_json(producer, {"id": "long", "delta": "thinking"})
+            await asyncio.sleep(0.1)
+            reading = asyncio.ensure_future(_resume(ai_sdk, running, "chat-3"))
+            await asyncio.sleep(1.0)
+            assert await _post(running, "/ai-sdk/chat-3/stop") == 204
+            assert await recv_json(producer) == {
+                "type": "cancel",
+                "channel": "chat-3",
+                "id": "long",
+            }
+            # The gateway stops its model and goes away without a final: an abort.
+        got = await reading
+        assert (got["id"], got["text"], got["states"]) == ("long", "thinking", ["streaming"])
+        assert got["parts"][-1] == "abort"
+        assert await _post(running, "/ai-sdk/chat-3/stop") == 404

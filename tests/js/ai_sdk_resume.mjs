@@ -1,0 +1,32 @@
+// Resume a chat's stream with the AI SDK's own DefaultChatTransport and readUIMessageStream,
+// as useChat({ resume: true }) does on mount, and print what the app would hold, as JSON.
+// Usage: node ai_sdk_resume.mjs BASE_URL CHAT_ID [QUERY]
+import { DefaultChatTransport, readUIMessageStream } from "ai";
+
+const [base, chatId, query = ""] = process.argv.slice(2);
+const transport = new DefaultChatTransport({
+  api: `${base}/ai-sdk`,
+  prepareReconnectToStreamRequest: ({ id }) => ({
+    api: `${base}/ai-sdk/${encodeURIComponent(id)}/stream${query}`,
+  }),
+});
+const stream = await transport.reconnectToStream({ chatId });
+if (stream === null) {
+  console.log(JSON.stringify({ resumed: false }));
+} else {
+  let last = null;
+  let updates = 0;
+  const parts = [];
+  const [forMessages, forParts] = stream.tee();
+  const reading = (async () => {
+    for await (const part of forParts) parts.push(part.type);
+  })();
+  for await (const message of readUIMessageStream({ stream: forMessages })) {
+    last = message;
+    updates += 1;
+  }
+  await reading;
+  const text = last.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
+  const states = last.parts.filter((p) => p.type === "text").map((p) => p.state);
+  console.log(JSON.stringify({ resumed: true, id: last.id, text, states, updates, parts }));
+}
