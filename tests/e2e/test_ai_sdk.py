@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from token_relay.testing import RedisServer, relay_process
+from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
@@ -112,3 +114,27 @@ async def test_stop_reaches_the_producer_and_an_abort_ends_the_stream(ai_sdk: Pa
         assert (got["id"], got["text"], got["states"]) == ("long", "thinking", ["streaming"])
         assert got["parts"][-1] == "abort"
         assert await _post(running, "/ai-sdk/chat-3/stop") == 404
+
+
+async def test_a_resume_on_another_process_through_redis(
+    ai_sdk: Path, redis_server: RedisServer
+) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
+        async with connect(f"{a.url}/produce?channel=chat-4") as producer:
+            await recv_json(producer)
+            for n in range(10):
+                await send_json(producer, {"id": "x", "delta": f"{n},"})
+            await asyncio.sleep(0.2)
+            reading = asyncio.ensure_future(_resume(ai_sdk, on_b, "chat-4"))
+            await asyncio.sleep(1.0)
+            for n in range(10, 20):
+                await send_json(producer, {"id": "x", "delta": f"{n},"})
+            await send_json(producer, {"id": "x", "final": True})
+            got = await reading
+        assert (got["id"], got["text"]) == ("x", "".join(f"{n}," for n in range(20)))
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
