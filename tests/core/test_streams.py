@@ -987,3 +987,33 @@ def test_text_chars_counts_exactly_what_is_held_through_every_change() -> None:
             if streams.phase(i) in (Phase.STREAMING, Phase.COMPLETED)
         )
         assert streams.text_chars == held
+
+
+def test_meta_merges_shallowly_last_write_wins_and_ends_with_its_message() -> None:
+    streams = MessageStreams("c", max_meta_bytes=64)
+    events = [
+        {"id": "m", "delta": "a", "meta": {"model": "x", "usage": {"in": 1}}},
+        {"id": "m", "delta": "b"},
+        {"id": "m", "meta": {"usage": {"out": 2}, "finish_reason": "stop"}, "final": True},
+    ]
+    results = [streams.receive(decode_producer_event(json.dumps(e))) for e in events]
+    done = results[-1]
+    assert isinstance(done, Applied) and done.text == "ab"
+    assert done.meta == {"model": "x", "usage": {"out": 2}, "finish_reason": "stop"}
+    one_shot = streams.receive(
+        decode_producer_event('{"id": "o", "final": true, "meta": {"k": 1}}')
+    )
+    assert isinstance(one_shot, Applied) and one_shot.meta == {"k": 1}
+    streams.receive(decode_producer_event('{"id": "gone", "delta": "x", "meta": {"k": 2}}'))
+    (unfinished,) = streams.close()
+    assert unfinished.meta == {"k": 2}
+
+
+def test_meta_over_its_limit_is_refused_and_changes_nothing() -> None:
+    streams = MessageStreams("c", max_meta_bytes=16)
+    streams.receive(decode_producer_event('{"id": "m", "delta": "a", "seq": 1}'))
+    big = json.dumps({"id": "m", "delta": "b", "seq": 2, "meta": {"k": "x" * 20}})
+    with pytest.raises(FrameRejected) as refused:
+        streams.receive(decode_producer_event(big))
+    assert refused.value.code is ErrorCode.INVALID_EVENT and "meta" in refused.value.message
+    assert streams.next_seq("m") == 2 and streams.partial("m") == "a"

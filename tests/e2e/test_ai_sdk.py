@@ -68,9 +68,11 @@ async def test_a_stream_read_from_its_start_and_a_204_once_it_is_done(ai_sdk: Pa
             for token in tokens:
                 await send_json(producer, {"id": "reply-1", "delta": token})
                 await asyncio.sleep(0.02)
-            await send_json(producer, {"id": "reply-1", "final": True})
+            usage = {"usage": {"outputTokens": 6}, "model": "m-1"}
+            await send_json(producer, {"id": "reply-1", "final": True, "meta": usage})
             assert (await recv_json(producer))["type"] == "ack"
         got = await reading
+        assert got["metadata"] == {"usage": {"outputTokens": 6}, "model": "m-1"}
         assert (got["id"], got["text"], got["states"]) == ("reply-1", "".join(tokens), ["done"])
         assert got["parts"][:2] == ["start", "text-start"]
         assert got["parts"][-2:] == ["text-end", "finish"]

@@ -393,3 +393,20 @@ async def test_invalid_utf8_closes_with_1007(relay: RunningRelay) -> None:
         with pytest.raises(ConnectionClosedError) as closed:
             await recv_json(producer)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+
+
+async def test_meta_rides_on_the_message_and_on_an_abort(relay: RunningRelay) -> None:
+    async with relay.connect("/subscribe?channel=meta") as sub:
+        await recv_core(sub)
+        async with relay.connect("/produce?channel=meta") as producer:
+            await send_json(producer, {"id": "m", "delta": "hi", "meta": {"model": "x"}})
+            await send_json(producer, {"id": "m", "final": True, "meta": {"finish_reason": "stop"}})
+            await recv_json(producer)
+            message = await recv_json(sub)
+            assert message["meta"] == {"model": "x", "finish_reason": "stop"}
+            await send_json(producer, {"id": "n", "delta": "cut", "meta": {"usage": {"out": 1}}})
+            await send_json(producer, {"id": "bad", "meta": {"k": "v" * 5000}})
+            refused = await recv_json(producer)
+            assert (refused["code"], refused["id"]) == ("invalid_event", "bad")
+        aborted = await recv_json(sub)
+        assert (aborted["type"], aborted["meta"]) == ("aborted", {"usage": {"out": 1}})

@@ -28,5 +28,6 @@ if (stream === null) {
   await reading;
   const text = last.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
   const states = last.parts.filter((p) => p.type === "text").map((p) => p.state);
-  console.log(JSON.stringify({ resumed: true, id: last.id, text, states, updates, parts }));
+  const metadata = last.metadata ?? null;
+  console.log(JSON.stringify({ resumed: true, id: last.id, text, states, updates, parts, metadata }));
 }

@@ -17,7 +17,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import MISSING, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import MISSING, BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from .errors import ErrorCode, FrameRejected
@@ -108,14 +108,23 @@ class AbortReason(StrEnum):
 # ---------------------------------------------------------------- producer -> relay
 
 
+Meta = dict[str, JsonValue]
+"""A message's metadata: what the model reported (usage, ``finish_reason``, model name)."""
+
+
 class ProducerEvent(_Frame):
-    """One delta event from a producer. Absent ``delta`` and ``channel`` stay ``MISSING``."""
+    """One delta event from a producer. Absent ``delta`` and ``channel`` stay ``MISSING``.
+
+    ``meta`` is merged into its message's metadata, shallowly, last write wins; it is at
+    most ``--max-meta-bytes`` of JSON.
+    """
 
     id: MessageId
     delta: str | MISSING = MISSING
     final: bool = False
     channel: ChannelName | MISSING = MISSING
     seq: Annotated[int, Field(ge=1)] | MISSING = MISSING
+    meta: Meta | MISSING = MISSING
 
 
 # -------------------------------------------------------------- subscriber -> relay
@@ -247,6 +256,7 @@ class MessageFrame(_Frame):
     channel: str
     id: str
     text: str
+    meta: Meta | MISSING = MISSING
     offset: int
     epoch: str
 
@@ -282,6 +292,7 @@ class Aborted(_Frame):
     id: str
     text: str
     reason: AbortReason
+    meta: Meta | MISSING = MISSING
     offset: int
     epoch: str
 

@@ -98,6 +98,7 @@ class SessionTable(Generic[C]):
         rate: float,
         max_parked_chars: int = 1 << 30,
         max_parked_per_address: int = 1 << 30,
+        max_meta_bytes: int = 4096,
     ) -> None:
         self.instance = instance
         self.max_parked_chars = max_parked_chars
@@ -107,7 +108,7 @@ class SessionTable(Generic[C]):
         self._parked_at: dict[str, int] = {}
         self.grace = grace
         self.max_parked = max_parked
-        self._limits = (max_streaming, max_completed, max_chars)
+        self._limits = (max_streaming, max_completed, max_chars, max_meta_bytes)
         self.rate = rate
         self.by_owner: dict[str, ProducerSession[C]] = {}
         self.by_token: dict[str, ProducerSession[C]] = {}
@@ -157,9 +158,13 @@ class SessionTable(Generic[C]):
         return self._add(connection, grant, token, owner, streams, now)
 
     def _streams(self) -> MessageStreams:
-        max_streaming, max_completed, max_chars = self._limits
+        max_streaming, max_completed, max_chars, max_meta = self._limits
         return MessageStreams(
-            None, max_streaming=max_streaming, max_completed=max_completed, max_chars=max_chars
+            None,
+            max_streaming=max_streaming,
+            max_completed=max_completed,
+            max_chars=max_chars,
+            max_meta_bytes=max_meta,
         )
 
     def _add(

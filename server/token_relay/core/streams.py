@@ -45,9 +45,10 @@ Pure: the caller passes the time, and the edge turns the answers into frames.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import MISSING
 
@@ -104,6 +105,8 @@ class Applied(NamedTuple):
     """True if ``delta_wait`` counts from the message's opening (its first non-empty delta)."""
     duplicate: bool = False
     """True if the event's ``seq`` was already applied: nothing was done (a final is re-acked)."""
+    meta: dict[str, Any] | None = None
+    """On completion: the message's metadata, merged from its events' ``meta``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ class Unfinished:
     channel: str
     message_id: str
     text: str
+    meta: dict[str, Any] | None = None
 
 
 class Overflow(NamedTuple):
@@ -158,7 +162,7 @@ def mend(held: str, delta: str, final: bool) -> tuple[str, str]:
 
 
 class _Open:
-    __slots__ = ("channel", "chars", "held", "last_delta", "last_event", "opened", "seq")
+    __slots__ = ("channel", "chars", "held", "last_delta", "last_event", "meta", "opened", "seq")
 
     def __init__(self, channel: str, now: float, seq: int) -> None:
         self.channel = channel
@@ -167,6 +171,7 @@ class _Open:
         self.last_event = now
         self.last_delta: float | None = None
         self.chars = 0
+        self.meta: dict[str, Any] | None = None
         self.held = ""
         """A high surrogate waiting for its low half (see :func:`mend`)."""
 
@@ -184,6 +189,7 @@ class MessageStreams:
         "default_channel",
         "max_chars",
         "max_completed",
+        "max_meta_bytes",
         "max_streaming",
     )
 
@@ -194,10 +200,12 @@ class MessageStreams:
         max_streaming: int = 1000,
         max_completed: int = 1000,
         max_chars: int = 1 << 20,
+        max_meta_bytes: int = 4096,
     ) -> None:
         if max_streaming < 1 or max_completed < 1 or max_chars < 1:
             raise ConfigError("max_streaming, max_completed and max_chars must be at least 1")
         self.max_chars = max_chars
+        self.max_meta_bytes = max_meta_bytes
         self.default_channel = default_channel
         self.max_streaming = max_streaming
         self.max_completed = max_completed
@@ -220,6 +228,7 @@ class MessageStreams:
                 message_id,
             )
         seq = None if event.seq is MISSING else event.seq
+        meta = None if event.meta is MISSING else self._checked(event.meta, message_id)
         state = self._streaming.get(message_id)
         if state is not None:
             _check_channel(message_id, state.channel, channel)
@@ -230,6 +239,8 @@ class MessageStreams:
                     raise _seq_gap(message_id, state.seq + 1, seq)
                 state.seq = seq
             state.last_event = now
+            if meta:
+                state.meta = {**state.meta, **meta} if state.meta else meta
             delta = None if event.delta is MISSING else event.delta
             if delta is not None and (state.held or not delta.isascii()):
                 delta, state.held = mend(state.held, delta, event.final)
@@ -253,7 +264,9 @@ class MessageStreams:
             self._remember(self._completed, message_id, channel)
             if state.seq:
                 self._final_seq[message_id] = state.seq
-            return Applied(channel, message_id, text, True, delta, False, wait, first)
+            return Applied(
+                channel, message_id, text, True, delta, False, wait, first, meta=state.meta
+            )
 
         completed_in = self._completed.get(message_id)
         if completed_in is not None:
@@ -296,6 +309,7 @@ class MessageStreams:
         if text is None:
             state = self._streaming[message_id] = _Open(channel, now, seq or 0)
             state.held = held
+            state.meta = meta or None
             if delta:
                 state.chars = len(delta)
                 state.last_delta = now
@@ -304,7 +318,7 @@ class MessageStreams:
         self._remember(self._completed, message_id, channel)
         if seq:
             self._final_seq[message_id] = seq
-        return Applied(channel, message_id, text, True, delta, True, wait, bool(delta))
+        return Applied(channel, message_id, text, True, delta, True, wait, bool(delta), meta=meta)
 
     def phase(self, message_id: str) -> Phase | None:
         """Where a message is in its lifecycle; None if the id is unknown (or forgotten)."""
@@ -411,7 +425,18 @@ class MessageStreams:
         state = self._streaming.pop(message_id)
         text = (self.assembler.discard(message_id) or "") + (REPLACEMENT if state.held else "")
         self._remember(self._aborted, message_id, state.channel)
-        return Unfinished(state.channel, message_id, text)
+        return Unfinished(state.channel, message_id, text, state.meta)
+
+    def _checked(self, meta: dict[str, Any], message_id: str) -> dict[str, Any]:
+        """An event's ``meta``, if it fits ``max_meta_bytes`` as JSON; else refused."""
+        size = len(json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > self.max_meta_bytes:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT,
+                f"'meta' is {size} bytes of JSON, over --max-meta-bytes ({self.max_meta_bytes})",
+                message_id,
+            )
+        return meta
 
     def _remember(self, memory: dict[str, str], message_id: str, channel: str) -> None:
         """Note an ended id in ``memory`` (completed or aborted), evicting the oldest."""

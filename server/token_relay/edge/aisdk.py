@@ -131,7 +131,10 @@ class AiSdkStream(SseStream):
             self._emit({"type": "text-delta", "id": TEXT_PART, "delta": frame["delta"]})
         elif kind == "message":
             self._emit({"type": "text-end", "id": TEXT_PART})
-            self._emit({"type": "finish"})
+            finish: dict[str, Any] = {"type": "finish"}
+            if "meta" in frame:
+                finish["messageMetadata"] = frame["meta"]
+            self._emit(finish)
             self._end()
         elif kind == "aborted":
             self._emit({"type": "abort", "reason": frame.get("reason", "")})

@@ -102,6 +102,7 @@ class ProducerEndpoint:
             rate=settings.max_events_per_second,
             max_parked_chars=settings.max_parked_chars,
             max_parked_per_address=settings.max_parked_per_ip,
+            max_meta_bytes=settings.max_meta_bytes,
         )
 
     async def serve(
@@ -280,9 +281,8 @@ class ProducerEndpoint:
         assert text is not None
         if applied.first_completion or message_id in session.unpublished:
             try:
-                await self._publish(
-                    session, channel, message_id, text, 0 if event.seq is MISSING else event.seq
-                )
+                seq = 0 if event.seq is MISSING else event.seq
+                await self._publish(session, channel, message_id, text, seq, applied.meta)
             except FrameRejected as exc:
                 if exc.code is ErrorCode.ID_IN_USE:
                     session.streams.withdraw(message_id)
@@ -294,10 +294,16 @@ class ProducerEndpoint:
         return channel, message_id, applied.duplicate
 
     async def _publish(
-        self, session: Session, channel: str, message_id: str, text: str, seq: int
+        self,
+        session: Session,
+        channel: str,
+        message_id: str,
+        text: str,
+        seq: int,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
-        body = _message_body(channel, message_id, text)
+        body = _message_body(channel, message_id, text, meta)
         try:
             await self.broker.terminal(channel, session.owner, message_id, body, seq)
         except BrokerUnavailable:
@@ -313,6 +319,7 @@ class ProducerEndpoint:
             id=unfinished.message_id,
             text=unfinished.text,
             reason=reason,
+            meta=MISSING if unfinished.meta is None else unfinished.meta,
             offset=0,
             epoch="",
         )
@@ -463,11 +470,19 @@ class ProducerEndpoint:
         ]
 
 
-def _message_body(channel: str, message_id: str, text: str) -> str:
+def _message_body(
+    channel: str, message_id: str, text: str, meta: dict[str, Any] | None = None
+) -> str:
     """A ``message`` frame without its position, which the broker gives it."""
-    return encode_unpositioned(
-        MessageFrame.model_construct(channel=channel, id=message_id, text=text, offset=0, epoch="")
+    frame = MessageFrame.model_construct(
+        channel=channel,
+        id=message_id,
+        text=text,
+        meta=MISSING if meta is None else meta,
+        offset=0,
+        epoch="",
     )
+    return encode_unpositioned(frame)
 
 
 def _grant_key(grant: Grant) -> str:
