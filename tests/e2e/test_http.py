@@ -66,7 +66,12 @@ async def test_every_plain_request_gets_a_response_and_a_clean_close() -> None:
         assert headers["connection"].lower() == "close"
         assert b"WebSocket" in body
         # curl -d x .../produce: a POST with a body.
-        status, headers, _, clean = await _exchange(port, _request("POST", "/produce", body=b"x"))
+        # curl -d x .../produce: an HTTP producer whose body is not JSON.
+        status, headers, body, clean = await _exchange(
+            port, _request("POST", "/produce", body=b"x")
+        )
+        assert (status, clean) == (400, True) and b"invalid_json" in body
+        status, headers, _, clean = await _exchange(port, _request("PUT", "/produce", body=b"x"))
         assert (status, headers["allow"], clean) == (405, "GET", True)
         status, headers, _, clean = await _exchange(
             port, _request("POST", "/subscribe", body=b"x" * 500)
@@ -122,7 +127,7 @@ async def test_requests_with_bodies_never_stall_websockets() -> None:
     async with relay:
         for _ in range(20):
             status, _, _, clean = await _exchange(port, _request("POST", "/produce", body=b"x"))
-            assert (status, clean) == (405, True)
+            assert (status, clean) == (400, True)
         started = asyncio.get_running_loop().time()
         async with (
             running.connect("/subscribe?channel=c") as sub,

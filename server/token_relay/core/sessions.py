@@ -117,13 +117,20 @@ class SessionTable(Generic[C]):
         self._numbers = itertools.count(1)
 
     def attach(
-        self, connection: C, grant: Grant, resume: str | None, now: float
+        self,
+        connection: C,
+        grant: Grant,
+        resume: str | None,
+        now: float,
+        *,
+        named: bool = False,
     ) -> tuple[ProducerSession[C], bool, C | None]:
         """The session for a new connection: ``(session, resumed, displaced connection)``.
 
         A token of a live session for the same grant resumes it (parked or not); the
         connection it was attached to, if still open, is displaced and must be closed.
-        Anything else opens a new session.
+        Anything else opens a new session: under ``resume`` itself if ``named`` (a named
+        HTTP producer, whose token its name gives), else under a fresh token.
         """
         session = self.by_token.get(resume) if resume else None
         if session is not None and session.grant == grant:
@@ -131,8 +138,14 @@ class SessionTable(Generic[C]):
             session.parked_until = None
             displaced, session.connection = session.connection, connection
             return session, True, displaced
+        token = resume if named and resume and resume not in self.by_token else None
         session = self._add(
-            connection, grant, secrets.token_urlsafe(24), self.new_owner(), self._streams(), now
+            connection,
+            grant,
+            token or secrets.token_urlsafe(24),
+            self.new_owner(),
+            self._streams(),
+            now,
         )
         return session, False, None
 
@@ -198,18 +211,26 @@ class SessionTable(Generic[C]):
         return session
 
     def detach(
-        self, session: ProducerSession[C], connection: C, *, vanished: bool, now: float
+        self,
+        session: ProducerSession[C],
+        connection: C,
+        *,
+        vanished: bool,
+        now: float,
+        grace: float | None = None,
     ) -> list[ProducerSession[C]]:
-        """A connection ended: park its session or end it. Returns the sessions that ended.
+        """A connection ended: park its session (for ``grace``, by default the table's) or
+        end it. Returns the sessions that ended.
 
         Nothing happens if another connection has resumed the session meanwhile.
         """
         if session.connection != connection:
             return []
         session.connection = None
-        if not vanished or self.grace <= 0:
+        grace = self.grace if grace is None else grace
+        if not vanished or grace <= 0:
             return self._end(session)
-        session.parked_until = now + self.grace
+        session.parked_until = now + grace
         session.parked_chars = session.streams.held_chars()
         self.parked[session.token] = session
         self.parked_chars += session.parked_chars

@@ -148,6 +148,8 @@ class ReadBody:
     grant: Grant
     channel: str = ""
     """The channel named in the path, if any."""
+    stream: bool = False
+    """The body is applied as it arrives (``POST /produce``), not read whole first."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -182,6 +184,12 @@ class Gate:
             status, reason = decision
             return self.refuse(request, status, reason)
         role = ROLES.get(path)
+        if role is Role.PRODUCE and method == "POST":
+            decision = self._decide(role, request)
+            if isinstance(decision, Grant):
+                return ReadBody(request, decision, stream=True)
+            status, reason = decision
+            return self.refuse(request, status, reason)
         if role is not None:
             if method != "GET":
                 return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET"),))

@@ -55,8 +55,9 @@ from ..core.protocol import (
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Unfinished
+from .httpproducer import HttpProducer
 from .metrics import Metrics
-from .websocket import WebSocket
+from .peer import ProducerPeer
 from .writer import Writer
 
 __all__ = ["ProducerEndpoint", "Session"]
@@ -66,7 +67,7 @@ log = logging.getLogger("token_relay")
 MEMORY_CHECK_SECONDS = 0.1
 """How stale the count of memory in use may be when a new message is let in."""
 
-Session = ProducerSession[WebSocket]
+Session = ProducerSession[ProducerPeer]
 
 
 class ProducerEndpoint:
@@ -92,7 +93,7 @@ class ProducerEndpoint:
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
         self._memory_checked = -MEMORY_CHECK_SECONDS
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
-        self.sessions: SessionTable[WebSocket] = SessionTable(
+        self.sessions: SessionTable[ProducerPeer] = SessionTable(
             broker.instance,
             grace=settings.session_grace,
             max_parked=settings.max_parked_sessions,
@@ -106,7 +107,7 @@ class ProducerEndpoint:
         )
 
     async def serve(
-        self, connection: WebSocket, channel: str | None, grant: Grant, resume: str | None
+        self, connection: ProducerPeer, channel: str | None, grant: Grant, resume: str | None
     ) -> None:
         """Serve one producer connection until it ends."""
         loop = asyncio.get_running_loop()
@@ -131,7 +132,7 @@ class ProducerEndpoint:
         finally:
             await self._detach(session, connection)
 
-    async def _detach(self, session: Session, connection: WebSocket) -> None:
+    async def _detach(self, session: Session, connection: ProducerPeer) -> None:
         """The connection ended: park the session, end it, or (rolling restart) leave it."""
         loop = asyncio.get_running_loop()
         if self.handing_off and session.connection is connection:
@@ -139,15 +140,21 @@ class ProducerEndpoint:
             self.sessions.forget(session.owner)
             return
         vanished = not connection.close_received and not self.stopping()
-        ended = self.sessions.detach(session, connection, vanished=vanished, now=loop.time())
+        # A named HTTP producer posts its chunks on their own: its session waits between
+        # requests as long as its messages may (--idle-timeout).
+        named = isinstance(connection, HttpProducer)
+        grace = max(self.settings.session_grace, self.settings.idle_timeout) if named else None
+        ended = self.sessions.detach(
+            session, connection, vanished=vanished, now=loop.time(), grace=grace
+        )
         if session.parked_until is not None:
-            loop.call_later(self.settings.session_grace, self._expire_sessions)
+            loop.call_later(session.parked_until - loop.time(), self._expire_sessions)
         for gone in ended:
             await self._end(gone, AbortReason.PRODUCER_DISCONNECTED)
 
     async def _attach(
-        self, connection: WebSocket, grant: Grant, resume: str | None, now: float
-    ) -> tuple[Session, bool, WebSocket | None]:
+        self, connection: ProducerPeer, grant: Grant, resume: str | None, now: float
+    ) -> tuple[Session, bool, ProducerPeer | None]:
         """The session for a new connection: local, taken over from the broker, or new."""
         sessions = self.sessions
         if resume and resume not in sessions.by_token and self.broker.shares_sessions:
@@ -158,7 +165,8 @@ class ProducerEndpoint:
                 state = None
             if state is not None:
                 return sessions.adopt(connection, grant, resume, owner, state, now), True, None
-        session, resumed, displaced = sessions.attach(connection, grant, resume, now)
+        named = isinstance(connection, HttpProducer) and connection.named
+        session, resumed, displaced = sessions.attach(connection, grant, resume, now, named=named)
         if not resumed and self.broker.shares_sessions:
             # Without the record a resume elsewhere would start afresh; with it, exactly once.
             with contextlib.suppress(BrokerUnavailable):
@@ -186,7 +194,7 @@ class ProducerEndpoint:
                 self.sessions.forget(session.owner)
 
     async def _frame(
-        self, connection: WebSocket, session: Session, raw: str | bytes, now: float
+        self, connection: ProducerPeer, session: Session, raw: str | bytes, now: float
     ) -> None:
         try:
             if isinstance(raw, bytes):
@@ -220,7 +228,7 @@ class ProducerEndpoint:
 
     def _apply(
         self,
-        connection: WebSocket,
+        connection: ProducerPeer,
         session: Session,
         event: ProducerEvent,
         now: float,
@@ -269,7 +277,7 @@ class ProducerEndpoint:
 
     async def _complete(
         self,
-        connection: WebSocket,
+        connection: ProducerPeer,
         session: Session,
         applied: Applied,
         now: float,
@@ -408,12 +416,12 @@ class ProducerEndpoint:
             expected=expected,
         )
 
-    async def reject(self, connection: WebSocket, exc: FrameRejected) -> None:
+    async def reject(self, connection: ProducerPeer, exc: FrameRejected) -> None:
         """Answer a refused frame and wait until the producer can take more."""
         self.metrics.errors.labels(exc.code.value).inc()
         await self.writer.reply(connection, error_frame(exc))
 
-    def reject_now(self, connection: WebSocket, exc: FrameRejected) -> None:
+    def reject_now(self, connection: ProducerPeer, exc: FrameRejected) -> None:
         """Answer a refused frame without waiting."""
         self.metrics.errors.labels(exc.code.value).inc()
         self.writer.send((connection,), error_frame(exc))

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import secrets
 import time
@@ -43,14 +45,16 @@ from websockets import CloseCode
 from ..brokers import Broker, open_broker
 from ..core.errors import BrokerUnavailable
 from ..core.events import Delta, FrameKind, Payload
+from ..core.grants import Grant
 from ..core.hub import ChannelHub
 from ..core.protocol import AbortReason, Since, Subscribe
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
 from .aisdk import AiSdkStream
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, ReadBody, Reply, query_of
+from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
-from .peer import Peer
+from .peer import Peer, ProducerPeer
 from .producers import ProducerEndpoint
 from .server import HttpServer
 from .sse import SseStream
@@ -115,7 +119,7 @@ class Relay:
             log.warning("websockets' C speedups are missing: frames are unmasked in pure Python")
         await self.broker.start(self)
         self.server = HttpServer(
-            self.settings, self.gate, self.metrics, self._handle, self._read_body
+            self.settings, self.gate, self.metrics, self._handle, self._read_body, self._produce
         )
         await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
@@ -266,13 +270,42 @@ class Relay:
             return Reply(204, b"")
         return Reply(status, error.encode(), "application/json")
 
+    async def _produce(self, request: ReadBody, producer: HttpProducer) -> Reply:
+        """``POST /produce``: one request's events, and every frame it earned, as JSON."""
+        query = query_of(producer.path)
+        channels = query.get("channel")
+        name = query.get("producer", [""])[-1]
+        resume = named_session(request.grant, name) if name else None
+        gauge = self.metrics.connections.labels("http_producer")
+        gauge.inc()
+        try:
+            await self.producers.serve(
+                producer, channels[0] if channels else None, request.grant, resume
+            )
+        finally:
+            gauge.dec()
+        body = json.dumps(
+            {"acks": producer.acks, "errors": producer.errors, "cancels": producer.cancels},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        ).encode()
+        codes = {str(error.get("code")) for error in producer.errors}
+        status = 413 if producer.too_long else 200
+        if producer.ndjson:
+            codes.discard("invalid_json")  # a bad line is one refused event, in errors
+        for code, refusal in HTTP_PRODUCER_STATUS:
+            if code in codes:
+                status = refusal
+                break
+        return Reply(status, body, "application/json")
+
     @property
     def hub(self) -> ChannelHub[Peer]:
         """Which local subscribers hold which channels (read-only use)."""
         return self.subscribers.router.hub
 
     @property
-    def sessions(self) -> SessionTable[WebSocket]:
+    def sessions(self) -> SessionTable[ProducerPeer]:
         """Every producer session of this process, parked ones included (read-only use)."""
         return self.producers.sessions
 
@@ -339,6 +372,23 @@ class Relay:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+HTTP_PRODUCER_STATUS = (
+    ("rate_limited", 429),
+    ("broker_unavailable", 503),
+    ("message_too_large", 413),
+    ("invalid_json", 400),
+)
+"""The status of a producer request whose events were refused thus, first match first; 200
+otherwise (the other refusals are in its ``errors``)."""
+
+
+def named_session(grant: Grant, name: str) -> str:
+    """The session token of a named HTTP producer: its name, bound to the token's identity
+    (role and channels), so another token can't continue its messages."""
+    identity = json.dumps([grant.role.value, sorted(grant.channels), name])
+    return "n-" + hashlib.sha256(identity.encode()).hexdigest()[:40]
 
 
 def _subscribe(channel: str, deltas: bool, since: tuple[int, str] | None) -> Subscribe:

@@ -51,9 +51,10 @@ from websockets.typing import Origin
 from ..core.forwarded import is_trusted, parse_networks
 from ..core.settings import Settings
 from .aisdk import AiSdkStream
-from .http import Admit, Gate, HttpRequest, ReadBody, Reply
+from .http import Admit, Gate, HttpRequest, ReadBody, Reply, query_of
+from .httpproducer import NDJSON, HttpProducer
 from .metrics import Metrics
-from .peer import Peer
+from .peer import Streamed
 from .sse import SseStream
 from .websocket import WebSocket, frames_log
 
@@ -76,8 +77,9 @@ LINGER_SECONDS = 1.0
 MAX_HEAD_BYTES = 16 * 1024
 """A bigger request line and headers get 431."""
 
-Handler = Callable[[Peer], Coroutine[Any, Any, None]]
+Handler = Callable[[Streamed], Coroutine[Any, Any, None]]
 BodyHandler = Callable[[ReadBody, bytes], Awaitable[Reply]]
+ProduceHandler = Callable[[ReadBody, HttpProducer], Awaitable[Reply]]
 
 
 class HttpServer:
@@ -90,6 +92,7 @@ class HttpServer:
         metrics: Metrics,
         handler: Handler,
         read: BodyHandler,
+        produce: ProduceHandler,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -97,6 +100,8 @@ class HttpServer:
         self.handler = handler
         self.read = read
         """Answers a request whose route takes a body, given the whole body."""
+        self.produce = produce
+        """Serves a producer request, whose body it is fed as it arrives."""
         origins = settings.allowed_origins
         self.origins: list[Origin | None] | None = (
             [*(Origin(origin) for origin in origins), None] if origins else None
@@ -106,7 +111,7 @@ class HttpServer:
         self.handshaking: dict[HttpConnection, None] = {}
         """Sockets whose request head is not complete yet, oldest first."""
         self.handshaking_per_address: dict[str, int] = {}
-        self.connections: set[Peer] = set()
+        self.connections: set[Streamed] = set()
         """Open WebSocket connections and SSE streams."""
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.sockets_open = 0
@@ -298,7 +303,7 @@ class HttpServer:
             extra={"event": "refused", "peer": peer, "reason": reason, "more": count},
         )
 
-    def upgraded(self, ws: Peer) -> None:
+    def upgraded(self, ws: Streamed) -> None:
         """A WebSocket (or an SSE stream) is open: serve it."""
         self.connections.add(ws)
         self.spawn(self.handler(ws))
@@ -350,10 +355,11 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "unknown"
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self.ws: Peer | None = None
+        self.ws: Streamed | None = None
         self.request: h11.Request | None = None
         self.lingering = False
         self._reading: ReadBody | None = None
+        self._producer: HttpProducer | None = None
         self._body = bytearray()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -453,10 +459,15 @@ class HttpConnection(asyncio.Protocol):
                         # Answered at once: the body is never read.
                         self._respond(decision, event)
                         return
+                    if decision.stream:
+                        self._produce(event, decision)
+                        continue
                     self._reading, self._body = decision, bytearray()
                     self._arm_body_timer()
             elif isinstance(event, h11.Data):
-                if self._reading is not None:
+                if self._producer is not None:
+                    self._producer.feed(bytes(event.data))
+                elif self._reading is not None:
                     self._body += event.data
                     limit = self.server.settings.max_body_bytes
                     if len(self._body) > limit:
@@ -466,6 +477,10 @@ class HttpConnection(asyncio.Protocol):
                         self._respond(self.server.gate.refuse(view, 413, refusal), None)
                         return
             elif isinstance(event, h11.EndOfMessage):
+                if self._producer is not None:
+                    self._producer.end()
+                    self._producer = None
+                    return
                 request = self.request
                 reading, self._reading = self._reading, None
                 if request is not None and reading is not None:
@@ -480,7 +495,12 @@ class HttpConnection(asyncio.Protocol):
 
     def _answer(self, request: h11.Request) -> None:
         decision = self.server.gate.route(self._view(request))
-        if isinstance(decision, ReadBody):
+        if isinstance(decision, ReadBody) and decision.stream:
+            self._produce(request, decision)
+            if self._producer is not None:
+                self._producer.end()  # a body of nothing
+                self._producer = None
+        elif isinstance(decision, ReadBody):
             self._spawn_body(request, decision, b"")  # it takes a body, and got none
         elif isinstance(decision, Reply):
             self._respond(decision, request)
@@ -506,6 +526,29 @@ class HttpConnection(asyncio.Protocol):
         if decision.status < 400:
             return gate.refuse(view, 405, f"{view.path} takes no body", (("Allow", "GET, HEAD"),))
         return decision
+
+    def _produce(self, request: h11.Request, reading: ReadBody) -> None:
+        """A producer request: its body's events are applied as they arrive."""
+        assert self.transport is not None
+        settings = self.server.settings
+        content_type = reading.request.header("content-type").split(";")[0].strip().lower()
+        producer = HttpProducer(
+            self.transport,
+            path=reading.request.target,
+            client=reading.request.client,
+            grant=reading.grant,
+            ndjson=content_type == NDJSON,
+            named=bool(query_of(reading.request.target).get("producer", [""])[-1]),
+            max_line=settings.max_frame_bytes,
+        )
+        self._producer = producer
+
+        async def answer() -> None:
+            reply = await self.server.produce(reading, producer)
+            if self.transport is not None and not self.transport.is_closing():
+                self._respond(reply, request, read=True)
+
+        self.server.spawn(answer())
 
     def _arm_body_timer(self) -> None:
         loop = asyncio.get_running_loop()

@@ -32,6 +32,7 @@ from websockets.frames import Frame, Opcode
 from ..core.events import Delta, Outgoing
 from ..core.merge import Backlog
 from ..core.settings import Settings
+from .httpproducer import HttpProducer
 from .metrics import Metrics
 from .peer import Peer
 from .sse import Fields, SseStream
@@ -156,6 +157,9 @@ def _write_all(receivers: list[Peer], payload: Outgoing) -> None:
     for receiver in receivers:
         if isinstance(receiver, SseStream):
             fields = receiver.write_event(data, fields)
+            continue
+        if isinstance(receiver, HttpProducer):
+            receiver.collect(data)
             continue
         if frame is None:
             frame = Frame(Opcode.TEXT, data).serialize(mask=False)

@@ -1,0 +1,192 @@
+"""HTTP producers over real sockets: JSON and NDJSON bodies (applied as each line arrives),
+named producers whose messages continue across requests (and across processes on Redis),
+and the statuses of refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from token_relay.core.grants import Role
+from token_relay.edge.tokens import mint
+from token_relay.testing import RedisServer, relay_process
+
+from ..conftest import RunningRelay, recv_json, start_relay
+
+SECRET = "http-producer-secret-of-at-least-32-bytes"
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def _post(
+    port: int, path: str, body: bytes, content_type: str = "application/json"
+) -> tuple[int, Any]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    response = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    status = int(response.split()[1])
+    payload = response.partition(b"\r\n\r\n")[2]
+    return status, json.loads(payload) if payload.startswith(b"{") else payload
+
+
+def _lines(*events: dict[str, Any]) -> bytes:
+    return b"".join(json.dumps(event).encode() + b"\n" for event in events)
+
+
+async def test_a_json_body_is_one_frame_with_the_websocket_rules(relay: RunningRelay) -> None:
+    port = _port(relay.url)
+    async with relay.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        one = json.dumps({"id": "a", "delta": "single", "final": True}).encode()
+        status, answer = await _post(port, "/produce?channel=c", one)
+        assert status == 200
+        assert answer == {
+            "acks": [{"type": "ack", "id": "a", "channel": "c"}],
+            "errors": [],
+            "cancels": [],
+        }
+        batch = json.dumps(
+            [
+                {"id": "b", "delta": "Hel"},
+                {"id": "b", "delta": "lo", "final": True},
+                {"id": "x", "seq": 2},
+            ]
+        ).encode()
+        status, answer = await _post(port, "/produce?channel=c", batch)
+        assert status == 200
+        assert [ack["id"] for ack in answer["acks"]] == ["b"]
+        assert [(e["code"], e["index"]) for e in answer["errors"]] == [("seq_gap", 2)]
+        assert [(await recv_json(sub))["text"] for _ in range(2)] == ["single", "Hello"]
+        # Without a name, what is unfinished at the end of the body is aborted.
+        status, _ = await _post(port, "/produce?channel=c", b'{"id": "cut", "delta": "half"}')
+        aborted = await recv_json(sub)
+        assert (status, aborted["type"], aborted["reason"]) == (
+            200,
+            "aborted",
+            "producer_disconnected",
+        )
+        status, answer = await _post(port, "/produce?channel=c", b"{not json")
+        assert (status, answer["errors"][0]["code"]) == (400, "invalid_json")
+
+
+async def test_ndjson_lines_are_applied_as_they_arrive(relay: RunningRelay) -> None:
+    port = _port(relay.url)
+    async with relay.connect("/subscribe?channel=c&deltas=1") as sub:
+        await recv_json(sub)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /produce?channel=c HTTP/1.1\r\nHost: r\r\nContent-Type: application/x-ndjson"
+            b"\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        for n in range(5):
+            line = json.dumps({"id": "s", "delta": f"{n} "}).encode() + b"\n"
+            writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            await writer.drain()
+            # Each delta reaches the subscriber while the body is still open.
+            assert (await recv_json(sub, 2))["delta"] == f"{n} "
+        last = _lines({"id": "s", "final": True}, {"id": "s", "delta": "late"})
+        writer.write(f"{len(last):x}\r\n".encode() + last + b"\r\n0\r\n\r\n")
+        response = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        answer = json.loads(response.partition(b"\r\n\r\n")[2])
+        assert response.startswith(b"HTTP/1.1 200 ") and [a["id"] for a in answer["acks"]] == ["s"]
+        assert (await recv_json(sub))["text"] == "0 1 2 3 4 "
+
+
+async def test_a_named_producer_continues_across_requests_and_gets_its_cancels() -> None:
+    running, relay = await start_relay(secret=SECRET)
+    port = _port(running.url)
+    token = mint(SECRET, Role.PRODUCE, ["c"], 60)
+    other = mint(SECRET, Role.PRODUCE, ["c", "d"], 60)
+    reader = mint(SECRET, Role.SUBSCRIBE, ["c"], 60)
+    path = f"/produce?channel=c&producer=gw-1&token={token}"
+    ndjson = "application/x-ndjson"
+    async with relay, running.connect(f"/subscribe?channel=c&token={reader}") as sub:
+        await recv_json(sub)
+        status, answer = await _post(
+            port, path, _lines({"id": "r", "delta": "one ", "seq": 1}), ndjson
+        )
+        assert (status, answer["errors"]) == (200, [])
+        # Stop pressed while the gateway is between requests: its next response carries it.
+        stop = json.dumps({"channel": "c", "id": "r"}).encode()
+        assert (await _post(port, f"/cancel?token={reader}", stop))[0] == 204
+        # A retry of seq 1 is a duplicate; seq 2 goes on.
+        again = _lines(
+            {"id": "r", "delta": "one ", "seq": 1}, {"id": "r", "delta": "two", "seq": 2}
+        )
+        status, answer = await _post(port, path, again, ndjson)
+        assert (status, answer["errors"], answer["cancels"]) == (
+            200,
+            [],
+            [{"type": "cancel", "channel": "c", "id": "r"}],
+        )
+        # Another token with the same name is another producer: the message is not its own.
+        stolen = f"/produce?channel=c&producer=gw-1&token={other}"
+        status, answer = await _post(port, stolen, _lines({"id": "r", "final": True}), ndjson)
+        assert [error["code"] for error in answer["errors"]] == ["id_in_use"]
+        status, answer = await _post(
+            port, path, _lines({"id": "r", "final": True, "seq": 3}), ndjson
+        )
+        assert [ack["id"] for ack in answer["acks"]] == ["r"]
+        assert (await recv_json(sub))["text"] == "one two"
+
+
+async def test_refusals_have_their_statuses() -> None:
+    running, relay = await start_relay(secret=SECRET, max_events_per_second=2, max_body_bytes=1000)
+    port = _port(running.url)
+    token = mint(SECRET, Role.PRODUCE, ["c"], 60)
+    reader = mint(SECRET, Role.SUBSCRIBE, ["c"], 60)
+    event = b'{"id": "m", "delta": "x", "final": true}'
+    async with relay:
+        assert (await _post(port, "/produce?channel=c", event))[0] == 401
+        assert (await _post(port, f"/produce?channel=c&token={reader}", event))[0] == 403
+        big = json.dumps({"id": "m", "delta": "x" * 1300}).encode()
+        assert (await _post(port, f"/produce?channel=c&token={token}", big))[0] == 413
+        burst = _lines(*({"id": f"m{n}", "delta": "x", "final": True} for n in range(5)))
+        status, answer = await _post(
+            port, f"/produce?channel=c&token={token}", burst, "application/x-ndjson"
+        )
+        assert status == 429 and "rate_limited" in {e["code"] for e in answer["errors"]}
+        assert 1 <= len(answer["acks"]) <= 3
+
+
+async def test_a_named_producer_continues_on_another_process(redis_server: RedisServer) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        async with running_sub(b.url) as sub:
+            ndjson = "application/x-ndjson"
+            path = "/produce?channel=c&producer=lambda-7"
+            first = _lines({"id": "z", "delta": "from a, ", "seq": 1})
+            assert (await _post(a.port, path, first, ndjson))[0] == 200
+            rest = _lines(
+                {"id": "z", "delta": "from b", "seq": 2}, {"id": "z", "final": True, "seq": 3}
+            )
+            status, answer = await _post(b.port, path, rest, ndjson)
+            assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["z"])
+            assert (await recv_json(sub))["text"] == "from a, from b"
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+def running_sub(url: str) -> Any:
+    from contextlib import asynccontextmanager
+
+    from websockets.asyncio.client import connect
+
+    @asynccontextmanager
+    async def subscribed() -> Any:
+        async with connect(f"{url}/subscribe?channel=c") as ws:
+            await recv_json(ws)
+            yield ws
+
+    return subscribed()
