@@ -31,6 +31,7 @@ from websockets import CloseCode
 
 from ..core.grants import Grant
 from ..core.resume import encode_positions
+from .flow import WriteFlow
 
 __all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
 
@@ -65,7 +66,7 @@ def event_fields(data: bytes) -> Fields:
     return line, False, None, 0, ""
 
 
-class SseStream:
+class SseStream(WriteFlow):
     """One SSE response: frames out as events, nothing in."""
 
     sse = True
@@ -81,6 +82,7 @@ class SseStream:
         grant: Grant,
         positions: dict[str, tuple[int, str]],
     ) -> None:
+        super().__init__()
         self.id = uuid.uuid4()
         self.transport = transport
         self.http = http
@@ -93,8 +95,6 @@ class SseStream:
         self.head_sent = False
         self._code: int | None = None
         self._ended = False
-        self._paused_writing = False
-        self._drained: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # ------------------------------------------------------------------ state
@@ -161,23 +161,9 @@ class SseStream:
         if data:
             self.transport.write(data)
 
-    async def drain(self) -> None:
-        """Wait until the socket's buffer is under its high-water mark."""
-        if not self._paused_writing or self._closed.done():
-            return
-        if self._drained is None or self._drained.done():
-            self._drained = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._drained)
-
-    def pause_writing(self) -> None:
-        """The transport's buffer passed its high-water mark."""
-        self._paused_writing = True
-
-    def resume_writing(self) -> None:
-        """The transport's buffer fell under its low-water mark."""
-        self._paused_writing = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+    def gone(self) -> bool:
+        """Whether the socket is gone."""
+        return self._closed.done()
 
     # ------------------------------------------------------------------ ending
 
@@ -226,8 +212,7 @@ class SseStream:
     def lost(self) -> None:
         """The socket is gone."""
         self._ended = True
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        self.resume_writing()
         if not self._closed.done():
             self._closed.set_result(None)
 

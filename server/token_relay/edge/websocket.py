@@ -31,6 +31,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Event, Protocol
 
 from ..core.grants import Grant
+from .flow import WriteFlow
 
 __all__ = ["MAX_QUEUE", "WebSocket"]
 
@@ -49,7 +50,7 @@ CLOSE_TIMEOUT = 5.0
 """Seconds a peer has to answer a close frame before its socket is cut."""
 
 
-class WebSocket:
+class WebSocket(WriteFlow):
     """A WebSocket peer: messages in as an async iterator, frames out to its transport."""
 
     def __init__(
@@ -62,6 +63,7 @@ class WebSocket:
         max_size: int,
         max_unsent: int,
     ) -> None:
+        super().__init__()
         self.id = uuid.uuid4()
         self.transport = transport
         self.path = path
@@ -82,8 +84,6 @@ class WebSocket:
         self._paused_reading = False
         self._failed = False
         self._unbroken = 0
-        self._paused_writing = False
-        self._drained: asyncio.Future[None] | None = None
         loop = asyncio.get_running_loop()
         self._closed: asyncio.Future[None] = loop.create_future()
 
@@ -134,8 +134,7 @@ class WebSocket:
             self.protocol.receive_eof()  # 1006, unless the close handshake ended it
             self.protocol.state = State.CLOSED
         self._wake()
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        self.resume_writing()
         if not self._closed.done():
             self._closed.set_result(None)
 
@@ -241,23 +240,9 @@ class WebSocket:
             self.protocol.send_ping(b"")
             self._flush()
 
-    async def drain(self) -> None:
-        """Wait until the socket's buffer is under its high-water mark."""
-        if not self._paused_writing or self.protocol.state is State.CLOSED:
-            return
-        if self._drained is None or self._drained.done():
-            self._drained = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._drained)
-
-    def pause_writing(self) -> None:
-        """The transport's buffer passed its high-water mark."""
-        self._paused_writing = True
-
-    def resume_writing(self) -> None:
-        """The transport's buffer fell under its low-water mark."""
-        self._paused_writing = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+    def gone(self) -> bool:
+        """Whether the socket is gone."""
+        return self.protocol.state is State.CLOSED
 
     def start_close(self, code: int, reason: str = "") -> None:
         """Send a close frame without waiting; the socket is cut if unanswered in time."""
