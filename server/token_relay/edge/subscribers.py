@@ -192,8 +192,7 @@ class SubscriberEndpoint:
                     request.id,
                 )
         except FrameRejected as exc:
-            self.metrics.errors.labels(exc.code.value).inc()
-            return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
+            return self._http_refusal(exc)
         return 204, ""
 
     async def stop_over_http(self, channel: str, wanted: str | None) -> tuple[int, str]:
@@ -217,9 +216,12 @@ class SubscriberEndpoint:
                     wanted,
                 )
         except FrameRejected as exc:
-            self.metrics.errors.labels(exc.code.value).inc()
-            return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
+            return self._http_refusal(exc)
         return 204, ""
+
+    def _http_refusal(self, exc: FrameRejected) -> tuple[int, str]:
+        self.metrics.errors.labels(exc.code.value).inc()
+        return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
 
     # ---------------------------------------------------------------- from the broker
 
