@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,3 +139,23 @@ async def subscribed_pair(
     ):
         assert (await recv_json(sub))["type"] == "subscribed"
         yield sub, produce
+
+
+@pytest.fixture(scope="session")
+def js_clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/js, with its pinned packages installed (npm reaches the registry): real clients
+    from the JavaScript ecosystem, run by Node against a running relay."""
+    npm = shutil.which("npm")
+    assert npm is not None, "these tests need Node and npm (scripts/test installs nodejs)"
+    source = Path(__file__).resolve().parent / "js"
+    folder = tmp_path_factory.mktemp("js")
+    for path in source.iterdir():
+        if path.is_file():
+            shutil.copy(path, folder / path.name)
+    subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=folder,
+        check=True,
+        timeout=300,
+    )
+    return folder

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +15,11 @@ from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
-JS = Path(__file__).resolve().parents[1] / "js"
-
 
 @pytest.fixture(scope="session")
-def ai_sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """tests/js with its pinned packages installed (npm reaches the registry)."""
-    npm = shutil.which("npm")
-    assert npm is not None, "the AI SDK tests need Node and npm (scripts/test installs nodejs)"
-    folder = tmp_path_factory.mktemp("js")
-    for name in ("package.json", "ai_sdk_resume.mjs"):
-        shutil.copy(JS / name, folder / name)
-    subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder,
-        check=True,
-        timeout=300,
-    )
-    yield folder / "ai_sdk_resume.mjs"
+def ai_sdk(js_clients: Path) -> Path:
+    """The AI SDK's own resume, in Node."""
+    return js_clients / "ai_sdk_resume.mjs"
 
 
 async def _resume(script: Path, running: RunningRelay, chat: str, query: str = "") -> Any:

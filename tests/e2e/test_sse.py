@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from token_relay.core.grants import Role
@@ -223,3 +224,49 @@ async def test_post_cancel_is_stop_for_a_stream_and_answers_plainly() -> None:
         # The producer was asked once, and its message goes on to its end.
         await send_json(producer, {"id": "m", "delta": " on", "final": True})
         assert (await recv_json(producer))["type"] == "ack"
+
+
+async def test_the_eventsource_package_resumes_across_a_cut_exactly_once(
+    js_clients: Path,
+) -> None:
+    """The `eventsource` npm package in Node: a cut mid-stream, then Last-Event-ID."""
+    running, relay = await start_relay()
+    http = running.url.replace("ws://", "http://")
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        str(js_clients / "eventsource_read.mjs"),
+        f"{http}/sse?channel=es",
+        "10",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert node.stdout is not None
+    lines: list[dict[str, Any]] = []
+
+    async def until(condition: Any) -> None:
+        async with asyncio.timeout(15):
+            while not condition():
+                lines.append(json.loads(await node.stdout.readline()))  # type: ignore[union-attr]
+
+    async with relay, running.connect("/produce?channel=es") as producer:
+
+        async def publish(n: int) -> None:
+            await send_json(producer, {"id": f"e{n}", "delta": f"text {n}", "final": True})
+            await recv_json(producer)
+
+        await until(lambda: any(line.get("opened") == 1 for line in lines))
+        for n in range(4):
+            await publish(n)
+        await until(lambda: sum("frame" in line for line in lines) == 4)
+        assert relay.server is not None
+        for connection in list(relay.server.connections):
+            if connection.path.startswith("/sse"):
+                connection.transport.abort()  # cut, no goodbye
+        for n in range(4, 7):
+            await publish(n)
+        await until(lambda: any(line.get("opened") == 2 for line in lines))
+        for n in range(7, 10):
+            await publish(n)
+        await until(lambda: sum("frame" in line for line in lines) == 10)
+    assert await asyncio.wait_for(node.wait(), 5) == 0
+    frames = [line["frame"] for line in lines if "frame" in line]
+    assert [(f["id"], f["text"]) for f in frames] == [(f"e{n}", f"text {n}") for n in range(10)]
