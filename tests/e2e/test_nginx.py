@@ -231,3 +231,26 @@ async def test_sse_streams_through_nginx_unbuffered_and_resume_on_the_other_proc
                 assert (await again.next()).json()["recovered"] is True
                 missed = (await again.next()).json()
                 assert (missed["id"], missed["text"]) == ("after", "missed")
+
+
+async def test_the_ai_sdk_resumes_through_nginx(
+    redis_server: RedisServer, tmp_path: Path, js_clients: Path
+) -> None:
+    async with _fleet(redis_server, tmp_path) as (nginx, relays):
+        async with connect(f"{relays[0].url}/produce?channel=chat-n") as producer:
+            await recv_json(producer)
+            await send_json(producer, {"id": "r", "delta": "through "})
+            await asyncio.sleep(0.2)
+            base = nginx.url.replace("ws://", "http://")
+            node = await asyncio.create_subprocess_exec(
+                "node",
+                str(js_clients / "ai_sdk_resume.mjs"),
+                base,
+                "chat-n",
+                stdout=asyncio.subprocess.PIPE,
+            )
+            await asyncio.sleep(1.0)
+            await send_json(producer, {"id": "r", "delta": "nginx", "final": True})
+            out, _ = await asyncio.wait_for(node.communicate(), 30)
+        got = json.loads(out)
+        assert (got["id"], got["text"], got["states"]) == ("r", "through nginx", ["done"])
