@@ -190,3 +190,24 @@ def running_sub(url: str) -> Any:
             yield ws
 
     return subscribed()
+
+
+async def test_a_body_that_stalls_is_cut_and_its_message_aborts() -> None:
+    running, relay = await start_relay(idle_timeout=0.5)
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        reader, writer = await asyncio.open_connection("127.0.0.1", _port(running.url))
+        line = json.dumps({"id": "s", "delta": "then nothing"}).encode() + b"\n"
+        writer.write(
+            b"POST /produce?channel=c HTTP/1.1\r\nHost: r\r\nContent-Type: application/x-ndjson"
+            b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + f"{len(line):x}\r\n".encode()
+            + line
+            + b"\r\n"
+        )
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # cut, with no answer
+        assert asyncio.get_running_loop().time() - started < 3
+        writer.close()
+        aborted = await recv_json(sub, 5)
+        assert (aborted["type"], aborted["text"]) == ("aborted", "then nothing")

@@ -426,6 +426,17 @@ class HttpConnection(asyncio.Protocol):
         self.server.refused(self.peer, "handshake timeout")
         self.abort()
 
+    def _arm_stall_timer(self) -> None:
+        """A producer's body that sends nothing for ``--idle-timeout`` is cut (its messages
+        abort as any idle message does)."""
+        self._disarm_body_timer()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.server.settings.idle_timeout, self._stalled)
+
+    def _stalled(self) -> None:
+        self.server.refused(self.peer, "request body stalled")
+        self.abort()
+
     def _head_done(self) -> None:
         self.server.handshake_ended(self)
         if self._timer is not None:
@@ -461,12 +472,14 @@ class HttpConnection(asyncio.Protocol):
                         return
                     if decision.stream:
                         self._produce(event, decision)
+                        self._arm_stall_timer()
                         continue
                     self._reading, self._body = decision, bytearray()
                     self._arm_body_timer()
             elif isinstance(event, h11.Data):
                 if self._producer is not None:
                     self._producer.feed(bytes(event.data))
+                    self._arm_stall_timer()
                 elif self._reading is not None:
                     self._body += event.data
                     limit = self.server.settings.max_body_bytes
@@ -478,6 +491,7 @@ class HttpConnection(asyncio.Protocol):
                         return
             elif isinstance(event, h11.EndOfMessage):
                 if self._producer is not None:
+                    self._disarm_body_timer()
                     self._producer.end()
                     self._producer = None
                     return
