@@ -1,23 +1,29 @@
-"""Write flow control shared by every peer that owns a socket: wait while its buffer is full."""
+"""What every peer that owns a socket shares: write flow control, and its end."""
 
 from __future__ import annotations
 
 import asyncio
 
-__all__ = ["WriteFlow"]
+from websockets import CloseCode
+
+__all__ = ["SocketPeer"]
 
 
-class WriteFlow:
-    """The ``pause_writing``/``resume_writing`` half of an ``asyncio.Protocol``, and a
-    :meth:`drain` that waits for the socket's buffer to fall under its low-water mark."""
+class SocketPeer:
+    """The ``pause_writing``/``resume_writing`` half of an ``asyncio.Protocol``, a
+    :meth:`drain` that waits for the socket's buffer to fall under its low-water mark,
+    and the socket's end: :meth:`close` (each peer says how in :meth:`start_close`),
+    :meth:`abort` and :meth:`wait_closed`."""
 
-    def __init__(self) -> None:
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
         self._paused_writing = False
         self._drained: asyncio.Future[None] | None = None
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def gone(self) -> bool:
-        """Whether the socket is gone (nothing to wait for then); each peer says."""
-        return False
+        """Whether the socket is gone (nothing to wait for then)."""
+        return self._closed.done()
 
     async def drain(self) -> None:
         """Wait until the socket's buffer is under its high-water mark."""
@@ -36,3 +42,26 @@ class WriteFlow:
         self._paused_writing = False
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+
+    def start_close(self, code: int, reason: str = "") -> None:
+        """Begin the end, without waiting; each peer says how."""
+
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
+        """End, and wait until the socket is gone."""
+        self.start_close(code, reason)
+        await asyncio.shield(self._closed)
+
+    def abort(self) -> None:
+        """Cut the socket now."""
+        if not self._closed.done():
+            self.transport.abort()
+
+    async def wait_closed(self) -> None:
+        """Wait until the socket is gone."""
+        await asyncio.shield(self._closed)
+
+    def _gone(self) -> None:
+        """The socket is gone: wake whoever waits on it."""
+        self.resume_writing()
+        if not self._closed.done():
+            self._closed.set_result(None)

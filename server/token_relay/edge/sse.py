@@ -31,7 +31,7 @@ from websockets import CloseCode
 
 from ..core.grants import Grant
 from ..core.resume import encode_positions
-from .flow import WriteFlow
+from .flow import SocketPeer
 
 __all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
 
@@ -66,7 +66,7 @@ def event_fields(data: bytes) -> Fields:
     return line, False, None, 0, ""
 
 
-class SseStream(WriteFlow):
+class SseStream(SocketPeer):
     """One SSE response: frames out as events, nothing in."""
 
     sse = True
@@ -82,9 +82,8 @@ class SseStream(WriteFlow):
         grant: Grant,
         positions: dict[str, tuple[int, str]],
     ) -> None:
-        super().__init__()
+        super().__init__(transport)
         self.id = uuid.uuid4()
-        self.transport = transport
         self.http = http
         self.path = path
         self.client = client
@@ -95,7 +94,6 @@ class SseStream(WriteFlow):
         self.head_sent = False
         self._code: int | None = None
         self._ended = False
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # ------------------------------------------------------------------ state
 
@@ -161,10 +159,6 @@ class SseStream(WriteFlow):
         if data:
             self.transport.write(data)
 
-    def gone(self) -> bool:
-        """Whether the socket is gone."""
-        return self._closed.done()
-
     # ------------------------------------------------------------------ ending
 
     def start_close(self, code: int, reason: str = "") -> None:
@@ -184,20 +178,6 @@ class SseStream(WriteFlow):
             self.transport.close()
         self._ended = True
 
-    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
-        """End the stream and wait until the socket is gone."""
-        self.start_close(code, reason)
-        await asyncio.shield(self._closed)
-
-    def abort(self) -> None:
-        """Cut the socket now."""
-        if not self._closed.done():
-            self.transport.abort()
-
-    async def wait_closed(self) -> None:
-        """Wait until the socket is gone."""
-        await asyncio.shield(self._closed)
-
     # ------------------------------------------------------------------ the socket
 
     def receive(self, data: bytes) -> None:
@@ -212,9 +192,7 @@ class SseStream(WriteFlow):
     def lost(self) -> None:
         """The socket is gone."""
         self._ended = True
-        self.resume_writing()
-        if not self._closed.done():
-            self._closed.set_result(None)
+        self._gone()
 
     def __aiter__(self) -> SseStream:
         return self

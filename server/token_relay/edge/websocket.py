@@ -31,7 +31,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Event, Protocol
 
 from ..core.grants import Grant
-from .flow import WriteFlow
+from .flow import SocketPeer
 
 __all__ = ["MAX_QUEUE", "WebSocket"]
 
@@ -50,7 +50,7 @@ CLOSE_TIMEOUT = 5.0
 """Seconds a peer has to answer a close frame before its socket is cut."""
 
 
-class WebSocket(WriteFlow):
+class WebSocket(SocketPeer):
     """A WebSocket peer: messages in as an async iterator, frames out to its transport."""
 
     def __init__(
@@ -63,9 +63,8 @@ class WebSocket(WriteFlow):
         max_size: int,
         max_unsent: int,
     ) -> None:
-        super().__init__()
+        super().__init__(transport)
         self.id = uuid.uuid4()
-        self.transport = transport
         self.path = path
         """The request target, query included."""
         self.client = client
@@ -84,8 +83,6 @@ class WebSocket(WriteFlow):
         self._paused_reading = False
         self._failed = False
         self._unbroken = 0
-        loop = asyncio.get_running_loop()
-        self._closed: asyncio.Future[None] = loop.create_future()
 
     # ------------------------------------------------------------------ state
 
@@ -134,9 +131,7 @@ class WebSocket(WriteFlow):
             self.protocol.receive_eof()  # 1006, unless the close handshake ended it
             self.protocol.state = State.CLOSED
         self._wake()
-        self.resume_writing()
-        if not self._closed.done():
-            self._closed.set_result(None)
+        self._gone()
 
     def _take(self, events: list[Event]) -> None:
         for frame in events:
@@ -252,20 +247,6 @@ class WebSocket(WriteFlow):
             loop = asyncio.get_running_loop()
             loop.call_later(CLOSE_TIMEOUT, self.abort)
         self._wake()
-
-    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
-        """Close with the close handshake, and wait until the socket is gone."""
-        self.start_close(code, reason)
-        await asyncio.shield(self._closed)
-
-    def abort(self) -> None:
-        """Cut the socket now."""
-        if not self._closed.done():
-            self.transport.abort()
-
-    async def wait_closed(self) -> None:
-        """Wait until the socket is gone."""
-        await asyncio.shield(self._closed)
 
     def _flush(self) -> None:
         transport = self.transport
