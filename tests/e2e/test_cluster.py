@@ -480,3 +480,39 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
         assert {f["id"]: f["text"] for f in terminal if f["type"] == "message"} == expected
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_meta_survives_a_move_to_another_process_and_a_lost_one(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url, "--session-grace", "0.5", "--lease-seconds", "1")
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url, "channel=meta")
+        # A session resumed on the other process keeps its message's meta.
+        first = await connect(f"{a.url}/produce?channel=meta")
+        token = (await recv_json(first))["session"]
+        await send_json(first, {"id": "m", "delta": "one ", "seq": 1, "meta": {"model": "x"}})
+        await asyncio.sleep(0.2)
+        assert first.transport is not None
+        first.transport.abort()
+        async with connect(f"{b.url}/produce?channel=meta&session={token}") as second:
+            assert (await recv_json(second))["resumed"] is True
+            final = {"id": "m", "delta": "two", "seq": 2, "final": True, "meta": {"end": 1}}
+            await send_json(second, final)
+            assert (await recv_json(second))["type"] == "ack"
+        message = await recv_json(watcher)
+        assert (message["text"], message["meta"]) == ("one two", {"model": "x", "end": 1})
+        # A message whose process died is aborted elsewhere with its meta.
+        async with open_producer(f"{a.url}/produce?channel=meta") as producer:
+            await send_json(producer, {"id": "n", "delta": "cut", "seq": 1, "meta": {"k": 2}})
+            await asyncio.sleep(0.3)
+            await a.kill()
+            aborted = await recv_json(watcher, 15)
+        assert (aborted["type"], aborted["reason"], aborted["meta"]) == (
+            "aborted", "relay_lost", {"k": 2},
+        )  # fmt: skip
+        await watcher.close()
+    finally:
+        await asyncio.gather(a.stop(), b.stop())

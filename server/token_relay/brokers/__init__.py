@@ -124,6 +124,10 @@ class Broker(Protocol):
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """An event with a ``seq`` but no text was applied. Never waits."""
 
+    def meta(self, channel: str, owner: str, message_id: str, meta: str) -> None:
+        """A message in progress has this merged metadata (JSON), or none any more ('').
+        Kept where another process taking the session over can read it. Never waits."""
+
     async def terminal(
         self,
         channel: str,

@@ -103,6 +103,9 @@ class MemoryBroker:
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Nothing to note: sessions live in this process."""
 
+    def meta(self, channel: str, owner: str, message_id: str, meta: str) -> None:
+        """Nothing to note: sessions live in this process."""
+
     shares_sessions = False
     """Sessions live in this process only."""
 

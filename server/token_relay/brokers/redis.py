@@ -51,12 +51,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import MISSING
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -290,6 +292,13 @@ class RedisBroker:
             _Write("progress", [], [owner, message_id, seq, channel]), (channel, owner, message_id)
         )
 
+    def meta(self, channel: str, owner: str, message_id: str, meta: str) -> None:
+        """Keep a message's merged metadata for a process that takes its session over."""
+        self._enqueue(
+            _Write("meta", [_key("meta", owner)], [message_id, meta, KEY_TTL]),
+            (channel, owner, message_id),
+        )
+
     def _terminal_write(
         self,
         channel: str,
@@ -438,16 +447,26 @@ class RedisBroker:
         for index in range(0, len(ended_flat), 2):
             outcome, seq, channel = _text(ended_flat[index + 1]).split("|", 2)
             ended.append((_text(ended_flat[index]), channel, int(seq), outcome == "a"))
+        meta: dict[str, dict[str, Any]] = {}
+        with contextlib.suppress(*_DOWN, redis_errors.RedisError, ValueError):
+            kept = await self._client().hgetall(_key("meta", old_owner))
+            meta = {_text(k): json.loads(_text(v)) for k, v in kept.items()}
+            if kept:
+                await self._client().rename(_key("meta", old_owner), _key("meta", owner))
         if old_instance and old_instance != self.instance:
             with contextlib.suppress(*_DOWN, redis_errors.RedisError):
                 await self._client().publish(_key("i", old_instance), f"x|{old_owner}|")
-        return SessionState(old_owner, old_instance, streaming, ended)
+        return SessionState(old_owner, old_instance, streaming, ended, meta)
 
     async def end_session(self, token: str, owner: str) -> None:
         """Forget a session that ended here (its aborts are already published)."""
         with contextlib.suppress(*_DOWN, redis_errors.RedisError):
             await self._client().delete(
-                _key("session", token), _key("msg", owner), _key("done", owner), _key("dl", owner)
+                _key("session", token),
+                _key("msg", owner),
+                _key("done", owner),
+                _key("dl", owner),
+                _key("meta", owner),
             )
             await self._client().srem(_key("sessions", self.instance), token)
 
@@ -517,6 +536,8 @@ class RedisBroker:
             if owner is None or values.get("instance") != instance:
                 continue  # resumed elsewhere meanwhile
             messages = await redis.hgetall(_key("msg", owner))
+            kept = await redis.hgetall(_key("meta", owner))
+            metas = {_text(k): _text(v) for k, v in kept.items()}
             for raw_id, raw_value in messages.items():
                 message_id = _text(raw_id)
                 seq, _, channel = _text(raw_value).partition("|")
@@ -527,6 +548,7 @@ class RedisBroker:
                         id=message_id,
                         text=_text(text) if text is not None else "",
                         reason=reason,
+                        meta=json.loads(metas[message_id]) if message_id in metas else MISSING,
                         offset=0,
                         epoch="",
                     )
@@ -541,7 +563,11 @@ class RedisBroker:
                     if not isinstance(await done, int):
                         aborted += 1
             await redis.delete(
-                _key("session", token), _key("msg", owner), _key("done", owner), _key("dl", owner)
+                _key("session", token),
+                _key("msg", owner),
+                _key("done", owner),
+                _key("dl", owner),
+                _key("meta", owner),
             )
         await redis.delete(_key("sessions", instance), _key("leaving", instance))
         await redis.srem(INSTANCES, instance)

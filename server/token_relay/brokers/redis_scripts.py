@@ -212,7 +212,19 @@ return {epoch, offset, seq, entries, live}
 """A joiner's consistent cut: epoch, offset, event number, missed history, texts in
 progress (dropping, with their claims, those whose text expired)."""
 
+META = """
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return 1
+"""
+"""A message's merged metadata in ``tr:meta:OWNER`` (set, or forgotten with '')."""
+
 SCRIPTS = {
+    "meta": META,
     "open": OPEN,
     "delta": DELTA,
     "resync": RESYNC,

@@ -26,7 +26,7 @@ import secrets
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .events import Payload
 from .grants import Grant
@@ -51,6 +51,8 @@ class SessionState:
     """``(id, channel, last seq, text so far)`` of each message in progress."""
     ended: list[tuple[str, str, int, bool]]
     """``(id, channel, final seq, aborted)`` of each message that ended, latest kept."""
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The merged metadata of messages in progress, by id."""
 
 
 @dataclass(slots=True, eq=False)
@@ -167,7 +169,7 @@ class SessionTable(Generic[C]):
         for message_id, channel, final_seq, aborted in reversed(state.ended):
             streams.restore_ended(message_id, channel, final_seq, aborted=aborted)
         for message_id, channel, seq, text in state.streaming:
-            streams.restore(message_id, channel, seq, text, now)
+            streams.restore(message_id, channel, seq, text, now, state.meta.get(message_id))
         return self._add(connection, grant, token, owner, streams, now)
 
     def _streams(self) -> MessageStreams:

@@ -350,15 +350,29 @@ class MessageStreams:
         """Characters of text held, unfinished and completed (kept for idempotent finals)."""
         return self.held_chars() + self.completed_chars
 
+    def meta_of(self, message_id: str) -> dict[str, Any] | None:
+        """The merged metadata of a message in progress, if it has any."""
+        state = self._streaming.get(message_id)
+        return None if state is None else state.meta
+
     def held_chars(self) -> int:
         """Characters of text the unfinished messages hold."""
         return sum(state.chars for state in self._streaming.values())
 
-    def restore(self, message_id: str, channel: str, seq: int, text: str, now: float) -> None:
+    def restore(
+        self,
+        message_id: str,
+        channel: str,
+        seq: int,
+        text: str,
+        now: float,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         """Take up a message in progress where another process left it (a session resumed)."""
         self.assembler.feed(message_id, text, False)
         state = self._streaming[message_id] = _Open(channel, now, seq)
         state.chars = len(text)
+        state.meta = meta or None
         if text:
             state.last_delta = now
 

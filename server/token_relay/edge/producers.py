@@ -263,6 +263,12 @@ class ProducerEndpoint:
             refusal.index = index
             self.reject_now(connection, refusal)
             return None
+        if event.meta is not MISSING and applied.text is None and not applied.duplicate:
+            merged = session.streams.meta_of(applied.message_id)
+            if merged:
+                self.broker.meta(
+                    applied.channel, session.owner, applied.message_id, json.dumps(merged)
+                )
         if applied.delta:
             self.broker.delta(
                 applied.channel, session.owner, applied.message_id, applied.delta, seq
@@ -298,6 +304,8 @@ class ProducerEndpoint:
                 self.reject_now(connection, exc)
                 return None
             self.metrics.completed.inc()
+            if applied.meta:
+                self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
             self.metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
         return channel, message_id, applied.duplicate
 
@@ -332,6 +340,8 @@ class ProducerEndpoint:
             epoch="",
         )
         self.metrics.messages.labels(reason.value).inc()
+        if unfinished.meta:
+            self.broker.meta(unfinished.channel, owner, unfinished.message_id, "")
         body = encode_unpositioned(frame)
         try:
             await self.broker.terminal(
