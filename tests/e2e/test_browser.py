@@ -242,3 +242,30 @@ async def test_event_source_resumes_after_cuts_with_every_message_exactly_once(
     seen = await page.evaluate("window.seen")
     assert [frame["id"] for frame in seen] == expected
     assert all(frame["text"] == f"text {frame['id']}" for frame in seen)
+
+
+async def test_event_source_from_another_origin_reads_the_stream(
+    web_relay: tuple[RunningRelay, Any], page: Page
+) -> None:
+    """A page on one origin reads a relay on another: the relay answers CORS."""
+    running, _ = web_relay
+    other, other_relay = await start_relay()
+    async with other_relay:
+        await page.goto(running.url.replace("ws://", "http://") + "/")
+        url = other.url.replace("ws://127.0.0.1", "http://localhost") + "/sse?channel=x"
+        await page.evaluate(
+            """(url) => {
+                window.got = [];
+                const source = new EventSource(url);
+                source.addEventListener("message", (e) => window.got.push(JSON.parse(e.data)));
+                source.onopen = () => { window.open_ = true; };
+            }""",
+            url,
+        )
+        await page.wait_for_function("window.open_ === true", timeout=10000)
+        await _until(lambda: other.relay.hub.subscribers("x"))
+        async with other.connect("/produce?channel=x") as producer:
+            await send_json(producer, {"id": "far", "delta": "across origins", "final": True})
+            await recv_json(producer)
+        await page.wait_for_function("window.got.length === 1", timeout=10000)
+        assert (await page.evaluate("window.got"))[0]["text"] == "across origins"

@@ -270,3 +270,31 @@ async def test_the_eventsource_package_resumes_across_a_cut_exactly_once(
     assert await asyncio.wait_for(node.wait(), 5) == 0
     frames = [line["frame"] for line in lines if "frame" in line]
     assert [(f["id"], f["text"]) for f in frames] == [(f"e{n}", f"text {n}") for n in range(10)]
+
+
+async def test_http_surfaces_answer_cors_for_allowed_origins_only() -> None:
+    running, relay = await start_relay(allowed_origins=("https://chat.example",))
+    port = _port(running)
+    good, evil = [("Origin", "https://chat.example")], [("Origin", "https://evil.example")]
+    async with relay:
+        async with SseReader(port, "/sse?channel=c", good) as allowed:
+            assert allowed.status == 200
+            assert allowed.response_headers["access-control-allow-origin"] == "https://chat.example"
+        async with SseReader(port, "/sse?channel=c", evil) as refused:
+            assert refused.status == 403
+        async with SseReader(port, "/sse?channel=c") as no_origin:  # not a browser
+            assert no_origin.status == 200 and "access-control-allow-origin" not in (
+                no_origin.response_headers
+            )
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"OPTIONS /cancel HTTP/1.1\r\nHost: r\r\nOrigin: https://chat.example\r\n"
+            b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n"
+        )
+        preflight = (await asyncio.wait_for(reader.read(), 5)).decode().lower()
+        writer.close()
+        assert preflight.startswith("http/1.1 204 ")
+        assert "access-control-allow-origin: https://chat.example" in preflight
+        assert "access-control-allow-headers: authorization, content-type" in preflight
+        status, _ = await _post(port, "/produce?channel=c", b'{"id": "m", "final": true}')
+        assert status == 200  # no Origin: a gateway

@@ -25,6 +25,7 @@ handshake refused after this check (by the ``Origin`` check, or for a missing
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,8 @@ class Admit:
     """``sse`` or ``ai-sdk`` for a streamed response."""
     channel: str = ""
     """The channel named in the path (``/ai-sdk/{channel}/…``)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Headers the response carries (CORS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,8 @@ class ReadBody:
     """The channel named in the path, if any."""
     stream: bool = False
     """The body is applied as it arrives (``POST /produce``), not read whole first."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Headers the response carries (CORS)."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -169,7 +174,36 @@ class Gate:
 
     def route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         """The response to a request, the admission of its WebSocket handshake or SSE
-        stream, or of its body."""
+        stream, or of its body.
+
+        The HTTP surfaces a browser may call from another origin (``/sse``, ``/ai-sdk/…``,
+        ``/cancel``, ``POST /produce``) answer CORS: a preflight ``OPTIONS`` gets 204, and
+        every response names the request's ``Origin`` as allowed, if ``--allowed-origin``
+        allows it (any, when none is given); another origin gets 403.
+        """
+        if _cross_origin(request):
+            return self._cors(request)
+        return self._route(request)
+
+    def _cors(self, request: HttpRequest) -> Reply | Admit | ReadBody:
+        origin = request.header("origin")
+        allowed = self.settings.allowed_origins
+        if origin and allowed and origin not in allowed:
+            return self.refuse(request, 403, f"origin {origin!r} is not allowed")
+        headers = (("Access-Control-Allow-Origin", origin), ("Vary", "Origin")) if origin else ()
+        if request.method == "OPTIONS":
+            preflight = (
+                ("Access-Control-Allow-Methods", "GET, POST"),
+                ("Access-Control-Allow-Headers", "authorization, content-type, last-event-id"),
+                ("Access-Control-Max-Age", "600"),
+            )
+            return Reply(204, b"", headers=headers + preflight)
+        decision = self._route(request)
+        if isinstance(decision, Reply):
+            return dataclasses.replace(decision, headers=decision.headers + headers)
+        return dataclasses.replace(decision, headers=headers)
+
+    def _route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         path, method = request.path, request.method
         if path == SSE_PATH:
             return self._sse(request)
@@ -338,6 +372,16 @@ class Gate:
             self.per_address[address] = left
         else:
             self.per_address.pop(address, None)
+
+
+def _cross_origin(request: HttpRequest) -> bool:
+    """Whether the request is for a surface a browser may call from another origin."""
+    path = request.path
+    return (
+        path in (SSE_PATH, CANCEL_PATH)
+        or path.startswith(AI_SDK_PREFIX)
+        or (path == PRODUCE_PATH and request.method in ("POST", "OPTIONS"))
+    )
 
 
 def _bearer(request: HttpRequest) -> str:

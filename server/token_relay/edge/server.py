@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import resource
 import socket
@@ -559,6 +560,7 @@ class HttpConnection(asyncio.Protocol):
 
         async def answer() -> None:
             reply = await self.server.produce(reading, producer)
+            reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
 
@@ -578,6 +580,7 @@ class HttpConnection(asyncio.Protocol):
 
         async def answer() -> None:
             reply = await self.server.read(reading, body)
+            reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
 
@@ -639,6 +642,7 @@ class HttpConnection(asyncio.Protocol):
             client=admit.request.client,
             grant=admit.grant,
             positions=admit.positions,
+            headers=admit.headers,
         )
         self.ws = stream
         self.server.gate.admit(stream)

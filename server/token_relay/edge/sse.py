@@ -81,6 +81,7 @@ class SseStream(SocketPeer):
         client: str,
         grant: Grant,
         positions: dict[str, tuple[int, str]],
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
         super().__init__(transport)
         self.id = uuid.uuid4()
@@ -88,6 +89,8 @@ class SseStream(SocketPeer):
         self.path = path
         self.client = client
         self.grant = grant
+        self.headers = headers
+        """Headers every response head of this stream carries (CORS)."""
         self.positions = positions
         """Every channel's position so far: what the next ``id:`` holds."""
         self.close_received = False
@@ -119,7 +122,7 @@ class SseStream(SocketPeer):
     def _head(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
         phrase = HTTPStatus(status).phrase.encode()
         head = self.http.send(
-            h11.Response(status_code=status, headers=list(headers), reason=phrase)
+            h11.Response(status_code=status, headers=[*headers, *self.headers], reason=phrase)
         )
         if head:
             self.transport.write(head)
