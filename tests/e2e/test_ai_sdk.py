@@ -5,12 +5,15 @@ relay: from the start, resumed in the middle, 204 once done, Stop, and an abort.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from token_relay.testing import RedisServer, relay_process
+from token_relay.testing import RedisServer, eventually, free_port, relay_process
 from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
@@ -124,3 +127,79 @@ async def test_a_resume_on_another_process_through_redis(
         assert (got["id"], got["text"]) == ("x", "".join(f"{n}," for n in range(20)))
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+INTEGRATIONS = Path(__file__).resolve().parents[2] / "client_demo" / "integrations"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+async def test_the_readme_nextjs_route_answers_use_chat(js_clients: Path) -> None:
+    """The README's Next.js route, type-checked strictly and run as useChat drives it."""
+    route = INTEGRATIONS / "nextjs_route.ts"
+    assert route.read_text().strip() in README.read_text()
+    compile_ts = await asyncio.create_subprocess_exec(
+        "npx", "tsc", "--strict", "--target", "ES2022", "--module", "ES2022",
+        "--moduleResolution", "bundler", "--lib", "ES2022,DOM", "--types", "node",
+        "--skipLibCheck", "--outDir", str(js_clients / "build"), str(route),
+        cwd=js_clients,
+    )  # fmt: skip
+    assert await asyncio.wait_for(compile_ts.wait(), 120) == 0
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=chat-ts") as sub:
+        await recv_json(sub)
+        node = await asyncio.create_subprocess_exec(
+            "node",
+            str(js_clients / "use_chat.mjs"),
+            str(js_clients / "build" / "nextjs_route.js"),
+            "chat-ts",
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "RELAY_URL": running.url.replace("ws://", "http://")},
+        )
+        out, _ = await asyncio.wait_for(node.communicate(), 30)
+        assert node.returncode == 0
+        got = json.loads(out)
+        assert got["text"] == "Hello from the relay (1 messages)"
+        stored = await recv_json(sub)  # what the app's backend would keep
+        assert (stored["id"], stored["text"]) == (got["id"], got["text"])
+
+
+async def test_the_readme_fastapi_app_answers_use_chat(js_clients: Path) -> None:
+    """The README's FastAPI app, served by uvicorn, answering the AI SDK's transport."""
+    app = INTEGRATIONS / "fastapi_app.py"
+    assert app.read_text().strip() in README.read_text()
+    running, relay = await start_relay()
+    relay_url = running.url.replace("ws://", "http://")
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "uvicorn", "fastapi_app:app", "--app-dir", str(INTEGRATIONS),
+        "--port", str(port), "--log-level", "warning",
+        env={**os.environ, "RELAY_URL": relay_url},
+    )  # fmt: skip
+    try:
+        async with relay, running.connect("/subscribe?channel=chat-py") as sub:
+            await recv_json(sub)
+
+            async def listening() -> bool:
+                with contextlib.suppress(OSError):
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    return True
+                return False
+
+            await eventually(listening, 15)
+            node = await asyncio.create_subprocess_exec(
+                "node",
+                str(js_clients / "use_chat.mjs"),
+                f"http://127.0.0.1:{port}/api/chat",
+                "chat-py",
+                stdout=asyncio.subprocess.PIPE,
+            )
+            out, _ = await asyncio.wait_for(node.communicate(), 30)
+            assert node.returncode == 0
+            got = json.loads(out)
+            assert got["text"] == "Hello from the relay (1 messages)"
+            stored = await recv_json(sub)
+            assert (stored["id"], stored["text"]) == (got["id"], got["text"])
+    finally:
+        server.terminate()
+        await server.wait()
