@@ -211,3 +211,33 @@ async def test_a_body_that_stalls_is_cut_and_its_message_aborts() -> None:
         writer.close()
         aborted = await recv_json(sub, 5)
         assert (aborted["type"], aborted["text"]) == ("aborted", "then nothing")
+
+
+async def test_a_named_producers_message_idle_too_long_aborts() -> None:
+    running, relay = await start_relay(idle_timeout=0.6)
+    port = _port(running.url)
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        path = "/produce?channel=c&producer=slow-fn"
+        first = _lines({"id": "w", "delta": "waiting", "seq": 1})
+        assert (await _post(port, path, first, "application/x-ndjson"))[0] == 200
+        aborted = await recv_json(sub, 5)
+        assert (aborted["type"], aborted["reason"], aborted["text"]) == (
+            "aborted", "idle_timeout", "waiting",
+        )  # fmt: skip
+
+
+async def test_a_final_the_broker_cannot_take_is_503(redis_server: RedisServer) -> None:
+    relay = await relay_process("--broker", redis_server.url).start()
+    try:
+        redis_server.kill()
+        final = json.dumps({"id": "m", "delta": "kept", "final": True}).encode()
+        status, answer = 0, {}
+        for _ in range(50):  # until the relay has noticed Redis is gone
+            status, answer = await _post(relay.port, "/produce?channel=c", final)
+            if status == 503:
+                break
+            await asyncio.sleep(0.1)
+        assert status == 503 and answer["errors"][0]["code"] == "broker_unavailable"
+    finally:
+        await relay.stop()
