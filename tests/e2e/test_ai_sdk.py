@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from token_relay.testing import RedisServer, eventually, free_port, relay_process
+from token_relay.testing import RedisServer, SseReader, eventually, free_port, relay_process
 from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
@@ -203,3 +203,23 @@ async def test_the_readme_fastapi_app_answers_use_chat(js_clients: Path) -> None
     finally:
         server.terminate()
         await server.wait()
+
+
+async def test_the_stream_has_the_ui_message_stream_headers() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/produce?channel=chat-h") as producer:
+        await send_json(producer, {"id": "m", "delta": "so far"})
+        await asyncio.sleep(0.1)
+        async with SseReader(int(running.url.rsplit(":", 1)[1]), "/ai-sdk/chat-h/stream") as sse:
+            assert sse.status == 200
+            headers = sse.response_headers
+            assert headers["content-type"].startswith("text/event-stream")
+            assert (headers["cache-control"], headers["x-accel-buffering"]) == ("no-cache", "no")
+            assert headers["connection"] == "keep-alive"
+            assert headers["x-vercel-ai-ui-message-stream"] == "v1"
+            parts = [(await sse.next()).json() for _ in range(3)]
+            assert parts == [
+                {"type": "start", "messageId": "m"},
+                {"type": "text-start", "id": "text-1"},
+                {"type": "text-delta", "id": "text-1", "delta": "so far"},
+            ]

@@ -29,7 +29,11 @@ from .sse import SSE_HEADERS, Fields, SseStream
 
 __all__ = ["AI_SDK_HEADERS", "MAX_WAIT_SECONDS", "AiSdkStream"]
 
-AI_SDK_HEADERS = (*SSE_HEADERS, ("x-vercel-ai-ui-message-stream", "v1"))
+AI_SDK_HEADERS = (
+    *SSE_HEADERS,
+    ("Connection", "keep-alive"),
+    ("x-vercel-ai-ui-message-stream", "v1"),
+)
 MAX_WAIT_SECONDS = 30.0
 TEXT_PART = "text-1"
 """The id of the one text part of a message."""
