@@ -181,6 +181,20 @@ async def test_catch_up_refuses_a_gap_older_than_history(broker: Broker) -> None
     assert kept.recovered is True and len(kept.frames) == 3
 
 
+async def test_catch_up_rewinds_the_last_frames_in_order(broker: Broker) -> None:
+    assert (await broker.catch_up("c", None, False, rewind=2)).frames == []
+    frames = [
+        await broker.terminal("c", "inst.1", f"m{i}", message_body("c", f"m{i}", "t"))
+        for i in range(5)  # history_size is 3
+    ]
+    cut = await broker.catch_up("c", None, False, rewind=2)
+    assert (cut.frames, cut.offset, cut.recovered) == (frames[3:], 5, None)
+    assert (await broker.catch_up("c", None, False, rewind=10)).frames == frames[2:]
+    # since wins over rewind
+    since = await broker.catch_up("c", (4, cut.epoch), False, rewind=3)
+    assert (since.recovered, since.frames) == (True, frames[4:])
+
+
 async def test_catch_up_lists_messages_in_progress_with_their_text(broker: Broker) -> None:
     recorder = recorder_of(broker)
     broker.open("c", "inst.1", "m")

@@ -373,3 +373,13 @@ def test_the_store_counts_the_bytes_it_keeps_through_eviction_pruning_and_expiry
         assert store.bytes == kept
     store.expire(now + 11)
     assert store.bytes == 0
+
+
+def test_rewound_is_the_last_run_without_a_gap_ending_at_the_offset() -> None:
+    from token_relay.core.history import rewound
+
+    tail = [(n, 0.0, f"f{n}") for n in (3, 4, 6, 7, 8)]
+    assert rewound(tail, 8, 2) == ["f7", "f8"]
+    assert rewound(tail, 8, 10) == ["f6", "f7", "f8"]  # not across the gap at 5
+    assert rewound(tail, 9, 3) == []  # the newest frame is not retained
+    assert rewound([], 0, 5) == []

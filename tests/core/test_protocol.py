@@ -745,6 +745,7 @@ def test_json_schema_subscriber_frames_include_cancel_and_options() -> None:
         "deltas",
         "since",
         "positions",
+        "rewind",
     }
     assert defs["Cancel"]["required"] == ["channel", "id"]
     assert defs["Since"]["required"] == ["offset", "epoch"]

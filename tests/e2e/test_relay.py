@@ -410,3 +410,24 @@ async def test_meta_rides_on_the_message_and_on_an_abort(relay: RunningRelay) ->
             assert (refused["code"], refused["id"]) == ("invalid_event", "bad")
         aborted = await recv_json(sub)
         assert (aborted["type"], aborted["meta"]) == ("aborted", {"usage": {"out": 1}})
+
+
+async def test_rewind_replays_the_last_messages_then_goes_live(relay: RunningRelay) -> None:
+    async with relay.connect("/produce?channel=rw") as producer:
+        for n in range(4):
+            await send_json(producer, {"id": f"m{n}", "delta": f"t{n}", "final": True})
+            await recv_json(producer)
+        async with relay.connect("/subscribe") as sub:
+            await send_json(sub, {"type": "subscribe", "channel": "rw", "rewind": 2})
+            confirmation = await recv_json(sub)
+            assert (confirmation["type"], confirmation["offset"]) == ("subscribed", 4)
+            assert [(await recv_json(sub))["id"] for _ in range(2)] == ["m2", "m3"]
+            await send_json(producer, {"id": "m4", "delta": "t4", "final": True})
+            assert (await recv_json(sub))["id"] == "m4"
+        async with relay.connect("/subscribe?channel=rw&rewind=1") as by_url:
+            assert (await recv_json(by_url))["type"] == "subscribed"
+            assert (await recv_json(by_url))["id"] == "m4"
+        with pytest.raises(InvalidStatus) as refused:
+            async with relay.connect("/subscribe?channel=rw&rewind=0"):
+                pass
+        assert refused.value.response.status_code == 400

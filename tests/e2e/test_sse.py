@@ -298,3 +298,22 @@ async def test_http_surfaces_answer_cors_for_allowed_origins_only() -> None:
         assert "access-control-allow-headers: authorization, content-type" in preflight
         status, _ = await _post(port, "/produce?channel=c", b'{"id": "m", "final": true}')
         assert status == 200  # no Origin: a gateway
+
+
+async def test_a_fresh_stream_rewinds_and_a_resumed_one_does_not() -> None:
+    running, relay = await start_relay()
+    port = _port(running)
+    async with relay:
+        for n in range(3):
+            await _produce(running, "r", {"id": f"m{n}", "delta": f"t{n}", "final": True})
+        async with SseReader(port, "/sse?channel=r&rewind=2") as fresh:
+            assert (await fresh.next()).event == "subscribed"
+            replayed = [await fresh.next() for _ in range(2)]
+            assert [e.json()["id"] for e in replayed] == ["m1", "m2"]
+            token = replayed[-1].id
+        assert token is not None
+        await _produce(running, "r", {"id": "m3", "delta": "t3", "final": True})
+        resume = [("Last-Event-ID", token)]
+        async with SseReader(port, "/sse?channel=r&rewind=2", resume) as again:
+            assert (await again.next()).json()["recovered"] is True
+            assert (await again.next()).json()["id"] == "m3"  # since wins: nothing twice

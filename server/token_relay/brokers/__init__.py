@@ -156,7 +156,9 @@ class Broker(Protocol):
         """Like :meth:`terminal`, for a frame nobody will send again (an abort): publish it
         now if the broker can, else keep it (bounded) and publish it, in order, once it can."""
 
-    async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
+    async def catch_up(
+        self, channel: str, since: tuple[int, str] | None, live: bool, rewind: int = 0
+    ) -> CatchUp:
         """A consistent cut of ``channel`` for a joining subscriber."""
 
     async def save_session(self, token: str, owner: str, grant: str) -> None:

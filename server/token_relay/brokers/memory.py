@@ -133,14 +133,19 @@ class MemoryBroker:
         self._emit(channel, FrameKind.TERMINAL, payload)
         return payload
 
-    async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
-        """The channel's position, missed history and messages in progress, right now."""
+    async def catch_up(
+        self, channel: str, since: tuple[int, str] | None, live: bool, rewind: int = 0
+    ) -> CatchUp:
+        """The channel's position, missed history (or its last ``rewind`` frames) and
+        messages in progress, right now."""
         log = self.history.position(channel, time.monotonic())
         recovered: bool | None = None
         frames: list[str] = []
         if since is not None:
             replay = log.replay(*since)
             recovered, frames = replay.recovered, replay.frames
+        elif rewind:
+            frames = log.rewind(rewind)
         messages: list[LiveMessage] = []
         if live and self._listener is not None:
             for owner, message_id in self.inflight.in_channel(channel):

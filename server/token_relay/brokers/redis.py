@@ -64,7 +64,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from ..core.errors import BrokerUnavailable, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
-from ..core.history import judge_replay, new_epoch
+from ..core.history import judge_replay, new_epoch, rewound
 from ..core.protocol import Aborted, AbortReason, Snapshot, encode, encode_unpositioned
 from ..core.sessions import SessionState
 from ..core.settings import Settings
@@ -634,17 +634,21 @@ class RedisBroker:
         except (TimeoutError, *_DOWN) as exc:
             raise BrokerUnavailable(str(exc)) from None
 
-    async def catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> CatchUp:
+    async def catch_up(
+        self, channel: str, since: tuple[int, str] | None, live: bool, rewind: int = 0
+    ) -> CatchUp:
         """Read the channel's cut in one script."""
         try:
             async with self._joins:
-                reply = await self._run_catch_up(channel, since, live)
+                reply = await self._run_catch_up(channel, since, live, rewind)
         except _DOWN as exc:
             self._suspect()
             raise BrokerUnavailable(str(exc)) from None
-        return self._cut(since, reply)
+        return self._cut(since, reply, rewind)
 
-    async def _run_catch_up(self, channel: str, since: tuple[int, str] | None, live: bool) -> Any:
+    async def _run_catch_up(
+        self, channel: str, since: tuple[int, str] | None, live: bool, rewind: int = 0
+    ) -> Any:
         return await self._run(
             "catch_up",
             [
@@ -662,15 +666,16 @@ class RedisBroker:
                 KEY_TTL,
                 _key("text", ""),
                 RESERVED_EPOCH_TTL,
+                rewind if since is None else 0,
             ],
         )
 
-    def _cut(self, since: tuple[int, str] | None, reply: Any) -> CatchUp:
+    def _cut(self, since: tuple[int, str] | None, reply: Any, rewind: int = 0) -> CatchUp:
         epoch_raw, offset, seq, entries, flat_live = reply
         epoch = epoch_raw.decode()
         recovered: bool | None = None
         frames: list[str] = []
-        if since is not None:
+        if since is not None or rewind:
             oldest_ms = (time.time() - self.settings.history_ttl) * 1000
             tail = []
             for entry_id, fields in entries:
@@ -678,8 +683,11 @@ class RedisBroker:
                 if float(values[b"t"]) < oldest_ms:
                     continue
                 tail.append((int(entry_id.split(b"-")[0]), 0.0, values[b"f"].decode()))
-            replay = judge_replay(since[0], since[1], int(offset), epoch, tail)
-            recovered, frames = replay.recovered, replay.frames
+            if since is not None:
+                replay = judge_replay(since[0], since[1], int(offset), epoch, tail)
+                recovered, frames = replay.recovered, replay.frames
+            else:
+                frames = rewound(sorted(tail), int(offset), rewind)
         messages = []
         for member, text in zip(flat_live[::2], flat_live[1::2], strict=True):
             owner, message_id = member.decode().split("|", 1)

@@ -189,6 +189,8 @@ local since = tonumber(ARGV[1])
 local entries = {}
 if since >= 0 and since < offset then
   entries = redis.call('XRANGE', KEYS[4], (since + 1) .. '-0', '+')
+elseif since < 0 and tonumber(ARGV[7]) > 0 then
+  entries = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', ARGV[7])
 end
 local live = {}
 if ARGV[3] == '1' then

@@ -68,6 +68,21 @@ def judge_replay(
     return Replay(True, [entry[2] for entry in tail], offset, current_epoch)
 
 
+def rewound(tail: list[tuple[int, float, str]], offset: int, count: int) -> list[str]:
+    """The frames a fresh subscriber asking to ``rewind`` ``count`` gets: the last ``count``
+    retained entries (``(offset, time, frame)``, in order), as a run without a gap that
+    ends at the channel's ``offset``; fewer if fewer are retained. Never a frame twice,
+    never one out of order: exactly what ``since`` would have replayed from there."""
+    run: list[str] = []
+    want = offset
+    for entry_offset, _, frame in reversed(tail):
+        if entry_offset != want or len(run) >= count:
+            break
+        run.append(frame)
+        want -= 1
+    return run[::-1]
+
+
 def new_epoch() -> str:
     """A fresh, unguessable epoch name."""
     return secrets.token_urlsafe(9)
@@ -105,6 +120,10 @@ class ChannelLog:
         entries = self._entries
         while entries and entries[0][1] < oldest_allowed:
             self.bytes -= len(entries.popleft()[2])
+
+    def rewind(self, count: int) -> list[str]:
+        """The last ``count`` frames kept (see :func:`rewound`)."""
+        return rewound(list(self._entries), self.offset, count)
 
     def replay(self, since: int, epoch: str) -> Replay:
         """The frames after offset ``since`` of ``epoch``, if none of them is lost."""

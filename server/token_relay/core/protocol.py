@@ -150,6 +150,9 @@ class Subscribe(_Frame):
     channel: ChannelName
     deltas: bool = False
     since: Since | MISSING = MISSING
+    rewind: Annotated[int, Field(ge=1)] | MISSING = MISSING
+    """Without ``since``: replay the channel's last N completed or aborted messages first
+    (at most ``--history-size``), by the rules of ``since``."""
     positions: Annotated[dict[MessageId, Offset], Field(max_length=MAX_POSITIONS)] | MISSING = (
         MISSING
     )

@@ -344,6 +344,9 @@ class Gate:
                     HTTPStatus.BAD_REQUEST,
                     f"?channel= must be 1 to {MAX_NAME_LENGTH} characters",
                 )
+        rewind = query.get("rewind", ["1"])[-1]
+        if not rewind.isdigit() or int(rewind) < 1:
+            return HTTPStatus.BAD_REQUEST, "?rewind= must be a whole number of messages, 1 or more"
         if self.settings.open_access:
             return OPEN
         token = query.get("token", [""])[-1] or _bearer(request)

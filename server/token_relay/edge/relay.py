@@ -229,8 +229,10 @@ class Relay:
                 if isinstance(connection, AiSdkStream):
                     # The chat id is the channel; the stream follows its deltas.
                     channels, deltas = [unquote(path.split("/")[2])], True
+                rewind = int(query.get("rewind", ["0"])[-1])
                 initial = [
-                    _subscribe(channel, deltas, positions.get(channel)) for channel in channels
+                    _subscribe(channel, deltas, positions.get(channel), rewind)
+                    for channel in channels
                 ]
                 await self.subscribers.serve(connection, initial, grant)
         except Exception:
@@ -391,8 +393,12 @@ def named_session(grant: Grant, name: str) -> str:
     return "n-" + hashlib.sha256(identity.encode()).hexdigest()[:40]
 
 
-def _subscribe(channel: str, deltas: bool, since: tuple[int, str] | None) -> Subscribe:
+def _subscribe(
+    channel: str, deltas: bool, since: tuple[int, str] | None, rewind: int = 0
+) -> Subscribe:
     if since is None:
+        if rewind:
+            return Subscribe(type="subscribe", channel=channel, deltas=deltas, rewind=rewind)
         return Subscribe(type="subscribe", channel=channel, deltas=deltas)
     offset, epoch = since
     return Subscribe(

@@ -131,13 +131,15 @@ class SubscriberEndpoint:
         """Join: the confirmation, replayed history, snapshots, then what followed."""
         channel = frame.channel
         since = None if frame.since is MISSING else (frame.since.offset, frame.since.epoch)
+        rewind = 0 if frame.rewind is MISSING or since else frame.rewind
+        rewind = min(rewind, self.settings.history_size)
         join, actions = self.router.join(
-            connection, channel, deltas=frame.deltas, resuming=since is not None
+            connection, channel, deltas=frame.deltas, resuming=since is not None or rewind > 0
         )
         self.carry_out(actions)
         try:
             await self._update_interest(channel, strict=True)
-            cut = await self.broker.catch_up(channel, since, frame.deltas)
+            cut = await self.broker.catch_up(channel, since, frame.deltas, rewind)
         except BrokerUnavailable:
             if self.router.abandon(join):
                 await self._update_interest(channel)
