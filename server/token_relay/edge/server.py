@@ -363,6 +363,7 @@ class HttpConnection(asyncio.Protocol):
         self._producer: HttpProducer | None = None
         self._body = bytearray()
         self._timer: asyncio.TimerHandle | None = None
+        self._heard = 0.0
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -420,26 +421,32 @@ class HttpConnection(asyncio.Protocol):
     def _waiting(self) -> None:
         """Start (again) to wait for a request head, within ``--handshake-timeout``."""
         self.server.handshake_started(self)
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.server.settings.handshake_timeout, self._too_slow)
-
-    def _too_slow(self) -> None:
-        self.server.refused(self.peer, "handshake timeout")
-        self.abort()
-
-    def _arm_stall_timer(self) -> None:
-        """A producer's body that sends nothing for ``--idle-timeout`` is cut (its messages
-        abort as any idle message does)."""
-        self._disarm_body_timer()
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.server.settings.idle_timeout, self._stalled)
-
-    def _stalled(self) -> None:
-        self.server.refused(self.peer, "request body stalled")
-        self.abort()
+        self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
 
     def _head_done(self) -> None:
         self.server.handshake_ended(self)
+        self._no_deadline()
+
+    def _deadline(self, seconds: float, reason: str) -> None:
+        """Cut the socket unless what it waits for comes within ``seconds``. For a
+        producer's body the deadline moves on with every chunk (:attr:`_heard`): one timer
+        per request, not one per chunk."""
+        self._no_deadline()
+        loop = asyncio.get_running_loop()
+        self._heard = loop.time()
+
+        def expire() -> None:
+            silent = loop.time() - self._heard
+            if self._producer is not None and silent < seconds:
+                self._timer = loop.call_later(seconds - silent, expire)  # it spoke since
+                return
+            self._timer = None
+            self.server.refused(self.peer, reason)
+            self.abort()
+
+        self._timer = loop.call_later(seconds, expire)
+
+    def _no_deadline(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -473,14 +480,16 @@ class HttpConnection(asyncio.Protocol):
                         return
                     if decision.stream:
                         self._produce(event, decision)
-                        self._arm_stall_timer()
+                        # A producer's body that sends nothing for --idle-timeout is cut
+                        # (its messages abort as any idle message does).
+                        self._deadline(self.server.settings.idle_timeout, "request body stalled")
                         continue
                     self._reading, self._body = decision, bytearray()
-                    self._arm_body_timer()
+                    self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
             elif isinstance(event, h11.Data):
                 if self._producer is not None:
                     self._producer.feed(bytes(event.data))
-                    self._arm_stall_timer()
+                    self._heard = asyncio.get_running_loop().time()
                 elif self._reading is not None:
                     self._body += event.data
                     limit = self.server.settings.max_body_bytes
@@ -492,14 +501,14 @@ class HttpConnection(asyncio.Protocol):
                         return
             elif isinstance(event, h11.EndOfMessage):
                 if self._producer is not None:
-                    self._disarm_body_timer()
+                    self._no_deadline()
                     self._producer.end()
                     self._producer = None
                     return
                 request = self.request
                 reading, self._reading = self._reading, None
                 if request is not None and reading is not None:
-                    self._disarm_body_timer()
+                    self._no_deadline()
                     self._spawn_body(request, reading, bytes(self._body))
                     return
                 if request is not None:
@@ -565,15 +574,6 @@ class HttpConnection(asyncio.Protocol):
                 self._respond(reply, request, read=True)
 
         self.server.spawn(answer())
-
-    def _arm_body_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.server.settings.handshake_timeout, self._too_slow)
-
-    def _disarm_body_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _spawn_body(self, request: h11.Request, reading: ReadBody, body: bytes) -> None:
         """Hand a whole body to its route, and answer with what it returns."""

@@ -163,6 +163,10 @@ class SubscriberEndpoint:
                 f"subscribe to channel '{frame.channel}' before cancelling its messages",
                 frame.id,
             )
+        await self._route_cancel(frame)
+
+    async def _route_cancel(self, frame: Cancel) -> None:
+        """Hand a cancel to the producers of its message; refused if none has it."""
         try:
             owners = await self.broker.cancel(frame.channel, frame.id, encode(frame))
         except BrokerUnavailable:
@@ -183,16 +187,7 @@ class SubscriberEndpoint:
             if not isinstance(request, Cancel):
                 raise FrameRejected(ErrorCode.INVALID_FRAME, "the body is a cancel")
             grant.check(request.channel, request.id)
-            try:
-                owners = await self.broker.cancel(request.channel, request.id, encode(request))
-            except BrokerUnavailable:
-                raise broker_rejected(request.id) from None
-            if not owners:
-                raise FrameRejected(
-                    ErrorCode.UNKNOWN_MESSAGE,
-                    f"no message '{request.id}' is in progress on channel '{request.channel}'",
-                    request.id,
-                )
+            await self._route_cancel(request)
         except FrameRejected as exc:
             return self._http_refusal(exc)
         return 204, ""
@@ -203,20 +198,17 @@ class SubscriberEndpoint:
         try:
             try:
                 cut = await self.broker.catch_up(channel, None, True)
-                live = [message.message_id for message in cut.live]
-                target = wanted if wanted in live else (live[-1] if live and not wanted else "")
-                owners = 0
-                if target:
-                    frame = Cancel(type="cancel", channel=channel, id=target)
-                    owners = await self.broker.cancel(channel, target, encode(frame))
             except BrokerUnavailable:
                 raise broker_rejected(wanted) from None
-            if not owners:
+            live = [message.message_id for message in cut.live]
+            target = wanted if wanted in live else (live[-1] if live and not wanted else "")
+            if not target:
                 raise FrameRejected(
                     ErrorCode.UNKNOWN_MESSAGE,
                     f"no message is in progress on channel '{channel}'",
                     wanted,
                 )
+            await self._route_cancel(Cancel(type="cancel", channel=channel, id=target))
         except FrameRejected as exc:
             return self._http_refusal(exc)
         return 204, ""

@@ -36,6 +36,7 @@ from .httpproducer import HttpProducer
 from .metrics import Metrics
 from .peer import Peer
 from .sse import Fields, SseStream
+from .websocket import WebSocket
 
 __all__ = ["SLOW_CONSUMER_REASON", "Writer"]
 
@@ -155,15 +156,14 @@ def _write_all(receivers: list[Peer], payload: Outgoing) -> None:
     frame: bytes | None = None
     fields: Fields | None = None
     for receiver in receivers:
-        if isinstance(receiver, SseStream):
+        if type(receiver) is WebSocket:  # nearly every receiver: one check, then write
+            if frame is None:
+                frame = Frame(Opcode.TEXT, data).serialize(mask=False)
+            receiver.write_frame(frame)
+        elif isinstance(receiver, SseStream):
             fields = receiver.write_event(data, fields)
-            continue
-        if isinstance(receiver, HttpProducer):
+        elif isinstance(receiver, HttpProducer):
             receiver.collect(data)
-            continue
-        if frame is None:
-            frame = Frame(Opcode.TEXT, data).serialize(mask=False)
-        receiver.write_frame(frame)
 
 
 def _unsent(connection: Peer) -> int:
