@@ -317,3 +317,32 @@ async def test_a_fresh_stream_rewinds_and_a_resumed_one_does_not() -> None:
         async with SseReader(port, "/sse?channel=r&rewind=2", resume) as again:
             assert (await again.next()).json()["recovered"] is True
             assert (await again.next()).json()["id"] == "m3"  # since wins: nothing twice
+
+
+async def test_a_stream_cut_before_its_first_message_resumes_from_its_confirmation() -> None:
+    """The confirmation's id holds the join's start: nothing published during the cut is
+    lost, and a stream cut during its rewind gets the whole rewind again, once."""
+    running, relay = await start_relay()
+    port = _port(running)
+    async with relay:
+        for n in range(3):
+            await _produce(running, "f", {"id": f"old{n}", "delta": "x", "final": True})
+        async with SseReader(port, "/sse?channel=f") as fresh:
+            confirmation = await fresh.next()
+        assert confirmation.event == "subscribed" and confirmation.id is not None
+        await _produce(running, "f", {"id": "during", "delta": "cut", "final": True})
+        async with SseReader(port, "/sse?channel=f", [("Last-Event-ID", confirmation.id)]) as again:
+            assert (await again.next()).json()["recovered"] is True
+            assert (await again.next()).json()["id"] == "during"
+
+        async with SseReader(port, "/sse?channel=f&rewind=2") as rewound:
+            start = await rewound.next()
+            assert start.event == "subscribed" and start.id is not None
+            # The confirmation says where the channel is; its id says where the replay began.
+            assert start.json()["offset"] == 4
+        await _produce(running, "f", {"id": "after", "delta": "cut", "final": True})
+        path = "/sse?channel=f&rewind=2"
+        async with SseReader(port, path, [("Last-Event-ID", start.id)]) as resumed:
+            assert (await resumed.next()).json()["recovered"] is True
+            ids = [(await resumed.next()).json()["id"] for _ in range(3)]
+            assert ids == ["old2", "during", "after"]

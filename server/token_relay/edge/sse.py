@@ -5,8 +5,11 @@ Every frame a WebSocket subscriber would get is one event, ``event: <type>`` wit
 exactly-once rules: an :class:`SseStream` stands where a
 :class:`~token_relay.edge.websocket.WebSocket` would, for the router and the writer.
 
-Every ``message`` and ``aborted`` event carries an ``id:``, a resume token holding the
-position of every channel of the stream (:mod:`token_relay.core.resume`). A browser's
+Every ``subscribed``, ``message`` and ``aborted`` event carries an ``id:``, a resume
+token holding the position of every channel of the stream
+(:mod:`token_relay.core.resume`). A ``subscribed`` event's id points before what its
+join replays, so a stream cut before its first message (or during a replay) resumes
+with nothing missed. A browser's
 ``EventSource`` sends the last one back as ``Last-Event-ID`` when it reconnects, and
 ``?since=TOKEN`` does the same for clients that can't set headers: each channel is
 resumed exactly as ``since`` resumes it on a WebSocket.
@@ -49,8 +52,10 @@ Fields = tuple[bytes, bool, str | None, int, str]
 """What a stream needs of a frame: its event line, whether it carries an ``id:``, and the
 channel, offset and epoch it moves (offset -1: the channel is dropped)."""
 
-_IDENTIFIED = frozenset({"message", "aborted"})
-_POSITIONED = _IDENTIFIED | {"subscribed"}
+_IDENTIFIED = frozenset({"message", "aborted", "subscribed"})
+
+
+_SUBSCRIBED = b"event: subscribed\n"
 
 
 def event_fields(data: bytes) -> Fields:
@@ -58,7 +63,7 @@ def event_fields(data: bytes) -> Fields:
     frame: dict[str, Any] = json.loads(data)
     kind = str(frame.get("type"))
     line = b"event: " + kind.encode() + b"\n"
-    if kind in _POSITIONED and "offset" in frame:
+    if kind in _IDENTIFIED and "offset" in frame:
         channel, offset, epoch = str(frame["channel"]), int(frame["offset"]), str(frame["epoch"])
         return line, kind in _IDENTIFIED, channel, offset, epoch
     if kind == "unsubscribed":
@@ -134,7 +139,10 @@ class SseStream(SocketPeer):
             fields = event_fields(data)
         line, identified, channel, offset, epoch = fields
         if channel is not None:
-            if offset < 0:
+            if line == _SUBSCRIBED:
+                # Where the join starts (set by the join, before what it replays).
+                self.positions.setdefault(channel, (offset, epoch))
+            elif offset < 0:
                 self.positions.pop(channel, None)
             else:
                 self.positions[channel] = (offset, epoch)

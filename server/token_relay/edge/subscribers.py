@@ -43,6 +43,7 @@ from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
 from .metrics import Metrics
 from .peer import Peer
+from .sse import SseStream
 from .writer import Writer
 
 __all__ = ["SubscriberEndpoint"]
@@ -145,6 +146,10 @@ class SubscriberEndpoint:
                 await self._update_interest(channel)
             raise broker_rejected(None) from None
         positions = None if frame.positions is MISSING else frame.positions
+        if isinstance(connection, SseStream):
+            # The stream's ids start before what is replayed (a gapless run ending at the
+            # cut's offset): a stream cut during the replay resumes at its first frame.
+            connection.positions[channel] = (cut.offset - len(cut.frames), cut.epoch)
         self.writer.send_each(connection, self.router.joined(join, cut, positions))
 
     async def _update_interest(self, channel: str, *, strict: bool = False) -> None:
