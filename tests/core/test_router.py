@@ -57,6 +57,7 @@ def test_joined_sends_confirmation_history_snapshots_then_what_followed() -> Non
     frames = router.joined(join, cut)
     assert _confirmation(frames[0]) == {
         "type": "subscribed", "channel": "c", "offset": 2, "epoch": "E", "recovered": True,
+        "replayed": 2,
     }  # fmt: skip
     assert frames[1:3] == [_message(1), _message(2)]
     assert json.loads(frames[3]) == {"type": "snapshot", "channel": "c", "id": "m", "text": "hel"}

@@ -168,6 +168,7 @@ async def test_resume_on_b_after_being_on_a(pair: tuple[ServiceProcess, ServiceP
                 "offset": 4,
                 "epoch": epoch,
                 "recovered": True,
+                "replayed": 2,
             }
             replayed = [await recv_json(again) for _ in range(2)]
             assert [(f["id"], f["offset"]) for f in replayed] == [("m2", 3), ("m3", 4)]

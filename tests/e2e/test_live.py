@@ -157,6 +157,7 @@ async def test_offsets_increase_and_resume_fills_the_gap_exactly(relay: RunningR
                 "offset": 6,
                 "epoch": epoch,
                 "recovered": True,
+                "replayed": 3,
             }
             replayed = [await recv_json(again) for _ in range(3)]
             assert [(f["type"], f["id"], f["offset"]) for f in replayed] == [

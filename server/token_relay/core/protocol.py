@@ -205,13 +205,15 @@ class ErrorFrame(_Frame):
     """Answer to a rejected frame or event.
 
     ``id`` is the event's id when it could be read; ``index`` is the event's
-    position when it came in a batch frame.
+    position when it came in a batch frame; ``channel`` is the channel a refused
+    ``subscribe``, ``unsubscribe`` or ``cancel`` named.
     """
 
     type: Literal["error"] = "error"
     code: ErrorCode
     message: str
     id: str | None = None
+    channel: str | MISSING = MISSING
     index: int | MISSING = MISSING
     expected: int | MISSING = MISSING
 
@@ -236,6 +238,9 @@ class Subscribed(_Frame):
 
     ``recovered`` is present only when the subscribe frame had ``since``: true if
     every missed message was replayed, false if the gap could not be filled.
+    ``replayed`` is present when history follows (``since`` or ``rewind``): how many
+    messages, the run of offsets ending at ``offset``. So a client's position is
+    ``offset - replayed`` until the first of them arrives.
     """
 
     type: Literal["subscribed"] = "subscribed"
@@ -243,6 +248,7 @@ class Subscribed(_Frame):
     offset: int
     epoch: str
     recovered: bool | MISSING = MISSING
+    replayed: int | MISSING = MISSING
 
 
 class Unsubscribed(_Frame):
@@ -357,12 +363,13 @@ def with_position(body: str, offset: int, epoch: str) -> str:
 # ----------------------------------------------------------------- reply builders
 
 
-def error_frame(exc: FrameRejected) -> str:
-    """The ``error`` frame answering a rejection, with its index and expected seq if any."""
+def error_frame(exc: FrameRejected, channel: str | None = None) -> str:
+    """The ``error`` frame answering a rejection, with its index, expected seq and the
+    channel it concerns, if any."""
     frame = ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id)
     extra = {
         name: value
-        for name, value in (("index", exc.index), ("expected", exc.expected))
+        for name, value in (("index", exc.index), ("expected", exc.expected), ("channel", channel))
         if value is not None
     }
     if extra:

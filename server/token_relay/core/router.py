@@ -158,8 +158,13 @@ class ChannelRouter(Generic[S]):
             return []
         channel = join.channel
         confirmation = Subscribed(channel=channel, offset=cut.offset, epoch=cut.epoch)
+        extra: dict[str, bool | int] = {}
         if cut.recovered is not None:
-            confirmation = confirmation.model_copy(update={"recovered": cut.recovered})
+            extra["recovered"] = cut.recovered
+        if cut.frames:
+            extra["replayed"] = len(cut.frames)
+        if extra:
+            confirmation = confirmation.model_copy(update=extra)
         frames: list[Outgoing] = [encode(confirmation), *cut.frames]
         held = positions or {}
         if join.deltas:

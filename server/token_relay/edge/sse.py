@@ -55,9 +55,6 @@ channel, offset and epoch it moves (offset -1: the channel is dropped)."""
 _IDENTIFIED = frozenset({"message", "aborted", "subscribed"})
 
 
-_SUBSCRIBED = b"event: subscribed\n"
-
-
 def event_fields(data: bytes) -> Fields:
     """Read a serialized frame once, for every stream it goes to."""
     frame: dict[str, Any] = json.loads(data)
@@ -65,6 +62,8 @@ def event_fields(data: bytes) -> Fields:
     line = b"event: " + kind.encode() + b"\n"
     if kind in _IDENTIFIED and "offset" in frame:
         channel, offset, epoch = str(frame["channel"]), int(frame["offset"]), str(frame["epoch"])
+        # A confirmation's position is before what its join replays.
+        offset -= int(frame.get("replayed", 0))
         return line, kind in _IDENTIFIED, channel, offset, epoch
     if kind == "unsubscribed":
         return line, False, str(frame["channel"]), -1, ""
@@ -139,10 +138,7 @@ class SseStream(SocketPeer):
             fields = event_fields(data)
         line, identified, channel, offset, epoch = fields
         if channel is not None:
-            if line == _SUBSCRIBED:
-                # Where the join starts (set by the join, before what it replays).
-                self.positions.setdefault(channel, (offset, epoch))
-            elif offset < 0:
+            if offset < 0:
                 self.positions.pop(channel, None)
             else:
                 self.positions[channel] = (offset, epoch)

@@ -43,7 +43,6 @@ from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
 from .metrics import Metrics
 from .peer import Peer
-from .sse import SseStream
 from .writer import Writer
 
 __all__ = ["SubscriberEndpoint"]
@@ -95,10 +94,10 @@ class SubscriberEndpoint:
             for channel in self.router.remove(connection):
                 await self._update_interest(channel)
 
-    def reject_now(self, connection: Peer, exc: FrameRejected) -> None:
-        """Answer a refused frame without waiting."""
+    def reject_now(self, connection: Peer, exc: FrameRejected, channel: str | None = None) -> None:
+        """Answer a refused frame (of ``channel``, if it named one) without waiting."""
         self.metrics.errors.labels(exc.code.value).inc()
-        self.writer.send((connection,), error_frame(exc))
+        self.writer.send((connection,), error_frame(exc, channel))
 
     async def _answer(
         self,
@@ -126,7 +125,7 @@ class SubscriberEndpoint:
                 grant.check(frame.channel, frame.id)
                 await self._cancel(connection, frame)
         except FrameRejected as exc:
-            self.reject_now(connection, exc)
+            self.reject_now(connection, exc, frame.channel)
 
     async def _subscribe(self, connection: Peer, frame: Subscribe) -> None:
         """Join: the confirmation, replayed history, snapshots, then what followed."""
@@ -146,10 +145,6 @@ class SubscriberEndpoint:
                 await self._update_interest(channel)
             raise broker_rejected(None) from None
         positions = None if frame.positions is MISSING else frame.positions
-        if isinstance(connection, SseStream):
-            # The stream's ids start before what is replayed (a gapless run ending at the
-            # cut's offset): a stream cut during the replay resumes at its first frame.
-            connection.positions[channel] = (cut.offset - len(cut.frames), cut.epoch)
         self.writer.send_each(connection, self.router.joined(join, cut, positions))
 
     async def _update_interest(self, channel: str, *, strict: bool = False) -> None:

@@ -1,0 +1,238 @@
+// Type declarations of token-relay-client.
+
+/** Why a message died unfinished. */
+export type AbortReason =
+  | "producer_disconnected"
+  | "idle_timeout"
+  | "message_too_large"
+  | "shutdown"
+  | "relay_lost";
+
+/** What the model reported with a message (usage, finish_reason, model name…). */
+export type Meta = { [key: string]: unknown };
+
+// ---------------------------------------------------------------- frames from the relay
+
+export interface SubscribedFrame {
+  type: "subscribed";
+  channel: string;
+  offset: number;
+  epoch: string;
+  /** Present when the subscribe had `since`: whether every missed message was replayed. */
+  recovered?: boolean;
+  /** Present when history follows (since or rewind): how many messages. */
+  replayed?: number;
+}
+export interface UnsubscribedFrame {
+  type: "unsubscribed";
+  channel: string;
+}
+export interface SnapshotFrame {
+  type: "snapshot";
+  channel: string;
+  id: string;
+  text: string;
+  /** The text is what follows the first `from` characters (code points) already held. */
+  from?: number;
+}
+export interface DeltaFrame {
+  type: "delta";
+  channel: string;
+  id: string;
+  delta: string;
+}
+export interface MessageFrame {
+  type: "message";
+  channel: string;
+  id: string;
+  text: string;
+  meta?: Meta;
+  offset: number;
+  epoch: string;
+}
+export interface AbortedFrame {
+  type: "aborted";
+  channel: string;
+  id: string;
+  text: string;
+  reason: AbortReason;
+  meta?: Meta;
+  offset: number;
+  epoch: string;
+}
+export interface ErrorFrame {
+  type: "error";
+  code: string;
+  message: string;
+  /** The message a refused cancel named. */
+  id?: string | null;
+  /** The channel a refused subscribe, unsubscribe or cancel named. */
+  channel?: string;
+}
+export type ServerFrame =
+  | SubscribedFrame
+  | UnsubscribedFrame
+  | SnapshotFrame
+  | DeltaFrame
+  | MessageFrame
+  | AbortedFrame
+  | ErrorFrame;
+
+export interface SubscribeFrame {
+  type: "subscribe";
+  channel: string;
+  deltas: boolean;
+  since?: { offset: number; epoch: string };
+  rewind?: number;
+  positions?: { [id: string]: number };
+}
+
+// ---------------------------------------------------------------- state
+
+export type MessageStatus = "streaming" | "complete" | "aborted";
+
+export interface RelayMessage {
+  readonly id: string;
+  readonly channel: string;
+  /** All of the text so far; exact once `status` is "complete". */
+  readonly text: string;
+  readonly status: MessageStatus;
+  /** Why it was aborted (status "aborted"). */
+  readonly reason?: AbortReason;
+  readonly meta?: Meta;
+  /** The channel offset of a complete or aborted message. */
+  readonly offset?: number;
+}
+
+export type ChannelStatus = "idle" | "connecting" | "live" | "reconnecting" | "error" | "closed";
+
+export interface RelayErrorInfo {
+  readonly code: string;
+  readonly message: string;
+  /** The HTTP status of a refusal. */
+  readonly status?: number;
+}
+
+export interface ChannelSnapshot {
+  readonly channel: string;
+  readonly status: ChannelStatus;
+  readonly error: RelayErrorInfo | null;
+  /** True once history could not fill a gap (messages were missed for good). */
+  readonly gap: boolean;
+  readonly messages: readonly RelayMessage[];
+}
+
+export type ConnectionStatus = "idle" | "connecting" | "open" | "reconnecting" | "error" | "closed";
+export type Transport = "websocket" | "sse";
+
+export interface StatusDetail {
+  attempt?: number;
+  delay?: number;
+  code?: number;
+  status?: number;
+  reason?: string;
+  message?: string;
+  transport?: Transport | null;
+}
+
+export interface RelayClientEvents {
+  status: (status: ConnectionStatus, detail: StatusDetail) => void;
+  frame: (frame: ServerFrame) => void;
+  snapshot: (frame: SnapshotFrame, message: RelayMessage) => void;
+  delta: (frame: DeltaFrame, message: RelayMessage) => void;
+  message: (frame: MessageFrame, message: RelayMessage) => void;
+  aborted: (frame: AbortedFrame, message: RelayMessage) => void;
+  error: (error: ErrorFrame | (RelayErrorInfo & { type: "error" })) => void;
+  channel: (state: ChannelSnapshot) => void;
+}
+
+type Callbacks = {
+  [K in keyof RelayClientEvents as `on${Capitalize<K>}`]?: RelayClientEvents[K];
+};
+
+export interface RelayClientOptions extends Callbacks {
+  /** Channels to subscribe at once. Default: none. */
+  channels?: string[];
+  /** Live deltas (and snapshots of messages in progress). Default: true. */
+  deltas?: boolean;
+  /** How many recent messages a fresh channel starts with. Default: 100 (the relay caps it
+   * at its --history-size). 0: none. */
+  rewind?: number;
+  /** A token, or a function called on every (re)connect, so a page can refresh it. */
+  token?: string | (() => string | null | undefined | Promise<string | null | undefined>);
+  /** "auto" (WebSocket, SSE when WebSockets fail), "websocket" or "sse". Default: "auto". */
+  transport?: "auto" | Transport;
+  /** The relay's SSE endpoint. Default: the subscribe URL's host, path `/sse`. */
+  sseUrl?: string;
+  /** The relay's POST /cancel endpoint. Default: next to sseUrl. */
+  cancelUrl?: string;
+  /** Reconnect delays: doubling from `initial` to `max` ms, with jitter. Default 250 and 10000. */
+  backoff?: { initial?: number; max?: number };
+  /** How long a WebSocket may stay silent after connecting before it counts as failed (ms).
+   * Default: 5000. */
+  openTimeout?: number;
+  /** Messages kept per channel; the oldest finished ones go first. Default: 500. */
+  maxMessages?: number;
+  /** A WebSocket class (for runtimes without a global one). */
+  WebSocket?: typeof WebSocket;
+  /** A fetch function. Default: the global fetch. */
+  fetch?: typeof fetch;
+}
+
+export declare class RelayClient {
+  constructor(url: string, options?: RelayClientOptions);
+  readonly url: string;
+  readonly sseUrl: string;
+  readonly status: ConnectionStatus;
+  readonly transport: Transport | null;
+  readonly error: RelayErrorInfo | null;
+  /** The channels held now. */
+  readonly channels: string[];
+  on<K extends keyof RelayClientEvents>(event: K, listener: RelayClientEvents[K]): () => void;
+  subscribe(channel: string, options?: { rewind?: number }): void;
+  unsubscribe(channel: string): void;
+  /** Hold a channel while something shows it; the returned function lets it go. */
+  retain(channel: string): () => void;
+  getChannel(channel: string): ChannelSnapshot;
+  watch(channel: string, listener: (state: ChannelSnapshot) => void): () => void;
+  /** Ask the producer of message `id` to stop; true if the relay took the request. */
+  cancel(channel: string, id: string): Promise<boolean>;
+  close(): void;
+}
+
+/** The relay's SSE endpoint for its WebSocket subscribe URL. */
+export declare function sseUrlFor(url: string): string;
+
+/** The number of Unicode code points in a text: the relay counts characters this way. */
+export declare function codePoints(text: string): number;
+
+/** The `?since=` token of an SSE stream for some channels' positions. */
+export declare function encodeSince(positions: Map<string, { offset: number; epoch: string }>): string;
+
+export type ApplyOutcome = "changed" | "duplicate" | "ignored";
+
+/** One channel's messages and resume position, from the relay's frames (no I/O). */
+export declare class ChannelState {
+  constructor(channel: string, options?: { maxMessages?: number });
+  readonly channel: string;
+  readonly position: { offset: number; epoch: string } | null;
+  readonly messages: ReadonlyMap<string, RelayMessage>;
+  readonly status: ChannelStatus;
+  readonly gap: boolean;
+  subscribeFrame(options?: { deltas?: boolean; rewind?: number }): SubscribeFrame;
+  apply(frame: ServerFrame): ApplyOutcome;
+  setStatus(status: ChannelStatus, force?: boolean): ApplyOutcome;
+  fail(error: RelayErrorInfo): ApplyOutcome;
+  snapshot(): ChannelSnapshot;
+}
+
+export interface ServerSentEvent {
+  event: string;
+  data: string;
+  id: string | undefined;
+}
+
+/** Chunks of an event stream in, events out. */
+export declare class EventStreamParser {
+  push(text: string): ServerSentEvent[];
+}
