@@ -1,4 +1,5 @@
-"""The demo page and relay-client.js in real headless Chromium, against the real relay."""
+"""The demo page and the token-relay-client package in real headless Chromium, against the
+real relay."""
 
 from __future__ import annotations
 
@@ -181,10 +182,12 @@ async def test_relay_serves_the_page_and_client_over_http(
 ) -> None:
     running, _ = web_relay
     http = running.url.replace("ws://", "http://")
-    response = await page.goto(f"{http}/relay-client.js")
+    # The page imports the npm package's own files, which the relay serves next to it.
+    response = await page.goto(f"{http}/token-relay-client/index.js")
     assert response is not None and response.status == 200
     assert response.headers["content-type"].startswith("text/javascript")
-    assert "export class RelayClient" in await response.text()
+    package = Path(__file__).parents[2] / "clients" / "js" / "src" / "index.js"
+    assert await response.body() == package.read_bytes()
     missing = await page.goto(f"{http}/nothing-here")
     assert missing is not None and missing.status == 404
 

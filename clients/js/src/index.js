@@ -493,9 +493,6 @@ export class RelayClient {
       this._emit("error", frame);
       return;
     }
-        // The relay could not serve the subscribe now: ask again a little later.
-        setTimeout(() => {
-          if (this._states.get(frame.channel) === state && this.transport === "websocket") {
     if (!state) return; // a channel let go of meanwhile
     const outcome = state.apply(frame);
     if (outcome !== "changed") return;

@@ -1,0 +1,64 @@
+// Compiled by `tsc --noEmit --strict` in the tests: the shipped declarations describe the API
+// an app is written against, through the package's own exports map.
+
+import {
+  ChannelState,
+  RelayClient,
+  type ChannelSnapshot,
+  type RelayMessage,
+  type ServerFrame,
+} from "token-relay-client";
+import { useRelayChannel } from "token-relay-client/react";
+
+const client = new RelayClient("ws://127.0.0.1:8765/subscribe", {
+  channels: ["chat-42"],
+  token: async () => "a token",
+  transport: "auto",
+  rewind: 20,
+  backoff: { initial: 100 },
+  onMessage: (frame, message) => {
+    const exact: string = frame.text;
+    const offset: number = frame.offset;
+    const same: boolean = message.text === exact && message.offset === offset;
+    void same;
+  },
+  onStatus: (status, detail) => {
+    if (status === "reconnecting") void detail.attempt;
+  },
+});
+client.subscribe("chat-43", { rewind: 0 });
+client.unsubscribe("chat-43");
+const stop: () => void = client.on("aborted", (frame) => void frame.reason.toUpperCase());
+stop();
+const cancelled: Promise<boolean> = client.cancel("chat-42", "reply-7");
+void cancelled;
+
+const state: ChannelSnapshot = client.getChannel("chat-42");
+const texts: string[] = state.messages.map((m: RelayMessage) =>
+  m.status === "aborted" ? `${m.text} (${m.reason ?? "?"})` : m.text,
+);
+void texts;
+client.watch("chat-42", (next) => void next.status);
+
+// A function component's body would call the hook; here its types are what matter.
+const view = (): string => {
+  const { messages, status, error } = useRelayChannel(client, "chat-42");
+  if (status === "error") return error?.message ?? "";
+  return messages.map((m) => m.text).join("\n");
+};
+void view;
+void useRelayChannel(null, undefined);
+
+const core = new ChannelState("c");
+const frame: ServerFrame = { type: "delta", channel: "c", id: "m", delta: "hi" };
+const outcome: "changed" | "duplicate" | "ignored" = core.apply(frame);
+void outcome;
+
+// Mistakes an app could make are errors:
+// @ts-expect-error an unknown transport
+new RelayClient("ws://x/subscribe", { transport: "polling" });
+// @ts-expect-error a message's status is one of three
+const wrong: RelayMessage["status"] = "done";
+void wrong;
+// @ts-expect-error an unknown event
+client.on("nothing", () => {});
