@@ -10,37 +10,15 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Page
 
 from client_demo import WEB_ROOT
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
-
-# One Chromium for the module (launching it costs more than most of these tests); each test
-# still gets a fresh browser context of its own, so no page state is shared between tests.
+# One Chromium for the module (see tests/e2e/conftest.py); each test still gets a fresh
+# browser context of its own, so no page state is shared between tests.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            await browser.close()
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -48,15 +26,6 @@ async def web_relay() -> AsyncIterator[tuple[RunningRelay, Any]]:
     running, server = await start_relay(web_root=str(WEB_ROOT))
     async with server:
         yield running, server
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    try:
-        yield await context.new_page()
-    finally:
-        await context.close()
 
 
 async def _open(page: Page, running: RunningRelay, channel: str, query: str = "") -> None:

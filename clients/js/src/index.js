@@ -79,7 +79,14 @@ export class RelayClient {
       const callback = options[`on${name[0].toUpperCase()}${name.slice(1)}`];
       if (typeof callback === "function") this.on(name, callback);
     }
+    // The channels given here are held at once, but nothing is emitted and nothing
+    // connects until the constructor has returned, so callbacks may use the client.
+    this._starting = true;
     for (const channel of options.channels ?? []) this.subscribe(channel);
+    this._starting = false;
+    queueMicrotask(() => {
+      if (this.status === "idle" && this._states.size > 0 && this._timer === null) this._connect();
+    });
   }
 
   // ------------------------------------------------------------------ the API
@@ -207,6 +214,7 @@ export class RelayClient {
     if (this._states.has(channel)) return;
     const state = new ChannelState(channel, { maxMessages: this.maxMessages });
     this._states.set(channel, state);
+    if (this._starting) return;
     this._changed(state, "changed");
     if (this.status === "error") {
       this._changed(state, state.fail(this.error));
