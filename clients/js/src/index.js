@@ -350,9 +350,9 @@ export class RelayClient {
       return;
     }
     if (!response.ok) {
-      abort.abort();
       this._abort = null;
-      await this._refused(response);
+      await this._refused(response, generation); // reads the (short) reason first
+      abort.abort();
       return;
     }
     if (probe) {
@@ -390,13 +390,14 @@ export class RelayClient {
     this._retry({ reason: "stream ended" });
   }
 
-  async _refused(response) {
+  async _refused(response, generation) {
     let detail = "";
     try {
-      detail = (await response.text()).trim();
+      detail = (await response.text()).trim().slice(0, 500);
     } catch {
       // no body
     }
+    if (generation !== this._generation) return;
     const status = response.status;
     if (status === 401 && typeof this.options.token === "function" && !this._authRetried) {
       this._authRetried = true; // one more try with a fresh token, then it is permanent

@@ -1,0 +1,171 @@
+"""The npm package token-relay-client: its unit tests under ``node --test``, its type
+declarations under ``tsc --strict``, and its packed tarball installed into a fresh Vite
+React-TS app, type-checked, built, and run in Chromium against a relay through
+``useRelayChannel`` in StrictMode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from playwright.async_api import Page
+
+from ..conftest import RunningRelay, recv_json, send_json, start_relay
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "js"
+APP_FILES = Path(__file__).resolve().parents[1] / "js" / "vite-app"
+CREATE_VITE = "create-vite@9.3.0"
+"""The scaffolder a new user runs (``npm create vite``), pinned so the app is reproducible."""
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 300) -> str:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _npm() -> str:
+    npm = shutil.which("npm")
+    assert npm is not None, "these tests need Node and npm (scripts/test installs nodejs)"
+    return npm
+
+
+async def test_the_unit_tests_pass_under_node_test() -> None:
+    node = shutil.which("node")
+    assert node is not None
+    output = _run([node, "--test", "test/"], PACKAGE)
+    passed = int(re.search(r"^# pass (\d+)", output, re.M).group(1))  # type: ignore[union-attr]
+    failed = int(re.search(r"^# fail (\d+)", output, re.M).group(1))  # type: ignore[union-attr]
+    assert failed == 0 and passed >= 20, output
+
+
+async def test_the_declarations_type_check_strictly(js_clients: Path) -> None:
+    tsc = js_clients / "node_modules" / ".bin" / "tsc"
+    _run([str(tsc), "--noEmit", "--strict", "-p", "test/tsconfig.json"], PACKAGE)
+
+
+@pytest.fixture(scope="module")
+def tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``npm pack`` of the package, as it would be published."""
+    folder = tmp_path_factory.mktemp("pack")
+    report = json.loads(
+        _run([_npm(), "pack", "--json", "--pack-destination", str(folder)], PACKAGE)
+    )
+    return folder / report[0]["filename"]
+
+
+async def test_the_tarball_holds_the_package_and_nothing_else(tarball: Path) -> None:
+    with tarfile.open(tarball) as archive:
+        names = sorted(archive.getnames())
+    assert names == [
+        "package/README.md",
+        "package/package.json",
+        "package/src/index.d.ts",
+        "package/src/index.js",
+        "package/src/react.d.ts",
+        "package/src/react.js",
+        "package/src/sse.js",
+        "package/src/state.js",
+    ]
+    manifest = json.loads((PACKAGE / "package.json").read_text())
+    assert manifest["name"] == "token-relay-client" and manifest["type"] == "module"
+    assert "dependencies" not in manifest  # nothing at run time
+    assert manifest["peerDependencies"] == {"react": ">=18"}
+    assert set(manifest["exports"]) >= {".", "./react"}
+
+
+@pytest.fixture(scope="module")
+def vite_app(tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh Vite React-TS app with the tarball installed and App.tsx using the hook, built
+    by its own ``npm run build`` (``tsc -b && vite build``). npm reaches the registry for
+    Vite and React only."""
+    npm = _npm()
+    folder = tmp_path_factory.mktemp("vite")
+    _run(
+        [npm, "exec", "--yes", CREATE_VITE, "--", "app", "--template", "react-ts",
+         "--no-interactive"],
+        folder,
+    )  # fmt: skip
+    app = folder / "app"
+    _run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], app)
+    _run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error", str(tarball)], app)
+    shutil.copy(APP_FILES / "App.tsx", app / "src" / "App.tsx")
+    assert "<StrictMode>" in (app / "src" / "main.tsx").read_text()
+    _run([npm, "run", "build"], app)
+    return app / "dist"
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def app_relay(vite_app: Path) -> AsyncIterator[RunningRelay]:
+    running, server = await start_relay(web_root=str(vite_app))
+    async with server:
+        yield running
+
+
+@pytest.mark.parametrize("transport", ["websocket", "sse"])
+async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
+    app_relay: RunningRelay, page: Page, transport: str
+) -> None:
+    running = app_relay
+    channel = f"react-{transport}"
+    http = running.url.replace("ws://", "http://")
+    async with running.connect(f"/produce?channel={channel}") as producer:
+        await send_json(producer, {"id": "old", "delta": "from before the page", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+        query = f"?channel={channel}" + ("&transport=sse" if transport == "sse" else "")
+        await page.goto(f"{http}/{query}")
+        await page.wait_for_selector('#status[data-status="live"]')
+        # A fresh page rewinds: the message from before it opened is there.
+        await page.wait_for_selector('li[data-id="old"][data-status="complete"]')
+
+        pieces = ["Hel", "lo ", "from ", "Re", "act ", "⚛️", "!"]
+        shown = ""
+        for piece in pieces:
+            await send_json(producer, {"id": "r", "delta": piece})
+            shown += piece
+            await page.wait_for_function(
+                """(text) => {
+                    const item = document.querySelector('li[data-id="r"]');
+                    return item && item.textContent === text && item.dataset.status === "streaming";
+                }""",
+                arg=shown,
+            )
+        await send_json(producer, {"id": "r", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+    await page.wait_for_selector('li[data-id="r"][data-status="complete"]')
+    items: list[Any] = await page.evaluate(
+        "[...document.querySelectorAll('#messages li')].map((li) => [li.dataset.id, li.textContent])"
+    )
+    assert items == [["old", "from before the page"], ["r", shown]]
+    # StrictMode mounted everything twice; the text still only ever grew, never doubled.
+    rendered: list[str] = await page.evaluate("window.rendered.r")
+    assert rendered[-1] == shown
+    assert all(shown.startswith(text) for text in rendered)
+    assert running.relay.hub.subscribers(channel)
+
+
+async def test_a_refused_token_is_an_error_state_in_the_app(
+    vite_app: Path, page: Page
+) -> None:
+    running, server = await start_relay(
+        web_root=str(vite_app), secret="a-secret-for-the-react-app-test-32b"
+    )
+    async with server:
+        await page.goto(running.url.replace("ws://", "http://") + "/?channel=locked")
+        await page.wait_for_selector('#status[data-status="error"]')
+        assert "token" in (await page.text_content("#status") or "")
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        await asyncio.sleep(1.0)
+        assert not [url for url in requests if "/sse" in url or "/subscribe" in url]
