@@ -145,7 +145,8 @@ async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
         assert (await recv_json(producer))["type"] == "ack"
     await page.wait_for_selector('li[data-id="r"][data-status="complete"]')
     items: list[Any] = await page.evaluate(
-        "[...document.querySelectorAll('#messages li')].map((li) => [li.dataset.id, li.textContent])"
+        "[...document.querySelectorAll('#messages li')]"
+        ".map((li) => [li.dataset.id, li.textContent])"
     )
     assert items == [["old", "from before the page"], ["r", shown]]
     # StrictMode mounted everything twice; the text still only ever grew, never doubled.
@@ -155,9 +156,7 @@ async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
     assert running.relay.hub.subscribers(channel)
 
 
-async def test_a_refused_token_is_an_error_state_in_the_app(
-    vite_app: Path, page: Page
-) -> None:
+async def test_a_refused_token_is_an_error_state_in_the_app(vite_app: Path, page: Page) -> None:
     running, server = await start_relay(
         web_root=str(vite_app), secret="a-secret-for-the-react-app-test-32b"
     )
