@@ -9,9 +9,11 @@ import json
 import resource
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from token_relay.edge.server import FD_RESERVE
+from token_relay.edge.web import MAX_FILE_BYTES, MAX_FILES, StaticFiles
 from token_relay.testing import relay_process
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
@@ -294,3 +296,48 @@ async def test_a_burst_of_handshakes_from_one_address_cannot_pass_its_limit() ->
             assert len(admitted) == 10 and outcomes.count(429) == 30
         finally:
             await asyncio.gather(*(ws.close() for ws in admitted))  # type: ignore[attr-defined]
+
+
+async def test_web_root_serves_its_sub_folders_and_a_linked_one_within_its_limits(
+    tmp_path: Path,
+) -> None:
+    root, elsewhere = tmp_path / "site", tmp_path / "package"
+    (root / "assets" / "a" / "b" / "c" / "d").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / "index.html").write_text("<p>home</p>")
+    (root / "assets" / "app.js").write_text("export const x = 1;")
+    (root / "assets" / "a" / "b" / "c" / "deep.css").write_text("p{}")
+    (root / "assets" / "a" / "b" / "c" / "d" / "too-deep.css").write_text("p{}")
+    (root / ".secret.json").write_text("{}")
+    (root / "big.js").write_bytes(b"x" * (MAX_FILE_BYTES + 1))
+    (root / "notes.txt").write_text("no type, not served")
+    (elsewhere / "client.js").write_text("export class C {}")
+    (root / "lib").symlink_to(elsewhere)
+    running, relay = await start_relay(web_root=str(root))
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+
+        async def get(path: str) -> tuple[int, bytes]:
+            request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            status, _headers, body, _ = await _exchange(port, request.encode())
+            return status, body
+
+        assert await get("/") == (200, b"<p>home</p>")
+        assert await get("/assets/app.js") == (200, b"export const x = 1;")
+        assert await get("/assets/a/b/c/deep.css") == (200, b"p{}")
+        assert await get("/lib/client.js") == (200, b"export class C {}")
+        for missing in (
+            "/assets/a/b/c/d/too-deep.css",
+            "/.secret.json",
+            "/big.js",
+            "/notes.txt",
+            "/assets/../index.html",
+            "/assets",
+        ):
+            assert (await get(missing))[0] == 404, missing
+    # At most MAX_FILES files are kept, whatever the tree holds.
+    many = tmp_path / "many"
+    many.mkdir()
+    for n in range(MAX_FILES + 10):
+        (many / f"f{n:04}.js").write_text("1")
+    assert len(StaticFiles(many).files) == MAX_FILES

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from playwright.async_api import Page
+from token_relay.core.grants import Role
+from token_relay.edge.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
@@ -107,17 +109,27 @@ def vite_app(tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def app_relay(vite_app: Path) -> AsyncIterator[RunningRelay]:
+async def app_relay(vite_app: Path) -> AsyncIterator[tuple[RunningRelay, Any]]:
     running, server = await start_relay(web_root=str(vite_app))
     async with server:
-        yield running
+        yield running, server
+
+
+def _cut(server: Any) -> int:
+    """Drop every subscriber connection with no goodbye, as a network would."""
+    cut = 0
+    for connection in list(server.server.connections):
+        if connection.path.startswith(("/subscribe", "/sse")):
+            connection.transport.abort()
+            cut += 1
+    return cut
 
 
 @pytest.mark.parametrize("transport", ["websocket", "sse"])
 async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
-    app_relay: RunningRelay, page: Page, transport: str
+    app_relay: tuple[RunningRelay, Any], page: Page, transport: str
 ) -> None:
-    running = app_relay
+    running, server = app_relay
     channel = f"react-{transport}"
     http = running.url.replace("ws://", "http://")
     async with running.connect(f"/produce?channel={channel}") as producer:
@@ -131,7 +143,13 @@ async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
 
         pieces = ["Hel", "lo ", "from ", "Re", "act ", "⚛️", "!"]
         shown = ""
-        for piece in pieces:
+        for n, piece in enumerate(pieces):
+            if n == 4:
+                # A cut mid-reply; the reply goes on meanwhile.
+                assert _cut(server) == 1
+                await send_json(producer, {"id": "r", "delta": piece})
+                shown += piece
+                continue
             await send_json(producer, {"id": "r", "delta": piece})
             shown += piece
             await page.wait_for_function(
@@ -154,6 +172,13 @@ async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
     assert rendered[-1] == shown
     assert all(shown.startswith(text) for text in rendered)
     assert running.relay.hub.subscribers(channel)
+    # A reload restores the conversation, exactly.
+    await page.reload()
+    await page.wait_for_selector('li[data-id="r"][data-status="complete"]')
+    assert await page.evaluate(
+        "[...document.querySelectorAll('#messages li')]"
+        ".map((li) => [li.dataset.id, li.textContent])"
+    ) == [["old", "from before the page"], ["r", shown]]
 
 
 async def test_a_refused_token_is_an_error_state_in_the_app(vite_app: Path, page: Page) -> None:
@@ -168,3 +193,75 @@ async def test_a_refused_token_is_an_error_state_in_the_app(vite_app: Path, page
         page.on("request", lambda r: requests.append(r.url))
         await asyncio.sleep(1.0)
         assert not [url for url in requests if "/sse" in url or "/subscribe" in url]
+
+
+async def test_the_client_over_a_websocket_subscribes_unsubscribes_cancels_and_refreshes_tokens(
+    page: Page,
+) -> None:
+    """The package's own files in Chromium (no bundler), against a relay that wants tokens."""
+    secret = "a-secret-for-the-js-client-test-of-32-bytes"
+    running, server = await start_relay(web_root=str(PACKAGE / "src"), secret=secret)
+    reader = mint(secret, Role.SUBSCRIBE, ["a", "b", "forbidden-not"], 60)
+    writer = mint(secret, Role.PRODUCE, ["a", "b"], 60)
+    headers = {"Authorization": f"Bearer {writer}"}
+    async with server:
+        http = running.url.replace("ws://", "http://")
+        await page.goto(f"{http}/")  # any page of the relay's origin
+        await page.evaluate(
+            """async ([url, token]) => {
+                const { RelayClient } = await import("/index.js");
+                window.tokens = 0;
+                window.client = new RelayClient(url, {
+                    channels: ["a"],
+                    backoff: { initial: 50 },
+                    token: async () => { window.tokens += 1; return token; },
+                });
+            }""",
+            [f"{running.url}/subscribe", reader],
+        )
+        await page.wait_for_function("client.getChannel('a').status === 'live'")
+        assert await page.evaluate("client.transport") == "websocket"
+
+        async with (
+            running.connect("/produce?channel=a", additional_headers=headers) as on_a,
+            running.connect("/produce?channel=b", additional_headers=headers) as on_b,
+        ):
+            # Subscribe while connected: b joins the same socket.
+            await page.evaluate("client.subscribe('b')")
+            await page.wait_for_function("client.getChannel('b').status === 'live'")
+            await send_json(on_b, {"id": "b1", "delta": "to b", "final": True})
+            await recv_json(on_b)
+            await page.wait_for_function("client.getChannel('b').messages.length === 1")
+            # Stop reaches the producer as a cancel frame.
+            await send_json(on_a, {"id": "long", "delta": "going on"})
+            await page.wait_for_function("client.getChannel('a').messages.length === 1")
+            assert await page.evaluate("client.cancel('a', 'long')") is True
+            assert await recv_json(on_a) == {"type": "cancel", "channel": "a", "id": "long"}
+            await send_json(on_a, {"id": "long", "final": True})
+            await recv_json(on_a)
+            # Unsubscribe: the relay lets it go, and what follows on a never shows.
+            await page.evaluate("client.unsubscribe('a')")
+            await _eventually(lambda: not running.relay.hub.subscribers("a"))
+            await send_json(on_a, {"id": "after", "delta": "unseen", "final": True})
+            await recv_json(on_a)
+            # A cut: the reconnect asks the token function again and resumes b exactly.
+            assert _cut(server) == 1
+            await send_json(on_b, {"id": "b2", "delta": "while away", "final": True})
+            await recv_json(on_b)
+            await page.wait_for_function("client.getChannel('b').messages.length === 2")
+            assert await page.evaluate("window.tokens") == 2
+            assert await page.evaluate("client.channels") == ["b"]
+            assert await page.evaluate("client.getChannel('a').messages.length") == 0
+            texts = await page.evaluate("client.getChannel('b').messages.map((m) => m.text)")
+            assert texts == ["to b", "while away"]
+            # A channel the token does not grant is an error for that channel only.
+            await page.evaluate("client.subscribe('secret')")
+            await page.wait_for_function("client.getChannel('secret').status === 'error'")
+            assert await page.evaluate("client.getChannel('secret').error.code") == "forbidden"
+            assert await page.evaluate("client.getChannel('b').status") == "live"
+
+
+async def _eventually(condition: Any, wait: float = 5.0) -> None:
+    async with asyncio.timeout(wait):
+        while not condition():  # noqa: ASYNC110 - polls state owned by the relay
+            await asyncio.sleep(0.01)
