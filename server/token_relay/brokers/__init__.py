@@ -20,6 +20,10 @@ through a broker:
   it; the router (:mod:`token_relay.core.router`) drops those, whenever they arrive.
 * **Cancel.** A cancel for a channel and id reaches the producers that own it,
   whichever process they are on.
+* **Webhooks.** With ``--webhook``, each terminal frame of a channel the webhooks take is
+  put in the broker's :class:`WebhookStore` in the same step that gives it its offset, and
+  one process at a time takes the outbox's entries to deliver them
+  (:mod:`token_relay.edge.webhooks`).
 
 Brokers are chosen by URL scheme from :data:`BROKERS`; optional dependencies
 (Redis) are imported only when their scheme is asked for.
@@ -31,6 +35,7 @@ when it can't, and ``healthy`` says whether it currently can.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -39,6 +44,7 @@ from ..core.errors import ConfigError
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage, Payload
 from ..core.sessions import SessionState
 from ..core.settings import Settings
+from ..core.webhooks import DeadLetter, WebhookEntry
 
 __all__ = [
     "BROKERS",
@@ -47,6 +53,8 @@ __all__ = [
     "CatchUp",
     "FrameKind",
     "LiveMessage",
+    "WebhookStore",
+    "note_not_queued",
     "open_broker",
 ]
 
@@ -82,6 +90,64 @@ class BrokerListener(Protocol):
         """The broker came back after an outage: events may have been missed meanwhile."""
 
 
+class WebhookStore(Protocol):
+    """The webhook outbox: bounded by ``--webhook-max-pending`` (and its bytes), with the
+    dead letters beside it (``--webhook-max-dead``)."""
+
+    not_queued: int
+    """Messages refused because the outbox was full (counted since start)."""
+
+    @property
+    def active(self) -> bool:
+        """Whether this process delivers the outbox now (with Redis, one process at a time)."""
+
+    @property
+    def depth(self) -> int:
+        """Messages in the outbox, as last seen."""
+
+    @property
+    def dead_count(self) -> int:
+        """Dead letters kept, as last seen."""
+
+    async def take(self, limit: int, wait: float) -> list[WebhookEntry]:
+        """Up to ``limit`` entries to deliver, in outbox order (first what a process that
+        stopped delivering left unsettled); waits up to ``wait`` seconds for one. With
+        ``limit`` 0 it only keeps (or tries for) the right to deliver."""
+
+    async def settle(self, entry: WebhookEntry) -> None:
+        """Every URL is done with the entry: remove it from the outbox."""
+
+    async def bury(self, letter: DeadLetter) -> None:
+        """Keep a dead letter (the oldest goes past ``--webhook-max-dead``)."""
+
+    async def dead(self) -> list[DeadLetter]:
+        """The dead letters, newest first."""
+
+    async def revive(self) -> int:
+        """Put every dead letter back in the outbox (for its one URL); returns how many."""
+
+    async def release(self) -> None:
+        """Stop delivering (the process is stopping): another process may take over now."""
+
+
+_not_queued_log = logging.getLogger("token_relay.webhooks")
+
+
+def note_not_queued(store: WebhookStore, channel: str, message_id: str) -> None:
+    """Count and log a message the full outbox did not take (the first ten, then one line
+    in a thousand)."""
+    store.not_queued += 1
+    count = store.not_queued
+    if count <= 10 or count % 1000 == 0:
+        _not_queued_log.warning(
+            "webhook outbox full: message %r on %r not queued (%d so far)",
+            message_id,
+            channel,
+            count,
+            extra={"event": "webhook_not_queued", "channel": channel, "id": message_id},
+        )
+
+
 class Broker(Protocol):
     """The engine that joins relay processes. See the module docstring."""
 
@@ -106,6 +172,9 @@ class Broker(Protocol):
 
     shares_sessions: bool
     """Whether producer sessions live in the broker, so a producer resumes on any process."""
+
+    webhooks: WebhookStore | None
+    """The webhook outbox, when ``--webhook`` is given."""
 
     def open(self, channel: str, owner: str, message_id: str, seq: int = 0) -> bool:
         """A message opened: claim its id in the channel for ``owner``.
@@ -136,10 +205,12 @@ class Broker(Protocol):
         body: str,
         seq: int = 0,
         aborted: bool = False,
+        producer: str = "",
     ) -> str:
         """Give a terminal frame its offset, record and publish it; returns the full frame.
 
-        ``body`` is the frame serialized without ``offset`` and ``epoch``. Raises
+        ``body`` is the frame serialized without ``offset`` and ``epoch``; ``producer`` is
+        the producer's identity (JSON) its webhook carries, "" without auth. Raises
         ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
         holds the id in the channel.
         """
@@ -152,6 +223,7 @@ class Broker(Protocol):
         body: str,
         seq: int = 0,
         aborted: bool = False,
+        producer: str = "",
     ) -> None:
         """Like :meth:`terminal`, for a frame nobody will send again (an abort): publish it
         now if the broker can, else keep it (bounded) and publish it, in order, once it can."""

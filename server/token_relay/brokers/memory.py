@@ -8,6 +8,10 @@ is why every channel's epoch is new after a restart.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import json
+import logging
 import time
 
 from ..core.errors import id_in_use
@@ -17,9 +21,104 @@ from ..core.inflight import InflightIndex
 from ..core.protocol import with_position
 from ..core.sessions import SessionState
 from ..core.settings import Settings
-from . import BrokerListener
+from ..core.webhooks import DeadLetter, WebhookEntry
+from . import BrokerListener, WebhookStore, note_not_queued
+from .filters import webhook_filter
 
-__all__ = ["MemoryBroker"]
+__all__ = ["MemoryBroker", "MemoryWebhooks", "revived_frame"]
+
+log = logging.getLogger(__name__)
+
+
+class MemoryWebhooks:
+    """The webhook outbox in this process's memory: what is in it when the process dies
+    is lost (SIGTERM first delivers it, for up to ``--shutdown-timeout``)."""
+
+    active = True
+    """One process: it always delivers."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_pending = settings.webhook_max_pending
+        self.max_bytes = settings.webhook_max_pending_bytes
+        self.max_dead = settings.webhook_max_dead
+        self.not_queued = 0
+        self._queue: collections.deque[WebhookEntry] = collections.deque()
+        self._taken: dict[str, WebhookEntry] = {}
+        self._bytes = 0
+        self._dead: collections.deque[DeadLetter] = collections.deque()
+        self._keys = 0
+        self._arrived: asyncio.Event | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue) + len(self._taken)
+
+    @property
+    def dead_count(self) -> int:
+        return len(self._dead)
+
+    def add(self, channel: str, frame: str, producer: str, now: float, url: str = "") -> bool:
+        """Queue a message; False (counted, logged) if the outbox is full."""
+        self._keys += 1
+        entry = WebhookEntry(str(self._keys), channel, frame, producer, now, url)
+        if self.depth >= self.max_pending or self._bytes + entry.size > self.max_bytes:
+            note_not_queued(self, channel, entry.payload.id)
+            return False
+        self._queue.append(entry)
+        self._bytes += entry.size
+        if self._arrived is not None:
+            self._arrived.set()
+        return True
+
+    async def take(self, limit: int, wait: float) -> list[WebhookEntry]:
+        """What is queued, up to ``limit``; waits up to ``wait`` for something."""
+        if limit <= 0:
+            return []
+        if not self._queue and wait > 0:
+            self._arrived = self._arrived or asyncio.Event()
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), wait)
+            except TimeoutError:
+                return []
+        taken: list[WebhookEntry] = []
+        while self._queue and len(taken) < limit:
+            entry = self._queue.popleft()
+            self._taken[entry.key] = entry
+            taken.append(entry)
+        return taken
+
+    async def settle(self, entry: WebhookEntry) -> None:
+        if self._taken.pop(entry.key, None) is not None:
+            self._bytes -= entry.size
+
+    async def bury(self, letter: DeadLetter) -> None:
+        self._dead.appendleft(letter)
+        while len(self._dead) > self.max_dead:
+            lost = self._dead.pop()
+            log.error("dead letters full: dropped the oldest, %s for %s", lost.webhook_id, lost.url)
+
+    async def dead(self) -> list[DeadLetter]:
+        return list(self._dead)
+
+    async def revive(self) -> int:
+        revived = 0
+        while self._dead:
+            letter = self._dead.pop()  # oldest first, so a channel's order holds
+            frame, producer = revived_frame(letter)
+            if self.add(letter.payload.channel, frame, producer, time.time(), letter.url):
+                revived += 1
+        return revived
+
+    async def release(self) -> None:
+        """Nothing to hand over."""
+
+
+def revived_frame(letter: DeadLetter) -> tuple[str, str]:
+    """The frame and producer identity a dead letter's entry is queued again with."""
+    frame = letter.payload.model_dump_json(exclude={"producer"}, exclude_none=True)
+    producer = letter.payload.producer
+    return frame, json.dumps(producer) if producer is not None else ""
 
 
 class MemoryBroker:
@@ -35,6 +134,8 @@ class MemoryBroker:
         self.inflight: InflightIndex[str] = InflightIndex()
         self._seq = 0
         self._listener: BrokerListener | None = None
+        self.webhooks: WebhookStore | None = MemoryWebhooks(settings) if settings.webhooks else None
+        self._wants_webhook = webhook_filter(settings)
 
     @property
     def healthy(self) -> bool:
@@ -84,9 +185,10 @@ class MemoryBroker:
         body: str,
         seq: int = 0,
         aborted: bool = False,
+        producer: str = "",
     ) -> str:
-        """Number, record and deliver a terminal frame."""
-        return self._terminal(channel, owner, message_id, body)
+        """Number, record and deliver a terminal frame (and queue its webhook)."""
+        return self._terminal(channel, owner, message_id, body, producer)
 
     def defer(
         self,
@@ -96,9 +198,10 @@ class MemoryBroker:
         body: str,
         seq: int = 0,
         aborted: bool = False,
+        producer: str = "",
     ) -> None:
         """Nothing to wait for: publish at once."""
-        self._terminal(channel, owner, message_id, body)
+        self._terminal(channel, owner, message_id, body, producer)
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Nothing to note: sessions live in this process."""
@@ -122,7 +225,9 @@ class MemoryBroker:
     async def leave(self) -> None:
         """Nothing to hand over."""
 
-    def _terminal(self, channel: str, owner: str, message_id: str, body: str) -> str:
+    def _terminal(
+        self, channel: str, owner: str, message_id: str, body: str, producer: str = ""
+    ) -> str:
         holder = self.inflight.holder(channel, message_id)
         if holder is not None and holder != owner:
             raise id_in_use(channel, message_id)
@@ -130,6 +235,9 @@ class MemoryBroker:
         payload = self.history.record(
             channel, time.monotonic(), lambda offset, epoch: with_position(body, offset, epoch)
         )
+        webhooks = self.webhooks
+        if isinstance(webhooks, MemoryWebhooks) and self._wants_webhook(channel):
+            webhooks.add(channel, payload, producer, time.time())
         self._emit(channel, FrameKind.TERMINAL, payload)
         return payload
 

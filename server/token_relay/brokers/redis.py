@@ -68,8 +68,10 @@ from ..core.history import judge_replay, new_epoch, rewound
 from ..core.protocol import Aborted, AbortReason, Snapshot, encode, encode_unpositioned
 from ..core.sessions import SessionState
 from ..core.settings import Settings
-from . import BrokerListener
+from . import BrokerListener, WebhookStore, note_not_queued
+from .filters import webhook_filter
 from .redis_scripts import SCRIPTS
+from .redis_webhooks import OUTBOX, OUTBOX_BYTES, RedisWebhooks
 
 __all__ = ["RedisBroker"]
 
@@ -112,8 +114,21 @@ def _key(kind: str, name: str) -> str:
     return f"tr:{kind}:{name}"
 
 
-_Deferred = tuple[str, str, str, str, int, bool]
-"""A terminal frame waiting in the outbox: channel, owner, id, body, seq, aborted."""
+def _identity(grant: str, settings: Settings) -> str:
+    """A session's producer identity for its webhooks, from the grant key it was saved
+    with (``[role, channels]``); "" without auth."""
+    if settings.open_access or not grant:
+        return ""
+    try:
+        role, channels = json.loads(grant)
+    except ValueError:
+        return ""
+    return json.dumps({"role": role, "channels": channels})
+
+
+_Deferred = tuple[str, str, str, str, int, bool, str]
+"""A terminal frame waiting in the outbox: channel, owner, id, body, seq, aborted, and the
+producer identity its webhook carries."""
 
 
 @dataclass(slots=True)
@@ -128,6 +143,8 @@ class _Write:
     """A terminal frame from the outbox: put back if it fails."""
     claim: tuple[str, str, str] | None = None
     """(channel, owner, id) of an open, so a refused claim is reported."""
+    webhook: tuple[str, str] | None = None
+    """(channel, id) of a terminal frame its webhook takes, so a full outbox is reported."""
 
 
 class RedisBroker:
@@ -162,6 +179,12 @@ class RedisBroker:
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox = _key("i", instance)
         self._text_ttl = max(1, int(settings.idle_timeout * 2))
+        self.webhooks: WebhookStore | None = (
+            RedisWebhooks(settings, instance, self._client, self._run)
+            if settings.webhooks
+            else None
+        )
+        self._wants_webhook = webhook_filter(settings)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -309,8 +332,10 @@ class RedisBroker:
         seq: int = 0,
         aborted: bool = False,
         strict: bool = False,
+        producer: str = "",
     ) -> _Write:
         member = f"{owner}|{message_id}"
+        webhook = self.webhooks is not None and self._wants_webhook(channel)
         return _Write(
             "terminal",
             [
@@ -322,6 +347,8 @@ class RedisBroker:
                 _key("text", member),
                 _key("m", channel),
                 _key("own", channel),
+                OUTBOX,
+                OUTBOX_BYTES,
             ],
             [
                 body,
@@ -338,8 +365,13 @@ class RedisBroker:
                 self.settings.max_completed_per_producer,
                 int(strict),
                 channel,
+                int(webhook),
+                producer,
+                self.settings.webhook_max_pending,
+                self.settings.webhook_max_pending_bytes,
             ],
             done,
+            webhook=(channel, message_id) if webhook else None,
         )
 
     async def terminal(
@@ -350,10 +382,14 @@ class RedisBroker:
         body: str,
         seq: int = 0,
         aborted: bool = False,
+        producer: str = "",
     ) -> str:
-        """Give the frame its offset, add it to history and publish it, atomically."""
+        """Give the frame its offset, add it to history and publish it, atomically (and
+        queue its webhook)."""
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        write = self._terminal_write(channel, owner, message_id, body, done, seq, aborted)
+        write = self._terminal_write(
+            channel, owner, message_id, body, done, seq, aborted, producer=producer
+        )
         if not self.healthy or self._queue.full():
             raise BrokerUnavailable("Redis is unreachable")
         self._queue.put_nowait(write)
@@ -371,6 +407,7 @@ class RedisBroker:
         body: str,
         seq: int = 0,
         aborted: bool = False,
+        producer: str = "",
     ) -> None:
         """Publish a terminal frame as soon as Redis takes it: now, or once it is back.
 
@@ -378,7 +415,7 @@ class RedisBroker:
         :data:`MAX_OUTBOX_BYTES`, published in the order they came; past either the
         oldest is dropped, and logged.
         """
-        self._outbox.append((channel, owner, message_id, body, seq, aborted))
+        self._outbox.append((channel, owner, message_id, body, seq, aborted, producer))
         self._outbox_bytes += len(body)
         while len(self._outbox) > MAX_OUTBOX or self._outbox_bytes > MAX_OUTBOX_BYTES:
             lost = self._outbox.popleft()
@@ -390,9 +427,11 @@ class RedisBroker:
     def _drain_outbox(self) -> None:
         while self._outbox and not self._queue.full():
             deferred = self._outbox.popleft()
-            channel, owner, message_id, body, seq, aborted = deferred
+            channel, owner, message_id, body, seq, aborted, producer = deferred
             self._outbox_bytes -= len(body)
-            write = self._terminal_write(channel, owner, message_id, body, None, seq, aborted)
+            write = self._terminal_write(
+                channel, owner, message_id, body, None, seq, aborted, producer=producer
+            )
             write.deferred = deferred
             self._queue.put_nowait(write)
 
@@ -535,6 +574,7 @@ class RedisBroker:
             owner = values.get("owner")
             if owner is None or values.get("instance") != instance:
                 continue  # resumed elsewhere meanwhile
+            producer = _identity(values.get("grant", ""), self.settings)
             messages = await redis.hgetall(_key("msg", owner))
             kept = await redis.hgetall(_key("meta", owner))
             metas = {_text(k): _text(v) for k, v in kept.items()}
@@ -556,7 +596,15 @@ class RedisBroker:
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 self._queue.put_nowait(
                     self._terminal_write(
-                        channel, owner, message_id, body, done, int(seq), True, strict=True
+                        channel,
+                        owner,
+                        message_id,
+                        body,
+                        done,
+                        int(seq),
+                        True,
+                        strict=True,
+                        producer=producer,
                     )
                 )
                 with contextlib.suppress(BrokerUnavailable):
@@ -807,7 +855,12 @@ class RedisBroker:
                 if isinstance(result, Exception) and write.deferred is not None:
                     self._outbox.appendleft(write.deferred)  # in order, for the next try
                     self._outbox_bytes += len(write.deferred[3])
-            for write, result in zip(batch, results, strict=True):
+            for n, (write, result) in enumerate(zip(batch, results, strict=True)):
+                if write.script == "terminal" and isinstance(result, list):
+                    frame, queued = result
+                    if write.webhook is not None and not queued and self.webhooks is not None:
+                        note_not_queued(self.webhooks, *write.webhook)
+                    results[n] = result = frame
                 failed = isinstance(result, Exception)
                 if failed and write.message is not None:
                     self._dirty.add(write.message)

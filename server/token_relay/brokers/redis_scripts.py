@@ -119,12 +119,74 @@ redis.call('EXPIRE', KEYS[4], ARGV[6])
 redis.call('SREM', KEYS[5], ARGV[5])
 redis.call('DEL', KEYS[6])
 redis.call('PUBLISH', KEYS[7], 't|' .. seq .. '|' .. frame)
-return frame
+local queued = 0
+if ARGV[15] == '1' then
+  local size = string.len(frame) + string.len(ARGV[16])
+  local held = tonumber(redis.call('GET', KEYS[10]) or '0')
+  if redis.call('XLEN', KEYS[9]) < tonumber(ARGV[17]) and held + size <= tonumber(ARGV[18]) then
+    redis.call('XADD', KEYS[9], '*', 'c', ARGV[14], 'f', frame, 'p', ARGV[16], 't', ARGV[4])
+    redis.call('INCRBY', KEYS[10], size)
+    queued = 1
+  end
+end
+return {frame, queued}
 """
 """Give a terminal frame its offset, record and publish it, release the id's claim, and
 remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
 ``max_done`` of them; 0 if another owner holds the id or the session moved (with ``strict``,
-also if nobody holds it: a reaper's abort happens once)."""
+also if nobody holds it: a reaper's abort happens once). With a webhook wanted, queue the
+frame in the webhook outbox ``tr:wh`` in the same step, unless it is full; returns the frame
+and whether it was queued."""
+
+WEBHOOK_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 2
+end
+return 0
+"""
+"""Keep (1) or take (2) the right to deliver the webhook outbox; 0 if another process has it."""
+
+WEBHOOK_SETTLE = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
+  local left = redis.call('DECRBY', KEYS[2], ARGV[3])
+  if left <= 0 or redis.call('XLEN', KEYS[1]) == 0 then
+    redis.call('SET', KEYS[2], math.max(left, 0))
+  end
+end
+return 1
+"""
+"""Remove a delivered (or dead) entry from the webhook outbox, and its bytes from the count."""
+
+WEBHOOK_BURY = """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+local dropped = 0
+while redis.call('LLEN', KEYS[1]) > tonumber(ARGV[2]) do
+  redis.call('RPOP', KEYS[1])
+  dropped = dropped + 1
+end
+return dropped
+"""
+"""Keep a dead letter, the newest first, at most ``max_dead``; returns how many were dropped."""
+
+WEBHOOK_ADD = """
+local size = string.len(ARGV[2]) + string.len(ARGV[3])
+local held = tonumber(redis.call('GET', KEYS[2]) or '0')
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[6]) or held + size > tonumber(ARGV[7]) then
+  return 0
+end
+redis.call('XADD', KEYS[1], '*', 'c', ARGV[1], 'f', ARGV[2], 'p', ARGV[3], 't', ARGV[4],
+  'u', ARGV[5])
+redis.call('INCRBY', KEYS[2], size)
+redis.call('LREM', KEYS[3], 1, ARGV[8])
+return 1
+"""
+"""Queue a revived dead letter again (for its one URL) and take it off the dead list, unless
+the outbox is full."""
 
 TAKE = """
 local session = KEYS[1]
@@ -234,4 +296,8 @@ SCRIPTS = {
     "catch_up": CATCH_UP,
     "progress": PROGRESS,
     "take": TAKE,
+    "webhook_lease": WEBHOOK_LEASE,
+    "webhook_settle": WEBHOOK_SETTLE,
+    "webhook_bury": WEBHOOK_BURY,
+    "webhook_add": WEBHOOK_ADD,
 }

@@ -24,6 +24,8 @@ class Role(StrEnum):
 
     PRODUCE = "produce"
     SUBSCRIBE = "subscribe"
+    ADMIN = "admin"
+    """The operator's endpoints (``/webhooks/dead``); no channel endpoint takes it."""
 
 
 METACHARACTERS = frozenset("*?[")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
+import binascii
 import difflib
 import functools
 import inspect
@@ -16,6 +18,7 @@ from urllib.parse import urlsplit
 
 from .errors import ConfigError
 from .forwarded import parse_networks
+from .grants import refusal
 
 __all__ = ["Settings"]
 
@@ -120,6 +123,29 @@ class Settings:
     """Relay processes sharing the port (SO_REUSEPORT); more than one needs a shared broker."""
     web_root: str = ""
     """A folder of static files (the demo page) to serve over HTTP; empty serves none."""
+    webhooks: tuple[str, ...] = field(default=(), metadata=_flag("--webhook"))
+    """A URL every completed or aborted message is POSTed to as JSON, signed per Standard
+    Webhooks, at least once and in order per channel (repeatable)."""
+    webhook_secret: str = ""
+    """The Standard Webhooks signing secret, whsec_ and base64; empty sends no signature."""
+    webhook_channels: tuple[str, ...] = field(default=(), metadata=_flag("--webhook-channel"))
+    """Channels whose messages are sent: a name, or a prefix ending in * (repeatable); none
+    given sends every channel."""
+    webhook_timeout: float = 10.0
+    """Seconds a webhook POST may take; a slower one counts as failed and is retried."""
+    webhook_backoff: float = 1.0
+    """Seconds before the first retry of a failed POST; doubling (with jitter) up to 300."""
+    webhook_max_age: float = 3600.0
+    """Seconds a message is retried for, from its completion; then it is a dead letter."""
+    webhook_max_pending: int = 10_000
+    """Messages waiting for their webhooks (in Redis with a Redis broker); past it a new one
+    is not queued (subscribers still get it), and is counted and logged."""
+    webhook_max_pending_bytes: int = 64 * MIB
+    """Bytes of frames waiting for their webhooks; past it a new one is not queued."""
+    webhook_concurrency: int = 16
+    """POSTs in flight at once, across channels (one per channel and URL at a time)."""
+    webhook_max_dead: int = 10_000
+    """Dead letters kept (GET /webhooks/dead); past it the oldest is dropped, and logged."""
     loop: str = "asyncio"
     """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
     log_format: str = "plain"
@@ -146,6 +172,27 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        for name in ("webhook_timeout", "webhook_backoff", "webhook_max_age"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        for name in (
+            "webhook_max_pending",
+            "webhook_max_pending_bytes",
+            "webhook_concurrency",
+            "webhook_max_dead",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        for url in self.webhooks:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"--webhook {url!r} is not an http:// or https:// URL")
+        if self.webhook_secret:
+            _check_webhook_secret(self.webhook_secret)
+        for pattern in self.webhook_channels:
+            problem = refusal(pattern)
+            if problem is not None:
+                raise ConfigError(f"--webhook-channel {pattern!r}: {problem}")
         if self.session_grace < 0:
             raise ConfigError("session_grace must not be negative")
         if self.delta_flush_ms < 0:
@@ -304,6 +351,19 @@ def descriptions() -> dict[str, str]:
         ):
             found[node.target.id] = " ".join(following.value.value.replace("``", "").split())
     return found
+
+
+def _check_webhook_secret(secret: str) -> None:
+    body = secret.removeprefix("whsec_")
+    try:
+        key = base64.b64decode(body + "==", validate=False)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not secret.startswith("whsec_") or len(key) < 16:
+        raise ConfigError(
+            "--webhook-secret must be whsec_ followed by base64 of at least 16 random bytes, "
+            "for example whsec_" + base64.b64encode(os.urandom(24)).decode()
+        )
 
 
 def _is_loopback(host: str) -> bool:

@@ -37,8 +37,9 @@ def _mint(args: Sequence[str]) -> int:
     parser.add_argument(
         "--channel",
         action="append",
-        required=True,
-        help="a channel name, or a prefix ending in '*' such as 'chat-*' (repeatable)",
+        default=[],
+        help="a channel name, or a prefix ending in '*' such as 'chat-*' (repeatable; "
+        "needed for produce and subscribe, not for admin)",
     )
     parser.add_argument("--ttl", type=float, default=3600.0, help="seconds until it expires")
     parser.add_argument(
@@ -47,6 +48,9 @@ def _mint(args: Sequence[str]) -> int:
     options = parser.parse_args(args)
     if not options.secret:
         print("error: give --secret or set RELAY_SECRET", file=sys.stderr)
+        return 2
+    if options.role != Role.ADMIN.value and not options.channel:
+        print(f"error: a {options.role} token needs at least one --channel", file=sys.stderr)
         return 2
     try:
         print(mint(options.secret, Role(options.role), options.channel, options.ttl))

@@ -26,6 +26,7 @@ handshake refused after this check (by the ``Origin`` check, or for a missing
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ PRODUCE_PATH = "/produce"
 SUBSCRIBE_PATH = "/subscribe"
 SSE_PATH = "/sse"
 CANCEL_PATH = "/cancel"
+DEAD_LETTERS_PATH = "/webhooks/dead"
 AI_SDK_PREFIX = "/ai-sdk/"
 ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
 PLAIN_METHODS = frozenset({"GET", "HEAD"})
@@ -155,6 +157,8 @@ class ReadBody:
     """The body is applied as it arrives (``POST /produce``), not read whole first."""
     headers: tuple[tuple[str, str], ...] = ()
     """Headers the response carries (CORS)."""
+    operator: bool = False
+    """An operator's request (``/webhooks/dead``), admitted as such."""
 
 
 def query_of(path: str) -> dict[str, list[str]]:
@@ -217,6 +221,8 @@ class Gate:
                 return ReadBody(request, decision)
             status, reason = decision
             return self.refuse(request, status, reason)
+        if path == DEAD_LETTERS_PATH:
+            return self._operator(request)
         role = ROLES.get(path)
         if role is Role.PRODUCE and method == "POST":
             decision = self._decide(role, request)
@@ -330,6 +336,30 @@ class Gate:
         self.metrics.refusals.labels(str(status)).inc()
         return Reply.text(status, reason, headers)
 
+    def _operator(self, request: HttpRequest) -> Reply | ReadBody:
+        """``GET`` (list) or ``POST`` (replay) the dead letters: with a secret, an ``admin``
+        token; without one, from a loopback address only."""
+        if request.method not in ("GET", "POST"):
+            return self.refuse(
+                request, 405, f"{request.path} takes GET or POST", (("Allow", "GET, POST"),)
+            )
+        if self.settings.open_access:
+            if not _loopback(request.client):
+                return self.refuse(
+                    request, 403, "without --secret the dead letters are for loopback only"
+                )
+            return ReadBody(request, OPEN, operator=True)
+        token = query_of(request.target).get("token", [""])[-1] or _bearer(request)
+        if not token:
+            return self.refuse(request, 401, "an admin token is required")
+        try:
+            grant = verify(token, self.settings.secret)
+        except InvalidToken as exc:
+            return self.refuse(request, 401, f"invalid token: {exc}")
+        if grant.role is not Role.ADMIN:
+            return self.refuse(request, 403, f"this token's role is '{grant.role}', not 'admin'")
+        return ReadBody(request, grant, operator=True)
+
     def _decide(self, role: Role, request: HttpRequest) -> Grant | tuple[HTTPStatus, str]:
         """The grant of an admitted handshake, or the status and reason of its refusal."""
         if self.per_address.get(request.client, 0) >= self.settings.max_connections_per_ip:
@@ -385,6 +415,13 @@ def _cross_origin(request: HttpRequest) -> bool:
         or path.startswith(AI_SDK_PREFIX)
         or (path == PRODUCE_PATH and request.method in ("POST", "OPTIONS"))
     )
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _bearer(request: HttpRequest) -> str:

@@ -22,7 +22,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -178,6 +178,37 @@ class Metrics:
         self.handshakes = Gauge(
             "relay_handshakes_in_flight",
             "Sockets whose request head is not complete yet.",
+            registry=registry,
+        )
+        self.webhook_attempts = Counter(
+            "relay_webhook_attempts_total",
+            "Webhook POSTs, by outcome (success, http_error, timeout, network_error).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.webhook_deliveries = Counter(
+            "relay_webhook_deliveries_total",
+            "Messages done with at one webhook URL, by outcome (delivered, dead).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.webhook_lag = Histogram(
+            "relay_webhook_lag_seconds",
+            "From a message's completion to its first successful webhook POST.",
+            buckets=_GAP_BUCKETS,
+            registry=registry,
+        )
+        self.webhook_outbox = Gauge(
+            "relay_webhook_outbox",
+            "Messages waiting in the webhook outbox (in Redis with a Redis broker).",
+            registry=registry,
+        )
+        self.webhook_dead = Gauge(
+            "relay_webhook_dead_letters", "Dead letters kept.", registry=registry
+        )
+        self.webhook_not_queued = Counter(
+            "relay_webhook_not_queued_total",
+            "Messages the full webhook outbox did not take (their subscribers still got them).",
             registry=registry,
         )
         self.frames_in_producer = Tally()

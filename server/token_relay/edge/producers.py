@@ -55,6 +55,7 @@ from ..core.protocol import (
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Unfinished
+from ..core.webhooks import identity
 from .httpproducer import HttpProducer
 from .metrics import Metrics
 from .peer import ProducerPeer
@@ -215,7 +216,7 @@ class ProducerEndpoint:
             if applied is None:
                 continue
             if isinstance(applied, Overflow):
-                await self._abort(session.owner, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE)
+                await self._abort(session, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE)
                 continue
             if applied.text is not None:
                 ack = await self._complete(
@@ -321,7 +322,9 @@ class ProducerEndpoint:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
         body = _message_body(channel, message_id, text, meta)
         try:
-            await self.broker.terminal(channel, session.owner, message_id, body, seq)
+            await self.broker.terminal(
+                channel, session.owner, message_id, body, seq, producer=self._identity(session)
+            )
         except BrokerUnavailable:
             session.unpublished[message_id] = None
             if len(session.unpublished) > self.settings.max_completed_per_producer:
@@ -329,7 +332,12 @@ class ProducerEndpoint:
             raise broker_rejected(message_id) from None
         session.unpublished.pop(message_id, None)
 
-    async def _abort(self, owner: str, unfinished: Unfinished, reason: AbortReason) -> None:
+    def _identity(self, session: Session) -> str:
+        """The producer identity a webhook carries: "" when the relay runs open."""
+        return "" if self.settings.open_access else identity(session.grant)
+
+    async def _abort(self, session: Session, unfinished: Unfinished, reason: AbortReason) -> None:
+        owner, producer = session.owner, self._identity(session)
         frame = Aborted(
             channel=unfinished.channel,
             id=unfinished.message_id,
@@ -345,14 +353,26 @@ class ProducerEndpoint:
         body = encode_unpositioned(frame)
         try:
             await self.broker.terminal(
-                unfinished.channel, owner, unfinished.message_id, body, aborted=True
+                unfinished.channel,
+                owner,
+                unfinished.message_id,
+                body,
+                aborted=True,
+                producer=producer,
             )
         except BrokerUnavailable:
             # Nobody will send it again: the broker keeps it and publishes it once it can.
             log.warning(
                 "abort of %r on %r waits for the broker", unfinished.message_id, unfinished.channel
             )
-            self.broker.defer(unfinished.channel, owner, unfinished.message_id, body, aborted=True)
+            self.broker.defer(
+                unfinished.channel,
+                owner,
+                unfinished.message_id,
+                body,
+                aborted=True,
+                producer=producer,
+            )
 
     async def _end(self, session: Session, reason: AbortReason) -> None:
         # Messages completed here but never published (the broker was down and the
@@ -362,11 +382,15 @@ class ProducerEndpoint:
             text = session.streams.assembler.get(message_id)
             if channel is not None and text is not None:
                 self.broker.defer(
-                    channel, session.owner, message_id, _message_body(channel, message_id, text)
+                    channel,
+                    session.owner,
+                    message_id,
+                    _message_body(channel, message_id, text),
+                    producer=self._identity(session),
                 )
         session.unpublished.clear()
         for unfinished in session.end():
-            await self._abort(session.owner, unfinished, reason)
+            await self._abort(session, unfinished, reason)
         await self.broker.end_session(session.token, session.owner)
 
     def _expire_sessions(self) -> None:
@@ -375,9 +399,9 @@ class ProducerEndpoint:
 
     async def expire_idle(self, deadline: float) -> None:
         """Abort messages whose last event came before ``deadline``."""
-        for owner, session in list(self.sessions.by_owner.items()):
+        for session in list(self.sessions.by_owner.values()):
             for unfinished in session.streams.expire(deadline):
-                await self._abort(owner, unfinished, AbortReason.IDLE_TIMEOUT)
+                await self._abort(session, unfinished, AbortReason.IDLE_TIMEOUT)
 
     async def abort_everything(self, reason: AbortReason) -> None:
         """End every session, parked ones included, aborting what is in progress."""

@@ -59,6 +59,7 @@ from .producers import ProducerEndpoint
 from .server import HttpServer
 from .sse import SseStream
 from .subscribers import SubscriberEndpoint
+from .webhooks import WebhookDispatcher
 from .websocket import WebSocket
 from .writer import Writer
 
@@ -106,6 +107,8 @@ class Relay:
         metrics.broker_healthy.set_function(lambda: float(self.broker.healthy))
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
+        store = self.broker.webhooks
+        self.webhooks = WebhookDispatcher(self.settings, store, metrics) if store else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -118,6 +121,8 @@ class Relay:
         if not SPEEDUPS:
             log.warning("websockets' C speedups are missing: frames are unmasked in pure Python")
         await self.broker.start(self)
+        if self.webhooks is not None:
+            await self.webhooks.start()
         self.server = HttpServer(
             self.settings, self.gate, self.metrics, self._handle, self._read_body, self._produce
         )
@@ -171,6 +176,9 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await self.writer.stop()
+        if self.webhooks is not None:
+            # What completed (and what the shutdown aborted) is delivered in what time is left.
+            await self.webhooks.stop(deadline)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -262,7 +270,10 @@ class Relay:
             )
 
     async def _read_body(self, request: ReadBody, body: bytes) -> Reply:
-        """A request whose route takes a body: ``POST /cancel``, or Stop of the AI SDK."""
+        """A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, or the
+        dead letters."""
+        if request.operator:
+            return await self._dead_letters(request)
         if request.channel:
             wanted = query_of(request.request.target).get("id", [""])[-1] or None
             status, error = await self.subscribers.stop_over_http(request.channel, wanted)
@@ -271,6 +282,23 @@ class Relay:
         if status == 204:
             return Reply(204, b"")
         return Reply(status, error.encode(), "application/json")
+
+    async def _dead_letters(self, request: ReadBody) -> Reply:
+        """``GET /webhooks/dead`` lists the dead letters; ``POST`` queues them all again."""
+        if self.webhooks is None:
+            return Reply.text(404, "no --webhook is set")
+        store = self.webhooks.store
+        try:
+            if request.request.method == "POST":
+                revived = await store.revive()
+                log.info("%d dead letters queued again", revived)
+                body = json.dumps({"revived": revived})
+            else:
+                letters = [letter.model_dump(mode="json") for letter in await store.dead()]
+                body = json.dumps({"dead": letters}, ensure_ascii=False)
+        except BrokerUnavailable:
+            return Reply.text(503, "broker unreachable")
+        return Reply(200, body.encode(), "application/json")
 
     async def _produce(self, request: ReadBody, producer: HttpProducer) -> Reply:
         """``POST /produce``: one request's events, and every frame it earned, as JSON."""

@@ -1,0 +1,266 @@
+"""Webhooks over real sockets, to a real HTTP receiver: signed per Standard Webhooks (checked
+by the ``standardwebhooks`` verifier), retried with backoff through failures, stalls and
+outages with each channel's order kept, bounded, dead letters listed and replayed, drained on
+SIGTERM; with Redis, delivered by one process and taken over when it is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+from token_relay.core.grants import Role
+from token_relay.core.webhooks import webhook_id
+from token_relay.edge.tokens import mint
+from token_relay.testing import WebhookReceiver, relay_process
+
+from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
+
+SECRET = "whsec_" + base64.b64encode(b"a webhook secret of 32 bytes....").decode()
+FAST = {"webhook_backoff": 0.05, "webhook_timeout": 1.0, "session_grace": 0}
+
+
+async def _until(condition: Callable[[], bool], wait: float = 10.0) -> None:
+    async with asyncio.timeout(wait):
+        while not condition():  # noqa: ASYNC110 - polls a receiver on another thread
+            await asyncio.sleep(0.01)
+
+
+async def _publish(running: RunningRelay, channel: str, count: int, prefix: str = "m") -> None:
+    async with running.connect(f"/produce?channel={channel}") as producer:
+        for n in range(count):
+            await send_json(producer, {"id": f"{prefix}{n}", "delta": f"text {n} ✓"})
+            await send_json(producer, {"id": f"{prefix}{n}", "final": True})
+            assert (await recv_json(producer))["type"] == "ack"
+
+
+def _http(running: RunningRelay) -> str:
+    return running.url.replace("ws://", "http://")
+
+
+async def test_each_message_is_posted_once_signed_with_a_stable_id_and_in_order() -> None:
+    with WebhookReceiver() as receiver:
+        running, relay = await start_relay(webhooks=(receiver.url,), webhook_secret=SECRET, **FAST)
+        async with relay:
+            async with running.connect("/produce?channel=c") as producer:
+                await send_json(producer, {"id": "a", "delta": "Hel", "meta": {"model": "m1"}})
+                await send_json(producer, {"id": "a", "delta": "lo 👋", "final": True})
+                await recv_json(producer)
+                await send_json(producer, {"id": "b", "delta": "half"})
+            # The producer went away mid-message: its abort is a webhook too.
+            await _until(lambda: len(receiver.received) == 2)
+        got = receiver.received
+        verifier = Webhook(SECRET)
+        payloads = [verifier.verify(r.body, r.headers) for r in got]
+        epoch = payloads[0]["epoch"]
+        assert payloads == [
+            {"type": "message", "channel": "c", "id": "a", "text": "Hello 👋",
+             "meta": {"model": "m1"}, "offset": 1, "epoch": epoch},
+            {"type": "aborted", "channel": "c", "id": "b", "text": "half", "meta": {},
+             "reason": "producer_disconnected", "offset": 2, "epoch": epoch},
+        ]  # fmt: skip
+        assert [r.headers["webhook-id"] for r in got] == [
+            webhook_id("c", epoch, 1),
+            webhook_id("c", epoch, 2),
+        ]
+        assert all(r.headers["content-type"] == "application/json" for r in got)
+        assert abs(int(got[0].headers["webhook-timestamp"]) - time.time()) < 60
+        # A tampered body fails the verifier: the signature covers it.
+        with pytest.raises(Exception, match="signature"):
+            verifier.verify(got[0].body.replace(b"Hello", b"Jello"), got[0].headers)
+
+
+async def test_with_auth_the_producer_identity_is_in_the_payload() -> None:
+    secret = "a-relay-secret-for-webhook-tests-32b"
+    with WebhookReceiver() as receiver:
+        running, relay = await start_relay(webhooks=(receiver.url,), secret=secret, **FAST)
+        token = mint(secret, Role.PRODUCE, ["chat-*"], 60)
+        async with (
+            relay,
+            connect(f"{running.url}/produce?channel=chat-1&token={token}") as producer,
+        ):
+            await recv_json(producer)  # session
+            await send_json(producer, {"id": "m", "delta": "x", "final": True})
+            await recv_json(producer)
+            await _until(lambda: len(receiver.received) == 1)
+        assert receiver.delivered()[0]["producer"] == {"role": "produce", "channels": ["chat-*"]}
+
+
+async def test_a_receiver_failing_its_first_attempts_gets_every_message_once_in_order() -> None:
+    failures = {0: 500, 1: 503, 2: 404}
+    with WebhookReceiver(lambda n, body: failures.get(n, 200)) as receiver:
+        running, relay = await start_relay(webhooks=(receiver.url,), **FAST)
+        async with relay:
+            await _publish(running, "c", 5)
+            await _until(lambda: len(receiver.delivered()) == 5)
+            metrics = (await httpx.AsyncClient().get(_http(running) + "/metrics")).text
+        assert [p["id"] for p in receiver.delivered()] == [f"m{n}" for n in range(5)]
+        assert [r.status for r in receiver.received[:4]] == [500, 503, 404, 200]
+        assert 'relay_webhook_attempts_total{outcome="http_error"} 3.0' in metrics
+        assert 'relay_webhook_deliveries_total{outcome="delivered"} 5.0' in metrics
+        assert "relay_webhook_lag_seconds_count 5.0" in metrics
+
+
+async def test_a_stalled_receiver_times_out_is_retried_and_never_blocks_the_relay() -> None:
+    with WebhookReceiver(lambda n, body: -1.5 if n == 0 else 200) as receiver:
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), **{**FAST, "webhook_timeout": 0.3}
+        )
+        async with relay, running.connect("/subscribe?channel=c") as subscriber:
+            await recv_json(subscriber)
+            started = time.monotonic()
+            await _publish(running, "c", 3)
+            # Subscribers get every message at once, whatever the webhook is doing.
+            assert [(await recv_json(subscriber))["id"] for _ in range(3)] == ["m0", "m1", "m2"]
+            assert time.monotonic() - started < 1.0
+            await _until(lambda: len(receiver.delivered()) == 3)
+            metrics = (await httpx.AsyncClient().get(_http(running) + "/metrics")).text
+        assert [p["id"] for p in receiver.delivered()] == ["m0", "m1", "m2"]
+        assert 'relay_webhook_attempts_total{outcome="timeout"} 1.0' in metrics
+
+
+async def test_an_outage_of_the_receiver_keeps_each_channels_order() -> None:
+    recovered_at = time.time() + 1.0
+    with WebhookReceiver(lambda n, body: 500 if time.time() < recovered_at else 200) as receiver:
+        running, relay = await start_relay(webhooks=(receiver.url,), **FAST)
+        async with relay:
+            await asyncio.gather(*(_publish(running, channel, 6) for channel in ("a", "b", "c")))
+            await _until(lambda: len(receiver.unique()) == 18)
+    assert len(receiver.delivered()) == 18  # once each
+    for channel in ("a", "b", "c"):
+        posts = [
+            (r.json()["offset"], r.status)
+            for r in receiver.received
+            if r.json()["channel"] == channel
+        ]
+        # Never a later message before an earlier one has succeeded.
+        done = 0
+        for offset, status in posts:
+            assert offset == done + 1, posts
+            if status == 200:
+                done = offset
+        assert done == 6
+
+
+async def test_a_receiver_that_never_recovers_makes_dead_letters_listed_and_replayed() -> None:
+    healthy = False
+    with WebhookReceiver(lambda n, body: 200 if healthy else 500) as receiver:
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), **{**FAST, "webhook_max_age": 0.4}
+        )
+        async with relay, httpx.AsyncClient(base_url=_http(running)) as http:
+            await _publish(running, "c", 2)
+            await _until(lambda: "relay_webhook_dead_letters 2.0" in _metrics_now(running))
+            dead = (await http.get("/webhooks/dead")).json()["dead"]
+            assert [(d["payload"]["id"], d["url"], d["error"]) for d in dead] == [
+                ("m1", receiver.url, "http_error 500"),
+                ("m0", receiver.url, "http_error 500"),
+            ]
+            # m1 waited behind m0 (one channel, in order) until both were too old.
+            assert dead[1]["attempts"] >= 2 and dead[0]["attempts"] >= 1
+            healthy = True
+            replay = await http.post("/webhooks/dead")
+            assert replay.status_code == 200 and replay.json() == {"revived": 2}
+            await _until(lambda: len(receiver.delivered()) == 2)
+            assert [p["id"] for p in receiver.delivered()] == ["m0", "m1"]
+            assert (await http.get("/webhooks/dead")).json() == {"dead": []}
+            metrics = (await http.get("/metrics")).text
+        assert 'relay_webhook_deliveries_total{outcome="dead"} 2.0' in metrics
+
+
+def _metrics_now(running: RunningRelay) -> str:
+    return running.relay.metrics.render().decode()
+
+
+async def test_dead_letters_need_an_admin_token_or_loopback() -> None:
+    secret = "a-relay-secret-for-webhook-tests-32b"
+    with WebhookReceiver() as receiver:
+        running, relay = await start_relay(webhooks=(receiver.url,), secret=secret, **FAST)
+        async with relay, httpx.AsyncClient(base_url=_http(running)) as http:
+            assert (await http.get("/webhooks/dead")).status_code == 401
+            reader = mint(secret, Role.SUBSCRIBE, ["c"], 60)
+            refused = await http.get(
+                "/webhooks/dead", headers={"Authorization": f"Bearer {reader}"}
+            )
+            assert refused.status_code == 403
+            admin = mint(secret, Role.ADMIN, [], 60)
+            ok = await http.get("/webhooks/dead", headers={"Authorization": f"Bearer {admin}"})
+            assert ok.status_code == 200 and ok.json() == {"dead": []}
+            assert (await http.put("/webhooks/dead")).status_code == 405
+    # Without --secret only loopback may ask; without --webhook there is nothing to list.
+    running, relay = await start_relay()
+    async with relay, httpx.AsyncClient(base_url=_http(running)) as http:
+        assert (await http.get("/webhooks/dead")).status_code == 404
+
+
+async def test_a_full_outbox_still_delivers_to_subscribers_and_counts_what_it_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = time.time() + 1.0
+    with WebhookReceiver(lambda n, body: -0.05 if time.time() < release else 200) as receiver:
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), webhook_max_pending=2, **{**FAST, "webhook_timeout": 5.0}
+        )
+        async with relay, running.connect("/subscribe?channel=c") as subscriber:
+            await recv_json(subscriber)
+            await _publish(running, "c", 6)
+            assert [(await recv_json(subscriber))["id"] for _ in range(6)] == [
+                f"m{n}" for n in range(6)
+            ]
+            await _until(lambda: "relay_webhook_not_queued_total 4.0" in _metrics_now(running))
+            await _until(lambda: len(receiver.unique()) == 2)
+        assert [p["id"] for p in receiver.unique()] == ["m0", "m1"]
+    assert "webhook outbox full: message 'm2' on 'c' not queued" in caplog.text
+
+
+async def test_only_the_channels_of_webhook_channel_are_sent() -> None:
+    with WebhookReceiver() as receiver:
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), webhook_channels=("chat-*", "lobby"), **FAST
+        )
+        async with relay:
+            for channel in ("chat-1", "other", "lobby", "chatter"):
+                await _publish(running, channel, 1, prefix=channel)
+            await _until(lambda: len(receiver.delivered()) == 2)
+            await asyncio.sleep(0.2)
+        assert sorted(p["channel"] for p in receiver.delivered()) == ["chat-1", "lobby"]
+
+
+async def test_every_url_gets_every_message_each_at_its_own_pace() -> None:
+    with (
+        WebhookReceiver() as fast,
+        WebhookReceiver(lambda n, body: 500 if n < 3 else 200) as flaky,
+    ):
+        running, relay = await start_relay(webhooks=(fast.url, flaky.url), **FAST)
+        async with relay:
+            await _publish(running, "c", 3)
+            await _until(lambda: len(fast.delivered()) == 3 and len(flaky.delivered()) == 3)
+        assert [p["id"] for p in fast.delivered()] == [p["id"] for p in flaky.delivered()]
+
+
+async def test_sigterm_delivers_the_outbox_before_the_process_exits(tmp_path: Path) -> None:
+    # Every message fails once first, so the outbox is still busy when SIGTERM comes.
+    with WebhookReceiver(lambda n, body: 200 if n % 2 else 503) as receiver:
+        relay = relay_process(
+            "--webhook", receiver.url, "--webhook-backoff", "0.05", "--session-grace", "0"
+        )
+        await relay.start()
+        try:
+            async with connect(f"{relay.url}/produce?channel=c") as producer:
+                await recv_json(producer)
+                for n in range(5):
+                    await send_json(producer, {"id": f"m{n}", "delta": "x", "final": True})
+                    await recv_json(producer)
+                await send_json(producer, {"id": "cut", "delta": "by the shutdown"})
+                await asyncio.sleep(0.05)
+                assert await relay.terminate(15) == 0
+        finally:
+            await relay.stop()
+    ids = [p["id"] for p in receiver.unique()]
+    assert ids == ["m0", "m1", "m2", "m3", "m4", "cut"], ids
+    assert receiver.unique()[-1]["reason"] == "shutdown"
