@@ -595,6 +595,9 @@ class WebhookReceiver:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(length)
+                if len(body) < length:  # the sender died mid-request: nothing arrived
+                    self.close_connection = True
+                    return
                 with receiver._lock:
                     n = receiver.posts
                     receiver.posts += 1

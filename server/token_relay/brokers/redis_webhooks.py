@@ -55,6 +55,11 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _stream_id(key: str) -> tuple[int, int]:
+    millis, _, sequence = key.partition("-")
+    return int(millis), int(sequence or 0)
+
+
 class RedisWebhooks:
     """The webhook outbox of a Redis broker (see the module docstring)."""
 
@@ -67,7 +72,8 @@ class RedisWebhooks:
         self._run = run
         self.not_queued = 0
         self.active = False
-        self._pending_first = True
+        self._pending: str | None = "0"
+        """Where the reading of unsettled entries is, after taking the lease; None once done."""
         self._group_ready = False
         self.depth = 0
         self.dead_count = 0
@@ -94,7 +100,7 @@ class RedisWebhooks:
         if not self.active or held == 2:
             log.info("this process delivers the webhook outbox now")
             self.active = True
-            self._pending_first = True
+            self._pending = "0"
         if limit <= 0:
             return []
         if not self._group_ready:
@@ -104,14 +110,17 @@ class RedisWebhooks:
                 if "BUSYGROUP" not in str(exc):
                     raise
             self._group_ready = True
-        if self._pending_first:
-            reply = await redis.xreadgroup(GROUP, CONSUMER, {OUTBOX: "0"}, count=limit)
+        if self._pending is not None:
+            # What an earlier deliverer read and never settled, once through, in order.
+            reply = await redis.xreadgroup(GROUP, CONSUMER, {OUTBOX: self._pending}, count=limit)
             entries, stale = self._entries(reply)
             for key in stale:  # deleted from the stream, still pending: settle it
                 await redis.xack(OUTBOX, GROUP, key)
-            if entries or stale:
+            keys = [entry.key for entry in entries] + stale
+            if keys:
+                self._pending = max(keys, key=_stream_id)
                 return entries
-            self._pending_first = False
+            self._pending = None
         block = max(1, int(wait * 1000)) if wait > 0 else None
         reply = await redis.xreadgroup(GROUP, CONSUMER, {OUTBOX: ">"}, count=limit, block=block)
         entries, _ = self._entries(reply)

@@ -2,7 +2,7 @@
 
 The rules of who goes when are :class:`~token_relay.core.webhooks.Outbox`'s; this module
 does the I/O: it takes entries from the broker's :class:`~token_relay.brokers.WebhookStore`
-(while this process is the one delivering), POSTs them with httpx, signs them per Standard
+(while this process is the one delivering), POSTs them with aiohttp, signs them per Standard
 Webhooks (with the ``standardwebhooks`` library), settles what every URL is done with,
 keeps dead letters, and counts it all. It never blocks the relay: the outbox is filled by
 the broker and drained here, in tasks of their own.
@@ -20,7 +20,7 @@ import random
 import time
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 from standardwebhooks import Webhook
 
 from ..brokers import WebhookStore
@@ -53,7 +53,7 @@ class WebhookDispatcher:
             max_age=settings.webhook_max_age,
         )
         self._signer = Webhook(settings.webhook_secret) if settings.webhook_secret else None
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._flying: set[asyncio.Task[None]] = set()
@@ -66,14 +66,11 @@ class WebhookDispatcher:
 
     async def start(self) -> None:
         """Start taking and sending."""
-        self._client = httpx.AsyncClient(
-            timeout=self.settings.webhook_timeout,
-            limits=httpx.Limits(
-                max_connections=self.settings.webhook_concurrency,
-                max_keepalive_connections=self.settings.webhook_concurrency,
-            ),
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.settings.webhook_concurrency),
+            timeout=aiohttp.ClientTimeout(total=self.settings.webhook_timeout),
             headers={"User-Agent": USER_AGENT},
-            follow_redirects=False,
+            auto_decompress=False,
         )
         self._tasks = [
             asyncio.create_task(self._take_forever()),
@@ -95,7 +92,7 @@ class WebhookDispatcher:
             log.warning("stopping with %d webhook messages not delivered", left)
         await self.store.release()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
 
     def _holds_more(self) -> bool:
         return bool(self.store.active and self.store.depth)
@@ -188,14 +185,18 @@ class WebhookDispatcher:
             stamp = datetime.fromtimestamp(int(headers["webhook-timestamp"]), UTC)
             headers["webhook-signature"] = self._signer.sign(entry.id, stamp, entry.body.decode())
         try:
-            response = await self._client.post(url, content=entry.body, headers=headers)
-        except httpx.TimeoutException:
+            async with self._client.post(
+                url, data=entry.body, headers=headers, allow_redirects=False
+            ) as response:
+                await response.read()
+                status = response.status
+        except TimeoutError:
             return f"timeout after {self.settings.webhook_timeout:g} s"
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             return f"network_error {type(exc).__name__}: {exc}"
-        if 200 <= response.status_code < 300:
+        if 200 <= status < 300:
             return None
-        return f"http_error {response.status_code}"
+        return f"http_error {status}"
 
     async def _bury(self, delivery: Delivery, wall: float) -> None:
         entry = delivery.entry
