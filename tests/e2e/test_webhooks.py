@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,10 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 from standardwebhooks import Webhook
 from token_relay.core.grants import Role
 from token_relay.core.webhooks import webhook_id
-from token_relay.edge.tokens import mint
+from token_relay.edge.tokens import mint, verify
 from token_relay.testing import RedisServer, WebhookReceiver, relay_process
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
@@ -312,6 +315,12 @@ async def test_on_redis_one_process_delivers_and_a_kill_9_mid_post_loses_nothing
             await _produce_to(other.url, "x", ["x4"])
             await _until(lambda: len(receiver.unique()) == 9, wait=20)
             assert "delivers the webhook outbox now" in other.log
+            # A process that stops gives the lease up at once.
+            redis = Redis.from_url(redis_server.url)
+            assert await redis.get("tr:wh:lease") is not None
+            assert await other.terminate(10) == 0
+            assert await redis.get("tr:wh:lease") is None
+            await redis.aclose()
         finally:
             await asyncio.gather(*(relay.stop() for relay in relays))
     unique = receiver.unique()
@@ -362,3 +371,20 @@ async def _until_http(relay: Any, path: str, status: int) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{path} never answered {status}")
+
+
+def test_an_admin_token_is_minted_without_channels() -> None:
+    secret = "a-relay-secret-for-webhook-tests-32b"
+    done = subprocess.run(
+        [sys.executable, "-m", "token_relay", "token", "--role", "admin", "--secret", secret],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert verify(done.stdout.strip(), secret).role is Role.ADMIN
+    refused = subprocess.run(
+        [sys.executable, "-m", "token_relay", "token", "--role", "produce", "--secret", secret],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "needs at least one --channel" in refused.stderr
