@@ -93,8 +93,8 @@ def test_missing_exp_is_invalid() -> None:
 
 
 def test_bad_role_is_invalid() -> None:
-    error = _invalid(_token({"role": "admin", "channels": ["a"], "exp": _future()}))
-    assert str(error) == "claim 'role' must be 'produce' or 'subscribe'"
+    error = _invalid(_token({"role": "owner", "channels": ["a"], "exp": _future()}))
+    assert str(error) == "claim 'role' must be 'produce', 'subscribe' or 'admin'"
     _invalid(_token({"role": "PRODUCE", "channels": ["a"], "exp": _future()}))
     _invalid(_token({"channels": ["a"], "exp": _future()}))
     _invalid(_token({"role": None, "channels": ["a"], "exp": _future()}))

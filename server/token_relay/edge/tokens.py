@@ -48,7 +48,7 @@ def verify(token: str, secret: str) -> Grant:
     try:
         role = Role(str(claims.get("role")))
     except ValueError:
-        raise InvalidToken("claim 'role' must be 'produce' or 'subscribe'") from None
+        raise InvalidToken("claim 'role' must be 'produce', 'subscribe' or 'admin'") from None
     channels = claims.get("channels")
     if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
         raise InvalidToken("claim 'channels' must be a list of names or patterns")
