@@ -286,19 +286,7 @@ export class RelayClient {
       for (const state of this._states.values()) this._send(this._subscribeFrame(state));
     };
     socket.onmessage = (event) => {
-      if (generation !== this._generation) return;
-      let frame;
-      try {
-        frame = JSON.parse(event.data);
-      } catch {
-        return;
-      }
-      if (!this._confirmed) {
-        this._confirmed = true;
-        clearTimeout(deadline);
-        this._opened();
-      }
-      this._receive(frame);
+      if (this._incoming(generation, event.data)) clearTimeout(deadline);
     };
     socket.onclose = (event) => {
       clearTimeout(deadline);
@@ -364,23 +352,8 @@ export class RelayClient {
     }
     this._sticky = true;
     this.transport = "sse";
-    let opened = false;
     try {
-      await readEvents(response.body, (event) => {
-        if (generation !== this._generation) return;
-        let frame;
-        try {
-          frame = JSON.parse(event.data);
-        } catch {
-          return;
-        }
-        if (!opened) {
-          opened = true;
-          this._confirmed = true;
-          this._opened();
-        }
-        this._receive(frame);
-      });
+      await readEvents(response.body, (event) => this._incoming(generation, event.data));
     } catch {
       // a cut: the same as an end
     }
@@ -491,6 +464,24 @@ export class RelayClient {
   }
 
   // ------------------------------------------------------------------ frames
+
+  /** A frame's text from the connection of `generation`: the first one opens the client.
+   * Returns whether the connection has carried a frame. */
+  _incoming(generation, data) {
+    if (generation !== this._generation) return false;
+    let frame;
+    try {
+      frame = JSON.parse(data);
+    } catch {
+      return this._confirmed;
+    }
+    if (!this._confirmed) {
+      this._confirmed = true;
+      this._opened();
+    }
+    this._receive(frame);
+    return true;
+  }
 
   _receive(frame) {
     this._emit("frame", frame);

@@ -350,29 +350,15 @@ class ProducerEndpoint:
         self.metrics.messages.labels(reason.value).inc()
         if unfinished.meta:
             self.broker.meta(unfinished.channel, owner, unfinished.message_id, "")
-        body = encode_unpositioned(frame)
+        where = (unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame))
         try:
-            await self.broker.terminal(
-                unfinished.channel,
-                owner,
-                unfinished.message_id,
-                body,
-                aborted=True,
-                producer=producer,
-            )
+            await self.broker.terminal(*where, aborted=True, producer=producer)
         except BrokerUnavailable:
             # Nobody will send it again: the broker keeps it and publishes it once it can.
             log.warning(
                 "abort of %r on %r waits for the broker", unfinished.message_id, unfinished.channel
             )
-            self.broker.defer(
-                unfinished.channel,
-                owner,
-                unfinished.message_id,
-                body,
-                aborted=True,
-                producer=producer,
-            )
+            self.broker.defer(*where, aborted=True, producer=producer)
 
     async def _end(self, session: Session, reason: AbortReason) -> None:
         # Messages completed here but never published (the broker was down and the
