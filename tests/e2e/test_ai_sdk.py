@@ -117,7 +117,17 @@ async def test_a_resume_on_another_process_through_redis(
             await recv_json(producer)
             for n in range(10):
                 await send_json(producer, {"id": "x", "delta": f"{n},"})
-            await asyncio.sleep(0.2)
+            # Once b holds the message in progress (through Redis), b's stream resumes it.
+            so_far = "".join(f"{n}," for n in range(10))
+            for _ in range(200):
+                async with connect(f"{b.url}/subscribe?channel=chat-4&deltas=1") as probe:
+                    await recv_json(probe)  # subscribed
+                    try:
+                        snapshot = await recv_json(probe, 0.1)
+                    except TimeoutError:
+                        continue
+                if snapshot.get("text") == so_far:
+                    break
             reading = asyncio.ensure_future(_resume(ai_sdk, on_b, "chat-4"))
             await asyncio.sleep(1.0)
             for n in range(10, 20):
