@@ -114,6 +114,36 @@ def _key(kind: str, name: str) -> str:
     return f"tr:{kind}:{name}"
 
 
+def _merge_deltas(batch: list[_Write]) -> list[_Write]:
+    """One script per message for a run of its deltas in a write batch, not one per delta.
+
+    A message's deltas are joined while no other kind of write comes between (any other
+    write ends every run), so each message's text and order are unchanged; subscribers get
+    fewer, longer delta frames, as with ``--delta-flush-ms``. The joined delta's event
+    ``seq`` is the run's last.
+    """
+    merged: list[_Write] = []
+    runs: dict[tuple[str, str, str], int] = {}
+    for write in batch:
+        target = write.message
+        if write.script != "delta" or target is None:
+            runs.clear()
+            merged.append(write)
+            continue
+        at = runs.get(target)
+        if at is None:
+            runs[target] = len(merged)
+            merged.append(write)
+            continue
+        first = merged[at]
+        args = list(first.args)
+        args[0] = f"{args[0]}{write.args[0]}"
+        if write.args[5]:
+            args[5] = write.args[5]
+        merged[at] = _Write("delta", first.keys, args, message=target)
+    return merged
+
+
 def _identity(grant: str, settings: Settings) -> str:
     """A session's producer identity for its webhooks, from the grant key it was saved
     with (``[role, channels]``); "" without auth."""
@@ -844,6 +874,7 @@ class RedisBroker:
             batch = [await queue.get()]
             while len(batch) < MAX_BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
+            batch = _merge_deltas(batch)
             try:
                 results = await self._execute(batch)
             except asyncio.CancelledError:
