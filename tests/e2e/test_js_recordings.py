@@ -11,7 +11,6 @@ writes them afresh.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -39,6 +38,13 @@ class Recorder:
     async def producer(self) -> Any:
         return await self.stack.enter_async_context(self.running.connect("/produce?channel=chat"))
 
+    async def watcher(self) -> Any:
+        """A deltas subscriber of its own, not recorded: it tells when a delta was applied."""
+        ws = await self.stack.enter_async_context(self.running.connect("/subscribe"))
+        await send_json(ws, _sub("chat"))
+        assert (await recv_json(ws))["type"] == "subscribed"
+        return ws
+
     async def connect(self, subscribe: Frame, *, stale: bool = False) -> Any:
         ws = await self.stack.enter_async_context(self.running.connect("/subscribe"))
         await send_json(ws, subscribe)
@@ -60,6 +66,14 @@ async def _publish(producer: Any, message_id: str, *deltas: str, final: bool = T
     if final:
         await send_json(producer, {"id": message_id, "final": True})
         assert (await recv_json(producer))["type"] == "ack"
+
+
+async def _applied(watcher: Any, message_id: str, delta: str) -> None:
+    """Wait until the relay has applied ``delta`` of ``message_id`` (its watcher saw it)."""
+    while True:
+        frame = await recv_json(watcher)
+        if frame.get("type") == "delta" and (frame["id"], frame["delta"]) == (message_id, delta):
+            return
 
 
 def _sub(channel: str, **extra: Any) -> Frame:
@@ -97,6 +111,7 @@ async def stream_and_abort(rec: Recorder) -> dict[str, Any]:
 
 async def resume(rec: Recorder) -> dict[str, Any]:
     producer = await rec.producer()
+    watcher = await rec.watcher()
     first = await rec.connect(_sub("chat"))
     await rec.take(first, 1)
     await _publish(producer, "a1", "one")
@@ -106,7 +121,7 @@ async def resume(rec: Recorder) -> dict[str, Any]:
     await first.close()  # the network drops; the relay moves on meanwhile
     await _publish(producer, "a2", "two")
     await _publish(producer, "b", "wö", final=False)
-    await asyncio.sleep(0.05)
+    await _applied(watcher, "b", "wö")
     again = await rec.connect(
         _sub("chat", since={"offset": 1, "epoch": rec.connections[0]["frames"][0]["epoch"]},
              positions={"b": 6})
@@ -130,10 +145,11 @@ async def resume(rec: Recorder) -> dict[str, Any]:
 
 async def rewind(rec: Recorder) -> dict[str, Any]:
     producer = await rec.producer()
+    watcher = await rec.watcher()
     for n in range(1, 4):
         await _publish(producer, f"r{n}", f"reply {n}")
     await _publish(producer, "r4", "par", final=False)
-    await asyncio.sleep(0.05)
+    await _applied(watcher, "r4", "par")
     ws = await rec.connect(_sub("chat", rewind=2))
     await rec.take(ws, 4)  # subscribed (replayed 2), r2, r3, r4's snapshot
     await _publish(producer, "r4", "tial")
