@@ -249,31 +249,29 @@ async def try_subscribe(
         return type(exc).__name__
 
 
-async def producer(url: str, channel: str) -> ClientConnection:
-    """A producer connection past its ``session`` frame."""
-    ws = await connect(
-        f"{url}/produce?channel={channel}",
+async def _client(url: str, **options: Any) -> ClientConnection:
+    """A client connection of the cases: no size limit, no compression, no proxy."""
+    return await connect(
+        url,
         open_timeout=5,
         close_timeout=1,
         max_size=None,
-        ping_interval=None,
         compression=None,
         proxy=None,
+        **options,
     )
+
+
+async def producer(url: str, channel: str) -> ClientConnection:
+    """A producer connection past its ``session`` frame."""
+    ws = await _client(f"{url}/produce?channel={channel}", ping_interval=None)
     await asyncio.wait_for(ws.recv(), 5)  # the session frame
     return ws
 
 
 async def subscriber(url: str, query: str) -> tuple[ClientConnection, dict[str, Any]]:
     """A subscriber connection and, with a ``?channel=``, its first frame (``subscribed``)."""
-    ws = await connect(
-        f"{url}/subscribe?{query}",
-        open_timeout=5,
-        close_timeout=1,
-        max_size=None,
-        compression=None,
-        proxy=None,
-    )
+    ws = await _client(f"{url}/subscribe?{query}")
     first: dict[str, Any] = {}
     if "channel=" in query:
         first = json.loads(await asyncio.wait_for(ws.recv(), 5))

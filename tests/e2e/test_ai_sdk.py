@@ -66,19 +66,38 @@ async def test_a_stream_read_from_its_start_and_a_204_once_it_is_done(ai_sdk: Pa
         assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
 
 
+async def _resume_mid_reply(
+    ai_sdk: Path, producer: Any, reader: RunningRelay, chat: str, pieces: list[str]
+) -> Any:
+    """Stream the first half of a reply, resume it through ``reader``'s AI SDK stream once
+    ``reader`` holds that half, stream the rest and the final; what the AI SDK read."""
+    half = len(pieces) // 2
+    for piece in pieces[:half]:
+        await send_json(producer, {"id": "r", "delta": piece})
+    so_far = "".join(pieces[:half])
+    for _ in range(200):
+        async with connect(f"{reader.url}/subscribe?channel={chat}&deltas=1") as probe:
+            await recv_json(probe)  # subscribed
+            try:
+                snapshot = await recv_json(probe, 0.1)
+            except TimeoutError:
+                continue
+        if snapshot.get("text") == so_far:
+            break
+    reading = asyncio.ensure_future(_resume(ai_sdk, reader, chat))
+    await asyncio.sleep(1.0)
+    for piece in pieces[half:]:
+        await send_json(producer, {"id": "r", "delta": piece})
+    await send_json(producer, {"id": "r", "final": True})
+    return await reading
+
+
 async def test_a_resume_in_the_middle_replays_from_start_under_the_same_id(ai_sdk: Path) -> None:
     running, relay = await start_relay()
     async with relay, running.connect("/produce?channel=chat-2") as producer:
-        for n in range(20):
-            await send_json(producer, {"id": "r", "delta": f"{n} "})
-        await asyncio.sleep(0.1)
-        reading = asyncio.ensure_future(_resume(ai_sdk, running, "chat-2"))
-        await asyncio.sleep(1.0)
-        for n in range(20, 40):
-            await send_json(producer, {"id": "r", "delta": f"{n} "})
-        await send_json(producer, {"id": "r", "final": True})
-        got = await reading
-        assert (got["id"], got["text"]) == ("r", "".join(f"{n} " for n in range(40)))
+        pieces = [f"{n} " for n in range(40)]
+        got = await _resume_mid_reply(ai_sdk, producer, running, "chat-2", pieces)
+        assert (got["id"], got["text"]) == ("r", "".join(pieces))
         # The head came as one delta of the text so far, then the live ones, once each.
         assert got["parts"].count("start") == 1 and got["parts"].count("text-start") == 1
 
@@ -115,26 +134,10 @@ async def test_a_resume_on_another_process_through_redis(
         on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
         async with connect(f"{a.url}/produce?channel=chat-4") as producer:
             await recv_json(producer)
-            for n in range(10):
-                await send_json(producer, {"id": "x", "delta": f"{n},"})
-            # Once b holds the message in progress (through Redis), b's stream resumes it.
-            so_far = "".join(f"{n}," for n in range(10))
-            for _ in range(200):
-                async with connect(f"{b.url}/subscribe?channel=chat-4&deltas=1") as probe:
-                    await recv_json(probe)  # subscribed
-                    try:
-                        snapshot = await recv_json(probe, 0.1)
-                    except TimeoutError:
-                        continue
-                if snapshot.get("text") == so_far:
-                    break
-            reading = asyncio.ensure_future(_resume(ai_sdk, on_b, "chat-4"))
-            await asyncio.sleep(1.0)
-            for n in range(10, 20):
-                await send_json(producer, {"id": "x", "delta": f"{n},"})
-            await send_json(producer, {"id": "x", "final": True})
-            got = await reading
-        assert (got["id"], got["text"]) == ("x", "".join(f"{n}," for n in range(20)))
+            # Started on a, resumed on b once b holds it through Redis.
+            pieces = [f"{n}," for n in range(20)]
+            got = await _resume_mid_reply(ai_sdk, producer, on_b, "chat-4", pieces)
+        assert (got["id"], got["text"]) == ("r", "".join(pieces))
     finally:
         await asyncio.gather(a.stop(), b.stop())
 

@@ -365,7 +365,7 @@ class RedisBroker:
         producer: str = "",
     ) -> _Write:
         member = f"{owner}|{message_id}"
-        webhook = self.webhooks is not None and self._wants_webhook(channel)
+        webhook = self._wants_webhook(channel)  # False without --webhook
         return _Write(
             "terminal",
             [

@@ -167,10 +167,10 @@ class Outbox:
         self._lanes: dict[tuple[str, str], collections.deque[Delivery]] = {}
         self._flying: set[tuple[str, str]] = set()
         self._left: dict[str, int] = {}
-        self.entries = 0
+        """Each entry held, and how many URLs still owe it."""
 
     def __len__(self) -> int:
-        return self.entries
+        return len(self._left)
 
     @property
     def in_flight(self) -> int:
@@ -182,7 +182,6 @@ class Outbox:
             return  # taken twice (read again after a lease moved): once is enough
         urls = [entry.url] if entry.url else list(self.urls)
         self._left[entry.key] = len(urls)
-        self.entries += 1
         for url in urls:
             delivery = Delivery(entry, url, due=now)
             self._lanes.setdefault(delivery.lane, collections.deque()).append(delivery)
@@ -232,7 +231,6 @@ class Outbox:
         self._lanes.clear()
         self._flying.clear()
         self._left.clear()
-        self.entries = 0
 
     def _done(self, delivery: Delivery) -> WebhookEntry | None:
         lane = delivery.lane
@@ -248,5 +246,4 @@ class Outbox:
         if self._left[key] > 0:
             return None
         del self._left[key]
-        self.entries -= 1
         return delivery.entry

@@ -1,22 +1,43 @@
-"""What every peer that owns a socket shares: write flow control, and its end."""
+"""What every peer shares: who it is (:class:`PeerBase`) and, for one that owns its
+socket, write flow control and its end (:class:`SocketPeer`)."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from websockets import CloseCode
 
-__all__ = ["SocketPeer"]
+from ..core.grants import Grant
+
+__all__ = ["PeerBase", "SocketPeer"]
 
 
-class SocketPeer:
+class PeerBase:
+    """A peer's identity: its id, its socket, the request that admitted it, its client's
+    address (the peer's, or the one a trusted proxy forwarded for) and its grant."""
+
+    def __init__(
+        self, transport: asyncio.Transport, *, path: str, client: str, grant: Grant
+    ) -> None:
+        self.id = uuid.uuid4()
+        self.transport = transport
+        self.path = path
+        """The request target, query included."""
+        self.client = client
+        self.grant = grant
+
+
+class SocketPeer(PeerBase):
     """The ``pause_writing``/``resume_writing`` half of an ``asyncio.Protocol``, a
     :meth:`drain` that waits for the socket's buffer to fall under its low-water mark,
     and the socket's end: :meth:`close` (each peer says how in :meth:`start_close`),
     :meth:`abort` and :meth:`wait_closed`."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def __init__(
+        self, transport: asyncio.Transport, *, path: str, client: str, grant: Grant
+    ) -> None:
+        super().__init__(transport, path=path, client=client, grant=grant)
         self._paused_writing = False
         self._drained: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import uuid
 from typing import Any
 
 from websockets import CloseCode
 
 from ..core.grants import Grant
+from .flow import PeerBase
 
 __all__ = ["NDJSON", "HttpProducer"]
 
@@ -34,7 +34,7 @@ MAX_LINES = 64
 """Lines of an NDJSON body waiting to be applied before its socket stops being read."""
 
 
-class HttpProducer:
+class HttpProducer(PeerBase):
     """The events of one request's body in, the frames for its response out."""
 
     def __init__(
@@ -48,11 +48,7 @@ class HttpProducer:
         named: bool,
         max_line: int,
     ) -> None:
-        self.id = uuid.uuid4()
-        self.transport = transport
-        self.path = path
-        self.client = client
-        self.grant = grant
+        super().__init__(transport, path=path, client=client, grant=grant)
         self.ndjson = ndjson
         self.named = named
         """A named producer's session outlives the request (it is parked, not ended)."""

@@ -149,8 +149,11 @@ class HttpServer:
         for sock in self._listening:
             loop.add_reader(sock.fileno(), self._accept, sock)
         self._serving = True
-        self._sweeper = asyncio.create_task(self._keepalive())
-        self._heartbeat = asyncio.create_task(self._sse_heartbeat())
+        settings = self.settings
+        self._sweeper = asyncio.create_task(self._every(settings.ping_interval, self._keepalive))
+        self._heartbeat = asyncio.create_task(
+            self._every(settings.sse_heartbeat, self._sse_heartbeat)
+        )
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -323,29 +326,30 @@ class HttpServer:
         if connection.ws is not None:
             self.connections.discard(connection.ws)
 
-    async def _keepalive(self) -> None:
-        """Ping every WebSocket peer each ``--ping-interval``; cut those that stayed silent."""
-        interval = self.settings.ping_interval
+    async def _every(self, interval: float, visit: Callable[[Streamed], None]) -> None:
+        """Call ``visit`` on every open peer each ``interval`` seconds."""
         while True:
             await asyncio.sleep(interval)
-            for ws in list(self.connections):
-                if isinstance(ws, SseStream):
-                    continue  # a stream's client sends nothing; its heartbeat is below
-                if not ws.heard:
-                    log.info("cutting %s (%s): no answer to a ping", ws.client, ws.id)
-                    ws.abort()
-                else:
-                    ws.heard = False
-                    ws.ping()
+            for peer in list(self.connections):
+                visit(peer)
 
-    async def _sse_heartbeat(self) -> None:
-        """A comment line on every SSE stream each ``--sse-heartbeat``, for proxies."""
-        interval = self.settings.sse_heartbeat
-        while True:
-            await asyncio.sleep(interval)
-            for stream in list(self.connections):
-                if isinstance(stream, SseStream):
-                    stream.ping()
+    @staticmethod
+    def _keepalive(peer: Streamed) -> None:
+        """Ping a WebSocket peer; cut one that stayed silent since the last ping."""
+        if isinstance(peer, SseStream):
+            return  # a stream's client sends nothing; its heartbeat is its own
+        if not peer.heard:
+            log.info("cutting %s (%s): no answer to a ping", peer.client, peer.id)
+            peer.abort()
+        else:
+            peer.heard = False
+            peer.ping()
+
+    @staticmethod
+    def _sse_heartbeat(peer: Streamed) -> None:
+        """A comment line on an SSE stream, so proxies keep it open."""
+        if isinstance(peer, SseStream):
+            peer.ping()
 
 
 class HttpConnection(asyncio.Protocol):

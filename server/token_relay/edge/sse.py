@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from http import HTTPStatus
 from typing import Any
 
@@ -87,12 +86,8 @@ class SseStream(SocketPeer):
         positions: dict[str, tuple[int, str]],
         headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        super().__init__(transport)
-        self.id = uuid.uuid4()
+        super().__init__(transport, path=path, client=client, grant=grant)
         self.http = http
-        self.path = path
-        self.client = client
-        self.grant = grant
         self.headers = headers
         """Headers every response head of this stream carries (CORS)."""
         self.positions = positions

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import uuid
 
 from websockets import CloseCode, State
 from websockets.frames import Frame, Opcode
@@ -63,13 +62,7 @@ class WebSocket(SocketPeer):
         max_size: int,
         max_unsent: int,
     ) -> None:
-        super().__init__(transport)
-        self.id = uuid.uuid4()
-        self.path = path
-        """The request target, query included."""
-        self.client = client
-        """The client's address: the peer's, or the one a trusted proxy forwarded for."""
-        self.grant = grant
+        super().__init__(transport, path=path, client=client, grant=grant)
         self.protocol = Protocol(SERVER, state=State.OPEN, max_size=max_size, logger=frames_log)
         self.max_size = max_size
         self.max_unsent = max_unsent
