@@ -570,20 +570,19 @@ class HttpConnection(asyncio.Protocol):
             max_line=settings.max_frame_bytes,
         )
         self._producer = producer
-
-        async def answer() -> None:
-            reply = await self.server.produce(reading, producer)
-            reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
-            if self.transport is not None and not self.transport.is_closing():
-                self._respond(reply, request, read=True)
-
-        self.server.spawn(answer())
+        self._answer_later(request, reading, self.server.produce(reading, producer))
 
     def _spawn_body(self, request: h11.Request, reading: ReadBody, body: bytes) -> None:
         """Hand a whole body to its route, and answer with what it returns."""
+        self._answer_later(request, reading, self.server.read(reading, body))
+
+    def _answer_later(
+        self, request: h11.Request, reading: ReadBody, replying: Awaitable[Reply]
+    ) -> None:
+        """Answer the request with its route's reply once it comes (if the socket is open)."""
 
         async def answer() -> None:
-            reply = await self.server.read(reading, body)
+            reply = await replying
             reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
