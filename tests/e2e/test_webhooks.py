@@ -389,3 +389,30 @@ def test_an_admin_token_is_minted_without_channels() -> None:
         text=True,
     )
     assert refused.returncode == 2 and "needs at least one --channel" in refused.stderr
+
+
+async def test_with_workers_2_on_redis_every_message_is_posted_once_in_order(
+    redis_server: RedisServer,
+) -> None:
+    with WebhookReceiver() as receiver:
+        relay = relay_process(
+            "--workers", "2", "--broker", redis_server.url, "--webhook", receiver.url,
+            "--lease-seconds", "1", "--webhook-backoff", "0.05",
+        )  # fmt: skip
+        await relay.start()
+        try:
+            # Producers land on either worker (one port, SO_REUSEPORT).
+            await asyncio.gather(
+                *(
+                    _produce_to(relay.url, f"w{c}", [f"w{c}-{n}" for n in range(5)])
+                    for c in range(4)
+                )
+            )
+            await _until(lambda: len(receiver.unique()) == 20, wait=20)
+            await asyncio.sleep(0.3)
+        finally:
+            await relay.stop()
+    assert len(receiver.delivered()) == 20  # one worker delivers: nothing twice
+    for c in range(4):
+        ids = [p["id"] for p in receiver.unique() if p["channel"] == f"w{c}"]
+        assert ids == [f"w{c}-{n}" for n in range(5)]
