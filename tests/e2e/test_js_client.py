@@ -20,6 +20,7 @@ import pytest_asyncio
 from playwright.async_api import Page
 from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
+from token_relay.testing import Proxy
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
@@ -265,3 +266,35 @@ async def _eventually(condition: Any, wait: float = 5.0) -> None:
     async with asyncio.timeout(wait):
         while not condition():  # noqa: ASYNC110 - polls state owned by the relay
             await asyncio.sleep(0.01)
+
+
+async def test_the_react_app_through_a_proxy_that_cuts_keeps_the_text_exact(
+    app_relay: tuple[RunningRelay, Any], page: Page
+) -> None:
+    """The page and its relay connection through a TCP proxy that drops every connection
+    with no goodbye, three times in the middle of a reply."""
+    running, server = app_relay
+    port = int(running.url.rsplit(":", 1)[1])
+    async with Proxy(port) as proxy, running.connect("/produce?channel=cut") as producer:
+        await page.goto(f"http://127.0.0.1:{proxy.port}/?channel=cut")
+        await page.wait_for_selector('#status[data-status="live"]')
+        shown = ""
+        for n in range(12):
+            piece = f"piece {n} · "
+            await send_json(producer, {"id": "r", "delta": piece})
+            shown += piece
+            if n % 4 == 3:
+                await page.wait_for_function(
+                    "(text) => document.querySelector('li[data-id=\"r\"]')?.textContent === text",
+                    arg=shown,
+                )
+                subscribers = [c for c in server.server.connections if c.path == "/subscribe"]
+                assert subscribers, [c.path for c in server.server.connections]
+                assert proxy.cut() >= 1
+        await send_json(producer, {"id": "r", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+        await page.wait_for_selector('li[data-id="r"][data-status="complete"]', timeout=20000)
+        assert await page.text_content('li[data-id="r"]') == shown
+        assert proxy.cuts == 3
+        rendered: list[str] = await page.evaluate("window.rendered.r")
+        assert all(shown.startswith(text) for text in rendered)
