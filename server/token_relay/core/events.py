@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .protocol import encode_delta
+from .codec import encode_delta
 
 __all__ = ["CatchUp", "Delta", "FrameKind", "LiveMessage", "Outgoing", "Payload"]
 

@@ -48,12 +48,10 @@ __all__ = [
     "SubscriberFrame",
     "Unsubscribe",
     "Unsubscribed",
-    "acks_frame",
     "decode_producer_event",
     "decode_producer_frame",
     "decode_subscriber_frame",
     "encode",
-    "encode_delta",
     "encode_unpositioned",
     "error_frame",
     "json_schema",
@@ -335,11 +333,6 @@ def encode(frame: BaseModel) -> str:
     return frame.model_dump_json()
 
 
-def encode_delta(channel: str, message_id: str, delta: str) -> str:
-    """Serialize a ``delta`` frame from values already validated: no second validation."""
-    return DeltaFrame.model_construct(channel=channel, id=message_id, delta=delta).model_dump_json()
-
-
 _POSITION = {"offset", "epoch"}
 
 
@@ -375,21 +368,6 @@ def error_frame(exc: FrameRejected, channel: str | None = None) -> str:
     if extra:
         frame = frame.model_copy(update=extra)
     return encode(frame)
-
-
-def acks_frame(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
-    """One ``ack`` frame for a single event, one ``acks`` frame for a batch."""
-    if not batch:
-        channel, message_id, duplicate = acks[0]
-        ack = Ack(id=message_id, channel=channel)
-        return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack)
-    entries = [
-        AckEntry(id=message_id, channel=channel).model_copy(update={"duplicate": True})
-        if duplicate
-        else AckEntry(id=message_id, channel=channel)
-        for channel, message_id, duplicate in acks
-    ]
-    return encode(AckBatch(acks=entries))
 
 
 # ----------------------------------------------------------------- decoding errors

@@ -53,8 +53,8 @@ from typing import Any, NamedTuple
 from pydantic import MISSING
 
 from .assembler import TokenAssembler
+from .codec import Event
 from .errors import ConfigError, ErrorCode, FrameRejected
-from .protocol import ProducerEvent
 
 __all__ = ["TRANSITIONS", "Applied", "MessageStreams", "Overflow", "Phase", "Unfinished"]
 
@@ -217,7 +217,7 @@ class MessageStreams:
         self.completed_chars = 0
         """Characters of the completed texts kept for idempotent finals."""
 
-    def receive(self, event: ProducerEvent, now: float = 0.0) -> Applied | Overflow:
+    def receive(self, event: Event, now: float = 0.0) -> Applied | Overflow:
         """Apply one event; raise :class:`FrameRejected` leaving all state unchanged."""
         message_id = event.id
         channel = self.default_channel if event.channel is MISSING else event.channel

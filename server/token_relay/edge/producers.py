@@ -30,6 +30,7 @@ from pydantic import MISSING
 from websockets import CloseCode
 
 from ..brokers import Broker
+from ..core.codec import Event, FastEvent, acks_frame, decode_producer_frame, message_body
 from ..core.errors import (
     BrokerUnavailable,
     ErrorCode,
@@ -43,11 +44,8 @@ from ..core.grants import Grant
 from ..core.protocol import (
     Aborted,
     AbortReason,
-    MessageFrame,
     ProducerEvent,
     SessionFrame,
-    acks_frame,
-    decode_producer_frame,
     encode,
     encode_unpositioned,
     error_frame,
@@ -231,7 +229,7 @@ class ProducerEndpoint:
         self,
         connection: ProducerPeer,
         session: Session,
-        event: ProducerEvent,
+        event: Event,
         now: float,
         index: int | None,
     ) -> Applied | Overflow | None:
@@ -289,7 +287,7 @@ class ProducerEndpoint:
         applied: Applied,
         now: float,
         index: int | None,
-        event: ProducerEvent,
+        event: Event,
     ) -> tuple[str, str, bool] | None:
         """Publish a message its final completed; returns ``(channel, id, duplicate)`` to ack."""
         channel, message_id, text = applied.channel, applied.message_id, applied.text
@@ -320,7 +318,7 @@ class ProducerEndpoint:
         meta: dict[str, Any] | None = None,
     ) -> None:
         """Publish a completed message once; if the broker is down, keep it for a retried final."""
-        body = _message_body(channel, message_id, text, meta)
+        body = message_body(channel, message_id, text, meta)
         try:
             await self.broker.terminal(
                 channel, session.owner, message_id, body, seq, producer=self._identity(session)
@@ -371,7 +369,7 @@ class ProducerEndpoint:
                     channel,
                     session.owner,
                     message_id,
-                    _message_body(channel, message_id, text),
+                    message_body(channel, message_id, text),
                     producer=self._identity(session),
                 )
         session.unpublished.clear()
@@ -418,7 +416,7 @@ class ProducerEndpoint:
         )
 
     def _rate_limited(
-        self, frame: ProducerEvent | list[ProducerEvent], session: Session
+        self, frame: Event | list[FastEvent] | list[ProducerEvent], session: Session
     ) -> FrameRejected:
         limit = f"{self.settings.max_events_per_second:g}"
         if isinstance(frame, list):
@@ -496,21 +494,6 @@ class ProducerEndpoint:
             for owner, session in self.sessions.by_owner.items()
             for message_id, channel in session.streams.streaming()
         ]
-
-
-def _message_body(
-    channel: str, message_id: str, text: str, meta: dict[str, Any] | None = None
-) -> str:
-    """A ``message`` frame without its position, which the broker gives it."""
-    frame = MessageFrame.model_construct(
-        channel=channel,
-        id=message_id,
-        text=text,
-        meta=MISSING if meta is None else meta,
-        offset=0,
-        epoch="",
-    )
-    return encode_unpositioned(frame)
 
 
 def _grant_key(grant: Grant) -> str:

@@ -57,7 +57,7 @@ from .httpproducer import NDJSON, HttpProducer
 from .metrics import Metrics
 from .peer import Streamed
 from .sse import SseStream
-from .websocket import WebSocket, frames_log
+from .websocket import Cork, WebSocket, frames_log
 
 __all__ = ["FD_RESERVE", "HttpConnection", "HttpServer"]
 
@@ -125,6 +125,8 @@ class HttpServer:
         self._sweeper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._refusals: dict[str, tuple[float, int]] = {}
+        self.cork = Cork(asyncio.get_running_loop())
+        """Write coalescing for every WebSocket of this server."""
 
     async def start(self) -> None:
         """Listen on ``--host``/``--port``."""
@@ -624,6 +626,7 @@ class HttpConnection(asyncio.Protocol):
             grant=admit.grant,
             max_size=settings.max_frame_bytes,
             max_unsent=settings.max_subscriber_buffer_bytes,
+            cork=self.server.cork,
         )
         # Counted now, in the same step as the decision: a burst of handshakes from one
         # address can't all pass --max-connections-per-ip before any is counted.

@@ -12,6 +12,13 @@ Limits and policies
   ``--max-frame-bytes`` bytes; past either, the socket is not read until the
   endpoint catches up (TCP backpressure on the peer).
 * A text message that is not UTF-8 closes the connection with 1007.
+* Whole unfragmented data frames (nearly every frame a peer sends) are read by a lean
+  parser of their own, unmasked by websockets' C ``apply_mask``; any other frame (control
+  frames, fragments, reserved bits, an unmasked or oversized frame) and whatever follows
+  it until the protocol is at a frame boundary again go to websockets' ``Protocol``.
+* Frames written to one socket within one pass of the event loop go out in one write,
+  at the end of the pass, after the first (see :class:`Cork`): a burst of acks or
+  messages costs one system call, and a lone frame none of waiting.
 * Every ``--ping-interval`` seconds the server pings each peer; one that sent
   nothing at all since the previous ping is cut (1011), so a half-open
   connection ends within two intervals.
@@ -29,10 +36,15 @@ from websockets import CloseCode, State
 from websockets.frames import Frame, Opcode
 from websockets.protocol import SERVER, Event, Protocol
 
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - websockets without its C extension
+    from websockets.utils import apply_mask
+
 from ..core.grants import Grant
 from .flow import SocketPeer
 
-__all__ = ["MAX_QUEUE", "WebSocket"]
+__all__ = ["MAX_QUEUE", "Cork", "WebSocket"]
 
 log = logging.getLogger("token_relay")
 frames_log = logging.getLogger("token_relay.frames")
@@ -48,6 +60,53 @@ FAIR_SHARE = 32
 CLOSE_TIMEOUT = 5.0
 """Seconds a peer has to answer a close frame before its socket is cut."""
 
+MAX_HELD_FRAME = 64 * 1024
+"""The largest frame the lean parser gathers across reads; a larger one is websockets'."""
+
+
+class Cork:
+    """Write coalescing for the WebSockets of one event loop.
+
+    A socket's first frame in a pass of the loop is written at once (a lone frame
+    never waits); the frames that follow it in the same pass are held and written
+    together when the pass ends, in one system call. Held bytes are at most one pass's
+    work, and a socket's frames keep their order: every write of a :class:`WebSocket`
+    goes through here.
+    """
+
+    __slots__ = ("_held", "_loop", "_scheduled", "_written")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._written: set[WebSocket] = set()
+        self._held: list[WebSocket] = []
+        self._scheduled = False
+
+    def write(self, peer: WebSocket, data: bytes) -> None:
+        """Write ``data`` to the peer's socket, now or at the end of this pass."""
+        held = peer.held
+        if held is not None:
+            held.append(data)
+            return
+        written = self._written
+        if peer in written:
+            peer.held = [data]
+            self._held.append(peer)
+            return
+        written.add(peer)
+        peer.transport.write(data)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """The pass ended: write what each socket holds."""
+        self._scheduled = False
+        self._written.clear()
+        held, self._held = self._held, []
+        for peer in held:
+            peer.uncork()
+
 
 class WebSocket(SocketPeer):
     """A WebSocket peer: messages in as an async iterator, frames out to its transport."""
@@ -61,8 +120,14 @@ class WebSocket(SocketPeer):
         grant: Grant,
         max_size: int,
         max_unsent: int,
+        cork: Cork | None = None,
     ) -> None:
         super().__init__(transport, path=path, client=client, grant=grant)
+        self.cork = cork or Cork(asyncio.get_running_loop())
+        self.held: list[bytes] | None = None
+        """Frames written in this pass of the loop after its first, not yet on the socket."""
+        self._partial = b""
+        """The start of a frame the lean parser is gathering."""
         self.protocol = Protocol(SERVER, state=State.OPEN, max_size=max_size, logger=frames_log)
         self.max_size = max_size
         self.max_unsent = max_unsent
@@ -103,10 +168,21 @@ class WebSocket(SocketPeer):
         """Bytes from the socket."""
         self.heard = True
         protocol = self.protocol
-        protocol.receive_data(data)
-        events = protocol.events_received()
-        if events:
-            self._take(events)
+        if self._partial:
+            data, self._partial = self._partial + data, b""
+        if (
+            protocol.current_size is None
+            and not protocol.reader.buffer
+            and protocol.state is State.OPEN
+            and protocol.close_rcvd is None
+            and not self._failed
+        ):
+            data = self._parse(data)
+        if data:
+            protocol.receive_data(data)
+            events = protocol.events_received()
+            if events:
+                self._take(events)
         self._flush()
         transport = self.transport
         if self.max_unsent and transport.get_write_buffer_size() > self.max_unsent:
@@ -125,6 +201,37 @@ class WebSocket(SocketPeer):
             self.protocol.state = State.CLOSED
         self._wake()
         self._gone()
+
+    def _parse(self, data: bytes) -> bytes:
+        """Read the whole unfragmented data frames at the start of ``data``; keep a partial
+        one for the next read; return from the first frame websockets must read on."""
+        at, end, limit = 0, len(data), self.max_size
+        while end - at >= 2:
+            first, second = data[at], data[at + 1]
+            # FIN, no reserved bits, text or binary, masked (as a client must).
+            if first & 0xF0 != 0x80 or not 0 < first & 0x0F < 3 or not second & 0x80:
+                return data[at:]
+            length, head = second & 0x7F, 6
+            if length == 126:
+                if end - at < 4:
+                    break
+                length, head = int.from_bytes(data[at + 2 : at + 4]), 8
+            elif length == 127:
+                if end - at < 10:
+                    break
+                length, head = int.from_bytes(data[at + 2 : at + 10]), 14
+            stop = at + head + length
+            if length > limit or (stop > end and head + length > MAX_HELD_FRAME):
+                return data[at:]  # 1009, or a big frame websockets gathers more cheaply
+            if stop > end:
+                break
+            payload = apply_mask(data[at + head : stop], data[at + head - 4 : at + head])
+            self._put(payload, first & 0x0F == 1)
+            if self._failed:
+                return b""
+            at = stop
+        self._partial = data[at:]
+        return b""
 
     def _take(self, events: list[Event]) -> None:
         for frame in events:
@@ -209,17 +316,20 @@ class WebSocket(SocketPeer):
         """Write one serialized frame, if the connection is open (and its socket not gone:
         asyncio warns of every write to a socket that failed)."""
         if self.protocol.state is State.OPEN and not self.transport.is_closing():
-            self.transport.write(frame)
+            self.cork.write(self, frame)
+
+    def uncork(self) -> None:
+        """Write the frames held since this pass's first (see :class:`Cork`)."""
+        held, self.held = self.held, None
+        if held and not self.transport.is_closing():
+            self.transport.write(b"".join(held))
 
     async def send(self, data: str | bytes) -> None:
         """Send one text frame, then wait until the socket can take more."""
         if self.protocol.state is not State.OPEN or self.transport.is_closing():
             return
-        self.transport.write(
-            Frame(Opcode.TEXT, data.encode() if isinstance(data, str) else data).serialize(
-                mask=False
-            )
-        )
+        payload = data.encode() if isinstance(data, str) else data
+        self.cork.write(self, Frame(Opcode.TEXT, payload).serialize(mask=False))
         await self.drain()
 
     def ping(self) -> None:
@@ -247,7 +357,8 @@ class WebSocket(SocketPeer):
             if transport.is_closing():
                 return
             if data:
-                transport.write(data)
+                self.cork.write(self, data)
             else:
                 # websockets' signal to end the TCP connection (a server closes first).
+                self.uncork()
                 transport.close()

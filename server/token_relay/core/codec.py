@@ -1,0 +1,158 @@
+"""The hot path's codec: producer frames decoded, and the frames sent most, encoded, by msgspec.
+
+The pydantic models of :mod:`token_relay.core.protocol` are the one source of truth
+for the protocol. This module only takes a faster road to the same place:
+
+* :func:`decode_events` reads a producer frame with msgspec into :class:`FastEvent`,
+  whose fields and constraints are those of :class:`~token_relay.core.protocol.ProducerEvent`.
+  It never refuses anything: whatever msgspec does not accept as it stands (a frame
+  with an error, a lone surrogate escape, a number msgspec will not hold) returns None,
+  and the pydantic models decide, with their own error codes and words.
+* The encoders build the ``ack``, ``acks``, ``delta`` and unpositioned ``message``
+  frames the pydantic models would serialize, byte for byte; any text msgspec will not
+  encode, and any metadata, goes to the models instead.
+
+``tests/core/test_codec.py`` proves both over generated valid and invalid frames:
+what is accepted here equals the models' result, and every encoding equals theirs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from pydantic import MISSING
+
+from .protocol import (
+    MAX_BATCH,
+    MAX_NAME_LENGTH,
+    Ack,
+    AckBatch,
+    AckEntry,
+    DeltaFrame,
+    MessageFrame,
+    ProducerEvent,
+    encode,
+    encode_unpositioned,
+)
+from .protocol import decode_producer_frame as decode_by_models
+
+__all__ = [
+    "Event",
+    "FastEvent",
+    "acks_frame",
+    "decode_events",
+    "decode_producer_frame",
+    "encode_delta",
+    "message_body",
+]
+
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)]
+_Channel = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)]
+_Seq = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class FastEvent(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A producer event as msgspec reads it: the fields of ``ProducerEvent``, absent ones
+    ``MISSING`` as there."""
+
+    id: _Name
+    delta: str = MISSING  # type: ignore[assignment]
+    final: bool = False
+    channel: _Channel = MISSING  # type: ignore[assignment]
+    seq: _Seq = MISSING  # type: ignore[assignment]
+    meta: dict[str, Any] = MISSING  # type: ignore[assignment]
+
+
+_DECODER = msgspec.json.Decoder(
+    FastEvent | Annotated[list[FastEvent], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+)
+_ENCODER = msgspec.json.Encoder()
+
+
+def decode_events(raw: str | bytes) -> FastEvent | list[FastEvent] | None:
+    """The frame's event, or a batch's events, if msgspec accepts the frame as it stands;
+    None to leave the frame to the pydantic models."""
+    try:
+        return _DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+Event = FastEvent | ProducerEvent
+"""One producer event, as either decoder read it: the same fields, the same values."""
+
+
+def decode_producer_frame(raw: str | bytes) -> Event | list[FastEvent] | list[ProducerEvent]:
+    """Validate a producer frame: one event, or a JSON array of them (all or nothing);
+    raise :class:`~token_relay.core.errors.FrameRejected` as the models do."""
+    events = decode_events(raw)
+    return decode_by_models(raw) if events is None else events
+
+
+def _dumps(value: Any) -> bytes | None:
+    try:
+        return _ENCODER.encode(value)
+    except (UnicodeEncodeError, msgspec.EncodeError):
+        return None  # a lone surrogate: the models say how it goes out
+
+
+def acks_frame(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
+    """One ``ack`` frame for a single event, one ``acks`` frame for a batch."""
+    if not batch:
+        channel, message_id, duplicate = acks[0]
+        one: dict[str, Any] = {"type": "ack", "id": message_id, "channel": channel}
+        if duplicate:
+            one["duplicate"] = True
+        data = _dumps(one)
+        if data is not None:
+            return data.decode()
+        ack = Ack(id=message_id, channel=channel)
+        return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack)
+    entries: list[dict[str, Any]] = []
+    for channel, message_id, duplicate in acks:
+        entry: dict[str, Any] = {"id": message_id, "channel": channel}
+        if duplicate:
+            entry["duplicate"] = True
+        entries.append(entry)
+    data = _dumps({"type": "acks", "acks": entries})
+    if data is not None:
+        return data.decode()
+    models = [
+        AckEntry(id=message_id, channel=channel).model_copy(update={"duplicate": True})
+        if duplicate
+        else AckEntry(id=message_id, channel=channel)
+        for channel, message_id, duplicate in acks
+    ]
+    return encode(AckBatch(acks=models))
+
+
+def encode_delta(channel: str, message_id: str, delta: str) -> str:
+    """A ``delta`` frame from values already validated."""
+    data = _dumps({"type": "delta", "channel": channel, "id": message_id, "delta": delta})
+    if data is not None:
+        return data.decode()
+    return DeltaFrame.model_construct(channel=channel, id=message_id, delta=delta).model_dump_json()
+
+
+def message_body(
+    channel: str, message_id: str, text: str, meta: dict[str, Any] | None = None
+) -> str:
+    """A ``message`` frame without its position, which the broker gives it.
+
+    Metadata goes through the models: their numbers are written as serde writes them
+    (``1e+16``), not as msgspec does (``1e16``)."""
+    if meta is None:
+        body = {"type": "message", "channel": channel, "id": message_id, "text": text}
+        data = _dumps(body)
+        if data is not None:
+            return data.decode()
+    frame = MessageFrame.model_construct(
+        channel=channel,
+        id=message_id,
+        text=text,
+        meta=MISSING if meta is None else meta,
+        offset=0,
+        epoch="",
+    )
+    return encode_unpositioned(frame)

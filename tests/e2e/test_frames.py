@@ -1,0 +1,163 @@
+"""The WebSocket edge's frame reading, step by step: the lean parser and websockets' own.
+
+Whole unfragmented data frames are read by the relay's lean parser; anything else goes
+to websockets' ``Protocol``. Over generated streams of client frames (text, binary,
+pings and pongs, fragmented messages with pings between their fragments, frames too big
+to gather, invalid UTF-8, frames over the size limit, a close) cut into reads at random
+places, the connection yields exactly the messages the stream holds, in order, answers
+every ping, and ends with the close code the stream calls for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from token_relay.core.grants import OPEN
+from token_relay.edge.websocket import MAX_HELD_FRAME, Cork, WebSocket
+from websockets.frames import Close, Frame, Opcode
+from websockets.protocol import CLIENT, Protocol
+
+MAX_SIZE = 2 * MAX_HELD_FRAME
+
+
+class Transport(asyncio.Transport):
+    """What the connection writes, and whether it was closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+text = st.text(alphabet=st.sampled_from('ab é🚀\n"'), max_size=40)
+small = st.binary(max_size=40)
+
+
+@st.composite
+def pieces(draw: st.DrawFn) -> tuple[list[Frame], list[Any], list[bytes], int]:
+    """Client frames, the messages they hold, the pongs they call for, the close code."""
+    frames: list[Frame] = []
+    messages: list[Any] = []
+    pongs: list[bytes] = []
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(
+            st.sampled_from(["text", "text", "text", "binary", "ping", "pong", "fragments", "big"])
+        )
+        if kind == "text":
+            value = draw(text)
+            frames.append(Frame(Opcode.TEXT, value.encode()))
+            messages.append(value)
+        elif kind == "binary":
+            data = draw(small)
+            frames.append(Frame(Opcode.BINARY, data))
+            messages.append(data)
+        elif kind == "ping":
+            data = draw(st.binary(max_size=20))
+            frames.append(Frame(Opcode.PING, data))
+            pongs.append(data)
+        elif kind == "pong":
+            frames.append(Frame(Opcode.PONG, draw(small)))
+        elif kind == "fragments":
+            data = draw(text).encode()
+            cuts = sorted(draw(st.lists(st.integers(0, len(data)), min_size=1, max_size=3)))
+            parts = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+            for n, part in enumerate(parts):
+                opcode = Opcode.TEXT if n == 0 else Opcode.CONT
+                frames.append(Frame(opcode, part, fin=n == len(parts) - 1))
+                if n < len(parts) - 1 and draw(st.booleans()):
+                    frames.append(Frame(Opcode.PING, b"between"))
+                    pongs.append(b"between")
+            messages.append(data.decode())
+        else:  # bigger than the lean parser gathers across reads
+            value = "x" * draw(st.integers(MAX_HELD_FRAME - 20, MAX_HELD_FRAME + 20))
+            frames.append(Frame(Opcode.TEXT, value.encode()))
+            messages.append(value)
+    end = draw(st.sampled_from(["close", "close", "invalid utf-8", "too big"]))
+    if end == "close":
+        frames.append(Frame(Opcode.CLOSE, Close(1000, "bye").serialize()))
+        code = 1000
+    elif end == "invalid utf-8":
+        frames.append(Frame(Opcode.TEXT, b"ok \xff"))
+        code = 1007
+    else:
+        frames.append(Frame(Opcode.TEXT, b"y" * (MAX_SIZE + 1)))
+        code = 1009
+    # What follows the end is never read as a message.
+    frames.append(Frame(Opcode.TEXT, b"after the end"))
+    return frames, messages, pongs, code
+
+
+def _server_frames(data: bytes) -> list[Frame]:
+    """The frames the relay wrote, read as a client reads them."""
+    client = Protocol(CLIENT, max_size=None)
+    client.receive_data(data)
+    return [event for event in client.events_received() if isinstance(event, Frame)]
+
+
+async def _play(stream: bytes, cuts: list[int]) -> tuple[list[Any], Transport]:
+    transport = Transport()
+    loop = asyncio.get_running_loop()
+    ws = WebSocket(
+        transport,
+        path="/produce",
+        client="127.0.0.1",
+        grant=OPEN,
+        max_size=MAX_SIZE,
+        max_unsent=0,
+        cork=Cork(loop),
+    )
+    for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        ws.receive(stream[start:stop])
+        await asyncio.sleep(0)  # the end of a pass of the loop: held writes go out
+    received: list[Any] = []
+    async with asyncio.timeout(5):
+        async for message in ws:
+            received.append(message)
+    await asyncio.sleep(0)
+    return received, transport
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pieces(), st.data())
+def test_every_message_is_read_once_in_order_however_the_reads_fall(
+    case: tuple[list[Frame], list[Any], list[bytes], int], data: st.DataObject
+) -> None:
+    frames, messages, pongs, code = case
+    stream = b"".join(frame.serialize(mask=True) for frame in frames)
+    cut_at = st.integers(0, len(stream))
+    cuts = sorted(
+        set(
+            data.draw(st.lists(cut_at, max_size=8))
+            + data.draw(st.lists(st.integers(0, min(len(stream), 40)), max_size=3))
+        )
+    )
+    received, transport = asyncio.run(_play(stream, cuts))
+    assert received == messages
+    written = _server_frames(bytes(transport.written))
+    assert [f.data for f in written if f.opcode is Opcode.PONG] == pongs
+    closes = [Close.parse(f.data).code for f in written if f.opcode is Opcode.CLOSE]
+    assert closes == [code]
