@@ -62,25 +62,30 @@ class Writer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def send(self, receivers: Iterable[Peer], payload: Outgoing) -> None:
-        """Send one serialized frame to every receiver, each at its own pace."""
-        ready: list[Peer] = []
+        """Send one serialized frame to every receiver, each at its own pace.
+
+        One pass over the receivers: each ready socket is written to as it comes, so the
+        first receiver is served without waiting for a look at the rest.
+        """
         over: list[Peer] = []
         high_water = self.high_water
         backlogs = self.backlogs
+        writer = _FrameWriter(payload)
+        written = 0
         for receiver in receivers:
-            backlog = backlogs.get(receiver)
+            backlog = backlogs.get(receiver) if backlogs else None
             if backlog is None:
                 if receiver.transport.get_write_buffer_size() <= high_water:
-                    ready.append(receiver)
+                    writer.write(receiver)
+                    written += 1
                     continue
                 backlog = self._start_backlog(receiver)
             if backlog.push(payload):
                 self.metrics.deltas_coalesced.inc()
             if backlog.bytes + _unsent(receiver) > self.hard_limit:
                 over.append(receiver)
-        if ready:
-            _write_all(ready, payload)
-            self.metrics.frames_out.inc(len(ready))
+        if written:
+            self.metrics.frames_out.inc(written)
         # Closing edits the set being iterated above (the hub's), so it comes after.
         for receiver in over:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
@@ -141,29 +146,44 @@ class Writer:
         task.add_done_callback(self._tasks.discard)
 
 
-def _write_all(receivers: list[Peer], payload: Outgoing) -> None:
-    """Write one text frame to every open receiver, serializing the frame once.
+class _FrameWriter:
+    """One frame, serialized once per kind of receiver, written to each receiver.
 
     Compression is off and a server never masks, so the frame's bytes are the same
-    for every WebSocket: build them once and hand them to each socket. An SSE stream
-    gets the frame as an event, read once for all the streams.
-    Only whole, unfragmented frames are ever written, so nothing can interleave.
+    for every WebSocket: they are built once and handed to each socket. An SSE stream
+    gets the frame as an event, read once for all the streams. Only whole,
+    unfragmented frames are ever written, so nothing can interleave.
     """
-    if isinstance(payload, Delta):
-        data = payload.render()
-    else:
-        data = payload.encode() if isinstance(payload, str) else payload
-    frame: bytes | None = None
-    fields: Fields | None = None
-    for receiver in receivers:
+
+    __slots__ = ("_data", "_fields", "_frame", "_payload")
+
+    def __init__(self, payload: Outgoing) -> None:
+        self._payload = payload
+        self._data: bytes | None = None
+        self._frame: bytes | None = None
+        self._fields: Fields | None = None
+
+    def _bytes(self) -> bytes:
+        data = self._data
+        if data is None:
+            payload = self._payload
+            if isinstance(payload, Delta):
+                data = payload.render()
+            else:
+                data = payload.encode() if isinstance(payload, str) else payload
+            self._data = data
+        return data
+
+    def write(self, receiver: Peer) -> None:
         if type(receiver) is WebSocket:  # nearly every receiver: one check, then write
+            frame = self._frame
             if frame is None:
-                frame = Frame(Opcode.TEXT, data).serialize(mask=False)
+                frame = self._frame = Frame(Opcode.TEXT, self._bytes()).serialize(mask=False)
             receiver.write_frame(frame)
         elif isinstance(receiver, SseStream):
-            fields = receiver.write_event(data, fields)
+            self._fields = receiver.write_event(self._bytes(), self._fields)
         elif isinstance(receiver, HttpProducer):
-            receiver.collect(data)
+            receiver.collect(self._bytes())
 
 
 def _unsent(connection: Peer) -> int:
