@@ -160,8 +160,9 @@ async def started(*services: ServiceProcess, notable: list[str]) -> AsyncIterato
 async def running_cluster(
     relay_args: Sequence[str], notable: list[str], compare: str = ""
 ) -> AsyncIterator[dict[str, ServiceProcess]]:
-    """redis-server, relays S, F, and A and B through Redis, and the peers, by name; with
-    ``compare`` (another installation's python), its relays S0 and F0 too."""
+    """redis-server, relays S, F, A and B through Redis, W (``--workers 2`` on Redis), the
+    peers and the ``os.write`` floor, by name; with ``compare`` (another installation's
+    python), its relays S0 and F0 too."""
     raise_fd_limit()  # inherited by every child: the fan-out relay holds 10,000 sockets
     with tempfile.TemporaryDirectory(prefix="token-relay-bench-") as directory:
         redis = RedisServer(Path(directory))
@@ -177,6 +178,8 @@ async def running_cluster(
                 "F": relay("F", *relay_args),
                 "noop": ServiceProcess("bench.servers", "noop", name="no-op server"),
                 "socketio": ServiceProcess("bench.servers", "socketio", name="socketio relay"),
+                "floor": ServiceProcess("bench.floor", name="os.write floor"),
+                "W": relay("W", "--broker", redis.url, "--workers", "2", *relay_args),
             }
             for name in ("S0", "F0") if compare else ():
                 flags = (*COMPARE_FLAGS, *relay_args)
@@ -294,6 +297,53 @@ async def stream(
     return record
 
 
+async def http_ingest(
+    relay: ServiceProcess, channel: str, messages: Sequence[Message]
+) -> dict[str, Any]:
+    """The same events as NDJSON lines in one chunked ``POST /produce``, written at once, to
+    one WebSocket subscriber on the same relay; the record of :func:`_record`, timed from the
+    request's first byte to the subscriber holding the last message."""
+    lines = b"".join(f"{frame}\n".encode() for m in messages for frame in m.frames)
+    events = sum(len(m.frames) for m in messages)
+    size = wire.CHUNK_BYTES
+    body = b"".join(
+        b"%x\r\n%b\r\n" % (len(part), part)
+        for part in (lines[at : at + size] for at in range(0, len(lines), size))
+    )
+    head = (
+        f"POST /produce?channel={quote(channel, safe='')} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    arrivals: dict[str, float] = {}
+    url = f"{relay.url}/subscribe?channel={quote(channel, safe='')}"
+    async with connect(url, compression=None) as ws:
+        confirmation = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        if confirmation.get("type") != "subscribed":
+            raise BenchError(f"subscribing got {confirmation}")
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+
+        async def post() -> None:
+            writer.write(head + body + b"0\r\n\r\n")
+            status = await reader.readuntil(b"\r\n\r\n")
+            length = int(status.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            answer = json.loads(await reader.readexactly(length))
+            if not status.startswith(b"HTTP/1.1 200") or answer["errors"]:
+                raise BenchError(f"the NDJSON post was answered {status[:40]!r} {answer['errors']}")
+            if len(answer["acks"]) != len(messages):
+                raise BenchError(f"{len(answer['acks'])} acks for {len(messages)} messages")
+
+        try:
+            cpu, start = cpu_seconds(relay.pid), time.perf_counter()
+            async with asyncio.timeout(TIMEOUT_MARGIN + len(messages) / 500):
+                await all_or_first_failure(post(), check_messages(ws, channel, messages, arrivals))
+            cpu = cpu_seconds(relay.pid) - cpu
+        except TimeoutError:
+            raise BenchError(f"NDJSON ingest timed out with {len(arrivals)} messages") from None
+        finally:
+            writer.close()
+    return _record(events, events, max(arrivals.values()) - start, cpu)
+
+
 async def socketio_ingest(
     server: ServiceProcess, channel: str, messages: Sequence[Message]
 ) -> dict[str, Any]:
@@ -391,10 +441,12 @@ async def memory(
     kind: str, count: int, notable: list[str], relay_args: Sequence[str]
 ) -> dict[str, int]:
     """A fresh relay's RSS after a warm-up step and after ``count`` more idle subscribers
-    (``idle``) or unfinished 10,000-char messages (``in_flight``), the last one acked."""
+    (``idle`` on WebSockets, ``idle_sse`` on SSE streams) or unfinished 10,000-char messages
+    (``in_flight``), the last one acked."""
     deltas, warm = IN_FLIGHT_CHARS // 4, max(10, count // 5)
     limit = ("--max-streaming-per-producer", str(warm + count + 10))
-    server = relay("M1" if kind == "idle" else "M2", *limit * (kind != "idle"), *relay_args)
+    idle = kind.startswith("idle")
+    server = relay("M1" if idle else "M2", *limit * (not idle), *relay_args)
 
     def unfinished(batch: Sequence[Message], marker: Message) -> bytes:
         texts = [*(f for m in batch for f in m.frames[:-1]), marker.frames[-1]]
@@ -402,13 +454,14 @@ async def memory(
 
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(started(server, notable=notable))
-        if kind == "idle":
+        if idle:
+            sse = int(kind == "idle_sse")
             await stack.enter_async_context(
-                SubscriberPool.running(server.port, "memory-warm", 100, 1)
+                SubscriberPool.running(server.port, "memory-warm", 100, 1, sse=sse)
             )
             before = await settled_rss(server)
             await stack.enter_async_context(
-                SubscriberPool.running(server.port, "memory-idle", count, 2)
+                SubscriberPool.running(server.port, "memory-idle", count, 2, sse=sse)
             )
         else:
             messages = wire.build_messages(warm + count + 2, deltas, prefix="memory-")

@@ -77,25 +77,35 @@ def write_chart(
     ]
     names = ["short messages", "10k-char messages"]
     _bars(axes[0][1], "assembler (in-process), events/s", names, series)
-    keys = ["ingest.relay", "ingest.noop", "ingest.socketio", "batched.relay", "batched.noop"]
-    names = ["relay", "no-op ws", "socketio", "relay\nbatched", "no-op ws\nbatched"]
-    colors = [RELAY, OTHER, PEER, RELAY, OTHER]
+    keys = ["ingest.relay", "ingest.http", "ingest.noop", "ingest.socketio", "batched.relay"]
+    keys.append("batched.noop")
+    names = ["relay", "relay\nNDJSON", "no-op ws", "socketio", "relay\nbatched"]
+    names.append("no-op ws\nbatched")
+    colors = [RELAY, RELAY, OTHER, PEER, RELAY, OTHER]
     heading = (
         f"ingest events/s: relay {times(r.ratio('ingest.relay', 'ingest.noop'))} of no-op, "
         f"{times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio (target: batched 1M)"
     )
     ingest: list[Series] = [(None, colors, [r.median(key) for key in keys])]
     _bars(axes[0][2], heading, names, ingest, BATCHED_GOAL)
-    groups = [(size, mode) for size in sizes for mode in ("plain", "deltas")]
-    names = [f"{size:,}\n{'+ deltas' if mode == 'deltas' else 'messages'}" for size, mode in groups]
+    size = max(sizes)
+    groups = [
+        ("fanout", "plain", "relay"),
+        ("fanout.floor", "plain", "os.write\nfloor"),
+        ("fanout.sse", "plain", "relay\nSSE"),
+        ("fanout.workers", "plain", "--workers 2\nRedis"),
+        ("fanout", "deltas", "relay\n+ deltas"),
+        ("fanout.floor", "deltas", "floor\n+ deltas"),
+    ]
+    names = [name for _, _, name in groups]
     series = [
-        (stat, color, [r.median(f"fanout.{size}.{mode}.{stat}") for size, mode in groups])
+        (stat, color, [r.median(f"{case}.{size}.{mode}.{stat}") for case, mode, _ in groups])
         for stat, color in (("p50", RELAY), ("p99", PEER))
     ]
-    heading = f"fan-out, ms from final to all subscribers (target: 10k p99 < {FANOUT_GOAL_MS:g} ms)"
+    heading = f"fan-out to {size:,}, ms from final to all (target: --workers 2 p99 < 100 ms)"
     _bars(axes[1][0], heading, names, series, FANOUT_GOAL_MS)
-    values = [r.median("memory.idle") / 1024, r.median("memory.in_flight") / 1024]
-    names = ["per idle\nsubscriber", "per in-flight\n10k-char message"]
+    values = [r.median(f"memory.{key}") / 1024 for key in ("idle", "idle_sse", "in_flight")]
+    names = ["per idle\nWebSocket", "per idle\nSSE stream", "per in-flight\n10k-char message"]
     heading = f"memory, KiB of relay RSS (target: {RSS_GOAL_KIB:g} KiB per subscriber)"
     _bars(axes[1][1], heading, names, [(None, RELAY, values)], RSS_GOAL_KIB, lambda v: f"{v:,.1f}")
     routes = {"redis-same": "A->A via Redis", "redis-cross": "A->B via Redis"}

@@ -11,6 +11,7 @@ import os
 import platform
 import secrets
 import signal
+import statistics
 import sys
 import textwrap
 import time
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from token_relay.testing import ServiceProcess
 from websockets.exceptions import ConnectionClosed
 
-from . import cases
+from . import cases, durable
 from .cases import ASSEMBLERS, ROUTES, run_assembler
 from .report import Results, format_table, format_targets, table_rows, targets, to_json
 from .subscribers import SubscriberPool
@@ -63,8 +64,10 @@ class Config:
     fanout_sizes: tuple[int, ...] = option((1_000, 10_000))
     fanout_messages: int = option(6, 2, "messages per fan-out configuration and repetition")
     fanout_processes: int = option(4)  # subscriber processes for the largest fan-out
+    durable_messages: int = option(2_000, 300, "messages per run, HTTP publish vs durable-streams")
+    durable_rate: float = option(200.0, help="messages per second, SSE latency vs durable-streams")
     messages: int = option(2_000, 300, "messages per throughput run on the Redis paths")
-    rate: float = option(200.0, help="messages per second, latency case")
+    rate: float = option(1000.0, help="messages per second, latency case")
     latency_messages: int = option(600, 100, "messages per latency run")
     idle_subscribers: int = option(2_000, 1_000, "idle subscribers, memory case")
     in_flight: int = option(100, 20, "unfinished 10k-character messages, memory case")
@@ -145,6 +148,8 @@ class Run:
         await cases.stream(c["S"], c["S"], self.channel("warm-ingest", 0), messages)
         await cases.stream(c["noop"], None, "", messages)
         await cases.socketio_ingest(c["socketio"], self.channel("warm-sio", 0), messages[:300])
+        await cases.http_ingest(c["S"], self.channel("warm-http", 0), messages)
+        await cases.stream(c["floor"], c["floor"], self.channel("warm-floor", 0), messages)
         for key, (_, producer, subscriber) in ROUTES.items():
             some = messages[: min(self.config.messages, 200)]
             await cases.stream(c[producer], c[subscriber], self.channel(f"warm-{key}", 0), some)
@@ -164,6 +169,8 @@ class Run:
             channel = self.channel("ingest-compare", n)
             await file("ingest.compare", stream(c["S0"], c["S0"], channel, messages))
         await file("ingest.noop", stream(noop, None, "", messages))
+        channel = self.channel("http", n)
+        await file("ingest.http", cases.http_ingest(relay, channel, messages))
         some, channel = messages[: config.socketio_messages], self.channel("socketio", n)
         await file("ingest.socketio", cases.socketio_ingest(c["socketio"], channel, some))
         channel = self.channel("batched", n)
@@ -196,44 +203,65 @@ class Run:
             record |= {"latency": {"rate": config.rate, **latency}}
             self.results.detail(f"routes.{key}", record)
             _progress(f"[{n}/{config.repeat}] {label}: {rate:,.0f} events/s, p50 {p50:.2f} ms")
+        # The same paced load through the os.write floor: what the load generator and the
+        # loopback cost, beside the relay's own latency.
+        channel = self.channel("latency-floor", n)
+        floor = c["floor"]
+        latency = (await cases.stream(floor, floor, channel, paced, rate=config.rate))["latency"]
+        for stat in ("p50", "p99"):
+            self.results.add(f"routes.floor.{stat}", latency[f"{stat}_ms"])
+        _progress(f"[{n}/{config.repeat}] os.write floor: p99 {latency['p99_ms']:.2f} ms")
 
     async def fanout(self, c: dict[str, ServiceProcess]) -> None:
-        """Fan-out to every size, with and without deltas, on one pool per size and relay."""
+        """Fan-out to every size, with and without deltas, on one pool per size and relay:
+        the relay, the os.write floor, SSE streams, and --workers 2 on Redis."""
         await self.fanout_of(c, c["F"], "fanout")
+        await self.fanout_of(c, c["floor"], "fanout-floor")
+        await self.fanout_of(c, c["F"], "fanout-sse", sse=True)
+        await self.fanout_of(c, c["W"], "fanout-workers", deltas=False)
         if "F0" in c:
             await self.fanout_of(c, c["F0"], "fanout-compare")
 
     async def fanout_of(
-        self, c: dict[str, ServiceProcess], relay: ServiceProcess, case: str
+        self,
+        c: dict[str, ServiceProcess],
+        relay: ServiceProcess,
+        case: str,
+        *,
+        sse: bool = False,
+        deltas: bool = True,
     ) -> None:
-        """Fan-out from one relay, its results under keys starting with ``case``."""
+        """Fan-out from one relay, its results under keys starting with ``case``: over SSE
+        streams with ``sse``, plain messages only without ``deltas``."""
         config = self.config
         for size in config.fanout_sizes:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
             channel, began = self.channel(f"{case}-{size}", 0), time.monotonic()
-            options = {"deltas_per_message": config.deltas, "nice": 10}
+            options = {"deltas_per_message": config.deltas, "nice": 10, "sse": int(sse)}
             pools = SubscriberPool.running(relay.port, channel, size, processes, **options)
             async with pools as pool:
                 took = time.monotonic() - began
                 _progress(f"{case}: {size:,} subscribers in {processes} processes in {took:.1f} s")
                 warm = build_messages(1, config.deltas, prefix="warm:")
                 await cases.measure_fanout(relay, pool, channel, warm)
-                for n, deltas in itertools.product(range(1, config.repeat + 1), (False, True)):
+                modes = (False, True) if deltas else (False,)
+                for n, live in itertools.product(range(1, config.repeat + 1), modes):
                     cases.check_alive(*c.values())
-                    if deltas or n > 1:
-                        await pool.ready(deltas)
-                    mode = "deltas" if deltas else "plain"
+                    if deltas and (live or n > 1):
+                        await pool.ready(live)
+                    mode = "deltas" if live else "plain"
                     some = build_messages(config.fanout_messages, config.deltas, f"{n}{mode}:")
                     run = await cases.measure_fanout(relay, pool, channel, some)
                     record: dict[str, Any] = {"repetition": n, "subscribers": size}
-                    record["deltas"] = deltas
+                    record["deltas"] = live
                     record |= {"delta_gap_ms": cases.DELTA_GAP * 1000, **run}
                     key = f"{case.replace('-', '.')}.{size}.{mode}"
                     self.results.detail(key, record)
                     for stat in ("p50", "p99"):
                         self.results.add(f"{key}.{stat}", run[f"{stat}_ms"])
+                    self.results.add(f"{key}.first", statistics.median(run["first_arrival_ms"]))
                     _progress(
-                        f"[{n}/{config.repeat}] {case} {size:,}{' with deltas' * deltas}: "
+                        f"[{n}/{config.repeat}] {case} {size:,}{' with deltas' * live}: "
                         f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms"
                     )
 
@@ -242,11 +270,40 @@ class Run:
         config, notable, relay_args = self.config, self.notable, self.config.relay_args
         for n in range(1, config.repeat + 1):
             idle = await cases.memory("idle", config.idle_subscribers, notable, relay_args)
+            sse = await cases.memory("idle_sse", config.idle_subscribers, notable, relay_args)
             flight = await cases.memory("in_flight", config.in_flight, notable, relay_args)
-            for key, run in (("idle", idle), ("in_flight", flight)):
+            for key, run in (("idle", idle), ("idle_sse", sse), ("in_flight", flight)):
                 per_item = (run["after"] - run["before"]) / run["count"]
                 self.results.add(f"memory.{key}", per_item, {"repetition": n, **run})
                 _progress(f"[{n}/{config.repeat}] memory, {key}: {per_item / 1024:.1f} KiB each")
+
+    async def durable(self, c: dict[str, ServiceProcess]) -> None:
+        """HTTP publish and SSE delivery beside the @durable-streams/server reference server."""
+        config, relay = self.config, c["S"]
+        throughput = build_messages(config.durable_messages, config.deltas)
+        paced = build_messages(min(config.durable_messages, 300), config.deltas, prefix="l")
+        _progress("starting the @durable-streams/server reference server (Node)")
+        await durable.install()
+        async with durable.running_durable() as port:
+            for n in range(1, config.repeat + 1):
+                channel = self.channel("publish", n)
+                ours = await durable.relay_http_publish(relay.port, channel, throughput)
+                theirs = await durable.durable_appends(port, throughput)
+                rate = config.durable_rate
+                channel = self.channel("sse-latency", n)
+                ours_sse = await durable.relay_sse_latency(relay.port, channel, paced, rate)
+                theirs_sse = await durable.durable_sse_latency(port, paced, rate)
+                self.results.add("durable.relay.publish", ours["messages_per_second"], ours)
+                self.results.add("durable.peer.appends", theirs["appends_per_second"], theirs)
+                for side, record in (("relay", ours_sse), ("peer", theirs_sse)):
+                    for stat in ("p50", "p99"):
+                        self.results.add(f"durable.{side}.sse.{stat}", record[f"{stat}_ms"])
+                    self.results.detail(f"durable.{side}.sse", record)
+                _progress(
+                    f"[{n}/{config.repeat}] HTTP: relay {ours['messages_per_second']:,.0f} "
+                    f"posts/s, durable-streams {theirs['appends_per_second']:,.0f} appends/s; "
+                    f"SSE p99 {ours_sse['p99_ms']:.2f} vs {theirs_sse['p99_ms']:.2f} ms"
+                )
 
     async def __call__(self) -> None:
         """Measure every case."""
@@ -266,6 +323,7 @@ class Run:
                     await self.ingest(cluster, n)
                     await self.routes(cluster, n)
                 await self.fanout(cluster)
+                await self.durable(cluster)
                 cases.check_alive(*cluster.values())
         except ConnectionClosed as exc:
             raise BenchError(f"a connection closed unexpectedly: {exc}") from None

@@ -11,7 +11,9 @@ from typing import Any
 
 from .cases import ASSEMBLERS, ROUTES
 
-FANOUT_GOAL_MS, BATCHED_GOAL, RSS_GOAL_KIB, NOOP_GOAL, SOCKETIO_GOAL = 100.0, 1e6, 40.0, 0.8, 10.0
+NOOP_GOAL, SOCKETIO_GOAL, BATCHED_GOAL, REDIS_GOAL = 0.8, 10.0, 1e6, 0.5
+FLOOR_GOAL, FIRST_GOAL_MS, FANOUT_GOAL_MS, SSE_GOAL, HTTP_GOAL = 1.2, 2.0, 100.0, 1.5, 0.7
+RSS_GOAL_KIB, LATENCY_GOAL_MS = 16.0, 1.0
 Row = tuple[str, str, str, str]  # case, what was measured, its median, how it compares
 Target = dict[str, Any]  # key, label, value, goal, comparison, met, attainment, verdict, shown
 
@@ -83,7 +85,7 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
 
     def add(case: str, what: str, key: str, compared: str = "", cpu: bool = False) -> None:
         value = r.median(key)
-        if key.startswith("fanout.") or key == "routes.single":
+        if key.startswith("fanout.") or key in ("routes.single", "routes.floor"):
             if math.isnan(r.median(key + ".p50")) and "compare" in key:
                 return
             p50, p99 = r.median(key + ".p50"), r.median(key + ".p99")
@@ -114,6 +116,8 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     add("ingest", "relay, 1 producer -> 1 subscriber", "ingest.relay", compared, cpu=True)
     compared = versus("ingest.compare", "ingest.noop", "no-op", "ingest.relay", "this relay")
     add("ingest", "--compare-python's relay, the same", "ingest.compare", compared, cpu=True)
+    compared = versus("ingest.http", "ingest.relay", "WebSocket ingest")
+    add("ingest", "relay, the same as NDJSON in one chunked POST", "ingest.http", compared, True)
     add("ingest", "no-op websockets server (ceiling)", "ingest.noop", cpu=True)
     add("ingest", "python-socketio relay (peer)", "ingest.socketio", cpu=True)
     what = f"relay, {config['batch']} events per array frame"
@@ -124,22 +128,60 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     add("batched ingest", "no-op server, the same frames (ceiling)", "batched.noop")
     for size in config["fanout_sizes"]:
         for mode, label in (("plain", ""), ("deltas", ", with deltas")):
-            key, compared = f"fanout.{size}.{mode}", ""
+            key, floor = f"fanout.{size}.{mode}", f"fanout.floor.{size}.{mode}"
+            parts = []
+            if r.details.get(floor):
+                parts.append(versus(key + ".p99", floor + ".p99", "floor's p99"))
+            if not math.isnan(first := r.median(key + ".first")):
+                parts.append(f"first {_ms(first)} ms")
             if r.details.get(key):
                 relay, clients = r.busy(key, "relay_busy"), r.busy(key, "clients_busy")
-                compared = f"relay CPU {relay:.0%}, clients {clients:.0%}"
-            add("fan-out", f"{size:,} subscribers{label}", key, compared)
+                parts.append(f"relay CPU {relay:.0%}, clients {clients:.0%}")
+            add("fan-out", f"{size:,} subscribers{label}", key, "; ".join(parts))
+            if r.details.get(floor):
+                add("fan-out", f"  bare os.write floor, {size:,}{label}", floor)
+            if r.details.get(sse := f"fanout.sse.{size}.{mode}"):
+                compared = versus(sse + ".p99", key + ".p99", "WebSocket's p99")
+                add("fan-out", f"  SSE streams, {size:,}{label}", sse, compared)
+            if r.details.get(workers := f"fanout.workers.{size}.{mode}"):
+                add("fan-out", f"  --workers 2 on Redis, {size:,}{label}", workers)
             key = f"fanout.compare.{size}.{mode}"
             compared = versus(key + ".p99", f"fanout.{size}.{mode}.p99", "this relay's p99")
             add("fan-out", f"--compare-python's relay, {size:,}{label}", key, compared)
     what = f"final -> message at {config['rate']:g} msg/s, single instance"
     add("latency", what, "routes.single")
+    add("latency", "  the same through the os.write floor", "routes.floor")
     what = f"RSS per idle subscriber ({config['idle_subscribers']:,} of them)"
     add("memory", what, "memory.idle")
+    add(
+        "memory",
+        f"RSS per idle SSE stream ({config['idle_subscribers']:,} of them)",
+        "memory.idle_sse",
+    )
     value, chars = r.median("memory.in_flight"), config["long_chars"]
     what = f"RSS per in-flight {chars:,}-char message ({config['in_flight']:,} of them)"
     per_char = "" if math.isnan(value) else f"{value / chars:.1f} bytes per char"
     add("memory", what, "memory.in_flight", per_char)
+    if r.samples.get("durable.relay.publish"):
+        compared = versus("durable.relay.publish", "durable.peer.appends", "durable-streams")
+        text = _rate(r.median("durable.relay.publish"), "posts/s")
+        rows.append(("http", "relay: one NDJSON POST per message", text, compared))
+        text = _rate(r.median("durable.peer.appends"), "appends/s")
+        rows.append(("http", "@durable-streams/server: one append per message", text, ""))
+        for side, label in (
+            ("relay", "relay: POST -> SSE reader"),
+            ("peer", "durable-streams: append -> SSE"),
+        ):
+            p50, p99 = r.median(f"durable.{side}.sse.p50"), r.median(f"durable.{side}.sse.p99")
+            compared = versus("durable.relay.sse.p99", "durable.peer.sse.p99", "its p99")
+            rows.append(
+                (
+                    "http",
+                    label,
+                    f"p50 {_ms(p50)} ms, p99 {_ms(p99)} ms",
+                    compared * (side == "relay"),
+                )
+            )
     for key, (label, _, _) in ROUTES.items():
         prefix, base = f"routes.{key}", "routes.single"
         compared = versus(prefix + ".throughput", base + ".throughput", "throughput")
@@ -193,26 +235,109 @@ def _target(
 
 def targets(results: Results) -> list[Target]:
     """The goals the run is judged by."""
-    r, noop, sio = results, NOOP_GOAL, SOCKETIO_GOAL
-    to_noop = r.ratio("ingest.relay", "ingest.noop")
-    to_sio = r.ratio("ingest.relay", "ingest.socketio")
-    out = [
-        _target("ingest_vs_noop", f"ingest >= {noop}x no-op", to_noop, noop, ">=", times),
-        _target("ingest_vs_socketio", f"ingest >= {sio:g}x socketio", to_sio, sio, ">=", times),
+    r = results
+    ms, kib = " ms", "{:.1f}".format
+
+    def ratio(key: str, label: str, value: float, goal: float, how: str) -> Target:
+        return _target(key, label, value, goal, how, times)
+
+    return [
+        ratio(
+            "ingest_vs_noop",
+            f"ingest >= {NOOP_GOAL}x no-op",
+            r.ratio("ingest.relay", "ingest.noop"),
+            NOOP_GOAL,
+            ">=",
+        ),
+        ratio(
+            "ingest_vs_socketio",
+            f"ingest >= {SOCKETIO_GOAL:g}x socketio",
+            r.ratio("ingest.relay", "ingest.socketio"),
+            SOCKETIO_GOAL,
+            ">=",
+        ),
+        _target(
+            "batched_ingest",
+            f"batched ingest >= {BATCHED_GOAL:,.0f} events/s",
+            r.median("batched.relay"),
+            BATCHED_GOAL,
+            ">=",
+            _rate,
+        ),
+        ratio(
+            "redis_ingest",
+            f"ingest via Redis >= {REDIS_GOAL}x in memory",
+            r.ratio("routes.redis-same.throughput", "routes.single.throughput"),
+            REDIS_GOAL,
+            ">=",
+        ),
+        ratio(
+            "fanout_vs_floor",
+            f"fan-out 10k p99 <= {FLOOR_GOAL}x os.write floor",
+            r.ratio("fanout.10000.plain.p99", "fanout.floor.10000.plain.p99"),
+            FLOOR_GOAL,
+            "<=",
+        ),
+        _target(
+            "fanout_first",
+            f"fan-out 10k: first subscriber <= {FIRST_GOAL_MS:g} ms",
+            r.median("fanout.10000.plain.first"),
+            FIRST_GOAL_MS,
+            "<=",
+            _ms,
+            ms,
+        ),
+        _target(
+            "fanout_workers",
+            f"fan-out 10k, --workers 2 on Redis: p99 < {FANOUT_GOAL_MS:g} ms",
+            r.median("fanout.workers.10000.plain.p99"),
+            FANOUT_GOAL_MS,
+            "<",
+            _ms,
+            ms,
+        ),
+        ratio(
+            "sse_fanout",
+            f"SSE fan-out 10k p99 <= {SSE_GOAL}x WebSocket",
+            r.ratio("fanout.sse.10000.plain.p99", "fanout.10000.plain.p99"),
+            SSE_GOAL,
+            "<=",
+        ),
+        ratio(
+            "http_ingest",
+            f"NDJSON publishing >= {HTTP_GOAL}x WebSocket ingest",
+            r.ratio("ingest.http", "ingest.relay"),
+            HTTP_GOAL,
+            ">=",
+        ),
+        _target(
+            "rss_idle_websocket",
+            f"RSS <= {RSS_GOAL_KIB:g} KiB per idle WebSocket",
+            r.median("memory.idle") / 1024,
+            RSS_GOAL_KIB,
+            "<=",
+            kib,
+            " KiB",
+        ),
+        _target(
+            "rss_idle_sse",
+            f"RSS <= {RSS_GOAL_KIB:g} KiB per idle SSE stream",
+            r.median("memory.idle_sse") / 1024,
+            RSS_GOAL_KIB,
+            "<=",
+            kib,
+            " KiB",
+        ),
+        _target(
+            "latency_p99",
+            f"final -> delivered p99 < {LATENCY_GOAL_MS:g} ms",
+            r.median("routes.single.p99"),
+            LATENCY_GOAL_MS,
+            "<",
+            _ms,
+            ms,
+        ),
     ]
-    label, batched = f"batched ingest >= {BATCHED_GOAL:,.0f} events/s", r.median("batched.relay")
-    out.append(_target("batched_ingest", label, batched, BATCHED_GOAL, ">=", _rate))
-    for mode, label in (("plain", ""), ("deltas", ", with deltas")):
-        if (key := f"fanout.10000.{mode}.p99") in r.samples:
-            label = f"fan-out 10k p99 < {FANOUT_GOAL_MS:g} ms{label}"
-            goal = FANOUT_GOAL_MS
-            out.append(
-                _target(f"fanout_10k_{mode}_p99", label, r.median(key), goal, "<", _ms, " ms")
-            )
-    label, idle = f"RSS <= {RSS_GOAL_KIB:g} KiB per idle subscriber", r.median("memory.idle") / 1024
-    kib = "{:.1f}".format
-    out.append(_target("rss_per_idle_subscriber", label, idle, RSS_GOAL_KIB, "<=", kib, " KiB"))
-    return out
 
 
 def format_targets(goals: Sequence[Target]) -> str:

@@ -4,6 +4,10 @@
 and checks each message's text, offset and deltas. On stdout: ``{"ready": N}`` once all are
 subscribed (again after ``deltas 1`` or ``deltas 0`` on stdin), ``{"id", "first", "last"}``
 once all hold a message (``time.time()``), or ``{"error"}``; the end of stdin ends it.
+
+The connections are WebSockets, or with ``sse`` SSE streams (``GET /sse?channel=C``): each
+event's data is the frame a WebSocket would get, checked the same way. A stream cannot be
+told to switch deltas on or off, so it is replaced by a new one that asks for them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, NoReturn, cast
 from urllib.parse import quote
+
+import h11
 
 from . import wire
 
@@ -46,18 +52,27 @@ def fail(text: str) -> NoReturn:
     os._exit(1)
 
 
-class Subscriber(asyncio.Protocol):
-    """One connection: the handshake, then its text frames to :meth:`Subscribers.on_frame`."""
+class Connection(asyncio.Protocol):
+    """What :meth:`Subscribers.on_frame` keeps of one subscriber connection, of either kind."""
 
-    __slots__ = ("handshake", "head", "offset", "opened", "owner", "parser", "parts", "transport")
+    __slots__ = ("head", "offset", "opened", "owner", "parts", "transport")
 
-    def __init__(self, owner: Subscribers, target: str) -> None:
+    def __init__(self, owner: Subscribers) -> None:
         self.owner, self.head, self.offset = owner, b"", 0
-        self.handshake = wire.upgrade_request(owner.port, target)
-        self.parser: wire.FrameParser | None = None
         self.transport: asyncio.Transport
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.parts: dict[str, list[str]] = {}  # the deltas of the messages in progress
+
+
+class Subscriber(Connection):
+    """One WebSocket: the handshake, then its text frames to :meth:`Subscribers.on_frame`."""
+
+    __slots__ = ("handshake", "parser")
+
+    def __init__(self, owner: Subscribers, target: str) -> None:
+        super().__init__(owner)
+        self.handshake = wire.upgrade_request(owner.port, target)
+        self.parser: wire.FrameParser | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
@@ -91,12 +106,162 @@ class Subscriber(asyncio.Protocol):
         fail("a subscriber connection was closed" + (f": {exc!r}" if exc else " by the relay"))
 
 
+class EventParser:
+    """Splits an SSE response body, chunked or not, into the data of its events.
+
+    What a feed yields from a clean start (no partial chunk or event held) depends on its
+    bytes alone, and every stream of a process gets the same bytes: such feeds, and every
+    event, are read once per process and looked up after that.
+    """
+
+    __slots__ = ("_body", "_chunked", "_raw")
+
+    _feeds: dict[bytes, tuple[bytes, ...]] = {}  # noqa: RUF012 - shared on purpose
+    _events: dict[bytes, bytes | None] = {}  # noqa: RUF012 - an event's data, or None
+
+    def __init__(self, chunked: bool) -> None:
+        self._chunked, self._raw, self._body = chunked, b"", b""
+
+    def feed(self, data: bytes) -> tuple[bytes, ...]:
+        """The data of every event ended by ``data``, in order; the rest waits for more."""
+        clean = not self._raw and not self._body
+        if clean and (known := self._feeds.get(data)) is not None:
+            return known
+        body = self._unchunk(data) if self._chunked else data
+        if self._body:
+            body = self._body + body
+        if b"\r" in body:  # CRLF or CR line ends; a CR at the end may be half of a CRLF
+            held = b"\r" if body.endswith(b"\r") else b""
+            body = body[: len(body) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            body += held
+        *blocks, self._body = body.split(b"\n\n")
+        events = self._events
+        found = [events[b] if b in events else self._event(b) for b in blocks]
+        payloads = tuple(payload for payload in found if payload is not None)
+        if clean and not self._raw and not self._body:
+            self._feeds[data] = payloads
+        return payloads
+
+    def _unchunk(self, data: bytes) -> bytes:
+        """The chunks' bytes; a partial chunk waits in ``_raw``."""
+        if self._raw:
+            data = self._raw + data
+        parts: list[bytes] = []
+        position, end = 0, len(data)
+        while (line := data.find(b"\r\n", position)) >= 0:
+            try:
+                size = int(data[position:line].partition(b";")[0], 16)
+            except ValueError:
+                raise wire.BenchError(f"a bad chunk size: {data[position:line][:40]!r}") from None
+            if size == 0:
+                seen = b"\n" + b"".join(parts)  # its last comment says why (": closed 1013")
+                said = seen[seen.rfind(b"\n:") + 2 :].strip().decode(errors="replace")
+                raise wire.BenchError(f"the relay ended an SSE stream: {said!r}")
+            start = line + 2
+            if (stop := start + size) + 2 > end:
+                break
+            if data[stop : stop + 2] != b"\r\n":
+                raise wire.BenchError("a chunk of an SSE stream does not end with CRLF")
+            parts.append(data[start:stop])
+            position = stop + 2
+        self._raw = data[position:]
+        return b"".join(parts)
+
+    def _event(self, block: bytes) -> bytes | None:
+        """An event's data (None if it has none), its ``event:`` and ``id:`` checked."""
+        fields: dict[bytes, bytes] = {}
+        lines: list[bytes] = []
+        for line in block.split(b"\n"):
+            if line and not line.startswith(b":"):  # a blank line or a comment
+                name, _, value = line.partition(b":")
+                value = value[1:] if value.startswith(b" ") else value
+                if name == b"data":
+                    lines.append(value)
+                else:
+                    fields[name] = value
+        payload = b"\n".join(lines) if lines else None
+        if payload is not None:
+            try:
+                kind = str(json.loads(payload)["type"])
+            except (ValueError, KeyError, TypeError):
+                raise wire.BenchError(f"an SSE event's data is no frame: {block[:300]!r}") from None
+            if fields.get(b"event", b"message").decode() != kind:
+                raise wire.BenchError(f"an SSE event is not named for its frame: {block[:300]!r}")
+            if kind in ("subscribed", "message", "aborted") and not fields.get(b"id"):
+                raise wire.BenchError(f"an SSE {kind} event has no id: {block[:300]!r}")
+        self._events[block] = payload
+        return payload
+
+
+class SseSubscriber(Connection):
+    """One SSE stream: the request, then its events' data to :meth:`Subscribers.on_frame`."""
+
+    __slots__ = ("http", "parser", "replaced", "request", "target")
+
+    def __init__(self, owner: Subscribers, target: str) -> None:
+        super().__init__(owner)
+        self.target, self.http, self.replaced = target, h11.Connection(h11.CLIENT), False
+        headers = [("Host", f"127.0.0.1:{owner.port}"), ("Accept", "text/event-stream")]
+        request = h11.Request(method="GET", target=target, headers=headers)
+        self.request = self.http.send(request) or b""
+        self.http.send(h11.EndOfMessage())  # a GET has no body: nothing to send
+        self.parser: EventParser | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        if self.replaced:  # closed, but bytes already read may still come
+            return
+        now = time.time()
+        try:
+            if self.parser is None:
+                head = self.head + data
+                if (end := head.find(b"\r\n\r\n") + 4) < 4:
+                    self.head = head
+                    return
+                self.head, self.parser, data = b"", EventParser(self._check(head[:end])), head[end:]
+                del self.http, self.request  # done with: thousands of them would add up
+                self.opened.set_result(None)
+            payloads = self.parser.feed(data)
+        except wire.BenchError as exc:
+            fail(str(exc))
+        for payload in payloads:
+            self.owner.on_frame(self, now, payload)
+
+    def _check(self, head: bytes) -> bool:
+        """Fail unless ``head`` (through its blank line) starts an event stream; whether its
+        body is chunked."""
+        self.http.receive_data(head)
+        try:
+            response = self.http.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise wire.BenchError(f"GET {self.target}: a malformed response ({exc})") from None
+        if not isinstance(response, h11.Response):
+            raise wire.BenchError(f"GET {self.target}: no response head but {response!r}")
+        headers = dict(response.headers)  # h11 lowers the names
+        kind = headers.get(b"content-type", b"").decode(errors="replace")
+        if response.status_code != 200 or not kind.startswith("text/event-stream"):
+            raise wire.BenchError(f"GET {self.target} answered {response.status_code} {kind!r}")
+        return b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+
+    def retire(self) -> None:
+        """Close this stream, which a new one replaces; it is no failure."""
+        self.replaced = True
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.replaced:
+            fail("an SSE stream was closed" + (f": {exc!r}" if exc else " by the relay"))
+
+
 class Subscribers:
     """The connections of this process and what they received."""
 
-    def __init__(self, port: int, channel: str, deltas_per_message: int) -> None:
-        self.port, self.channel, self.per = port, channel, deltas_per_message
-        self.connections: list[Subscriber] = []
+    def __init__(self, port: int, channel: str, deltas_per_message: int, sse: bool) -> None:
+        self.port, self.channel, self.per, self.sse = port, channel, deltas_per_message, sse
+        self.connections: list[Connection] = []
         self.deltas, self.unconfirmed = False, 0
         self.confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._known: dict[bytes, tuple[int, str, str, int]] = {}  # checked frames, by bytes
@@ -104,30 +269,40 @@ class Subscribers:
 
     async def subscribe(self, deltas: bool, new: int = 0) -> None:
         """Open and subscribe ``new`` connections (25 handshakes at a time), or without,
-        subscribe every one again."""
+        subscribe every one again: a WebSocket with a subscribe frame, an SSE stream by
+        closing it and opening a new one in its place."""
         self.deltas, self.unconfirmed = deltas, new or len(self.connections)
         self.confirmed = asyncio.get_running_loop().create_future()
-        target = f"/subscribe?channel={quote(self.channel, safe='')}" + "&deltas=1" * deltas
+        kind, path = (SseSubscriber, "/sse") if self.sse else (Subscriber, "/subscribe")
+        target = f"{path}?channel={quote(self.channel, safe='')}" + "&deltas=1" * deltas
         gate, frame = asyncio.Semaphore(25), {"type": "subscribe", "channel": self.channel}
 
-        def connection() -> Subscriber:
-            # Frames can arrive before create_connection() returns: keep it from here.
-            self.connections.append(Subscriber(self, target))
-            return self.connections[-1]
+        async def one(replacing: int | None = None) -> None:
+            def connection() -> Connection:
+                # Frames can arrive before create_connection() returns: keep it from here.
+                made = kind(self, target)
+                if replacing is None:
+                    self.connections.append(made)
+                else:
+                    self.connections[replacing] = made
+                return made
 
-        async def one() -> None:
             async with gate:
+                if replacing is not None:
+                    cast(SseSubscriber, self.connections[replacing]).retire()
                 loop = asyncio.get_running_loop()
                 _, protocol = await loop.create_connection(connection, "127.0.0.1", self.port)
                 await protocol.opened
 
+        if self.sse and not new:
+            await asyncio.gather(*(one(n) for n in range(len(self.connections))))
         await asyncio.gather(*(one() for _ in range(new)))
-        for each in self.connections if not new else ():
+        for each in self.connections if not new and not self.sse else ():
             each.transport.write(wire.client_frame(json.dumps(frame | {"deltas": deltas}).encode()))
         await self.confirmed
         _emit({"ready": len(self.connections)})
 
-    def on_frame(self, connection: Subscriber, now: float, payload: bytes) -> None:
+    def on_frame(self, connection: Connection, now: float, payload: bytes) -> None:
         """Check and file one text frame."""
         if (known := self._known.get(payload)) is None:
             try:
@@ -175,7 +350,7 @@ class Subscribers:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    subscribers = Subscribers(args.port, args.channel, args.deltas_per_message)
+    subscribers = Subscribers(args.port, args.channel, args.deltas_per_message, bool(args.sse))
     await subscribers.subscribe(False, args.connections)
     reader, loop = asyncio.StreamReader(), asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -188,8 +363,10 @@ async def _run(args: argparse.Namespace) -> None:
 
 def main(arguments: str) -> None:
     """Run with ``arguments`` as JSON: ``port``, ``channel``, ``connections``,
-    ``deltas_per_message`` (10) and ``nice``, how much to lower this process's priority (0)."""
-    args = argparse.Namespace(**{"deltas_per_message": 10, "nice": 0} | json.loads(arguments))
+    ``deltas_per_message`` (10), ``nice``, how much to lower this process's priority (0), and
+    ``sse``, 1 for SSE streams rather than WebSockets (0)."""
+    defaults = {"deltas_per_message": 10, "nice": 0, "sse": 0}
+    args = argparse.Namespace(**defaults | json.loads(arguments))
     os.nice(args.nice)
     raise_fd_limit()
     run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
@@ -220,8 +397,8 @@ class SubscriberPool:
     async def running(
         cls, port: int, channel: str, connections: int, processes: int, **options: int
     ) -> AsyncIterator[SubscriberPool]:
-        """Start the processes (``options``: ``deltas_per_message``, ``nice``) and wait until
-        every connection is subscribed; on the way out, end their input and wait for them."""
+        """Start the processes (``options``: ``deltas_per_message``, ``nice``, ``sse``) and
+        wait until every connection is subscribed; on the way out, end their input and wait."""
         pool, pipe = cls(connections), subprocess.PIPE
         try:
             for n in range(processes):

@@ -34,6 +34,7 @@ when it can't, and ``healthy`` says whether it currently can.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from collections.abc import Callable
@@ -213,6 +214,23 @@ class Broker(Protocol):
         the producer's identity (JSON) its webhook carries, "" without auth. Raises
         ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
         holds the id in the channel.
+        """
+
+    def submit_terminal(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+        producer: str = "",
+    ) -> asyncio.Future[str]:
+        """Like :meth:`terminal`, without waiting: the frame is ordered after earlier calls
+        for the same owner now, and the future ends with the full frame (or the error).
+
+        A producer goes on applying its next events while its final is being published:
+        the round trip to the broker is no longer paid once per message.
         """
 
     def defer(

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 
-from ..core.errors import id_in_use
+from ..core.errors import FrameRejected, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import HistoryStore
 from ..core.inflight import InflightIndex
@@ -189,6 +189,24 @@ class MemoryBroker:
     ) -> str:
         """Number, record and deliver a terminal frame (and queue its webhook)."""
         return self._terminal(channel, owner, message_id, body, producer)
+
+    def submit_terminal(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+        producer: str = "",
+    ) -> asyncio.Future[str]:
+        """Number, record and deliver it now: the future is already done."""
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        try:
+            done.set_result(self._terminal(channel, owner, message_id, body, producer))
+        except FrameRejected as exc:
+            done.set_exception(exc)
+        return done
 
     def defer(
         self,

@@ -175,6 +175,9 @@ class _Write:
     """(channel, owner, id) of an open, so a refused claim is reported."""
     webhook: tuple[str, str] | None = None
     """(channel, id) of a terminal frame its webhook takes, so a full outbox is reported."""
+    terminal: tuple[str, str, str] | None = None
+    """(channel, owner, id) of a terminal frame someone waits for: its future ends with the
+    frame's text, or ``id_in_use``."""
 
 
 class RedisBroker:
@@ -416,18 +419,29 @@ class RedisBroker:
     ) -> str:
         """Give the frame its offset, add it to history and publish it, atomically (and
         queue its webhook)."""
-        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        return await self.submit_terminal(channel, owner, message_id, body, seq, aborted, producer)
+
+    def submit_terminal(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        seq: int = 0,
+        aborted: bool = False,
+        producer: str = "",
+    ) -> asyncio.Future[str]:
+        """Queue the terminal write now, in order; the future ends once Redis ran it."""
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        if not self.healthy or self._queue.full():
+            done.set_exception(BrokerUnavailable("Redis is unreachable"))
+            return done
         write = self._terminal_write(
             channel, owner, message_id, body, done, seq, aborted, producer=producer
         )
-        if not self.healthy or self._queue.full():
-            raise BrokerUnavailable("Redis is unreachable")
+        write.terminal = (channel, owner, message_id)
         self._queue.put_nowait(write)
-        frame: bytes | int = await done
-        self._dirty.discard((channel, owner, message_id))
-        if isinstance(frame, int):
-            raise id_in_use(channel, message_id)
-        return frame.decode()
+        return done
 
     def defer(
         self,
@@ -900,8 +914,20 @@ class RedisBroker:
                 if write.done is not None and not write.done.done():
                     if failed:
                         write.done.set_exception(BrokerUnavailable(str(result)))
+                    elif write.terminal is not None:
+                        self._settle(write.done, write.terminal, result)
                     else:
                         write.done.set_result(result)
+
+    def _settle(
+        self, done: asyncio.Future[Any], target: tuple[str, str, str], frame: bytes | int
+    ) -> None:
+        """A terminal write ran: its frame, or 0 when another owner held the id."""
+        self._dirty.discard(target)
+        if isinstance(frame, int):
+            done.set_exception(id_in_use(target[0], target[2]))
+        else:
+            done.set_result(frame.decode())
 
     async def _execute(self, batch: list[_Write]) -> list[Any]:
         pipe = self._client().pipeline(transaction=False)

@@ -20,6 +20,7 @@ unfinished.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -66,7 +67,68 @@ log = logging.getLogger("token_relay")
 MEMORY_CHECK_SECONDS = 0.1
 """How stale the count of memory in use may be when a new message is let in."""
 
+MAX_PENDING_REPLIES = 1024
+"""Replies a producer connection may have waiting for the broker; past it, its frames are
+not read until half of them are sent (its backpressure, as for a full socket)."""
+
 Session = ProducerSession[ProducerPeer]
+
+
+class _Completion:
+    """A final that completed a message: where it is, and its publication under way."""
+
+    __slots__ = ("channel", "duplicate", "index", "message_id", "meta", "published", "received")
+
+    def __init__(
+        self, channel: str, message_id: str, duplicate: bool, received: float, index: int | None
+    ) -> None:
+        self.channel = channel
+        self.message_id = message_id
+        self.duplicate = duplicate
+        self.received = received
+        self.index = index
+        self.meta = False
+        self.published: asyncio.Future[str] | None = None
+        """None when the message was published before (a repeated final)."""
+
+
+_Entry = str | tuple[_Completion | None, list[tuple[str, str, bool]], bool]
+"""A reply waiting its turn: a frame, a final's settlement (its ack joins the list), or a
+frame's acks (completion None)."""
+
+
+class _Replies:
+    """One producer connection's replies in order, while some wait for the broker."""
+
+    __slots__ = ("_waiter", "closed", "entries")
+
+    def __init__(self) -> None:
+        self.entries: collections.deque[_Entry] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        """The task sending them ended (all sent, or cancelled at shutdown)."""
+
+    def push(
+        self, completion: _Completion | None, acks: list[tuple[str, str, bool]], batch: bool = False
+    ) -> None:
+        self.entries.append((completion, acks, batch))
+
+    def moved(self, done: bool = False) -> None:
+        """An entry was sent (or the sending ended, ``done``): wake whoever waits."""
+        self.closed = self.closed or done
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def below(self, count: int) -> None:
+        """Wait until at most ``count`` entries wait."""
+        while len(self.entries) > count and not self.closed:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    async def finished(self) -> None:
+        """Wait until every entry is sent."""
+        await self.below(0)
 
 
 class ProducerEndpoint:
@@ -88,10 +150,12 @@ class ProducerEndpoint:
         self.stopping = stopping
         self.spawn = spawn
         self.handing_off = False
+        """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
         self._memory_checked = -MEMORY_CHECK_SECONDS
-        """Set by a rolling restart: sessions are left to the broker, never ended here."""
+        self._replies: dict[ProducerPeer, _Replies] = {}
+        """Per producer connection, its replies still waiting for the broker, in order."""
         self.sessions: SessionTable[ProducerPeer] = SessionTable(
             broker.instance,
             grace=settings.session_grace,
@@ -128,7 +192,15 @@ class ProducerEndpoint:
                 if self.stopping() or session.connection is not connection:
                     break
                 await self._frame(connection, session, raw, loop.time())
+                replies = self._replies.get(connection)
+                if replies is not None and len(replies.entries) > MAX_PENDING_REPLIES:
+                    await replies.below(MAX_PENDING_REPLIES // 2)
         finally:
+            # Every final's fate is settled (published, or kept for a retry) before the
+            # session is parked or ended.
+            replies = self._replies.get(connection)
+            if replies is not None:
+                await replies.finished()
             await self._detach(session, connection)
 
     async def _detach(self, session: Session, connection: ProducerPeer) -> None:
@@ -208,22 +280,68 @@ class ProducerEndpoint:
             await self.reject(connection, self._rate_limited(frame, session))
             return
         acks: list[tuple[str, str, bool]] = []
-        batch = events is frame
+        batch, waiting = events is frame, False
         for index, event in enumerate(events):
-            applied = self._apply(connection, session, event, now, index if batch else None)
+            at = index if batch else None
+            applied = self._apply(connection, session, event, now, at)
             if applied is None:
                 continue
             if isinstance(applied, Overflow):
                 await self._abort(session, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE)
                 continue
-            if applied.text is not None:
-                ack = await self._complete(
-                    connection, session, applied, now, index if batch else None, event
-                )
-                if ack is not None:
-                    acks.append(ack)
-        if acks:
+            if applied.text is None:
+                continue
+            completion = self._complete(session, applied, now, event, at)
+            replies = self._replies.get(connection)
+            if replies is None and (completion.published is None or completion.published.done()):
+                settled = self._settle(session, completion)
+                if isinstance(settled, FrameRejected):
+                    self.reject_now(connection, settled)
+                else:
+                    acks.append(settled)
+                continue
+            # Still publishing: the producer's next events go on meanwhile, and its replies
+            # wait their turn behind this one, so they keep their order.
+            if replies is None:
+                replies = self._replies[connection] = _Replies()
+                self.spawn(self._answer(connection, session, replies))
+            replies.push(completion, acks)
+            waiting = True
+        replies = self._replies.get(connection)
+        if replies is not None and (acks or waiting):
+            replies.push(None, acks, batch)
+        elif acks:
             await self.writer.reply(connection, acks_frame(acks, batch=batch))
+
+    async def _answer(self, connection: ProducerPeer, session: Session, replies: _Replies) -> None:
+        """Send a producer's replies in order, each final's once its message is published."""
+        try:
+            while replies.entries:
+                entry = replies.entries[0]
+                if isinstance(entry, str):
+                    await self.writer.reply(connection, entry)
+                else:
+                    completion, acks, batch = entry
+                    if completion is None:
+                        if acks:
+                            await self.writer.reply(connection, acks_frame(acks, batch=batch))
+                    else:
+                        if completion.published is not None:
+                            with contextlib.suppress(Exception):
+                                await asyncio.shield(completion.published)
+                        settled = self._settle(session, completion)
+                        if isinstance(settled, FrameRejected):
+                            self.metrics.errors.labels(settled.code.value).inc()
+                            await self.writer.reply(connection, error_frame(settled))
+                        else:
+                            acks.append(settled)
+                replies.entries.popleft()
+                replies.moved()
+        finally:
+            # Nothing is left (or the task was cancelled at shutdown): replies go out directly.
+            if self._replies.get(connection) is replies:
+                del self._replies[connection]
+            replies.moved(done=True)
 
     def _apply(
         self,
@@ -280,55 +398,56 @@ class ProducerEndpoint:
             self.broker.progress(applied.channel, session.owner, applied.message_id, seq)
         return applied
 
-    async def _complete(
-        self,
-        connection: ProducerPeer,
-        session: Session,
-        applied: Applied,
-        now: float,
-        index: int | None,
-        event: Event,
-    ) -> tuple[str, str, bool] | None:
-        """Publish a message its final completed; returns ``(channel, id, duplicate)`` to ack."""
+    def _complete(
+        self, session: Session, applied: Applied, now: float, event: Event, index: int | None
+    ) -> _Completion:
+        """Publish the message its final completed, unless it was published already."""
         channel, message_id, text = applied.channel, applied.message_id, applied.text
         assert text is not None
+        completion = _Completion(channel, message_id, applied.duplicate, now, index)
         if applied.first_completion or message_id in session.unpublished:
-            try:
-                seq = 0 if event.seq is MISSING else event.seq
-                await self._publish(session, channel, message_id, text, seq, applied.meta)
-            except FrameRejected as exc:
-                if exc.code is ErrorCode.ID_IN_USE:
-                    session.streams.withdraw(message_id)
-                exc.index = index
-                self.reject_now(connection, exc)
-                return None
-            self.metrics.completed.inc()
-            if applied.meta:
-                self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
-            self.metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - now)
-        return channel, message_id, applied.duplicate
-
-    async def _publish(
-        self,
-        session: Session,
-        channel: str,
-        message_id: str,
-        text: str,
-        seq: int,
-        meta: dict[str, Any] | None = None,
-    ) -> None:
-        """Publish a completed message once; if the broker is down, keep it for a retried final."""
-        body = message_body(channel, message_id, text, meta)
-        try:
-            await self.broker.terminal(
+            seq = 0 if event.seq is MISSING else event.seq
+            body = message_body(channel, message_id, text, applied.meta)
+            completion.meta = bool(applied.meta)
+            completion.published = self.broker.submit_terminal(
                 channel, session.owner, message_id, body, seq, producer=self._identity(session)
             )
-        except BrokerUnavailable:
-            session.unpublished[message_id] = None
-            if len(session.unpublished) > self.settings.max_completed_per_producer:
-                del session.unpublished[next(iter(session.unpublished))]
-            raise broker_rejected(message_id) from None
-        session.unpublished.pop(message_id, None)
+        return completion
+
+    def _settle(
+        self, session: Session, completion: _Completion
+    ) -> tuple[str, str, bool] | FrameRejected:
+        """A final whose message is published (or was already): its ack, or its refusal.
+
+        If the broker was down, the message is kept for the producer's retried final.
+        """
+        channel, message_id = completion.channel, completion.message_id
+        published = completion.published
+        if published is not None:
+            error = (
+                BrokerUnavailable("the broker closed")
+                if published.cancelled()
+                else published.exception()
+            )
+            if isinstance(error, BrokerUnavailable):
+                session.unpublished[message_id] = None
+                if len(session.unpublished) > self.settings.max_completed_per_producer:
+                    del session.unpublished[next(iter(session.unpublished))]
+                error = broker_rejected(message_id)
+            if isinstance(error, FrameRejected):
+                if error.code is ErrorCode.ID_IN_USE:
+                    session.streams.withdraw(message_id)
+                error.index = completion.index
+                return error
+            if error is not None:
+                raise error
+            session.unpublished.pop(message_id, None)
+            self.metrics.completed.inc()
+            if completion.meta:
+                self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
+            elapsed = asyncio.get_running_loop().time() - completion.received
+            self.metrics.final_to_delivery.observe(elapsed)
+        return channel, message_id, completion.duplicate
 
     def _identity(self, session: Session) -> str:
         """The producer identity a webhook carries: "" when the relay runs open."""
@@ -437,12 +556,20 @@ class ProducerEndpoint:
     async def reject(self, connection: ProducerPeer, exc: FrameRejected) -> None:
         """Answer a refused frame and wait until the producer can take more."""
         self.metrics.errors.labels(exc.code.value).inc()
-        await self.writer.reply(connection, error_frame(exc))
+        replies = self._replies.get(connection)
+        if replies is not None:
+            replies.entries.append(error_frame(exc))  # behind the replies still waiting
+        else:
+            await self.writer.reply(connection, error_frame(exc))
 
     def reject_now(self, connection: ProducerPeer, exc: FrameRejected) -> None:
-        """Answer a refused frame without waiting."""
+        """Answer a refused frame without waiting (in order behind replies still waiting)."""
         self.metrics.errors.labels(exc.code.value).inc()
-        self.writer.send((connection,), error_frame(exc))
+        replies = self._replies.get(connection)
+        if replies is not None:
+            replies.entries.append(error_frame(exc))
+        else:
+            self.writer.send((connection,), error_frame(exc))
 
     def cancel(self, owner: str, payload: Payload) -> None:
         """Pass a ``cancel`` frame to the local producer session that owns the message.

@@ -47,11 +47,27 @@ SSE_HEADERS = (
     ("Server", "token-relay"),
 )
 
-Fields = tuple[bytes, bool, str | None, int, str]
-"""What a stream needs of a frame: its event line, whether it carries an ``id:``, and the
-channel, offset and epoch it moves (offset -1: the channel is dropped)."""
-
 _IDENTIFIED = frozenset({"message", "aborted", "subscribed"})
+
+
+class Fields:
+    """What a stream needs of a frame, read once for every stream it goes to: its event
+    line, whether it carries an ``id:``, and the channel, offset and epoch it moves
+    (offset -1: the channel is dropped).
+
+    ``chunks`` keeps the bytes written for each stream's positions, when the stream
+    holds one channel: thousands of streams of one channel share one ``id:`` and so one
+    chunk, built once.
+    """
+
+    __slots__ = ("channel", "chunks", "epoch", "identified", "line", "offset")
+
+    def __init__(
+        self, line: bytes, identified: bool, channel: str | None, offset: int, epoch: str
+    ) -> None:
+        self.line, self.identified = line, identified
+        self.channel, self.offset, self.epoch = channel, offset, epoch
+        self.chunks: dict[tuple[bool, str, int, str], bytes] = {}
 
 
 def event_fields(data: bytes) -> Fields:
@@ -63,10 +79,15 @@ def event_fields(data: bytes) -> Fields:
         channel, offset, epoch = str(frame["channel"]), int(frame["offset"]), str(frame["epoch"])
         # A confirmation's position is before what its join replays.
         offset -= int(frame.get("replayed", 0))
-        return line, kind in _IDENTIFIED, channel, offset, epoch
+        return Fields(line, kind in _IDENTIFIED, channel, offset, epoch)
     if kind == "unsubscribed":
-        return line, False, str(frame["channel"]), -1, ""
-    return line, False, None, 0, ""
+        return Fields(line, False, str(frame["channel"]), -1, "")
+    return Fields(line, False, None, 0, "")
+
+
+def _chunk(body: bytes) -> bytes:
+    """``body`` as one chunk of a chunked response."""
+    return b"%x\r\n%b\r\n" % (len(body), body)
 
 
 class SseStream(SocketPeer):
@@ -94,6 +115,8 @@ class SseStream(SocketPeer):
         """Every channel's position so far: what the next ``id:`` holds."""
         self.close_received = False
         self.head_sent = False
+        self.chunked = False
+        """Whether the response is chunked (HTTP/1.1): then events are framed here."""
         self._code: int | None = None
         self._ended = False
 
@@ -125,25 +148,42 @@ class SseStream(SocketPeer):
         )
         if head:
             self.transport.write(head)
+            self.chunked = b"transfer-encoding: chunked" in head.lower()
         self.head_sent = True
 
     def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
         """Send one frame as an event; returns what was read of it, for the next stream."""
         if fields is None:
             fields = event_fields(data)
-        line, identified, channel, offset, epoch = fields
+        channel, positions = fields.channel, self.positions
         if channel is not None:
-            if offset < 0:
-                self.positions.pop(channel, None)
+            if fields.offset < 0:
+                positions.pop(channel, None)
             else:
-                self.positions[channel] = (offset, epoch)
+                positions[channel] = (fields.offset, fields.epoch)
         if not self.open:
             return fields
-        body = [line]
-        if identified:
-            body += (b"id: ", encode_positions(self.positions).encode(), b"\n")
+        key: tuple[bool, str, int, str] | None = None
+        if len(positions) <= 1:
+            # The same positions make the same bytes: built once per frame.
+            only = next(iter(positions.items()), ("", (0, "")))
+            key = (self.chunked, only[0], *only[1])
+            chunk = fields.chunks.get(key)
+            if chunk is not None:
+                self.transport.write(chunk)
+                return fields
+        body = [fields.line]
+        if fields.identified:
+            body += (b"id: ", encode_positions(positions).encode(), b"\n")
         body += (b"data: ", data, b"\n\n")
-        self._write(b"".join(body))
+        chunk = b"".join(body)
+        if self.chunked:
+            chunk = _chunk(chunk)  # what h11 writes for a chunk of a chunked response
+            self.transport.write(chunk)
+        else:
+            self._write(chunk)
+        if key is not None and self.chunked:
+            fields.chunks[key] = chunk
         return fields
 
     async def send(self, data: str | bytes) -> None:
@@ -157,6 +197,9 @@ class SseStream(SocketPeer):
             self._write(b":\n\n")
 
     def _write(self, body: bytes) -> None:
+        if self.chunked:
+            self.transport.write(_chunk(body))
+            return
         data = self.http.send(h11.Data(data=body))
         if data:
             self.transport.write(data)
