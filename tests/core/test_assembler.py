@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from token_relay.core.assembler import TokenAssembler
+from token_relay.core.assembler import RUN, TokenAssembler
 
 # ----------------------------------------------------------------- the seed's example
 
@@ -382,3 +382,21 @@ def test_matches_reference_model(events: list[dict[str, object]]) -> None:
             assert actual.is_streaming(message_id) == (
                 message_id in expected.texts and message_id not in expected.finalized
             )
+
+
+def test_long_messages_are_joined_in_runs_and_stay_exact() -> None:
+    """Past RUN deltas a message's deltas are joined a run at a time: the text, the partial
+    text and the interleaving with other messages are unchanged, empty deltas included."""
+    assembler = TokenAssembler()
+    expected: dict[str, list[str]] = {"a": [], "b": []}
+    for n in range(RUN * 3 + 7):
+        for message_id in ("a", "b"):
+            delta = "" if n % 5 == 0 else f"{message_id}{n}é🚀 "
+            assembler.feed(message_id, delta)
+            expected[message_id].append(delta)
+        if n in (RUN - 1, RUN, 2 * RUN + 1):
+            assert assembler.get("a") == "".join(expected["a"])
+    parts = assembler._parts["a"]
+    assert len(parts) < RUN + 3  # joined, not one string per delta
+    assert assembler.feed("b", "end", final=True) == "".join(expected["b"]) + "end"
+    assert assembler.discard("a") == "".join(expected["a"])

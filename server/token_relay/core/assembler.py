@@ -5,7 +5,9 @@ Theory of operation
 A message is identified by a string id. Its state lives in one of two maps:
 
 * ``_parts``: messages still streaming, as a list of delta strings. Appending is
-  amortized O(1); nothing is joined until the message is finalized.
+  amortized O(1). Every :data:`RUN` deltas are joined into one string (each character
+  is copied once more, never again), so a long message costs about a byte a character
+  rather than a string object per delta; the rest is joined when it is finalized.
 * ``_completed``: finalized messages, as the joined text. The text is joined
   exactly once, at finalize, and cached; the parts list is released then.
 
@@ -24,7 +26,17 @@ from collections.abc import Iterator, Mapping
 
 from .errors import UsageError
 
-__all__ = ["TokenAssembler"]
+__all__ = ["RUN", "TokenAssembler"]
+
+RUN = 64
+"""Deltas of a streaming message joined into one string at a time."""
+
+
+class _Parts(list[str]):
+    """A streaming message's text: ``joined`` runs of deltas, then the deltas since."""
+
+    __slots__ = ("joined",)
+    joined: int
 
 
 class TokenAssembler:
@@ -33,7 +45,7 @@ class TokenAssembler:
     __slots__ = ("_completed", "_parts")
 
     def __init__(self) -> None:
-        self._parts: dict[str, list[str]] = {}
+        self._parts: dict[str, _Parts] = {}
         self._completed: dict[str, str] = {}
 
     def apply(self, event: Mapping[str, object]) -> str | None:
@@ -57,9 +69,14 @@ class TokenAssembler:
             return completed if final else None
         parts = self._parts.get(message_id)
         if parts is None:
-            parts = self._parts[message_id] = []
+            parts = self._parts[message_id] = _Parts()
+            parts.joined = 0
         if delta is not None:
             parts.append(delta)
+            joined = parts.joined
+            if len(parts) - joined >= RUN:
+                parts[joined:] = ["".join(parts[joined:])]
+                parts.joined = joined + 1
         if not final:
             return None
         text = "".join(parts)
