@@ -34,11 +34,10 @@ when it can't, and ``healthy`` says whether it currently can.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..core.errors import ConfigError
@@ -149,6 +148,40 @@ def note_not_queued(store: WebhookStore, channel: str, message_id: str) -> None:
         )
 
 
+class Publication(Protocol):
+    """A terminal frame being published: an ``asyncio.Future[str]``, or :class:`Published`."""
+
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def exception(self) -> BaseException | None: ...
+    def __await__(self) -> Generator[Any, None, str]: ...
+
+
+class Published:
+    """A publication that ended within the call (a broker in this process): no future,
+    no event loop, for the price of one small object."""
+
+    __slots__ = ("_error", "_frame")
+
+    def __init__(self, frame: str = "", error: BaseException | None = None) -> None:
+        self._frame, self._error = frame, error
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def __await__(self) -> Generator[Any, None, str]:
+        if self._error is not None:
+            raise self._error
+        return self._frame
+        yield  # a generator, never suspended
+
+
 class Broker(Protocol):
     """The engine that joins relay processes. See the module docstring."""
 
@@ -225,7 +258,7 @@ class Broker(Protocol):
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
-    ) -> asyncio.Future[str]:
+    ) -> Publication:
         """Like :meth:`terminal`, without waiting: the frame is ordered after earlier calls
         for the same owner now, and the future ends with the full frame (or the error).
 

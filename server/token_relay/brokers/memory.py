@@ -22,7 +22,7 @@ from ..core.protocol import with_position
 from ..core.sessions import SessionState
 from ..core.settings import Settings
 from ..core.webhooks import DeadLetter, WebhookEntry
-from . import BrokerListener, WebhookStore, note_not_queued
+from . import BrokerListener, Published, WebhookStore, note_not_queued
 from .filters import webhook_filter
 
 __all__ = ["MemoryBroker", "MemoryWebhooks", "revived_frame"]
@@ -199,14 +199,12 @@ class MemoryBroker:
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
-    ) -> asyncio.Future[str]:
-        """Number, record and deliver it now: the future is already done."""
-        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    ) -> Published:
+        """Number, record and deliver it now: the publication is over when this returns."""
         try:
-            done.set_result(self._terminal(channel, owner, message_id, body, producer))
+            return Published(self._terminal(channel, owner, message_id, body, producer))
         except FrameRejected as exc:
-            done.set_exception(exc)
-        return done
+            return Published(error=exc)
 
     def defer(
         self,

@@ -46,6 +46,11 @@ class SocketPeer(PeerBase):
         """Whether the socket is gone (nothing to wait for then)."""
         return self._closed.done()
 
+    @property
+    def paused(self) -> bool:
+        """Whether the socket's buffer is over its high-water mark (:meth:`drain` waits)."""
+        return self._paused_writing
+
     async def drain(self) -> None:
         """Wait until the socket's buffer is under its high-water mark."""
         if not self._paused_writing or self.gone():

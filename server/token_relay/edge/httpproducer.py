@@ -136,6 +136,9 @@ class HttpProducer(PeerBase):
     async def drain(self) -> None:
         """Nothing to wait for: frames are collected, not written."""
 
+    paused = False
+    """Never: frames are collected, not written."""
+
     # ------------------------------------------------------------------ state
 
     @property

@@ -24,13 +24,13 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pydantic import MISSING
 from websockets import CloseCode
 
-from ..brokers import Broker
+from ..brokers import Broker, Publication
 from ..core.codec import Event, FastEvent, acks_frame, decode_producer_frame, message_body
 from ..core.errors import (
     BrokerUnavailable,
@@ -88,7 +88,7 @@ class _Completion:
         self.received = received
         self.index = index
         self.meta = False
-        self.published: asyncio.Future[str] | None = None
+        self.published: Publication | None = None
         """None when the message was published before (a repeated final)."""
 
 
@@ -191,7 +191,11 @@ class ProducerEndpoint:
                 received.inc()
                 if self.stopping() or session.connection is not connection:
                     break
-                await self._frame(connection, session, raw, loop.time())
+                later = self._frame(connection, session, raw, loop.time())
+                if later is not None:
+                    await later
+                if connection.paused:
+                    await connection.drain()  # the producer reads its replies too slowly
                 replies = self._replies.get(connection)
                 if replies is not None and len(replies.entries) > MAX_PENDING_REPLIES:
                     await replies.below(MAX_PENDING_REPLIES // 2)
@@ -264,31 +268,45 @@ class ProducerEndpoint:
             else:
                 self.sessions.forget(session.owner)
 
-    async def _frame(
+    def _frame(
         self, connection: ProducerPeer, session: Session, raw: str | bytes, now: float
-    ) -> None:
+    ) -> Coroutine[Any, Any, None] | None:
+        """Apply one frame and answer it, without waiting; what is left to wait for (an
+        abort being published), if anything."""
         try:
             if isinstance(raw, bytes):
                 raise binary_rejected()
             frame = decode_producer_frame(raw)
         except FrameRejected as exc:
-            await self.reject(connection, exc)
-            return
+            self.reject_now(connection, exc)
+            return None
         events = frame if isinstance(frame, list) else (frame,)
         if not session.bucket.take(now, len(events)):
             # The whole frame is refused, so the producer sends it again as it was.
-            await self.reject(connection, self._rate_limited(frame, session))
-            return
-        acks: list[tuple[str, str, bool]] = []
-        batch, waiting = events is frame, False
-        for index, event in enumerate(events):
-            at = index if batch else None
+            self.reject_now(connection, self._rate_limited(frame, session))
+            return None
+        return self._events(connection, session, events, events is frame, now, 0, [], False)
+
+    def _events(
+        self,
+        connection: ProducerPeer,
+        session: Session,
+        events: Sequence[Event],
+        batch: bool,
+        now: float,
+        start: int,
+        acks: list[tuple[str, str, bool]],
+        waiting: bool,
+    ) -> Coroutine[Any, Any, None] | None:
+        """Apply a frame's events from ``start`` on; its acks go out once all are applied."""
+        for index in range(start, len(events)):
+            event, at = events[index], index if batch else None
             applied = self._apply(connection, session, event, now, at)
             if applied is None:
                 continue
             if isinstance(applied, Overflow):
-                await self._abort(session, applied.unfinished, AbortReason.MESSAGE_TOO_LARGE)
-                continue
+                rest = (connection, session, events, batch, now, index + 1, acks, waiting)
+                return self._abort_then(applied.unfinished, rest)
             if applied.text is None:
                 continue
             completion = self._complete(session, applied, now, event, at)
@@ -311,7 +329,16 @@ class ProducerEndpoint:
         if replies is not None and (acks or waiting):
             replies.push(None, acks, batch)
         elif acks:
-            await self.writer.reply(connection, acks_frame(acks, batch=batch))
+            self.writer.send((connection,), acks_frame(acks, batch=batch))
+        return None
+
+    async def _abort_then(self, unfinished: Unfinished, rest: tuple[Any, ...]) -> None:
+        """A message grew too large: publish its abort, then apply the frame's other events."""
+        session: Session = rest[1]
+        await self._abort(session, unfinished, AbortReason.MESSAGE_TOO_LARGE)
+        later = self._events(*rest)
+        if later is not None:
+            await later
 
     async def _answer(self, connection: ProducerPeer, session: Session, replies: _Replies) -> None:
         """Send a producer's replies in order, each final's once its message is published."""
@@ -326,9 +353,10 @@ class ProducerEndpoint:
                         if acks:
                             await self.writer.reply(connection, acks_frame(acks, batch=batch))
                     else:
-                        if completion.published is not None:
+                        published = completion.published
+                        if published is not None and not published.done():
                             with contextlib.suppress(Exception):
-                                await asyncio.shield(completion.published)
+                                await asyncio.shield(published)
                         settled = self._settle(session, completion)
                         if isinstance(settled, FrameRejected):
                             self.metrics.errors.labels(settled.code.value).inc()
@@ -552,15 +580,6 @@ class ProducerEndpoint:
             frame.id,
             expected=expected,
         )
-
-    async def reject(self, connection: ProducerPeer, exc: FrameRejected) -> None:
-        """Answer a refused frame and wait until the producer can take more."""
-        self.metrics.errors.labels(exc.code.value).inc()
-        replies = self._replies.get(connection)
-        if replies is not None:
-            replies.entries.append(error_frame(exc))  # behind the replies still waiting
-        else:
-            await self.writer.reply(connection, error_frame(exc))
 
     def reject_now(self, connection: ProducerPeer, exc: FrameRejected) -> None:
         """Answer a refused frame without waiting (in order behind replies still waiting)."""

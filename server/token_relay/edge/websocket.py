@@ -54,7 +54,7 @@ frames_log.setLevel(logging.WARNING)
 MAX_QUEUE = 16
 """Whole incoming messages queued per connection before its socket stops being read."""
 
-FAIR_SHARE = 32
+FAIR_SHARE = 128
 """Messages one connection is handed in a row before the event loop runs other work."""
 
 CLOSE_TIMEOUT = 5.0
