@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay.core.grants import OPEN
+from token_relay.edge import websocket
 from token_relay.edge.websocket import MAX_HELD_FRAME, Cork, WebSocket
 from websockets.frames import Close, Frame, Opcode
 from websockets.protocol import CLIENT, Protocol
@@ -161,3 +162,65 @@ def test_every_message_is_read_once_in_order_however_the_reads_fall(
     assert [f.data for f in written if f.opcode is Opcode.PONG] == pongs
     closes = [Close.parse(f.data).code for f in written if f.opcode is Opcode.CLOSE]
     assert closes == [code]
+
+
+async def _dispatch(
+    stream: bytes, cuts: list[int], waits: set[int], pauses: list[bool]
+) -> list[Any]:
+    """Feed the stream to a connection served by ``dispatch``; the handler asks to wait
+    after the messages numbered in ``waits`` and checks nothing is handled meanwhile."""
+    transport = Transport()
+    ws = WebSocket(
+        transport,
+        path="/produce",
+        client="127.0.0.1",
+        grant=OPEN,
+        max_size=MAX_SIZE,
+        max_unsent=0,
+        cork=Cork(asyncio.get_running_loop()),
+    )
+    handled: list[Any] = []
+    waiting = False
+
+    async def wait() -> None:
+        nonlocal waiting
+        for _ in range(3):
+            await asyncio.sleep(0)  # reads go on meanwhile: their messages must queue
+        waiting = False
+
+    def handle(message: str | bytes) -> Any:
+        nonlocal waiting
+        assert not waiting, "a message was handled while the one before it was waited for"
+        handled.append(message)
+        if len(handled) in waits:
+            waiting = True
+            return wait()
+        return None
+
+    serving = asyncio.ensure_future(ws.dispatch(handle))
+    reads = zip([0, *cuts], [*cuts, len(stream)], strict=True)
+    for (start, stop), pause in zip(reads, pauses + [True] * len(stream), strict=False):
+        ws.receive(stream[start:stop])
+        if pause:  # else the next read comes before the loop runs anything else
+            await asyncio.sleep(0)
+    async with asyncio.timeout(5):
+        await serving
+    return handled
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pieces(), st.data())
+def test_dispatch_hands_over_every_message_once_in_order_waiting_when_asked(
+    case: tuple[list[Frame], list[Any], list[bytes], int], data: st.DataObject
+) -> None:
+    frames, messages, _, _ = case
+    stream = b"".join(frame.serialize(mask=True) for frame in frames)
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(stream)), max_size=8))))
+    waits = set(data.draw(st.lists(st.integers(1, max(1, len(messages))), max_size=4)))
+    pauses = data.draw(st.lists(st.booleans(), max_size=len(cuts) + 1))
+    share = data.draw(st.sampled_from([2, websocket.FAIR_SHARE]))
+    saved, websocket.FAIR_SHARE = websocket.FAIR_SHARE, share  # few per read: more queue
+    try:
+        assert asyncio.run(_dispatch(stream, cuts, waits, pauses)) == messages
+    finally:
+        websocket.FAIR_SHARE = saved

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from websockets import CloseCode
@@ -96,6 +97,14 @@ class HttpProducer(PeerBase):
 
     def __aiter__(self) -> HttpProducer:
         return self
+
+    async def dispatch(self, handle: Callable[[str | bytes], Awaitable[None] | None]) -> None:
+        """Hand every line (or the whole body) to ``handle``, in order, waiting for what it
+        returns before the next."""
+        async for item in self:
+            later = handle(item)
+            if later is not None:
+                await later
 
     async def __anext__(self) -> str | bytes:
         """The next line (or the whole JSON body); the iteration ends with the body."""

@@ -24,7 +24,7 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from pydantic import MISSING
@@ -72,6 +72,14 @@ MAX_PENDING_REPLIES = 1024
 not read until half of them are sent (its backpressure, as for a full socket)."""
 
 Session = ProducerSession[ProducerPeer]
+
+
+class _Stopped(Exception):
+    """The relay is stopping, or the session moved to another connection: stop serving."""
+
+
+async def _stop() -> None:
+    raise _Stopped
 
 
 class _Completion:
@@ -186,19 +194,26 @@ class ProducerEndpoint:
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
         received = self.metrics.frames_in_producer
+        loop_time = loop.time
+
+        def handle(raw: str | bytes) -> Awaitable[None] | None:
+            received.inc()
+            if self.stopping() or session.connection is not connection:
+                return _stop()
+            later = self._frame(connection, session, raw, loop_time())
+            replies = self._replies.get(connection)
+            if (
+                later is None
+                and not connection.paused
+                and (replies is None or len(replies.entries) <= MAX_PENDING_REPLIES)
+            ):
+                return None
+            return self._after_frame(connection, later)
+
         try:
-            async for raw in connection:
-                received.inc()
-                if self.stopping() or session.connection is not connection:
-                    break
-                later = self._frame(connection, session, raw, loop.time())
-                if later is not None:
-                    await later
-                if connection.paused:
-                    await connection.drain()  # the producer reads its replies too slowly
-                replies = self._replies.get(connection)
-                if replies is not None and len(replies.entries) > MAX_PENDING_REPLIES:
-                    await replies.below(MAX_PENDING_REPLIES // 2)
+            await connection.dispatch(handle)
+        except _Stopped:
+            pass
         finally:
             # Every final's fate is settled (published, or kept for a retry) before the
             # session is parked or ended.
@@ -331,6 +346,19 @@ class ProducerEndpoint:
         elif acks:
             self.writer.send((connection,), acks_frame(acks, batch=batch))
         return None
+
+    async def _after_frame(
+        self, connection: ProducerPeer, later: Coroutine[Any, Any, None] | None
+    ) -> None:
+        """What a frame left to wait for, then the producer's backpressure: its socket
+        drained, and its replies waiting for the broker at most half the limit."""
+        if later is not None:
+            await later
+        if connection.paused:
+            await connection.drain()  # the producer reads its replies too slowly
+        replies = self._replies.get(connection)
+        if replies is not None and len(replies.entries) > MAX_PENDING_REPLIES:
+            await replies.below(MAX_PENDING_REPLIES // 2)
 
     async def _abort_then(self, unfinished: Unfinished, rest: tuple[Any, ...]) -> None:
         """A message grew too large: publish its abort, then apply the frame's other events."""

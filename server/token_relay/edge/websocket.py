@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Awaitable, Callable, Coroutine
 
 from websockets import CloseCode, State
 from websockets.frames import Frame, Opcode
@@ -44,7 +45,7 @@ except ImportError:  # pragma: no cover - websockets without its C extension
 from ..core.grants import Grant
 from .flow import SocketPeer
 
-__all__ = ["MAX_QUEUE", "Cork", "WebSocket"]
+__all__ = ["MAX_QUEUE", "Cork", "Handler", "WebSocket"]
 
 log = logging.getLogger("token_relay")
 frames_log = logging.getLogger("token_relay.frames")
@@ -62,6 +63,14 @@ CLOSE_TIMEOUT = 5.0
 
 MAX_HELD_FRAME = 64 * 1024
 """The largest frame the lean parser gathers across reads; a larger one is websockets'."""
+
+
+Handler = Callable[[str | bytes], Awaitable[None] | None]
+"""Takes one message; returns what to wait for before the next, if anything."""
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
 
 
 class Cork:
@@ -141,6 +150,12 @@ class WebSocket(SocketPeer):
         self._paused_reading = False
         self._failed = False
         self._unbroken = 0
+        self._handle: Handler | None = None
+        """While :meth:`dispatch` keeps up: each message is handed to it as it is read."""
+        self._later: Awaitable[None] | None = None
+        """What a message handled as it was read left to wait for, before the next one."""
+        self._handled = 0
+        """Messages handled within the current read (at most :data:`FAIR_SHARE`)."""
 
     # ------------------------------------------------------------------ state
 
@@ -167,6 +182,7 @@ class WebSocket(SocketPeer):
     def receive(self, data: bytes) -> None:
         """Bytes from the socket."""
         self.heard = True
+        self._handled = 0
         protocol = self.protocol
         if self._partial:
             data, self._partial = self._partial + data, b""
@@ -183,6 +199,8 @@ class WebSocket(SocketPeer):
             events = protocol.events_received()
             if events:
                 self._take(events)
+        if protocol.state is not State.OPEN:
+            self._wake()  # failed (1007, 1009, a protocol error) or closing: no more messages
         self._flush()
         transport = self.transport
         if self.max_unsent and transport.get_write_buffer_size() > self.max_unsent:
@@ -264,6 +282,17 @@ class WebSocket(SocketPeer):
                 self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at {exc.start}")
                 self._failed = True
                 return
+        handle = self._handle
+        if handle is not None and not self._messages and self._handled < FAIR_SHARE:
+            self._handled += 1
+            try:
+                later = handle(message)
+            except Exception as exc:  # a bug: raised in the serving task, as it would be
+                later = _raise(exc)
+            if later is not None:
+                self._handle, self._later = None, later
+                self._wake()
+            return
         self._messages.append((message, len(data)))
         self._queued_bytes += len(data)
         if not self._paused_reading and (
@@ -280,6 +309,38 @@ class WebSocket(SocketPeer):
 
     def __aiter__(self) -> WebSocket:
         return self
+
+    async def dispatch(self, handle: Handler) -> None:
+        """Hand every message to ``handle``, in order, until the connection ends.
+
+        While ``handle`` keeps up, each message is handled as it is read, inside the
+        socket's read: no queue and no task switch. When it returns something to wait
+        for, the messages after it queue (at most :data:`MAX_QUEUE`, then the socket is
+        not read) until that is done. A read hands over at most :data:`FAIR_SHARE`
+        messages this way; the rest queue, and the loop runs other work between them.
+        """
+        protocol = self.protocol
+        try:
+            while True:
+                while self._messages:
+                    later = handle(await self.__anext__())
+                    if later is not None:
+                        await later
+                if protocol.state is not State.OPEN or protocol.close_rcvd is not None:
+                    return
+                self._handle = handle
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter, self._handle = None, None
+                later, self._later = self._later, None
+                if later is not None:
+                    await later
+        finally:
+            later, self._handle, self._later = self._later, None, None
+            if isinstance(later, Coroutine):
+                later.close()  # the connection ended first: nothing is left to wait for
 
     async def __anext__(self) -> str | bytes:
         """The next whole message; the iteration ends when the connection closes.
