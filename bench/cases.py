@@ -45,6 +45,17 @@ ROUTES = {
 """The paths of the Redis case, baseline first: label, producer's relay, subscriber's relay."""
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """The CPU time of a process and of its live children (a relay's ``--workers``)."""
+    total = cpu_seconds(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid:
+                total += cpu_seconds(int(stat.parent.name))
+    return total
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) of ``values``, interpolating between closest ranks."""
     if not values:
@@ -408,11 +419,11 @@ async def measure_fanout(
             for frame in frames[:-1]:
                 producer.writer.write(frame)
                 await asyncio.sleep(DELTA_GAP)
-            cpu, clients = cpu_seconds(relay.pid), sum(map(cpu_seconds, pool.pids))
+            cpu, clients = tree_cpu_seconds(relay.pid), sum(map(cpu_seconds, pool.pids))
             sent = time.time()
             producer.writer.write(frames[-1])
             earliest, latest = await pool.delivered(message.id, 60)
-            relay_cpu.append(cpu_seconds(relay.pid) - cpu)
+            relay_cpu.append(tree_cpu_seconds(relay.pid) - cpu)
             client_cpu.append(sum(map(cpu_seconds, pool.pids)) - clients)
             await asyncio.wait_for(producer.acked(number), 60)
             samples.append(latest - sent)

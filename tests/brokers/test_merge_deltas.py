@@ -1,40 +1,70 @@
-"""The Redis writer joins a message's deltas within one write batch, step by step: text and
-order per message kept, nothing joined across another write, the last seq kept."""
+"""The Redis writer's runs of deltas, step by step: a message's next delta joins its queued
+write (text and order per message kept, the last seq kept), and nothing joins across another
+kind of write or a write the writer has taken."""
 
 from __future__ import annotations
 
-from token_relay.brokers.redis import _merge_deltas, _Write
+from token_relay.brokers.redis import _Runs, _taken, _Write
 
 
-def _delta(message: str, text: str, seq: int = 0) -> _Write:
-    target = ("c", "owner", message)
-    return _Write("delta", [f"keys-of-{message}"], [text, message, 60, 60, "owner", seq, "c"],
-                  message=target)  # fmt: skip
+def _target(message: str) -> tuple[str, str, str]:
+    return ("c", "owner", message)
 
 
-def _other(name: str) -> _Write:
-    return _Write(name, [], [])
+def _delta(runs: _Runs, queue: list[_Write], message: str, text: str, seq: int = 0) -> None:
+    """What ``RedisBroker.delta`` does: join the run, or queue a write that opens one."""
+    if runs.join(_target(message), text, seq):
+        return
+    args = [text, message, 60, 60, "owner", seq, "c"]
+    write = _Write("delta", [f"keys-of-{message}"], args, message=_target(message))
+    queue.append(write)
+    runs.opened(_target(message), write)
+
+
+def _other(runs: _Runs, queue: list[_Write], name: str) -> None:
+    runs.close()
+    queue.append(_Write(name, [], []))
+
+
+def _texts(queue: list[_Write]) -> list[tuple[str, str]]:
+    return [
+        (write.message[2] if write.message else write.script, write.args[0] if write.args else "")
+        for write in map(_taken, queue)
+    ]
 
 
 def test_a_run_of_one_messages_deltas_is_one_write_with_its_last_seq() -> None:
-    merged = _merge_deltas([_delta("m", "Hel", 1), _delta("m", "lo", 2), _delta("m", " 👋", 0)])
-    assert len(merged) == 1
-    assert merged[0].args[0] == "Hello 👋" and merged[0].args[5] == 2
-    assert merged[0].keys == ["keys-of-m"] and merged[0].message == ("c", "owner", "m")
+    runs, queue = _Runs(), []
+    for text, seq in (("Hel", 1), ("lo", 2), (" 👋", 0)):
+        _delta(runs, queue, "m", text, seq)
+    assert len(queue) == 1
+    (write,) = map(_taken, queue)
+    assert write.args[0] == "Hello 👋" and write.args[5] == 2
+    assert write.keys == ["keys-of-m"] and write.message == _target("m")
 
 
 def test_interleaved_messages_each_keep_their_own_text_in_order() -> None:
-    batch = [_delta("a", "1"), _delta("b", "x"), _delta("a", "2"), _delta("b", "y")]
-    merged = _merge_deltas(batch)
-    assert [(w.message and w.message[2], w.args[0]) for w in merged] == [("a", "12"), ("b", "xy")]
+    runs, queue = _Runs(), []
+    for message, text in (("a", "1"), ("b", "x"), ("a", "2"), ("b", "y"), ("a", "")):
+        _delta(runs, queue, message, text)
+    assert _texts(queue) == [("a", "12"), ("b", "xy")]
 
 
-def test_no_delta_is_joined_across_another_write() -> None:
-    terminal, progress = _other("terminal"), _other("progress")
-    batch = [_delta("m", "a"), terminal, _delta("m", "b"), _delta("m", "c"), progress,
-             _delta("m", "d")]  # fmt: skip
-    merged = _merge_deltas(batch)
-    assert [w.script for w in merged] == ["delta", "terminal", "delta", "progress", "delta"]
-    assert [w.args[0] for w in merged if w.script == "delta"] == ["a", "bc", "d"]
-    assert merged[1] is terminal and merged[3] is progress
-    assert _merge_deltas([]) == []
+def test_no_delta_joins_across_another_write_or_a_taken_one() -> None:
+    runs, queue = _Runs(), []
+    _delta(runs, queue, "m", "a")
+    _other(runs, queue, "terminal")
+    _delta(runs, queue, "m", "b")
+    _delta(runs, queue, "m", "c")
+    _other(runs, queue, "progress")
+    _delta(runs, queue, "m", "d")
+    runs.close()  # the writer took the queue
+    _delta(runs, queue, "m", "e")
+    assert _texts(queue) == [
+        ("m", "a"),
+        ("terminal", ""),
+        ("m", "bc"),
+        ("progress", ""),
+        ("m", "d"),
+        ("m", "e"),
+    ]

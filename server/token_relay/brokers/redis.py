@@ -114,34 +114,46 @@ def _key(kind: str, name: str) -> str:
     return f"tr:{kind}:{name}"
 
 
-def _merge_deltas(batch: list[_Write]) -> list[_Write]:
-    """One script per message for a run of its deltas in a write batch, not one per delta.
+class _Runs:
+    """The delta writes still queued since the last other write, by message.
 
-    A message's deltas are joined while no other kind of write comes between (any other
-    write ends every run), so each message's text and order are unchanged; subscribers get
-    fewer, longer delta frames, as with ``--delta-flush-ms``. The joined delta's event
-    ``seq`` is the run's last.
+    A message's next delta joins its run's write instead of queueing one of its own: one
+    script per message per run, not one per delta. Nothing joins across another kind of
+    write, so each message's text and order are unchanged; subscribers get fewer, longer
+    delta frames, as with ``--delta-flush-ms``. A joined write's event ``seq`` is its
+    run's last. The texts are kept as parts and joined once, when the writer takes them.
     """
-    merged: list[_Write] = []
-    runs: dict[tuple[str, str, str], int] = {}
-    for write in batch:
-        target = write.message
-        if write.script != "delta" or target is None:
-            runs.clear()
-            merged.append(write)
-            continue
-        at = runs.get(target)
-        if at is None:
-            runs[target] = len(merged)
-            merged.append(write)
-            continue
-        first = merged[at]
-        args = list(first.args)
-        args[0] = f"{args[0]}{write.args[0]}"
-        if write.args[5]:
-            args[5] = write.args[5]
-        merged[at] = _Write("delta", first.keys, args, message=target)
-    return merged
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, str, str], _Write] = {}
+
+    def join(self, target: tuple[str, str, str], delta: str, seq: int) -> bool:
+        """Add ``delta`` to the queued run of ``target``; False if there is none."""
+        write = self._open.get(target)
+        if write is None:
+            return False
+        write.args[0].append(delta)
+        if seq:
+            write.args[5] = seq
+        return True
+
+    def opened(self, target: tuple[str, str, str], write: _Write) -> None:
+        """``write``, a delta just queued, starts its message's run."""
+        write.args[0] = [write.args[0]]
+        self._open[target] = write
+
+    def close(self) -> None:
+        """Another kind of write was queued, or the writer took the queue: runs end."""
+        self._open.clear()
+
+
+def _taken(write: _Write) -> _Write:
+    """A write as the writer takes it: a delta's parts joined into its text."""
+    if write.script == "delta" and isinstance(write.args[0], list):
+        write.args[0] = "".join(write.args[0])
+    return write
 
 
 def _identity(grant: str, settings: Settings) -> str:
@@ -190,6 +202,8 @@ class RedisBroker:
         self._redis: Redis | None = None
         self._listener: BrokerListener | None = None
         self._queue: asyncio.Queue[_Write] = asyncio.Queue(MAX_QUEUE)
+        self._runs = _Runs()
+        """The queued delta writes the next deltas of their messages join."""
         self._shas: dict[str, str] = {}
         self._topics: set[str] = set()
         self._pubsub: Any = None
@@ -325,22 +339,23 @@ class RedisBroker:
         if target in self._dirty:
             self._resync(*target)
             return
+        if self._runs.join(target, delta, seq):
+            return
         member = f"{owner}|{message_id}"
-        self._enqueue(
-            _Write(
-                "delta",
-                [
-                    _key("seq", channel),
-                    _key("live", channel),
-                    _key("text", member),
-                    _key("d", channel),
-                    _key("own", channel),
-                ],
-                [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel],
-                message=target,
-            ),
-            target,
+        write = _Write(
+            "delta",
+            [
+                _key("seq", channel),
+                _key("live", channel),
+                _key("text", member),
+                _key("d", channel),
+                _key("own", channel),
+            ],
+            [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel],
+            message=target,
         )
+        if self._enqueue(write, target):
+            self._runs.opened(target, write)
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Note the seq of an event that carried no text, so a resume elsewhere knows it."""
@@ -440,7 +455,7 @@ class RedisBroker:
             channel, owner, message_id, body, done, seq, aborted, producer=producer
         )
         write.terminal = (channel, owner, message_id)
-        self._queue.put_nowait(write)
+        self._put(write)
         return done
 
     def defer(
@@ -477,7 +492,7 @@ class RedisBroker:
                 channel, owner, message_id, body, None, seq, aborted, producer=producer
             )
             write.deferred = deferred
-            self._queue.put_nowait(write)
+            self._put(write)
 
     # ------------------------------------------------------------------ sessions
 
@@ -569,7 +584,7 @@ class RedisBroker:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if not self.healthy or self._queue.full():
             return
-        self._queue.put_nowait(_Write("progress", [], ["", "", 0, ""], done))
+        self._put(_Write("progress", [], ["", "", 0, ""], done))
         with contextlib.suppress(BrokerUnavailable, TimeoutError):
             await asyncio.wait_for(done, 5)
 
@@ -638,7 +653,7 @@ class RedisBroker:
                     )
                 )
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                self._queue.put_nowait(
+                self._put(
                     self._terminal_write(
                         channel,
                         owner,
@@ -888,7 +903,8 @@ class RedisBroker:
             batch = [await queue.get()]
             while len(batch) < MAX_BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
-            batch = _merge_deltas(batch)
+            self._runs.close()  # taken: no delta joins these any more
+            batch = [_taken(write) for write in batch]
             try:
                 results = await self._execute(batch)
             except asyncio.CancelledError:
@@ -992,10 +1008,17 @@ class RedisBroker:
                     self._probe_now.wait(), PROBE_EVERY if up else PROBE_WHEN_DOWN
                 )
 
-    def _enqueue(self, write: _Write, target: tuple[str, str, str]) -> None:
+    def _enqueue(self, write: _Write, target: tuple[str, str, str]) -> bool:
         if not self.healthy or self._queue.full():
             self._dirty.add(target)
-            return
+            return False
+        self._put(write)
+        return True
+
+    def _put(self, write: _Write) -> None:
+        """Queue a write; any but a delta ends every run of deltas (see :class:`_Runs`)."""
+        if write.script != "delta":
+            self._runs.close()
         self._queue.put_nowait(write)
 
     def _resync(self, channel: str, owner: str, message_id: str) -> None:
@@ -1011,7 +1034,7 @@ class RedisBroker:
         member = f"{owner}|{message_id}"
         snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))
         self._dirty.discard((channel, owner, message_id))
-        self._queue.put_nowait(
+        self._put(
             _Write(
                 "resync",
                 [
