@@ -311,7 +311,7 @@ class Run:
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         self.assemblers()
-        _progress("starting redis-server, relays S, A, B and F, and the two peers")
+        _progress("starting redis-server, relays S, A, B, F and W, the two peers and the floor")
         try:
             async with cases.running_cluster(
                 self.config.relay_args, self.notable, self.config.compare_python
