@@ -29,10 +29,13 @@ from .wire import BenchError, Message, RawProducer, all_or_first_failure, client
 
 # Every relay runs with its defaults but for these: one producer is saturated on purpose,
 # and thousands of subscribers come from 127.0.0.1.
-COMPARE_FLAGS = ("--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000")
+COMPARE_FLAGS = (
+    *("--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000"),
+    *("--max-handshakes-per-ip", "100000"),
+)
 """The limits lifted on a relay from ``--compare-python`` (an earlier version)."""
-RELAY_FLAGS = (*COMPARE_FLAGS, "--max-handshakes-per-ip", "100000")
-"""The limits lifted on every relay of this version: the load comes from one address."""
+RELAY_FLAGS = COMPARE_FLAGS
+"""The same limits, lifted on every relay of this version: the load comes from one address."""
 TIMEOUT_MARGIN = 30.0  # seconds beyond what a case's load should take: it is stuck
 DELTA_GAP = 0.02  # seconds between a fan-out message's events: 50 tokens/s, a typical model
 FANOUT_PAUSE = 0.05  # seconds between one message being everywhere and the next one

@@ -24,7 +24,15 @@ from websockets.exceptions import ConnectionClosed
 
 from . import cases, durable
 from .cases import ASSEMBLERS, ROUTES, run_assembler
-from .report import Results, format_table, format_targets, table_rows, targets, to_json
+from .report import (
+    Results,
+    format_markdown,
+    format_table,
+    format_targets,
+    table_rows,
+    targets,
+    to_json,
+)
 from .subscribers import SubscriberPool
 from .wire import BenchError, build_messages
 
@@ -75,8 +83,11 @@ class Config:
     compare_python: str = option("")  # another installation's python: its relay beside ours
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | None]:
-    """The configuration, and where to write the JSON record and the chart, if anywhere."""
+def parse_args(
+    argv: Sequence[str] | None,
+) -> tuple[Config, Path | None, Path | None, Path | None]:
+    """The configuration, and where to write the JSON record, the chart and the Markdown
+    table, if anywhere."""
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Measure token-relay: the assembler, ingest against a no-op server and a "
@@ -96,6 +107,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | 
     parser.add_argument("--compare-python", default="", metavar="PYTHON", help=compare_help)
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every result as JSON")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="draw the results as a PNG")
+    parser.add_argument(
+        "--markdown", type=Path, metavar="PATH", help="write the table and targets as Markdown"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
     args = parser.parse_args(argv)
     values = {field.name: field.metadata["quick"] for field in dataclasses.fields(Config)}
@@ -106,7 +120,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Config, Path | None, Path | 
             if given < 1 and not (field.name == "deltas" and given == 0):
                 parser.error(f"--{field.name.replace('_', '-')} must be at least 1")
             values[field.name] = given
-    return Config(**values), args.json, args.chart
+    return Config(**values), args.json, args.chart, args.markdown
 
 
 def _progress(text: str) -> None:
@@ -332,7 +346,7 @@ class Run:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (1 when a check failed, 130 when interrupted)."""
-    config, json_path, chart_path = parse_args(argv)
+    config, json_path, chart_path, markdown_path = parse_args(argv)
     began, run = time.monotonic(), Run(config)
     try:
         asyncio.run(run())
@@ -373,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(to_json(results, rows, goals, extra), indent=2) + "\n")
         print(f"results written to {json_path}")
+    if markdown_path is not None:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(format_markdown(rows, goals))
+        print(f"table written to {markdown_path}")
     if chart_path is not None:
         from .chart import write_chart
 

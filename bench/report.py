@@ -349,6 +349,15 @@ def format_targets(goals: Sequence[Target]) -> str:
     )
 
 
+def format_markdown(rows: Sequence[Row], goals: Sequence[Target]) -> str:
+    """The table and the targets as Markdown, as the README shows them."""
+    lines = ["| case | what | median | compared |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(cell.strip() or ' ' for cell in row)} |" for row in rows]
+    lines += ["", "| target | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {g['label']} | {g['shown']} | {g['verdict']} |" for g in goals]
+    return "\n".join(lines) + "\n"
+
+
 def to_json(
     results: Results, rows: Sequence[Row], goals: Sequence[Target], extra: dict[str, Any]
 ) -> dict[str, Any]:

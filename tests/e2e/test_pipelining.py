@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from token_relay.edge.producers import MAX_PENDING_REPLIES
 from token_relay.testing import RedisServer, ServiceProcess, relay_process
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -162,3 +164,48 @@ async def test_redis_killed_mid_burst_every_final_is_answered_once_in_order(
                 assert reply["code"] == "broker_unavailable"
                 await asyncio.sleep(0.1)
             assert reply == {"type": "ack", "id": message_id, "channel": "killed"}
+
+
+async def _frames_in(relay: ServiceProcess) -> int:
+    """The producer frames the relay has taken in (handled), from its /metrics."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n")
+    body = (await reader.read()).decode()
+    writer.close()
+    line = next(
+        x for x in body.splitlines() if x.startswith('relay_frames_in_total{role="producer"}')
+    )
+    return int(float(line.split()[-1]))
+
+
+async def test_a_stalled_redis_holds_at_most_the_reply_limit_then_every_final_is_answered(
+    redis_server: RedisServer,
+) -> None:
+    count = 3 * MAX_PENDING_REPLIES
+    filler = "x" * 16_000  # enough bytes that a producer the relay stops reading backs up
+    frames = [{"id": f"s{n}", "delta": filler, "final": True} for n in range(count)]
+    async with (
+        _relay("--broker", redis_server.url) as relay,
+        connect(f"{relay.url}/produce?channel=stalled", max_queue=None) as producer,
+    ):
+        assert json.loads(await producer.recv())["type"] == "session"
+        before = await _frames_in(relay)
+        assert redis_server.process is not None
+        redis_server.process.send_signal(signal.SIGSTOP)  # alive, but answers nothing
+        try:
+            sending = asyncio.ensure_future(
+                asyncio.gather(*(producer.send(json.dumps(frame)) for frame in frames))
+            )
+            await asyncio.sleep(1.5)
+            taken = await _frames_in(relay) - before
+            # The replies waiting for Redis stop the reading: a queue's worth more at most.
+            assert MAX_PENDING_REPLIES < taken <= MAX_PENDING_REPLIES + 64, taken
+            assert not sending.done()
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+        await asyncio.wait_for(sending, 30)
+        got = [json.loads(await asyncio.wait_for(producer.recv(), 30)) for _ in range(count)]
+    assert [reply["id"] for reply in got] == [f"s{n}" for n in range(count)]
+    assert {r["type"] for r in got} <= {"ack", "error"}
+    assert {r["code"] for r in got if r["type"] == "error"} <= {"broker_unavailable"}
+    assert sum(r["type"] == "ack" for r in got) >= MAX_PENDING_REPLIES

@@ -68,8 +68,9 @@ MEMORY_CHECK_SECONDS = 0.1
 """How stale the count of memory in use may be when a new message is let in."""
 
 MAX_PENDING_REPLIES = 1024
-"""Replies a producer connection may have waiting for the broker; past it, its frames are
-not read until half of them are sent (its backpressure, as for a full socket)."""
+"""Replies a producer connection may have waiting for the broker (one per final, error or
+batch); past it, its frames are not read until half of them are sent (its backpressure, as
+for a full socket)."""
 
 Session = ProducerSession[ProducerPeer]
 
@@ -101,8 +102,8 @@ class _Completion:
 
 
 _Entry = str | tuple[_Completion | None, list[tuple[str, str, bool]], bool]
-"""A reply waiting its turn: a frame, a final's settlement (its ack joins the list), or a
-frame's acks (completion None)."""
+"""A reply waiting its turn: a frame; a final's settlement, which sends its ack (a lone
+event's) or adds it to its batch's list; or a batch's acks (completion None)."""
 
 
 class _Replies:
@@ -338,13 +339,16 @@ class ProducerEndpoint:
             if replies is None:
                 replies = self._replies[connection] = _Replies()
                 self.spawn(self._answer(connection, session, replies))
-            replies.push(completion, acks)
+            replies.push(completion, acks, batch)
             waiting = True
         replies = self._replies.get(connection)
-        if replies is not None and (acks or waiting):
-            replies.push(None, acks, batch)
+        if replies is None:
+            if acks:
+                self.writer.send((connection,), acks_frame(acks, batch=batch))
+        elif batch and (acks or waiting):
+            replies.push(None, acks, batch)  # one acks frame for the batch, in its turn
         elif acks:
-            self.writer.send((connection,), acks_frame(acks, batch=batch))
+            replies.entries.append(acks_frame(acks, batch=False))
         return None
 
     async def _after_frame(
@@ -389,8 +393,10 @@ class ProducerEndpoint:
                         if isinstance(settled, FrameRejected):
                             self.metrics.errors.labels(settled.code.value).inc()
                             await self.writer.reply(connection, error_frame(settled))
+                        elif batch:
+                            acks.append(settled)  # the batch's acks frame follows
                         else:
-                            acks.append(settled)
+                            await self.writer.reply(connection, acks_frame([settled], batch=False))
                 replies.entries.popleft()
                 replies.moved()
         finally:
