@@ -58,9 +58,14 @@ def write_chart(
     import matplotlib.pyplot as plt
 
     r = results
-    figure, axes = plt.subplots(2, 3, figsize=(17, 9.5))
+    figure = plt.figure(figsize=(17, 13))
+    grid = figure.add_gridspec(3, 3, height_ratios=(1.1, 1, 1))
+    top = figure.add_subplot(grid[0, :])
+    axes = [[top, *(figure.add_subplot(grid[1, n]) for n in (0, 1))]]
+    axes[0].append(figure.add_subplot(grid[1, 2]))
+    axes.append([figure.add_subplot(grid[2, n]) for n in range(3)])
     names = [
-        textwrap.fill(goal["key"].replace("_", " "), 12) + f"\n{goal['shown']}" for goal in goals
+        textwrap.fill(goal["key"].replace("_", " "), 14) + f"\n{goal['shown']}" for goal in goals
     ]
     values = [goal["attainment"] for goal in goals]
     colors = [MET if goal["met"] else MISSED for goal in goals]
@@ -77,6 +82,15 @@ def write_chart(
     ]
     names = ["short messages", "10k-char messages"]
     _bars(axes[0][1], "assembler (in-process), events/s", names, series)
+    posts, appends = r.median("durable.relay.publish"), r.median("durable.peer.appends")
+    sse = [r.median(f"durable.{side}.sse.p99") for side in ("relay", "peer")]
+    http: list[Series] = [
+        ("relay", RELAY, [posts, sse[0]]),
+        ("@durable-streams/server", PEER, [appends, sse[1]]),
+    ]
+    names = ["posts (appends) per second,\none per message", "SSE delivery p99, ms"]
+    axes[0][3].set_yscale("log")
+    _bars(axes[0][3], "HTTP publishing and SSE, beside durable-streams", names, http)
     keys = ["ingest.relay", "ingest.http", "ingest.noop", "ingest.socketio", "batched.relay"]
     keys.append("batched.noop")
     names = ["relay", "relay\nNDJSON", "no-op ws", "socketio", "relay\nbatched"]

@@ -112,6 +112,19 @@ def pieces(draw: st.DrawFn) -> tuple[list[Frame], list[Any], list[bytes], int]:
     return frames, messages, pongs, code
 
 
+def _connection(transport: Transport) -> WebSocket:
+    """A producer's WebSocket over ``transport``, as the edge makes one after a handshake."""
+    return WebSocket(
+        transport,
+        path="/produce",
+        client="127.0.0.1",
+        grant=OPEN,
+        max_size=MAX_SIZE,
+        max_unsent=0,
+        cork=Cork(asyncio.get_running_loop()),
+    )
+
+
 def _server_frames(data: bytes) -> list[Frame]:
     """The frames the relay wrote, read as a client reads them."""
     client = Protocol(CLIENT, max_size=None)
@@ -121,16 +134,7 @@ def _server_frames(data: bytes) -> list[Frame]:
 
 async def _play(stream: bytes, cuts: list[int]) -> tuple[list[Any], Transport]:
     transport = Transport()
-    loop = asyncio.get_running_loop()
-    ws = WebSocket(
-        transport,
-        path="/produce",
-        client="127.0.0.1",
-        grant=OPEN,
-        max_size=MAX_SIZE,
-        max_unsent=0,
-        cork=Cork(loop),
-    )
+    ws = _connection(transport)
     for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         ws.receive(stream[start:stop])
         await asyncio.sleep(0)  # the end of a pass of the loop: held writes go out
@@ -170,15 +174,7 @@ async def _dispatch(
     """Feed the stream to a connection served by ``dispatch``; the handler asks to wait
     after the messages numbered in ``waits`` and checks nothing is handled meanwhile."""
     transport = Transport()
-    ws = WebSocket(
-        transport,
-        path="/produce",
-        client="127.0.0.1",
-        grant=OPEN,
-        max_size=MAX_SIZE,
-        max_unsent=0,
-        cork=Cork(asyncio.get_running_loop()),
-    )
+    ws = _connection(transport)
     handled: list[Any] = []
     waiting = False
 
@@ -224,3 +220,39 @@ def test_dispatch_hands_over_every_message_once_in_order_waiting_when_asked(
         assert asyncio.run(_dispatch(stream, cuts, waits, pauses)) == messages
     finally:
         websocket.FAIR_SHARE = saved
+
+
+class PausingTransport(Transport):
+    """A transport that says whether its socket is being read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+async def test_a_flood_in_one_read_is_handled_a_fair_share_at_a_time() -> None:
+    transport = PausingTransport()
+    ws = _connection(transport)
+    handled: list[Any] = []
+    serving = asyncio.ensure_future(ws.dispatch(lambda message: handled.append(message)))
+    await asyncio.sleep(0)  # the dispatcher waits for messages to come
+    count = 10 * websocket.FAIR_SHARE
+    flood = b"".join(Frame(Opcode.TEXT, str(n).encode()).serialize(mask=True) for n in range(count))
+    ws.receive(flood)
+    # Within the read itself: a fair share, and the socket is no longer read.
+    assert len(handled) == websocket.FAIR_SHARE
+    assert not transport.reading
+    for _ in range(count):
+        if len(handled) == count:
+            break
+        await asyncio.sleep(0)
+    assert handled == [str(n) for n in range(count)]
+    assert transport.reading  # all handled: read again
+    ws.receive(Frame(Opcode.CLOSE, Close(1000, "").serialize()).serialize(mask=True))
+    await asyncio.wait_for(serving, 5)
