@@ -124,10 +124,12 @@ class _Runs:
     run's last. The texts are kept as parts and joined once, when the writer takes them.
     """
 
-    __slots__ = ("_open",)
+    __slots__ = ("_open", "_opening")
 
     def __init__(self) -> None:
         self._open: dict[tuple[str, str, str], _Write] = {}
+        self._opening: dict[tuple[str, str, str], _Write] = {}
+        """Opens still queued: a message's first delta turns its open into ``open_delta``."""
 
     def join(self, target: tuple[str, str, str], delta: str, seq: int) -> bool:
         """Add ``delta`` to the queued run of ``target``; False if there is none."""
@@ -144,14 +146,41 @@ class _Runs:
         write.args[0] = [write.args[0]]
         self._open[target] = write
 
+    def opening(self, target: tuple[str, str, str], write: _Write) -> None:
+        """``write``, the message's open, was just queued (after any run ended)."""
+        self._opening[target] = write
+
+    def join_open(self, target: tuple[str, str, str], delta: str, seq: int) -> bool:
+        """Turn the message's queued open into one write with its first delta (the run
+        its next deltas join); False if its open is not queued any more."""
+        write = self._opening.pop(target, None)
+        if write is None:
+            return False
+        channel, owner, message_id = target
+        member, text_ttl, key_ttl, _, _, open_seq, _ = write.args
+        write.script = "open_delta"
+        write.keys = [
+            _key("seq", channel),
+            _key("live", channel),
+            _key("text", member),
+            _key("d", channel),
+            _key("own", channel),
+        ]
+        write.args = [delta, message_id, text_ttl, key_ttl, owner, seq or open_seq, channel]
+        write.args.append(member)
+        write.message = target
+        self.opened(target, write)
+        return True
+
     def close(self) -> None:
         """Another kind of write was queued, or the writer took the queue: runs end."""
         self._open.clear()
+        self._opening.clear()
 
 
 def _taken(write: _Write) -> _Write:
     """A write as the writer takes it: a delta's parts joined into its text."""
-    if write.script == "delta" and isinstance(write.args[0], list):
+    if write.script in ("delta", "open_delta") and isinstance(write.args[0], list):
         write.args[0] = "".join(write.args[0])
     return write
 
@@ -321,16 +350,15 @@ class RedisBroker:
         deltas (which are dropped there if the claim failed), and a refused claim is
         reported to :meth:`BrokerListener.on_claim_refused`.
         """
-        member = f"{owner}|{message_id}"
-        self._enqueue(
-            _Write(
-                "open",
-                [_key("live", channel), _key("text", member), _key("own", channel)],
-                [member, self._text_ttl, KEY_TTL, message_id, owner, seq, channel],
-                claim=(channel, owner, message_id),
-            ),
-            (channel, owner, message_id),
+        member, target = f"{owner}|{message_id}", (channel, owner, message_id)
+        write = _Write(
+            "open",
+            [_key("live", channel), _key("text", member), _key("own", channel)],
+            [member, self._text_ttl, KEY_TTL, message_id, owner, seq, channel],
+            claim=target,
         )
+        if self._enqueue(write, target):
+            self._runs.opening(target, write)
         return True
 
     def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
@@ -339,7 +367,7 @@ class RedisBroker:
         if target in self._dirty:
             self._resync(*target)
             return
-        if self._runs.join(target, delta, seq):
+        if self._runs.join(target, delta, seq) or self._runs.join_open(target, delta, seq):
             return
         member = f"{owner}|{message_id}"
         write = _Write(
