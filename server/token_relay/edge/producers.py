@@ -4,13 +4,18 @@ Theory of operation
 -------------------
 Each producer connection works through a session of the core's
 :class:`~token_relay.core.sessions.SessionTable`. The relay sends the session
-token first thing. A frame is validated, charged to the session's rate bucket
-as a whole, and its events applied to the session's message streams in order,
-each as it comes: deltas go to the broker without waiting; only completing a
-message waits, for the broker to give it an offset. The finals of a frame are
-acknowledged together. Every reply goes through the one
-:class:`~token_relay.edge.writer.Writer`, and waits until the producer's socket
-can take more, which is each producer's backpressure.
+token first thing. Frames are handled as they are read (see
+:meth:`~token_relay.edge.websocket.WebSocket.dispatch`). A frame is validated,
+charged to the session's rate bucket as a whole, and its events applied to the
+session's message streams in order, each as it comes: deltas go to the broker
+without waiting, and so does a completed message, whose publication the broker
+settles later (Redis) or at once (memory). The producer's next events are applied
+meanwhile; its replies wait in :class:`_Replies` until the ones before them are
+sent, so acks and errors keep the order of its frames (at most
+:data:`MAX_PENDING_REPLIES`, then the producer is not read). The finals of a
+batch are acknowledged together. Every reply goes through the one
+:class:`~token_relay.edge.writer.Writer`; a producer whose socket is full is not
+read until it drains, which is each producer's backpressure.
 
 When the connection ends, the table parks or ends the session; this module owns
 the grace timers and publishes the aborts of whatever an ended session left
