@@ -136,7 +136,9 @@ class WebSocket(SocketPeer):
         self.held: list[bytes] | None = None
         """Frames written in this pass of the loop after its first, not yet on the socket."""
         self._partial = b""
-        """The start of a frame the lean parser is gathering."""
+        """The start of a frame the lean parser is gathering (or a frame header)."""
+        self._slow_left = 0
+        """Bytes still to come of a frame websockets is reading."""
         self.protocol = Protocol(SERVER, state=State.OPEN, max_size=max_size, logger=frames_log)
         self.max_size = max_size
         self.max_unsent = max_unsent
@@ -184,21 +186,15 @@ class WebSocket(SocketPeer):
         self.heard = True
         self._handled = 0
         protocol = self.protocol
+        left = self._slow_left
+        if left:  # the rest of a frame websockets is reading
+            self._slow_left = max(0, left - len(data))
+            self._feed(data[:left])
+            data = data[left:]
         if self._partial:
             data, self._partial = self._partial + data, b""
-        if (
-            protocol.current_size is None
-            and not protocol.reader.buffer
-            and protocol.state is State.OPEN
-            and protocol.close_rcvd is None
-            and not self._failed
-        ):
-            data = self._parse(data)
         if data:
-            protocol.receive_data(data)
-            events = protocol.events_received()
-            if events:
-                self._take(events)
+            self._parse(data)
         if protocol.state is not State.OPEN:
             self._wake()  # failed (1007, 1009, a protocol error) or closing: no more messages
         self._flush()
@@ -220,36 +216,63 @@ class WebSocket(SocketPeer):
         self._wake()
         self._gone()
 
-    def _parse(self, data: bytes) -> bytes:
-        """Read the whole unfragmented data frames at the start of ``data``; keep a partial
-        one for the next read; return from the first frame websockets must read on."""
-        at, end, limit = 0, len(data), self.max_size
+    def _parse(self, data: bytes) -> None:
+        """Read ``data`` frame by frame: a whole unfragmented data frame here, any other
+        frame (all of it, however many reads it takes) by websockets; a partial header
+        waits for the next read, and so does a partial frame of ours up to 64 KiB.
+
+        The lean parser reads only at frame boundaries, so websockets' parser is always at
+        one when it is handed a frame, and their messages keep the order of the frames.
+        """
+        at, end, limit, protocol = 0, len(data), self.max_size, self.protocol
         while end - at >= 2:
             first, second = data[at], data[at + 1]
-            # FIN, no reserved bits, text or binary, masked (as a client must).
-            if first & 0xF0 != 0x80 or not 0 < first & 0x0F < 3 or not second & 0x80:
-                return data[at:]
-            length, head = second & 0x7F, 6
+            length, head = second & 0x7F, 6 if second & 0x80 else 2
             if length == 126:
                 if end - at < 4:
                     break
-                length, head = int.from_bytes(data[at + 2 : at + 4]), 8
+                length, head = int.from_bytes(data[at + 2 : at + 4]), head + 2
             elif length == 127:
                 if end - at < 10:
                     break
-                length, head = int.from_bytes(data[at + 2 : at + 10]), 14
+                length, head = int.from_bytes(data[at + 2 : at + 10]), head + 8
             stop = at + head + length
-            if length > limit or (stop > end and head + length > MAX_HELD_FRAME):
-                return data[at:]  # 1009, or a big frame websockets gathers more cheaply
+            ours = (
+                # FIN, no reserved bits, text or binary, masked (as a client must), not too
+                # big, and no fragmented message or close under way.
+                first & 0xF0 == 0x80
+                and 0 < first & 0x0F < 3
+                and head >= 6
+                and length <= limit
+                and (stop <= end or head + length <= MAX_HELD_FRAME)
+                and protocol.current_size is None
+                and protocol.state is State.OPEN
+                and protocol.close_rcvd is None
+                and not self._failed
+            )
+            if not ours:
+                # websockets reads this frame: what of it is here now, the rest as it comes.
+                here = min(stop, end)
+                self._slow_left = stop - here
+                self._feed(data[at:here])
+                at = here
+                continue
             if stop > end:
                 break
             payload = apply_mask(data[at + head : stop], data[at + head - 4 : at + head])
             self._put(payload, first & 0x0F == 1)
-            if self._failed:
-                return b""
             at = stop
         self._partial = data[at:]
-        return b""
+
+    def _feed(self, data: bytes) -> None:
+        """Bytes of frames websockets reads; their messages are taken at once, in order."""
+        if not data:
+            return
+        protocol = self.protocol
+        protocol.receive_data(data)
+        events = protocol.events_received()
+        if events:
+            self._take(events)
 
     def _take(self, events: list[Event]) -> None:
         for frame in events:
