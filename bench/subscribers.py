@@ -30,6 +30,9 @@ import h11
 from . import wire
 
 DELTA, MESSAGE, SUBSCRIBED, SNAPSHOT = range(4)
+CACHE_ENTRIES = 4096
+"""Frames, reads and events a subscriber process keeps checked, at most, of each (then it
+starts afresh)."""
 
 
 def raise_fd_limit() -> int:
@@ -139,6 +142,8 @@ class EventParser:
         found = [events[b] if b in events else self._event(b) for b in blocks]
         payloads = tuple(payload for payload in found if payload is not None)
         if clean and not self._raw and not self._body:
+            if len(self._feeds) >= CACHE_ENTRIES:
+                self._feeds.clear()  # bounded: a long run's old reads are not met again
             self._feeds[data] = payloads
         return payloads
 
@@ -189,6 +194,8 @@ class EventParser:
                 raise wire.BenchError(f"an SSE event is not named for its frame: {block[:300]!r}")
             if kind in ("subscribed", "message", "aborted") and not fields.get(b"id"):
                 raise wire.BenchError(f"an SSE {kind} event has no id: {block[:300]!r}")
+        if len(self._events) >= CACHE_ENTRIES:
+            self._events.clear()
         self._events[block] = payload
         return payload
 
@@ -309,6 +316,8 @@ class Subscribers:
                 known = self._decode(json.loads(payload))
             except (ValueError, KeyError, TypeError, AttributeError):
                 fail(f"a subscriber got a malformed frame: {payload[:300]!r}")
+            if len(self._known) >= CACHE_ENTRIES:
+                self._known.clear()
             self._known[payload] = known
         kind, message_id, value, offset = known
         if kind == DELTA:
