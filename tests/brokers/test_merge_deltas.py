@@ -71,23 +71,21 @@ def test_no_delta_joins_across_another_write_or_a_taken_one() -> None:
 
 
 def _open(runs: _Runs, queue: list[_Write], message: str, seq: int = 0) -> None:
-    """What ``RedisBroker.open`` does: queue the claim (any run ends), and note it."""
+    """What ``RedisBroker.open`` does: queue the claim (any run ends); it starts a run."""
     runs.close()
-    member = f"owner|{message}"
-    write = _Write("open", [], [member, 60, 600, message, "owner", seq, "c"])
-    write.claim = _target(message)
+    args = ["", message, 60, 600, "owner", seq, "c", f"owner|{message}"]
+    write = _Write("open", [], args, message=_target(message), claim=_target(message))
     queue.append(write)
-    runs.opening(_target(message), write)
+    runs.opened(_target(message), write)
 
 
 def test_a_messages_first_deltas_join_its_queued_open_into_one_script() -> None:
     runs, queue = _Runs(), []
     _open(runs, queue, "m", seq=1)
     for text, seq in (("Hel", 1), ("lo", 2)):
-        if not runs.join(_target("m"), text, seq):
-            assert runs.join_open(_target("m"), text, seq)
+        assert runs.join(_target("m"), text, seq)
     (write,) = map(_taken, queue)
-    assert write.script == "open_delta" and write.claim == _target("m")
+    assert write.script == "open" and write.claim == _target("m")
     assert write.message == _target("m")
     # The delta's arguments, then the member the open listed.
     assert write.args == ["Hello", "m", 60, 600, "owner", 2, "c", "owner|m"]
@@ -97,8 +95,8 @@ def test_an_open_joins_no_delta_after_another_write() -> None:
     runs, queue = _Runs(), []
     _open(runs, queue, "m")
     _other(runs, queue, "meta")
-    assert not runs.join_open(_target("m"), "late", 0)
+    assert not runs.join(_target("m"), "late", 0)
     _open(runs, queue, "n")
     runs.close()  # the writer took the queue
-    assert not runs.join_open(_target("n"), "late", 0)
+    assert not runs.join(_target("n"), "late", 0)
     assert [write.script for write in queue] == ["open", "meta", "open"]

@@ -231,25 +231,7 @@ class Broker(Protocol):
         """A message in progress has this merged metadata (JSON), or none any more ('').
         Kept where another process taking the session over can read it. Never waits."""
 
-    async def terminal(
-        self,
-        channel: str,
-        owner: str,
-        message_id: str,
-        body: str,
-        seq: int = 0,
-        aborted: bool = False,
-        producer: str = "",
-    ) -> str:
-        """Give a terminal frame its offset, record and publish it; returns the full frame.
-
-        ``body`` is the frame serialized without ``offset`` and ``epoch``; ``producer`` is
-        the producer's identity (JSON) its webhook carries, "" without auth. Raises
-        ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
-        holds the id in the channel.
-        """
-
-    def submit_terminal(
+    def terminal(
         self,
         channel: str,
         owner: str,
@@ -259,11 +241,15 @@ class Broker(Protocol):
         aborted: bool = False,
         producer: str = "",
     ) -> Publication:
-        """Like :meth:`terminal`, without waiting: the frame is ordered after earlier calls
-        for the same owner now, and the future ends with the full frame (or the error).
+        """Give a terminal frame its offset, record and publish it: ordered now after
+        earlier calls for the same owner; the publication (awaited: the full frame) ends
+        once that is done, at once or a round trip later.
 
-        A producer goes on applying its next events while its final is being published:
-        the round trip to the broker is no longer paid once per message.
+        ``body`` is the frame serialized without ``offset`` and ``epoch``; ``producer`` is
+        the producer's identity (JSON) its webhook carries, "" without auth. It ends with
+        ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
+        holds the id in the channel. A producer goes on applying its next events while its
+        final is being published: the round trip is not paid once per message.
         """
 
     def defer(

@@ -177,20 +177,7 @@ class MemoryBroker:
         if listener is not None and listener.wants_deltas(channel):
             listener.on_delta(channel, self._seq, Delta(channel, message_id, delta))
 
-    async def terminal(
-        self,
-        channel: str,
-        owner: str,
-        message_id: str,
-        body: str,
-        seq: int = 0,
-        aborted: bool = False,
-        producer: str = "",
-    ) -> str:
-        """Number, record and deliver a terminal frame (and queue its webhook)."""
-        return self._terminal(channel, owner, message_id, body, producer)
-
-    def submit_terminal(
+    def terminal(
         self,
         channel: str,
         owner: str,
@@ -200,7 +187,8 @@ class MemoryBroker:
         aborted: bool = False,
         producer: str = "",
     ) -> Published:
-        """Number, record and deliver it now: the publication is over when this returns."""
+        """Number, record and deliver a terminal frame (and queue its webhook) now: the
+        publication is over when this returns."""
         try:
             return Published(self._terminal(channel, owner, message_id, body, producer))
         except FrameRejected as exc:

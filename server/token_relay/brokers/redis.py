@@ -118,18 +118,17 @@ class _Runs:
     """The delta writes still queued since the last other write, by message.
 
     A message's next delta joins its run's write instead of queueing one of its own: one
-    script per message per run, not one per delta. Nothing joins across another kind of
+    script per message per run, not one per delta. A message's open starts a run too, so
+    its first deltas go with its claim, in one script. Nothing joins across another kind of
     write, so each message's text and order are unchanged; subscribers get fewer, longer
     delta frames, as with ``--delta-flush-ms``. A joined write's event ``seq`` is its
     run's last. The texts are kept as parts and joined once, when the writer takes them.
     """
 
-    __slots__ = ("_open", "_opening")
+    __slots__ = ("_open",)
 
     def __init__(self) -> None:
         self._open: dict[tuple[str, str, str], _Write] = {}
-        self._opening: dict[tuple[str, str, str], _Write] = {}
-        """Opens still queued: a message's first delta turns its open into ``open_delta``."""
 
     def join(self, target: tuple[str, str, str], delta: str, seq: int) -> bool:
         """Add ``delta`` to the queued run of ``target``; False if there is none."""
@@ -142,45 +141,18 @@ class _Runs:
         return True
 
     def opened(self, target: tuple[str, str, str], write: _Write) -> None:
-        """``write``, a delta just queued, starts its message's run."""
+        """``write``, a delta or an open just queued, starts its message's run."""
         write.args[0] = [write.args[0]]
         self._open[target] = write
-
-    def opening(self, target: tuple[str, str, str], write: _Write) -> None:
-        """``write``, the message's open, was just queued (after any run ended)."""
-        self._opening[target] = write
-
-    def join_open(self, target: tuple[str, str, str], delta: str, seq: int) -> bool:
-        """Turn the message's queued open into one write with its first delta (the run
-        its next deltas join); False if its open is not queued any more."""
-        write = self._opening.pop(target, None)
-        if write is None:
-            return False
-        channel, owner, message_id = target
-        member, text_ttl, key_ttl, _, _, open_seq, _ = write.args
-        write.script = "open_delta"
-        write.keys = [
-            _key("seq", channel),
-            _key("live", channel),
-            _key("text", member),
-            _key("d", channel),
-            _key("own", channel),
-        ]
-        write.args = [delta, message_id, text_ttl, key_ttl, owner, seq or open_seq, channel]
-        write.args.append(member)
-        write.message = target
-        self.opened(target, write)
-        return True
 
     def close(self) -> None:
         """Another kind of write was queued, or the writer took the queue: runs end."""
         self._open.clear()
-        self._opening.clear()
 
 
 def _taken(write: _Write) -> _Write:
-    """A write as the writer takes it: a delta's parts joined into its text."""
-    if write.script in ("delta", "open_delta") and isinstance(write.args[0], list):
+    """A write as the writer takes it: a run's parts joined into its text."""
+    if write.script in ("delta", "open") and isinstance(write.args[0], list):
         write.args[0] = "".join(write.args[0])
     return write
 
@@ -353,12 +325,19 @@ class RedisBroker:
         member, target = f"{owner}|{message_id}", (channel, owner, message_id)
         write = _Write(
             "open",
-            [_key("live", channel), _key("text", member), _key("own", channel)],
-            [member, self._text_ttl, KEY_TTL, message_id, owner, seq, channel],
+            [
+                _key("seq", channel),
+                _key("live", channel),
+                _key("text", member),
+                _key("d", channel),
+                _key("own", channel),
+            ],
+            ["", message_id, self._text_ttl, KEY_TTL, owner, seq, channel, member],
+            message=target,
             claim=target,
         )
         if self._enqueue(write, target):
-            self._runs.opening(target, write)
+            self._runs.opened(target, write)  # its first deltas join it: one script
         return True
 
     def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
@@ -367,7 +346,7 @@ class RedisBroker:
         if target in self._dirty:
             self._resync(*target)
             return
-        if self._runs.join(target, delta, seq) or self._runs.join_open(target, delta, seq):
+        if self._runs.join(target, delta, seq):
             return
         member = f"{owner}|{message_id}"
         write = _Write(
@@ -450,21 +429,7 @@ class RedisBroker:
             webhook=(channel, message_id) if webhook else None,
         )
 
-    async def terminal(
-        self,
-        channel: str,
-        owner: str,
-        message_id: str,
-        body: str,
-        seq: int = 0,
-        aborted: bool = False,
-        producer: str = "",
-    ) -> str:
-        """Give the frame its offset, add it to history and publish it, atomically (and
-        queue its webhook)."""
-        return await self.submit_terminal(channel, owner, message_id, body, seq, aborted, producer)
-
-    def submit_terminal(
+    def terminal(
         self,
         channel: str,
         owner: str,
@@ -474,7 +439,9 @@ class RedisBroker:
         aborted: bool = False,
         producer: str = "",
     ) -> asyncio.Future[str]:
-        """Queue the terminal write now, in order; the future ends once Redis ran it."""
+        """Queue the terminal write now, in order; the future ends once Redis ran it: the
+        frame given its offset, added to history and published, atomically (and its
+        webhook queued)."""
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         if not self.healthy or self._queue.full():
             done.set_exception(BrokerUnavailable("Redis is unreachable"))

@@ -8,22 +8,30 @@ OPEN = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
   return 0
 end
-local holder = redis.call('HGET', KEYS[3], ARGV[4])
+local holder = redis.call('HGET', KEYS[5], ARGV[2])
 if holder and holder ~= ARGV[5] then
   return 0
 end
-redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[4], ARGV[6] .. '|' .. ARGV[7])
-redis.call('EXPIRE', 'tr:msg:' .. ARGV[5], ARGV[3])
-redis.call('HSET', KEYS[3], ARGV[4], ARGV[5])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
-redis.call('SADD', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('SET', KEYS[2], '', 'EX', ARGV[2])
-return 1
+redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[2], ARGV[6] .. '|' .. ARGV[7])
+redis.call('EXPIRE', 'tr:msg:' .. ARGV[5], ARGV[4])
+redis.call('HSET', KEYS[5], ARGV[2], ARGV[5])
+redis.call('EXPIRE', KEYS[5], ARGV[4])
+redis.call('SADD', KEYS[2], ARGV[8])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[3])
+if ARGV[1] == '' then
+  return 1
+end
+local seq = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
+redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
+return seq
 """
 """Claim the id in the channel for this owner (0 if another owner holds it, or the owner's
 session moved to another process), note the message and its seq in the owner's session,
-and list it as in progress with empty text."""
+and list it as in progress with the text of the deltas that joined the open in the queue
+(published as one delta), if any. Its arguments are those of DELTA, and its member."""
 
 DELTA = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
@@ -46,32 +54,6 @@ return seq
 """
 """Append a delta to the text in Redis, note its seq, and publish it, unless another owner
 holds the id or the owner's session moved."""
-
-OPEN_DELTA = """
-if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
-  return 0
-end
-local holder = redis.call('HGET', KEYS[5], ARGV[2])
-if holder and holder ~= ARGV[5] then
-  return 0
-end
-redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[2], ARGV[6] .. '|' .. ARGV[7])
-redis.call('EXPIRE', 'tr:msg:' .. ARGV[5], ARGV[4])
-redis.call('HSET', KEYS[5], ARGV[2], ARGV[5])
-redis.call('EXPIRE', KEYS[5], ARGV[4])
-redis.call('SADD', KEYS[2], ARGV[8])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[3])
-local seq = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
-redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
-return seq
-"""
-"""OPEN and then DELTA in one step, for a message whose first deltas met its open in the
-queue: the claim (0 if refused, and nothing is written), the message noted in its owner's
-session with the run's seq, listed as in progress with the deltas' text, and the deltas
-published."""
 
 PROGRESS = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[1]) == 1 then
@@ -317,7 +299,6 @@ SCRIPTS = {
     "meta": META,
     "open": OPEN,
     "delta": DELTA,
-    "open_delta": OPEN_DELTA,
     "resync": RESYNC,
     "terminal": TERMINAL,
     "catch_up": CATCH_UP,

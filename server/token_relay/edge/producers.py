@@ -476,7 +476,7 @@ class ProducerEndpoint:
             seq = 0 if event.seq is MISSING else event.seq
             body = message_body(channel, message_id, text, applied.meta)
             completion.meta = bool(applied.meta)
-            completion.published = self.broker.submit_terminal(
+            completion.published = self.broker.terminal(
                 channel, session.owner, message_id, body, seq, producer=self._identity(session)
             )
         return completion
