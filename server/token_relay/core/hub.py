@@ -13,7 +13,7 @@ channels than there are live subscriptions.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Set
+from collections.abc import Hashable, Mapping, Set
 from typing import Generic, TypeVar
 
 from .errors import ConfigError, ErrorCode, FrameRejected
@@ -85,6 +85,11 @@ class ChannelHub(Generic[S]):
     def subscribers(self, channel: str) -> Set[S]:
         """The live set of a channel's subscribers (do not mutate it)."""
         return self._subscribers_of.get(channel) or frozenset()
+
+    @property
+    def delta_channels(self) -> Mapping[str, Set[S]]:
+        """The channels with a subscriber that asked for deltas (a live view)."""
+        return self._deltas_of
 
     def delta_subscribers(self, channel: str) -> Set[S]:
         """The live set of a channel's subscribers that asked for deltas."""

@@ -1,16 +1,27 @@
 """What every peer shares: who it is (:class:`PeerBase`) and, for one that owns its
-socket, write flow control and its end (:class:`SocketPeer`)."""
+socket, write flow control and its end (:class:`SocketPeer`); and the event loop's clock
+as the hot path reads it (:func:`loop_clock`)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from collections.abc import Callable
 
 from websockets import CloseCode
 
 from ..core.grants import Grant
 
-__all__ = ["PeerBase", "SocketPeer"]
+__all__ = ["PeerBase", "SocketPeer", "loop_clock"]
+
+
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop.time``; for asyncio's own loops, the ``time.monotonic`` it returns, called
+    directly (a call less per read of the clock, the same values)."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
 
 
 class PeerBase:

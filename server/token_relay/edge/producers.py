@@ -29,6 +29,7 @@ import collections
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -60,6 +61,7 @@ from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Unfinished
 from ..core.webhooks import identity
+from .flow import loop_clock
 from .httpproducer import HttpProducer
 from .metrics import Metrics
 from .peer import ProducerPeer
@@ -163,6 +165,8 @@ class ProducerEndpoint:
         self.writer = writer
         self.stopping = stopping
         self.spawn = spawn
+        self.clock: Callable[[], float] = time.monotonic
+        """The serving event loop's clock (see :func:`loop_clock`)."""
         self.handing_off = False
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.memory_used = 0
@@ -200,7 +204,7 @@ class ProducerEndpoint:
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
         received = self.metrics.frames_in_producer
-        loop_time = loop.time
+        self.clock = loop_time = loop_clock(loop)
 
         def handle(raw: str | bytes) -> Awaitable[None] | None:
             received.inc()
@@ -512,7 +516,7 @@ class ProducerEndpoint:
             self.metrics.completed.inc()
             if completion.meta:
                 self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
-            elapsed = asyncio.get_running_loop().time() - completion.received
+            elapsed = self.clock() - completion.received
             self.metrics.final_to_delivery.observe(elapsed)
         return channel, message_id, completion.duplicate
 

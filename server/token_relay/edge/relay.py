@@ -99,6 +99,7 @@ class Relay:
             stopping=lambda: self._stopping,
             spawn=self._spawn,
         )
+        self._delta_channels = self.subscribers.router.hub.delta_channels
         self.server: HttpServer | None = None
         metrics = self.metrics
         metrics.memory.set_function(self.producers.memory_in_use)
@@ -354,7 +355,7 @@ class Relay:
 
     def wants_deltas(self, channel: str) -> bool:
         """Whether a local subscriber of ``channel`` asked for deltas."""
-        return self.subscribers.wants_deltas(channel)
+        return channel in self._delta_channels
 
     def on_cancel(self, owner: str, payload: Payload) -> None:
         """Pass a ``cancel`` frame to the local producer that owns the message."""

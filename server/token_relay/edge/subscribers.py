@@ -239,10 +239,6 @@ class SubscriberEndpoint:
     def _flush(self, channel: str) -> None:
         self.carry_out(self.router.flush(channel))
 
-    def wants_deltas(self, channel: str) -> bool:
-        """Whether a local subscriber of ``channel`` asked for deltas."""
-        return bool(self.router.hub.delta_subscribers(channel))
-
     def resume_everyone(self) -> int:
         """Close every subscriber with 1012 so that it resumes by offset; returns how many."""
         subscribers = list(self.router.subscribers())

@@ -323,7 +323,8 @@ class WebSocket(SocketPeer):
         ):
             self._paused_reading = True
             self.transport.pause_reading()
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -342,13 +343,19 @@ class WebSocket(SocketPeer):
         not read) until that is done. A read hands over at most :data:`FAIR_SHARE`
         messages this way; the rest queue, and the loop runs other work between them.
         """
-        protocol = self.protocol
+        protocol, messages = self.protocol, self._messages
         try:
             while True:
-                while self._messages:
-                    later = handle(await self.__anext__())
+                while messages:
+                    if self._unbroken >= FAIR_SHARE:
+                        self._unbroken = 0
+                        await asyncio.sleep(0)
+                        continue
+                    self._unbroken += 1
+                    later = handle(self._next())
                     if later is not None:
                         await later
+                self._unbroken = 0
                 if protocol.state is not State.OPEN or protocol.close_rcvd is not None:
                     return
                 self._handle = handle
@@ -386,6 +393,11 @@ class WebSocket(SocketPeer):
                 await self._waiter
             finally:
                 self._waiter = None
+        return self._next()
+
+    def _next(self) -> str | bytes:
+        """Take the first queued message; the socket is read again once none is left."""
+        messages = self._messages
         message, size = messages.popleft()
         self._queued_bytes -= size
         if self._paused_reading and not messages:
