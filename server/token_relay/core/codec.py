@@ -86,8 +86,10 @@ Event = FastEvent | ProducerEvent
 def decode_producer_frame(raw: str | bytes) -> Event | list[FastEvent] | list[ProducerEvent]:
     """Validate a producer frame: one event, or a JSON array of them (all or nothing);
     raise :class:`~token_relay.core.errors.FrameRejected` as the models do."""
-    events = decode_events(raw)
-    return decode_by_models(raw) if events is None else events
+    try:
+        return _DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return decode_by_models(raw)
 
 
 def _dumps(value: Any) -> bytes | None:

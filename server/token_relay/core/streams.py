@@ -236,7 +236,8 @@ class MessageStreams:
         meta = None if event.meta is MISSING else self._checked(event.meta, message_id)
         state = self._streaming.get(message_id)
         if state is not None:
-            _check_channel(message_id, state.channel, channel)
+            if channel != state.channel:
+                _check_channel(message_id, state.channel, channel)
             if seq is not None:
                 if seq <= state.seq:
                     return Applied(channel, message_id, None, duplicate=True)

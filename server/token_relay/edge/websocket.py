@@ -83,11 +83,12 @@ class Cork:
     goes through here.
     """
 
-    __slots__ = ("_held", "_loop", "_scheduled", "_written")
+    __slots__ = ("_held", "_loop", "_pass", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._written: set[WebSocket] = set()
+        self._pass = 0
+        """Which pass of the loop this is, as far as writes tell (one more at each flush)."""
         self._held: list[WebSocket] = []
         self._scheduled = False
 
@@ -97,12 +98,11 @@ class Cork:
         if held is not None:
             held.append(data)
             return
-        written = self._written
-        if peer in written:
+        if peer.written_in == self._pass:
             peer.held = [data]
             self._held.append(peer)
             return
-        written.add(peer)
+        peer.written_in = self._pass
         peer.transport.write(data)
         if not self._scheduled:
             self._scheduled = True
@@ -111,7 +111,7 @@ class Cork:
     def flush(self) -> None:
         """The pass ended: write what each socket holds."""
         self._scheduled = False
-        self._written.clear()
+        self._pass += 1  # every socket written in this pass may be written at once again
         held, self._held = self._held, []
         for peer in held:
             peer.uncork()
@@ -135,6 +135,8 @@ class WebSocket(SocketPeer):
         self.cork = cork or Cork(asyncio.get_running_loop())
         self.held: list[bytes] | None = None
         """Frames written in this pass of the loop after its first, not yet on the socket."""
+        self.written_in = -1
+        """The pass of the loop (see :class:`Cork`) that last wrote to the socket at once."""
         self._partial = b""
         """The start of a frame the lean parser is gathering (or a frame header)."""
         self._slow_left = 0
@@ -224,7 +226,8 @@ class WebSocket(SocketPeer):
         The lean parser reads only at frame boundaries, so websockets' parser is always at
         one when it is handed a frame, and their messages keep the order of the frames.
         """
-        at, end, limit, protocol = 0, len(data), self.max_size, self.protocol
+        at, end, limit = 0, len(data), self.max_size
+        lean = self._lean()
         while end - at >= 2:
             first, second = data[at], data[at + 1]
             length, head = second & 0x7F, 6 if second & 0x80 else 2
@@ -245,9 +248,7 @@ class WebSocket(SocketPeer):
                 and head >= 6
                 and length <= limit
                 and (stop <= end or head + length <= MAX_HELD_FRAME)
-                and protocol.current_size is None
-                and protocol.state is State.OPEN
-                and protocol.close_rcvd is None
+                and lean
                 and not self._failed
             )
             if not ours:
@@ -255,6 +256,7 @@ class WebSocket(SocketPeer):
                 here = min(stop, end)
                 self._slow_left = stop - here
                 self._feed(data[at:here])
+                lean = self._lean()
                 at = here
                 continue
             if stop > end:
@@ -263,6 +265,17 @@ class WebSocket(SocketPeer):
             self._put(payload, first & 0x0F == 1)
             at = stop
         self._partial = data[at:]
+
+    def _lean(self) -> bool:
+        """Whether the lean parser may read the next frame, as far as websockets' protocol
+        says: no fragmented message or close under way. Only websockets' parser (fed by
+        :meth:`_feed`) changes that within a read, so it is asked once, and after each feed."""
+        protocol = self.protocol
+        return (
+            protocol.current_size is None
+            and protocol.state is State.OPEN
+            and protocol.close_rcvd is None
+        )
 
     def _feed(self, data: bytes) -> None:
         """Bytes of frames websockets reads; their messages are taken at once, in order."""
