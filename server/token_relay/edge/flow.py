@@ -28,6 +28,8 @@ class PeerBase:
     """A peer's identity: its id, its socket, the request that admitted it, its client's
     address (the peer's, or the one a trusted proxy forwarded for) and its grant."""
 
+    __slots__ = ("client", "grant", "id", "path", "transport")
+
     def __init__(
         self, transport: asyncio.Transport, *, path: str, client: str, grant: Grant
     ) -> None:
@@ -44,6 +46,8 @@ class SocketPeer(PeerBase):
     :meth:`drain` that waits for the socket's buffer to fall under its low-water mark,
     and the socket's end: :meth:`close` (each peer says how in :meth:`start_close`),
     :meth:`abort` and :meth:`wait_closed`."""
+
+    __slots__ = ("_closed", "_drained", "_paused_writing")
 
     def __init__(
         self, transport: asyncio.Transport, *, path: str, client: str, grant: Grant

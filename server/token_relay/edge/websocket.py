@@ -120,6 +120,29 @@ class Cork:
 class WebSocket(SocketPeer):
     """A WebSocket peer: messages in as an async iterator, frames out to its transport."""
 
+    __slots__ = (
+        "_failed",
+        "_fragments",
+        "_handle",
+        "_handled",
+        "_later",
+        "_messages",
+        "_partial",
+        "_paused_reading",
+        "_queued_bytes",
+        "_slow_left",
+        "_text",
+        "_unbroken",
+        "_waiter",
+        "cork",
+        "heard",
+        "held",
+        "max_size",
+        "max_unsent",
+        "protocol",
+        "written_in",
+    )
+
     def __init__(
         self,
         transport: asyncio.Transport,
