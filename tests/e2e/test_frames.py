@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay.core.grants import OPEN
 from token_relay.edge import websocket
-from token_relay.edge.websocket import MAX_HELD_FRAME, Cork, WebSocket
+from token_relay.edge.websocket import MAX_HELD_FRAME, Cork, WebSocket, text_frame
 from websockets.frames import Close, Frame, Opcode
 from websockets.protocol import CLIENT, Protocol
 from websockets.utils import apply_mask
@@ -273,3 +274,15 @@ async def test_a_flood_in_one_read_is_handled_a_fair_share_at_a_time() -> None:
     assert transport.reading  # all handled: read again
     ws.receive(Frame(Opcode.CLOSE, Close(1000, "").serialize()).serialize(mask=True))
     await asyncio.wait_for(serving, 5)
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_text_frames_are_the_bytes_websockets_would_send(size: int) -> None:
+    """The relay frames what it sends by hand: byte for byte websockets' own frame, at
+    every boundary of the length's encoding, and websockets reads it back as sent."""
+    payload = bytes((n * 7) % 256 for n in range(size))
+    assert text_frame(payload) == Frame(Opcode.TEXT, payload).serialize(mask=False)
+    reader = Protocol(CLIENT)
+    reader.receive_data(text_frame(payload))
+    [event] = reader.events_received()
+    assert isinstance(event, Frame) and event.fin and event.data == payload

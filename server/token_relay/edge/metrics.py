@@ -54,18 +54,16 @@ class Tally:
 class Timings:
     """A histogram without a lock, with fixed bucket bounds in seconds."""
 
-    __slots__ = ("bounds", "count", "counts", "total")
+    __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
-        self.count = 0
         self.total = 0.0
 
     def observe(self, seconds: float) -> None:
         """Record one duration."""
         self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.count += 1
         self.total += seconds
 
     def cumulative(self) -> list[tuple[str, float]]:

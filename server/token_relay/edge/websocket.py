@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - websockets without its C extension
 from ..core.grants import Grant
 from .flow import SocketPeer
 
-__all__ = ["MAX_QUEUE", "Cork", "Handler", "WebSocket"]
+__all__ = ["MAX_QUEUE", "Cork", "Handler", "WebSocket", "text_frame"]
 
 log = logging.getLogger("token_relay")
 frames_log = logging.getLogger("token_relay.frames")
@@ -67,6 +67,18 @@ MAX_HELD_FRAME = 64 * 1024
 
 Handler = Callable[[str | bytes], Awaitable[None] | None]
 """Takes one message; returns what to wait for before the next, if anything."""
+
+
+def text_frame(payload: bytes) -> bytes:
+    """A final, unmasked text frame carrying ``payload``, as a server sends it (RFC 6455,
+    5.2): the bytes websockets' ``Frame(Opcode.TEXT, payload).serialize(mask=False)``
+    gives, built in a fifth of the time."""
+    size = len(payload)
+    if size < 126:
+        return bytes((0x81, size)) + payload
+    if size < 1 << 16:
+        return b"\x81\x7e" + size.to_bytes(2, "big") + payload
+    return b"\x81\x7f" + size.to_bytes(8, "big") + payload
 
 
 async def _raise(exc: Exception) -> None:
@@ -461,7 +473,7 @@ class WebSocket(SocketPeer):
         if self.protocol.state is not State.OPEN or self.transport.is_closing():
             return
         payload = data.encode() if isinstance(data, str) else data
-        self.cork.write(self, Frame(Opcode.TEXT, payload).serialize(mask=False))
+        self.cork.write(self, text_frame(payload))
         await self.drain()
 
     def ping(self) -> None:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from websockets import CloseCode
-from websockets.frames import Frame, Opcode
 
 from ..core.events import Delta, Outgoing
 from ..core.merge import Backlog
@@ -36,7 +35,7 @@ from .httpproducer import HttpProducer
 from .metrics import Metrics
 from .peer import Peer
 from .sse import Fields, SseStream
-from .websocket import WebSocket
+from .websocket import WebSocket, text_frame
 
 __all__ = ["SLOW_CONSUMER_REASON", "Writer"]
 
@@ -178,7 +177,7 @@ class _FrameWriter:
         if type(receiver) is WebSocket:  # nearly every receiver: one check, then write
             frame = self._frame
             if frame is None:
-                frame = self._frame = Frame(Opcode.TEXT, self._bytes()).serialize(mask=False)
+                frame = self._frame = text_frame(self._bytes())
             receiver.write_frame(frame)
         elif isinstance(receiver, SseStream):
             self._fields = receiver.write_event(self._bytes(), self._fields)
