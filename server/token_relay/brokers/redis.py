@@ -171,7 +171,7 @@ def _taken(write: _Write) -> _Write:
     return write
 
 
-_PACKED_BY_HIREDIS = (str, bytes, int)
+_PACKED_BY_HIREDIS = frozenset((str, bytes, int))
 """The argument types hiredis packs as redis-py would (redis-py refuses a bool)."""
 
 
@@ -184,7 +184,7 @@ def _packed(args: tuple[EncodableT, ...]) -> list[bytes] | None:
     if (
         hiredis_pack is None
         or not (type(first) is str and first.isascii() and first.isalnum())
-        or not all(type(arg) in _PACKED_BY_HIREDIS for arg in args)
+        or not _PACKED_BY_HIREDIS.issuperset(map(type, args))
     ):
         return None
     return [hiredis_pack(args)]
