@@ -1,0 +1,241 @@
+"""``python -m bench.inprocess``: the relay's CPU per event and per socket, without sockets.
+
+A relay runs in this process with its connections on in-memory transports: the bytes a
+socket would read are handed to the connection as the event loop would hand them, and what
+it writes is counted, not sent. No system call, no load generator and no other process
+shares the measurement, so the figures move little from run to run, and they say what the
+relay's own Python costs:
+
+* ``ingest``: CPU per producer event, one producer to one subscriber, each event in its own
+  frame, then 100 to an array frame; in memory, and through a private ``redis-server``
+  (the relay's side only).
+* ``framing``: the part of ingest spent reading frames and handing them over, with the
+  events left unapplied; and the part spent decoding them too.
+* ``fan-out``: CPU per subscriber for one completed message to 10,000 subscribers.
+
+Each figure is the lowest of ``--repeat`` passes (the least disturbed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from token_relay.core.settings import Settings
+from token_relay.edge.producers import ProducerEndpoint
+from token_relay.edge.relay import Relay
+from token_relay.edge.server import HttpConnection, HttpServer
+from token_relay.edge.websocket import WebSocket
+from token_relay.testing import RedisServer
+
+from .wire import build_messages, client_frame, upgrade_request
+
+READ = 256 * 1024
+"""Bytes handed over per read, as asyncio reads a busy socket."""
+APPLY = ProducerEndpoint._frame
+
+
+class MemoryTransport:
+    """A transport that counts what is written and remembers whether reading is paused."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.paused = False
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_reading(self) -> bool:
+        return not self.paused
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+
+def connect(server: HttpServer, target: str) -> tuple[HttpConnection, MemoryTransport]:
+    """A connection upgraded to a WebSocket at ``target``."""
+    connection, transport = HttpConnection(server), MemoryTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.data_received(upgrade_request(1, target)[1])
+    return connection, transport
+
+
+async def settle(done: Callable[[], bool], quiet: MemoryTransport | None = None) -> None:
+    """Let the loop run until ``done()``; with ``quiet``, also until its output stops
+    growing for 50 ms (replies from Redis)."""
+    while not done():  # noqa: ASYNC110 - a pass of the loop at a time, as the relay's own
+        await asyncio.sleep(0)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    if quiet is not None:
+        previous = -1
+        while quiet.written != previous:
+            previous = quiet.written
+            await asyncio.sleep(0.05)
+
+
+async def ingest(relay: Relay, batch: int, repeat: int, redis: bool = False) -> float:
+    """Nanoseconds of CPU per event, the lowest of ``repeat`` passes of 10,000 messages."""
+    assert relay.server is not None
+    server, handed = relay.server, relay.metrics.frames_in_producer
+    subscriber, seen = connect(server, "/subscribe?channel=c")
+    messages = build_messages(10_000, 10)
+    texts = [frame for message in messages for frame in message.frames]
+    if batch > 1:
+        texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
+    data = b"".join(client_frame(text.encode()) for text in texts)
+    events = sum(len(message.frames) for message in messages)
+    reads = [data[at : at + READ] for at in range(0, len(data), READ)]
+    passes = []
+    for n in range(repeat + 1):  # the first pass warms up
+        producer, transport = connect(server, f"/produce?channel=c&n={n}")
+        await settle(lambda: True)
+        before, frames, start = seen.written, handed.value, time.process_time()
+        for read in reads:
+            await settle(lambda: not transport.paused)  # noqa: B023 - this read's transport
+            producer.data_received(read)
+        ws = producer.ws
+        assert isinstance(ws, WebSocket)
+        await settle(lambda: not transport.paused and not ws._messages, seen if redis else None)  # noqa: B023
+        spent = time.process_time() - start
+        if handed.value - frames != len(texts):
+            raise SystemExit(f"{handed.value - frames} of {len(texts)} frames were handed over")
+        if ProducerEndpoint._frame is APPLY and seen.written == before:
+            raise SystemExit("the subscriber got nothing: the relay did not apply the events")
+        producer.connection_lost(None)
+        if n:
+            passes.append(spent / events * 1e9)
+    subscriber.connection_lost(None)
+    return min(passes)
+
+
+async def fanout(server: HttpServer, subscribers: int, repeat: int) -> float:
+    """Nanoseconds of CPU per subscriber to deliver one message, the lowest over messages."""
+    seen = [connect(server, "/subscribe?channel=f")[1] for _ in range(subscribers)]
+    await settle(lambda: True)
+    producer, _ = connect(server, "/produce?channel=f")
+    await settle(lambda: True)
+    passes = []
+    for message in build_messages(repeat + 2, 10, prefix="f"):
+        for frame in message.frames[:-1]:
+            producer.data_received(client_frame(frame.encode()))
+        await settle(lambda: True)
+        before, start = sum(t.written for t in seen), time.process_time()
+        producer.data_received(client_frame(message.frames[-1].encode()))
+        await settle(lambda: True)
+        passes.append((time.process_time() - start) / subscribers * 1e9)
+        if sum(t.written for t in seen) <= before:
+            raise SystemExit("no subscriber got the message")
+    return min(passes[2:])
+
+
+@contextmanager
+def unapplied(decode: bool) -> Iterator[None]:
+    """Producer frames read and handed over but not applied (``decode``: decoded too)."""
+    from token_relay.core.codec import decode_producer_frame
+
+    original = ProducerEndpoint._frame
+
+    def frame(self: ProducerEndpoint, connection: Any, session: Any, raw: Any, now: float) -> None:
+        if decode:
+            decode_producer_frame(raw)
+
+    ProducerEndpoint._frame = frame  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ProducerEndpoint._frame = original  # type: ignore[method-assign]
+
+
+async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]:
+    """Every figure: (what, nanoseconds, per what)."""
+
+    def settings(broker: str = "memory://") -> Settings:
+        big = 10**6
+        return Settings(
+            port=0,
+            broker=broker,
+            max_events_per_second=big * 1000,
+            max_connections_per_ip=big,
+            max_handshakes_per_ip=big,
+        )
+
+    rows = []
+    relay = Relay(settings())
+    server = await relay.start()
+    rows.append(("ingest, a frame per event", await ingest(relay, 1, repeat), "event"))
+    rows.append(("ingest, 100 events per frame", await ingest(relay, 100, repeat), "event"))
+    with unapplied(decode=False):
+        rows.append(("  of which reading frames only", await ingest(relay, 1, repeat), "event"))
+    with unapplied(decode=True):
+        rows.append(("  reading and decoding them", await ingest(relay, 1, repeat), "event"))
+    rows.append(
+        (f"fan-out to {subscribers:,}", await fanout(server, subscribers, repeat), "socket")
+    )
+    await relay.stop()
+    with tempfile.TemporaryDirectory(prefix="token-relay-inprocess-") as directory:
+        redis = RedisServer(Path(directory))
+        redis.start()
+        try:
+            relay = Relay(settings(redis.url))
+            server = await relay.start()
+            row = (
+                "ingest through Redis, a frame per event",
+                await ingest(relay, 1, repeat, redis=True),
+            )
+            rows.append((*row, "event"))
+            await relay.stop()
+        finally:
+            redis.kill()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.inprocess", description=__doc__)
+    parser.add_argument("--repeat", type=int, default=3, help="passes per figure (3)")
+    parser.add_argument("--subscribers", type=int, default=10_000, help="fan-out (10000)")
+    args = parser.parse_args(argv)
+    # Not asyncio.run: the relays' leftover tasks need no orderly end (see below).
+    rows = asyncio.new_event_loop().run_until_complete(measure(args.repeat, args.subscribers))
+    for what, nanoseconds, per in rows:
+        print(f"{what:<42} {nanoseconds / 1000:6.2f} µs of CPU per {per}")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
