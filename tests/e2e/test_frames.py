@@ -286,3 +286,24 @@ def test_text_frames_are_the_bytes_websockets_would_send(size: int) -> None:
     reader.receive_data(text_frame(payload))
     [event] = reader.events_received()
     assert isinstance(event, Frame) and event.fin and event.data == payload
+
+
+def test_the_hot_path_reads_the_event_loops_own_clock() -> None:
+    """asyncio's loop: the very ``time.monotonic`` its ``time()`` returns; uvloop: its own."""
+    import time
+
+    import uvloop
+    from token_relay.edge.flow import loop_clock
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop_clock(loop) is time.monotonic
+        before = loop.time()
+        assert before <= loop_clock(loop)() <= loop.time()
+    finally:
+        loop.close()
+    other = uvloop.new_event_loop()
+    try:
+        assert loop_clock(other) == other.time
+    finally:
+        other.close()
