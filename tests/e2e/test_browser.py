@@ -180,13 +180,19 @@ async def test_event_source_resumes_after_cuts_with_every_message_exactly_once(
         """(url) => {
             window.seen = [];
             window.opened = 0;
+            window.subscribed = 0;
             const source = new EventSource(url);
             source.onopen = () => { window.opened += 1; };
+            source.addEventListener("subscribed", () => { window.subscribed += 1; });
             source.addEventListener("message", (e) => window.seen.push(JSON.parse(e.data)));
         }""",
         f"{http}/sse?channel=es",
     )
     await page.wait_for_function("window.opened === 1")
+    # The browser holds its first id (the subscribed event's). A cut before it has read even
+    # that event (a reset drops what it had not read) leaves EventSource nothing to resume
+    # from: it comes back as a new reader, which no server can tell from one.
+    await page.wait_for_function("window.subscribed === 1")
     await _until(lambda: running.relay.hub.subscribers("es"))
     expected: list[str] = []
 

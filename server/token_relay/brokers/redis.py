@@ -190,19 +190,23 @@ def _packed(args: tuple[EncodableT, ...]) -> list[bytes] | None:
     return [hiredis_pack(args)]
 
 
-class _Connection(Connection):
+class _HiredisPacking(AbstractConnection):
+    """Mixed in before a redis-py connection class: its commands packed by :func:`_packed`."""
+
     def pack_command(self, *args: EncodableT) -> list[bytes]:
         return _packed(args) or super().pack_command(*args)
 
 
-class _SSLConnection(SSLConnection):
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        return _packed(args) or super().pack_command(*args)
+class _Connection(_HiredisPacking, Connection):
+    pass
 
 
-class _UnixConnection(UnixDomainSocketConnection):
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        return _packed(args) or super().pack_command(*args)
+class _SSLConnection(_HiredisPacking, SSLConnection):
+    pass
+
+
+class _UnixConnection(_HiredisPacking, UnixDomainSocketConnection):
+    pass
 
 
 PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {

@@ -171,7 +171,6 @@ class ProducerEndpoint:
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
-        self.max_memory = settings.max_memory_bytes
         self._memory_checked = -MEMORY_CHECK_SECONDS
         self._replies: dict[ProducerPeer, _Replies] = {}
         """Per producer connection, its replies still waiting for the broker, in order."""
@@ -430,10 +429,7 @@ class ProducerEndpoint:
         try:
             if event.channel is not MISSING:
                 session.grant.check(event.channel, event.id)
-            if (
-                self.memory_used > self.max_memory
-                or now - self._memory_checked >= MEMORY_CHECK_SECONDS
-            ) and (self.overloaded(now) and session.streams.phase(event.id) is None):
+            if self.overloaded(now) and session.streams.phase(event.id) is None:
                 raise self._overloaded(event.id)
             applied = session.streams.receive(event, now)
         except FrameRejected as exc:
@@ -596,7 +592,7 @@ class ProducerEndpoint:
         if now - self._memory_checked >= MEMORY_CHECK_SECONDS:
             self._memory_checked = now
             self.memory_used = self.memory_in_use()
-        return self.memory_used > self.max_memory
+        return self.memory_used > self.settings.max_memory_bytes
 
     def _overloaded(self, message_id: str) -> FrameRejected:
         self.metrics.overloaded.inc()

@@ -8,8 +8,9 @@ exactly-once rules: an :class:`SseStream` stands where a
 Every ``subscribed``, ``message`` and ``aborted`` event carries an ``id:``, a resume
 token holding the position of every channel of the stream
 (:mod:`token_relay.core.resume`). A ``subscribed`` event's id points before what its
-join replays, so a stream cut before its first message (or during a replay) resumes
-with nothing missed. A browser's
+join replays, so a stream cut after it, before its first message (or during a replay),
+resumes with nothing missed; cut before even that, a client has no id and comes back new.
+A browser's
 ``EventSource`` sends the last one back as ``Last-Event-ID`` when it reconnects, and
 ``?since=TOKEN`` does the same for clients that can't set headers: each channel is
 resumed exactly as ``since`` resumes it on a WebSocket.

@@ -395,11 +395,9 @@ class WebSocket(SocketPeer):
         try:
             while True:
                 while messages:
-                    if self._unbroken >= FAIR_SHARE:
-                        self._unbroken = 0
+                    if self._yields():
                         await asyncio.sleep(0)
                         continue
-                    self._unbroken += 1
                     later = handle(self._next())
                     if later is not None:
                         await later
@@ -428,9 +426,7 @@ class WebSocket(SocketPeer):
         by that many frames' work, never by a whole socket read's worth.
         """
         messages = self._messages
-        self._unbroken += 1
-        if self._unbroken >= FAIR_SHARE and messages:
-            self._unbroken = 0
+        if self._yields() and messages:
             await asyncio.sleep(0)
         while not messages:
             self._unbroken = 0
@@ -442,6 +438,15 @@ class WebSocket(SocketPeer):
             finally:
                 self._waiter = None
         return self._next()
+
+    def _yields(self) -> bool:
+        """Count one more message taken in a row: every :data:`FAIR_SHARE`-th, True (the
+        loop runs other work before it), and the count starts again."""
+        self._unbroken += 1
+        if self._unbroken < FAIR_SHARE:
+            return False
+        self._unbroken = 0
+        return True
 
     def _next(self) -> str | bytes:
         """Take the first queued message; the socket is read again once none is left."""
