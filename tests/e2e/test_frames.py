@@ -276,6 +276,27 @@ async def test_a_flood_in_one_read_is_handled_a_fair_share_at_a_time() -> None:
     await asyncio.wait_for(serving, 5)
 
 
+@pytest.mark.parametrize("end", ["lost", "eof"])
+async def test_a_flood_read_before_the_socket_ends_is_handled_whole(end: str) -> None:
+    """The part of a read left for the loop's next pass is still handled, in order, when
+    the socket ends (or the peer half-closes) before that pass comes."""
+    transport = PausingTransport()
+    ws = _connection(transport)
+    handled: list[Any] = []
+    serving = asyncio.ensure_future(ws.dispatch(lambda message: handled.append(message)))
+    await asyncio.sleep(0)
+    count = 3 * websocket.FAIR_SHARE + 5
+    flood = b"".join(Frame(Opcode.TEXT, str(n).encode()).serialize(mask=True) for n in range(count))
+    ws.receive(flood[:-3])  # the last frame is cut: it never came whole
+    assert len(handled) == websocket.FAIR_SHARE
+    if end == "lost":
+        ws.lost()
+    else:
+        ws.receive_eof()
+    await asyncio.wait_for(serving, 5)
+    assert handled == [str(n) for n in range(count - 1)]
+
+
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
 def test_text_frames_are_the_bytes_websockets_would_send(size: int) -> None:
     """The relay frames what it sends by hand: byte for byte websockets' own frame, at

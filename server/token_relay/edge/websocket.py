@@ -11,6 +11,9 @@ Limits and policies
 * Incoming messages wait in a queue of at most :data:`MAX_QUEUE` messages and
   ``--max-frame-bytes`` bytes; past either, the socket is not read until the
   endpoint catches up (TCP backpressure on the peer).
+* An endpoint that keeps up is handed each message as it is read, at most
+  :data:`FAIR_SHARE` in a row; the rest of that read waits unparsed, with the socket
+  not read, until the loop has run other work once. Nothing is queued for it.
 * A text message that is not UTF-8 closes the connection with 1007.
 * Whole unfragmented data frames (nearly every frame a peer sends) are read by a lean
   parser of their own, unmasked by websockets' C ``apply_mask``; any other frame (control
@@ -120,6 +123,10 @@ class Cork:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` in the loop's next pass."""
+        self._loop.call_soon(callback)
+
     def flush(self) -> None:
         """The pass ended: write what each socket holds."""
         self._scheduled = False
@@ -142,6 +149,7 @@ class WebSocket(SocketPeer):
         "_partial",
         "_paused_reading",
         "_queued_bytes",
+        "_resting",
         "_slow_left",
         "_text",
         "_unbroken",
@@ -194,7 +202,11 @@ class WebSocket(SocketPeer):
         self._later: Awaitable[None] | None = None
         """What a message handled as it was read left to wait for, before the next one."""
         self._handled = 0
-        """Messages handled within the current read (at most :data:`FAIR_SHARE`)."""
+        """Messages handled in a row within this pass of the loop (at most
+        :data:`FAIR_SHARE`)."""
+        self._resting = False
+        """A fair share was handled: the rest of the read waits in ``_partial``, unparsed,
+        for the next pass of the loop (see :meth:`_go_on`)."""
 
     # ------------------------------------------------------------------ state
 
@@ -221,8 +233,10 @@ class WebSocket(SocketPeer):
     def receive(self, data: bytes) -> None:
         """Bytes from the socket."""
         self.heard = True
+        if self._resting:  # its socket is not read meanwhile; these came before it paused
+            self._partial += data
+            return
         self._handled = 0
-        protocol = self.protocol
         left = self._slow_left
         if left:  # the rest of a frame websockets is reading
             self._slow_left = max(0, left - len(data))
@@ -232,7 +246,12 @@ class WebSocket(SocketPeer):
             data, self._partial = self._partial + data, b""
         if data:
             self._parse(data)
-        if protocol.state is not State.OPEN:
+        self._parsed()
+
+    def _parsed(self) -> None:
+        """After a read's frames (or a fair share of them): wake the reader if no more
+        will come, and write what the protocol answered."""
+        if self.protocol.state is not State.OPEN:
             self._wake()  # failed (1007, 1009, a protocol error) or closing: no more messages
         self._flush()
         transport = self.transport
@@ -242,11 +261,13 @@ class WebSocket(SocketPeer):
 
     def receive_eof(self) -> None:
         """The peer half-closed its side."""
+        self._unrest()
         self.protocol.receive_eof()
         self._flush()
 
     def lost(self) -> None:
         """The socket is gone."""
+        self._unrest()
         if self.protocol.state is not State.CLOSED:
             self.protocol.receive_eof()  # 1006, unless the close handshake ended it
             self.protocol.state = State.CLOSED
@@ -296,10 +317,44 @@ class WebSocket(SocketPeer):
                 continue
             if stop > end:
                 break
+            if self._handled >= FAIR_SHARE and self._handle is not None and not self._messages:
+                self._rest()
+                break
             payload = apply_mask(data[at + head : stop], data[at + head - 4 : at + head])
             self._put(payload, first & 0x0F == 1)
             at = stop
         self._partial = data[at:]
+
+    def _rest(self) -> None:
+        """A fair share of this read's messages was handed over: leave the rest of it
+        unparsed, and the socket unread, until the loop has run other work once."""
+        self._resting = True
+        if not self._paused_reading:
+            self._paused_reading = True
+            self.transport.pause_reading()
+        self.cork.call_soon(self._go_on)
+
+    def _go_on(self) -> None:
+        """The next pass of the loop: hand over the next fair share of the read."""
+        if not self._resting:
+            return  # the socket ended meanwhile: the rest was queued (see :meth:`_unrest`)
+        self._resting, self._handled = False, 0
+        data, self._partial = self._partial, b""
+        self._parse(data)
+        if not self._resting and self._paused_reading and not self._messages:
+            self._paused_reading = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+        self._parsed()
+
+    def _unrest(self) -> None:
+        """The socket ends while a read waits unparsed: queue its messages now, since a
+        message read before the end counts (the reader takes them before it stops)."""
+        if self._resting:
+            self._resting = False
+            data, self._partial, handle, self._handle = self._partial, b"", self._handle, None
+            self._parse(data)
+            self._handle = handle
 
     def _lean(self) -> bool:
         """Whether the lean parser may read the next frame, as far as websockets' protocol
