@@ -22,7 +22,9 @@ class TokenBucket:
 
     def take(self, now: float, count: int = 1) -> bool:
         """Spend ``count`` tokens if there are that many; otherwise spend none."""
-        tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        tokens = self.tokens + (now - self.stamp) * self.rate
+        if tokens > self.burst:
+            tokens = self.burst
         self.stamp = now
         if tokens < count:
             self.tokens = tokens

@@ -47,13 +47,14 @@ class SocketPeer(PeerBase):
     and the socket's end: :meth:`close` (each peer says how in :meth:`start_close`),
     :meth:`abort` and :meth:`wait_closed`."""
 
-    __slots__ = ("_closed", "_drained", "_paused_writing")
+    __slots__ = ("_closed", "_drained", "paused")
 
     def __init__(
         self, transport: asyncio.Transport, *, path: str, client: str, grant: Grant
     ) -> None:
         super().__init__(transport, path=path, client=client, grant=grant)
-        self._paused_writing = False
+        self.paused = False
+        """Whether the socket's buffer is over its high-water mark (:meth:`drain` waits)."""
         self._drained: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -61,14 +62,9 @@ class SocketPeer(PeerBase):
         """Whether the socket is gone (nothing to wait for then)."""
         return self._closed.done()
 
-    @property
-    def paused(self) -> bool:
-        """Whether the socket's buffer is over its high-water mark (:meth:`drain` waits)."""
-        return self._paused_writing
-
     async def drain(self) -> None:
         """Wait until the socket's buffer is under its high-water mark."""
-        if not self._paused_writing or self.gone():
+        if not self.paused or self.gone():
             return
         if self._drained is None or self._drained.done():
             self._drained = asyncio.get_running_loop().create_future()
@@ -76,11 +72,11 @@ class SocketPeer(PeerBase):
 
     def pause_writing(self) -> None:
         """The transport's buffer passed its high-water mark."""
-        self._paused_writing = True
+        self.paused = True
 
     def resume_writing(self) -> None:
         """The transport's buffer fell under its low-water mark (or the socket is gone)."""
-        self._paused_writing = False
+        self.paused = False
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 

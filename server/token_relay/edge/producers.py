@@ -207,7 +207,7 @@ class ProducerEndpoint:
         self.clock = loop_time = loop_clock(loop)
 
         def handle(raw: str | bytes) -> Awaitable[None] | None:
-            received.inc()
+            received.value += 1
             if self.stopping() or session.connection is not connection:
                 return _stop()
             later = self._frame(connection, session, raw, loop_time())
