@@ -276,6 +276,40 @@ async def test_a_flood_in_one_read_is_handled_a_fair_share_at_a_time() -> None:
     await asyncio.wait_for(serving, 5)
 
 
+async def test_messages_behind_one_still_handled_stop_the_reading_at_the_queue_limit() -> None:
+    """While the endpoint is busy with a message, the ones after it queue; at
+    ``MAX_QUEUE`` of them the socket is no longer read, and once they are handled it is."""
+    transport = PausingTransport()
+    ws = _connection(transport)
+    handled: list[Any] = []
+    busy = asyncio.Event()
+
+    def handle(message: str | bytes) -> Any:
+        handled.append(message)
+        return busy.wait() if len(handled) == 1 else None
+
+    serving = asyncio.ensure_future(ws.dispatch(handle))
+    await asyncio.sleep(0)
+
+    def frames(numbers: range) -> bytes:
+        return b"".join(Frame(Opcode.TEXT, str(n).encode()).serialize(mask=True) for n in numbers)
+
+    ws.receive(frames(range(websocket.MAX_QUEUE - 1)))
+    await asyncio.sleep(0)
+    assert handled == ["0"] and transport.reading  # 14 wait: under the limit
+    ws.receive(frames(range(websocket.MAX_QUEUE - 1, websocket.MAX_QUEUE + 1)))
+    assert not transport.reading  # 16 wait
+    busy.set()
+    for _ in range(100):
+        if len(handled) == websocket.MAX_QUEUE + 1:
+            break
+        await asyncio.sleep(0)
+    assert handled == [str(n) for n in range(websocket.MAX_QUEUE + 1)]
+    assert transport.reading
+    ws.receive(Frame(Opcode.CLOSE, Close(1000, "").serialize()).serialize(mask=True))
+    await asyncio.wait_for(serving, 5)
+
+
 @pytest.mark.parametrize("end", ["lost", "eof"])
 async def test_a_flood_read_before_the_socket_ends_is_handled_whole(end: str) -> None:
     """The part of a read left for the loop's next pass is still handled, in order, when
