@@ -1,0 +1,135 @@
+"""``python -m bench.instructions``: the relay's instructions per event, counted, not timed.
+
+The relay runs in-process on in-memory transports, as in :mod:`bench.inprocess`, under
+valgrind's callgrind, which counts the instructions the process executes. The count does
+not depend on what else the machine is doing, so two versions of the relay compare exactly
+even on a busy, shared machine where times move by half from run to run.
+
+Each figure is the difference between two runs, one with ``--messages`` more messages than
+the other, less the same difference for a run that only builds the load: what remains is
+the relay's own work per event (reading frames, rules, assembly, broker, acks, delivery to
+one subscriber). ``--compare-python`` counts another installation's relay the same way.
+
+Needs ``valgrind`` on the PATH (Debian's package). Each figure takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from token_relay.core.settings import Settings
+from token_relay.edge.relay import Relay
+from token_relay.edge.websocket import WebSocket
+
+from .inprocess import READ, connect, settle
+from .wire import build_messages, client_frame
+
+BASE = 300
+"""Messages in the smaller of each pair of runs (start-up and warm-up cancel out)."""
+EVENTS_PER_MESSAGE = 11
+"""10 deltas and a final, as :func:`bench.wire.build_messages` builds them."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _ingest(messages: int, batch: int, setup_only: bool) -> None:
+    """Build the load; unless ``setup_only``, feed it to a relay and check it was applied."""
+    big = 10**6
+    relay = Relay(
+        Settings(
+            port=0,
+            broker="memory://",
+            max_events_per_second=big * 1000,
+            max_connections_per_ip=big,
+            max_handshakes_per_ip=big,
+        )
+    )
+    server = await relay.start()
+    _, seen = connect(server, "/subscribe?channel=c")
+    texts = [frame for message in build_messages(messages, 10) for frame in message.frames]
+    if batch > 1:
+        texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
+    data = b"".join(client_frame(text.encode()) for text in texts)
+    reads = [data[at : at + READ] for at in range(0, len(data), READ)]
+    if setup_only:
+        return
+    producer, transport = connect(server, "/produce?channel=c")
+    await settle(lambda: True)
+    for read in reads:
+        await settle(lambda: not transport.paused)
+        producer.data_received(read)
+    ws = producer.ws
+    assert isinstance(ws, WebSocket)
+    await settle(lambda: not transport.paused and not ws._messages)
+    if relay.metrics.frames_in_producer.value != len(texts) or not seen.written:
+        raise SystemExit("the relay did not apply every frame")
+
+
+def _count(python: str, messages: int, batch: int, setup_only: bool) -> int:
+    """Instructions one child run executes, as callgrind counts them."""
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        python,
+        "-m",
+        "bench.instructions",
+        "--child",
+        str(messages),
+        str(batch),
+        "1" if setup_only else "0",
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode or found is None:
+        raise SystemExit(f"{python}: the counted run failed:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_event(python: str, batch: int, messages: int) -> float:
+    """The relay's instructions per event, frames of ``batch`` events."""
+    runs = [(BASE, False), (BASE + messages, False), (BASE, True), (BASE + messages, True)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        small, large, setup_small, setup_large = pool.map(
+            lambda run: _count(python, run[0], batch, run[1]), runs
+        )
+    return ((large - small) - (setup_large - setup_small)) / (messages * EVENTS_PER_MESSAGE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
+    parser.add_argument("--messages", type=int, default=1000, help="messages counted (1000)")
+    parser.add_argument(
+        "--compare-python", default="", metavar="PYTHON", help="another installation's python"
+    )
+    parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        messages, batch, setup_only = args.child
+        asyncio.new_event_loop().run_until_complete(_ingest(messages, batch, bool(setup_only)))
+        sys.stdout.flush()
+        os._exit(0)  # the relay's leftover tasks need no orderly end
+    if shutil.which("valgrind") is None:
+        print("python -m bench.instructions needs valgrind on the PATH", file=sys.stderr)
+        return 2
+    pythons = [("relay", sys.executable)]
+    if args.compare_python:
+        pythons.append(("--compare-python's relay", args.compare_python))
+    for batch, what in ((1, "a frame per event"), (100, "100 events per frame")):
+        counts = [(name, per_event(python, batch, args.messages)) for name, python in pythons]
+        for index, (name, count) in enumerate(counts):
+            ratio = f"  {count / counts[0][1]:.2f}x this relay" if index else ""
+            print(f"ingest, {what:<22} {name:<26} {count:9,.0f} instructions/event{ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
