@@ -108,18 +108,23 @@ async def settle(done: Callable[[], bool], quiet: MemoryTransport | None = None)
             await asyncio.sleep(0.05)
 
 
+def load(messages: int, batch: int) -> tuple[int, list[str], list[bytes]]:
+    """``messages`` messages of 10 deltas and a final, in frames of ``batch`` events: how
+    many events, the frames' texts, and their bytes as the socket's reads would bring them."""
+    texts = [frame for message in build_messages(messages, 10) for frame in message.frames]
+    events = len(texts)
+    if batch > 1:
+        texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
+    data = b"".join(client_frame(text.encode()) for text in texts)
+    return events, texts, [data[at : at + READ] for at in range(0, len(data), READ)]
+
+
 async def ingest(relay: Relay, batch: int, repeat: int, redis: bool = False) -> float:
     """Nanoseconds of CPU per event, the lowest of ``repeat`` passes of 10,000 messages."""
     assert relay.server is not None
     server, handed = relay.server, relay.metrics.frames_in_producer
     subscriber, seen = connect(server, "/subscribe?channel=c")
-    messages = build_messages(10_000, 10)
-    texts = [frame for message in messages for frame in message.frames]
-    if batch > 1:
-        texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
-    data = b"".join(client_frame(text.encode()) for text in texts)
-    events = sum(len(message.frames) for message in messages)
-    reads = [data[at : at + READ] for at in range(0, len(data), READ)]
+    events, texts, reads = load(10_000, batch)
     passes = []
     for n in range(repeat + 1):  # the first pass warms up
         producer, transport = connect(server, f"/produce?channel=c&n={n}")

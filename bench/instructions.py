@@ -29,8 +29,7 @@ from token_relay.core.settings import Settings
 from token_relay.edge.relay import Relay
 from token_relay.edge.websocket import WebSocket
 
-from .inprocess import READ, connect, settle
-from .wire import build_messages, client_frame
+from .inprocess import connect, load, settle
 
 BASE = 300
 """Messages in the smaller of each pair of runs (start-up and warm-up cancel out)."""
@@ -53,11 +52,7 @@ async def _ingest(messages: int, batch: int, setup_only: bool) -> None:
     )
     server = await relay.start()
     _, seen = connect(server, "/subscribe?channel=c")
-    texts = [frame for message in build_messages(messages, 10) for frame in message.frames]
-    if batch > 1:
-        texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
-    data = b"".join(client_frame(text.encode()) for text in texts)
-    reads = [data[at : at + READ] for at in range(0, len(data), READ)]
+    _, texts, reads = load(messages, batch)
     if setup_only:
         return
     producer, transport = connect(server, "/produce?channel=c")

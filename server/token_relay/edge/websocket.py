@@ -123,10 +123,6 @@ class Cork:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
-    def call_soon(self, callback: Callable[[], object]) -> None:
-        """Run ``callback`` in the loop's next pass."""
-        self._loop.call_soon(callback)
-
     def flush(self) -> None:
         """The pass ended: write what each socket holds."""
         self._scheduled = False
@@ -332,7 +328,7 @@ class WebSocket(SocketPeer):
         if not self._paused_reading:
             self._paused_reading = True
             self.transport.pause_reading()
-        self.cork.call_soon(self._go_on)
+        asyncio.get_running_loop().call_soon(self._go_on)
 
     def _go_on(self) -> None:
         """The next pass of the loop: hand over the next fair share of the read."""
