@@ -279,46 +279,57 @@ class WebSocket(SocketPeer):
         one when it is handed a frame, and their messages keep the order of the frames.
         """
         at, end, limit = 0, len(data), self.max_size
-        lean = self._lean()
+        lean = self._lean() and not self._failed
+        small = lean and limit >= 125  # any frame of 125 bytes or fewer is within the limit
         while end - at >= 2:
             first, second = data[at], data[at + 1]
-            length, head = second & 0x7F, 6 if second & 0x80 else 2
-            if length == 126:
-                if end - at < 4:
+            if small and (first == 0x81 or first == 0x82) and 0x80 <= second < 0xFE:
+                # Nearly every producer frame: final, text or binary, masked, under 126 bytes.
+                head, stop = 6, at + 6 + (second & 0x7F)
+                if stop > end:
                     break
-                length, head = int.from_bytes(data[at + 2 : at + 4]), head + 2
-            elif length == 127:
-                if end - at < 10:
+            else:
+                length, head = second & 0x7F, 6 if second & 0x80 else 2
+                if length == 126:
+                    if end - at < 4:
+                        break
+                    length, head = int.from_bytes(data[at + 2 : at + 4]), head + 2
+                elif length == 127:
+                    if end - at < 10:
+                        break
+                    length, head = int.from_bytes(data[at + 2 : at + 10]), head + 8
+                stop = at + head + length
+                ours = (
+                    # FIN, no reserved bits, text or binary, masked (as a client must), not
+                    # too big, and no fragmented message or close under way.
+                    first & 0xF0 == 0x80
+                    and 0 < first & 0x0F < 3
+                    and head >= 6
+                    and length <= limit
+                    and (stop <= end or head + length <= MAX_HELD_FRAME)
+                    and lean
+                )
+                if not ours:
+                    # websockets reads this frame: what of it is here now, the rest as it
+                    # comes.
+                    here = min(stop, end)
+                    self._slow_left = stop - here
+                    self._feed(data[at:here])
+                    lean = self._lean() and not self._failed
+                    small = lean and limit >= 125
+                    at = here
+                    continue
+                if stop > end:
                     break
-                length, head = int.from_bytes(data[at + 2 : at + 10]), head + 8
-            stop = at + head + length
-            ours = (
-                # FIN, no reserved bits, text or binary, masked (as a client must), not too
-                # big, and no fragmented message or close under way.
-                first & 0xF0 == 0x80
-                and 0 < first & 0x0F < 3
-                and head >= 6
-                and length <= limit
-                and (stop <= end or head + length <= MAX_HELD_FRAME)
-                and lean
-                and not self._failed
-            )
-            if not ours:
-                # websockets reads this frame: what of it is here now, the rest as it comes.
-                here = min(stop, end)
-                self._slow_left = stop - here
-                self._feed(data[at:here])
-                lean = self._lean()
-                at = here
-                continue
-            if stop > end:
-                break
             if self._handled >= FAIR_SHARE and self._handle is not None and not self._messages:
                 self._rest()
                 break
-            payload = apply_mask(data[at + head : stop], data[at + head - 4 : at + head])
-            self._put(payload, first & 0x0F == 1)
+            self._put(
+                apply_mask(data[at + head : stop], data[at + head - 4 : at + head]), first == 0x81
+            )
             at = stop
+            if self._failed:  # nothing more is read after invalid UTF-8
+                small = lean = False
         self._partial = data[at:]
 
     def _rest(self) -> None:
