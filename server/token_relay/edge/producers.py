@@ -156,15 +156,15 @@ class ProducerEndpoint:
         broker: Broker,
         metrics: Metrics,
         writer: Writer,
-        stopping: Callable[[], bool],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.settings = settings
         self.broker = broker
         self.metrics = metrics
         self.writer = writer
-        self.stopping = stopping
         self.spawn = spawn
+        self.stopping = False
+        """Set when the relay stops: producers' frames are no longer applied."""
         self.clock: Callable[[], float] = time.monotonic
         """The serving event loop's clock (see :func:`loop_clock`)."""
         self.handing_off = False
@@ -203,21 +203,19 @@ class ProducerEndpoint:
         )
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
-        received = self.metrics.frames_in_producer
+        received, waiting = self.metrics.frames_in_producer, self._replies
         self.clock = loop_time = loop_clock(loop)
 
         def handle(raw: str | bytes) -> Awaitable[None] | None:
             received.value += 1
-            if self.stopping() or session.connection is not connection:
+            if self.stopping or session.connection is not connection:
                 return _stop()
             later = self._frame(connection, session, raw, loop_time())
-            replies = self._replies.get(connection)
-            if (
-                later is None
-                and not connection.paused
-                and (replies is None or len(replies.entries) <= MAX_PENDING_REPLIES)
-            ):
-                return None
+            if later is None and not connection.paused:
+                # Nearly always no producer's replies wait for the broker: one check then.
+                replies = waiting.get(connection) if waiting else None
+                if replies is None or len(replies.entries) <= MAX_PENDING_REPLIES:
+                    return None
             return self._after_frame(connection, later)
 
         try:
@@ -239,7 +237,7 @@ class ProducerEndpoint:
             # The session lives on in the broker for another process to resume.
             self.sessions.forget(session.owner)
             return
-        vanished = not connection.close_received and not self.stopping()
+        vanished = not connection.close_received and not self.stopping
         # A named HTTP producer posts its chunks on their own: its session waits between
         # requests as long as its messages may (--idle-timeout).
         named = isinstance(connection, HttpProducer)
@@ -305,12 +303,23 @@ class ProducerEndpoint:
         except FrameRejected as exc:
             self.reject_now(connection, exc)
             return None
-        events = frame if isinstance(frame, list) else (frame,)
-        if not session.bucket.take(now, len(events)):
-            # The whole frame is refused, so the producer sends it again as it was.
+        if isinstance(frame, list):
+            if not session.bucket.take(now, len(frame)):
+                # The whole frame is refused, so the producer sends it again as it was.
+                self.reject_now(connection, self._rate_limited(frame, session))
+                return None
+            return self._events(connection, session, frame, True, now, 0, [], False)
+        if not session.bucket.take(now, 1):
             self.reject_now(connection, self._rate_limited(frame, session))
             return None
-        return self._events(connection, session, events, events is frame, now, 0, [], False)
+        if frame.final:
+            return self._events(connection, session, (frame,), False, now, 0, [], False)
+        # One event that is not a final: nothing to ack, nothing to publish but its delta.
+        applied = self._apply(connection, session, frame, now, None)
+        if isinstance(applied, Overflow):
+            nothing_after: tuple[Any, ...] = (connection, session, (), False, now, 0, [], False)
+            return self._abort_then(applied.unfinished, nothing_after)
+        return None
 
     def _events(
         self,

@@ -96,7 +96,6 @@ class Relay:
             self.broker,
             self.metrics,
             self.writer,
-            stopping=lambda: self._stopping,
             spawn=self._spawn,
         )
         self._delta_channels = self.subscribers.router.hub.delta_channels
@@ -137,7 +136,7 @@ class Relay:
         """Shut down gracefully within ``--shutdown-timeout``; see the module docstring."""
         if self._stopping:
             return
-        self._stopping = True
+        self._stopping = self.producers.stopping = True
         deadline = time.monotonic() + self.settings.shutdown_timeout
         server = self.server
         if server is not None:
