@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -32,6 +32,8 @@ __all__ = ["PUBLISH_SECONDS", "Metrics", "Tally", "Timings"]
 PUBLISH_SECONDS = 1.0
 """How often a worker writes its metrics for the others to serve."""
 STALE_SECONDS = 10.0
+FOLD_AT = 256
+"""Observations a histogram holds unsorted, at most, before it counts them in its buckets."""
 """A worker's file older than this is not served (the worker is gone)."""
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -52,19 +54,40 @@ class Tally:
 
 
 class Timings:
-    """A histogram without a lock, with fixed bucket bounds in seconds."""
+    """A histogram without a lock, with fixed bucket bounds in seconds.
 
-    __slots__ = ("bounds", "counts", "total")
+    One is observed per delta, so an observation only appends to a short list; the list
+    is sorted into the buckets once it holds :data:`FOLD_AT` values, and whenever the
+    histogram is read. The counts and the sum are the same as observing one by one.
+    """
+
+    __slots__ = ("_counts", "_pending", "_total", "bounds")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
+        self._counts = [0] * (len(bounds) + 1)
+        self._total = 0.0
+        self._pending: list[float] = []
 
     def observe(self, seconds: float) -> None:
         """Record one duration."""
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
+        pending = self._pending
+        pending.append(seconds)
+        if len(pending) >= FOLD_AT:
+            self._fold()
+
+    @property
+    def counts(self) -> list[int]:
+        """Observations per bucket: at or below each bound and above the one before, then
+        above the last bound."""
+        self._fold()
+        return list(self._counts)
+
+    @property
+    def total(self) -> float:
+        """The sum of every observation."""
+        self._fold()
+        return self._total
 
     def cumulative(self) -> list[tuple[str, float]]:
         """Prometheus buckets: (upper bound, observations at or below it)."""
@@ -74,6 +97,23 @@ class Timings:
             running += count
             buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         return buckets
+
+    def _fold(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        total = self._total
+        for seconds in pending:  # in the order observed: the same sum, to the last bit
+            total += seconds
+        self._total = total
+        pending.sort()
+        counts, below = self._counts, 0
+        for index, bound in enumerate(self.bounds):
+            at = bisect_right(pending, bound, below)  # at or below the bound
+            counts[index] += at - below
+            below = at
+        counts[-1] += len(pending) - below
+        pending.clear()
 
 
 class _HotCollector(Collector):
