@@ -331,6 +331,34 @@ async def test_a_flood_read_before_the_socket_ends_is_handled_whole(end: str) ->
     assert handled == [str(n) for n in range(count - 1)]
 
 
+@pytest.mark.parametrize("limit", [10, 124, 125])
+async def test_a_small_frame_over_a_small_limit_is_refused(limit: int) -> None:
+    """The common small frame is read with one check, which holds only when every frame
+    that small is within the limit: a frame one byte over a limit at or under 125 bytes
+    is still refused (1009), and nothing after it is read."""
+    transport = Transport()
+    ws = WebSocket(
+        transport,
+        path="/produce",
+        client="127.0.0.1",
+        grant=OPEN,
+        max_size=limit,
+        max_unsent=0,
+        cork=Cork(asyncio.get_running_loop()),
+    )
+    mask = b"\x01\x02\x03\x04"
+    within, over = "a" * limit, "b" * (limit + 1)
+    frames = [Frame(Opcode.TEXT, t.encode()) for t in (within, over)]
+    frames.append(Frame(Opcode.CLOSE, Close(1000, "bye").serialize()))
+    ws.receive(b"".join(_masked(frame, mask) for frame in frames))
+    async with asyncio.timeout(5):
+        received = [message async for message in ws]
+    await asyncio.sleep(0)
+    written = _server_frames(bytes(transport.written))
+    assert received == [within]
+    assert [Close.parse(f.data).code for f in written if f.opcode is Opcode.CLOSE] == [1009]
+
+
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
 def test_text_frames_are_the_bytes_websockets_would_send(size: int) -> None:
     """The relay frames what it sends by hand: byte for byte websockets' own frame, at
