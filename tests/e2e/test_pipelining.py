@@ -214,3 +214,53 @@ async def test_a_stalled_redis_holds_at_most_the_reply_limit_then_every_final_is
     assert {r["type"] for r in got} <= {"ack", "error"}
     assert {r["code"] for r in got if r["type"] == "error"} <= {"broker_unavailable"}
     assert sum(r["type"] == "ack" for r in got) >= MAX_PENDING_REPLIES
+
+
+async def test_a_final_written_to_a_redis_that_stops_answering_fails_by_its_deadline(
+    redis_server: RedisServer,
+) -> None:
+    """The writer times each pipeline as a whole: a final whose write Redis never answers
+    is refused (broker_unavailable) once the deadline passes, not left waiting. When Redis
+    answers again, the retried final lands, once, with the whole text."""
+    async with (
+        _relay("--broker", redis_server.url) as relay,
+        connect(f"{relay.url}/subscribe?channel=hung") as sub,
+        connect(f"{relay.url}/produce?channel=hung") as producer,
+    ):
+        assert json.loads(await sub.recv())["type"] == "subscribed"
+        assert json.loads(await producer.recv())["type"] == "session"
+        await producer.send(json.dumps({"id": "h", "delta": "all of "}))
+        await producer.send(json.dumps({"id": "h", "delta": "it"}))
+        await asyncio.sleep(0.3)  # the deltas are in Redis
+        assert redis_server.process is not None
+        redis_server.process.send_signal(signal.SIGSTOP)  # alive, but answers nothing
+        try:
+            started = asyncio.get_running_loop().time()
+            await producer.send(json.dumps({"id": "h", "final": True}))
+            reply = json.loads(await asyncio.wait_for(producer.recv(), 15))
+            waited = asyncio.get_running_loop().time() - started
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+        assert (reply["type"], reply.get("code"), reply.get("id")) == (
+            "error",
+            "broker_unavailable",
+            "h",
+        )
+        assert waited < 10, waited  # the deadline (5 s), not a wait without end
+        for _ in range(100):
+            if await relay.http_status("/readyz") == 200:
+                break
+            await asyncio.sleep(0.1)
+        await producer.send(json.dumps({"id": "h", "final": True}))
+        assert json.loads(await asyncio.wait_for(producer.recv(), 10)) == {
+            "type": "ack",
+            "id": "h",
+            "channel": "hung",
+        }
+        texts = []
+        while True:
+            frame = json.loads(await asyncio.wait_for(sub.recv(), 10))
+            if frame["type"] == "message":
+                texts.append(frame["text"])
+                break
+    assert texts == ["all of it"]

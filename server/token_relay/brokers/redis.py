@@ -101,6 +101,8 @@ MAX_BATCH = 1000
 """Writes sent in one pipeline, at most."""
 MAX_CONNECTIONS = 64
 """Connections to Redis per process; a command waits for a free one (up to 5 s)."""
+COMMAND_TIMEOUT = 5.0
+"""Seconds a command, or the writer's whole pipeline, may take before Redis counts as hung."""
 MAX_JOINS = 32
 """Catch-up reads in flight per process; more joins wait their turn, none is refused."""
 MAX_OUTBOX = 10_000
@@ -281,6 +283,12 @@ class RedisBroker:
         self._outbox: collections.deque[_Deferred] = collections.deque()
         self._outbox_bytes = 0
         self._pool: BlockingConnectionPool | None = None
+        self._writes: Redis | None = None
+        """The writer's own connection: its pipelines are timed as a whole (see
+        :meth:`_execute`), not reply by reply."""
+        self._outages = 0
+        """Times Redis was seen gone; the writer reconnects after each (see :meth:`_execute`)."""
+        self._writes_since = 0
         self._closing = False
         self._leaving = False
         self._lease = settings.lease_seconds
@@ -307,17 +315,10 @@ class RedisBroker:
     async def start(self, listener: BrokerListener) -> None:
         """Connect (if Redis is up) and start the reader, writer and probe tasks."""
         self._listener = listener
-        self._pool = BlockingConnectionPool.from_url(
-            self.url,
-            max_connections=MAX_CONNECTIONS,
-            timeout=5,
-            socket_timeout=5,
-            socket_connect_timeout=2,
-            retry_on_error=[],
-        )
-        pool = self._pool
-        pool.connection_class = PACKING.get(pool.connection_class, pool.connection_class)
-        self._redis = Redis(connection_pool=pool)
+        self._pool = self._connect(MAX_CONNECTIONS, COMMAND_TIMEOUT)
+        self._redis = Redis(connection_pool=self._pool)
+        # The writer runs one pipeline at a time (a retry after NOSCRIPT included).
+        self._writes = Redis(connection_pool=self._connect(1, None))
         connected = asyncio.get_running_loop().create_future()
         self._tasks = [
             asyncio.create_task(self._read_forever(connected)),
@@ -347,6 +348,7 @@ class RedisBroker:
             self._pubsub.aclose() if self._pubsub is not None else None,
             self._redis.aclose() if self._redis is not None else None,
             self._pool.disconnect() if self._pool is not None else None,
+            self._writes.connection_pool.disconnect() if self._writes is not None else None,
         ):
             if closing is not None:
                 with contextlib.suppress(Exception):
@@ -885,6 +887,7 @@ class RedisBroker:
                 if self._listening or not had_outage:
                     log.warning("Redis unreachable (%s); retrying with backoff", exc)
                 self._listening = False
+                self._outages += 1
                 self._suspect()
                 had_outage = True
                 for waiter in self._confirmed.values():
@@ -1003,10 +1006,22 @@ class RedisBroker:
             done.set_result(frame.decode())
 
     async def _execute(self, batch: list[_Write]) -> list[Any]:
-        pipe = self._client().pipeline(transaction=False)
+        """Run the writes in one pipeline, under one deadline: a reply's own timeout (a
+        timer per reply) would cost more than the script that sent it."""
+        if self._writes is None:
+            raise BrokerUnavailable("the broker is not started")
+        if self._writes_since != self._outages:
+            # Its connection may lead to a Redis that is gone (a restarted one does not
+            # know it): a write on it would fail once Redis is back.
+            self._writes_since = self._outages
+            await self._writes.connection_pool.disconnect()
+        pipe = self._writes.pipeline(transaction=False)
         for write in batch:
             pipe.evalsha(self._shas[write.script], len(write.keys), *write.keys, *write.args)
-        results: list[Any] = await pipe.execute(raise_on_error=False)
+        async with asyncio.timeout(COMMAND_TIMEOUT):
+            # On the deadline redis-py drops the connection it was reading (the replies
+            # left on it would answer the next pipeline) and the writes count as failed.
+            results: list[Any] = await pipe.execute(raise_on_error=False)
         if any(isinstance(r, redis_errors.NoScriptError) for r in results):
             await self._load_scripts()
             retry = [
@@ -1021,6 +1036,20 @@ class RedisBroker:
         return results
 
     # ------------------------------------------------------------------ helpers
+
+    def _connect(self, connections: int, timeout: float | None) -> BlockingConnectionPool:
+        """A pool of connections to Redis, packing commands with hiredis; ``timeout`` is
+        each reply's (None: the caller times the whole exchange)."""
+        pool = BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=connections,
+            timeout=5,
+            socket_timeout=timeout,
+            socket_connect_timeout=2,
+            retry_on_error=[],
+        )
+        pool.connection_class = PACKING.get(pool.connection_class, pool.connection_class)
+        return pool
 
     def _client(self) -> Redis:
         if self._redis is None:
@@ -1055,6 +1084,8 @@ class RedisBroker:
                 up = True
             except (*_DOWN, TimeoutError, redis_errors.RedisError):
                 up = False
+            if not up and self._up:
+                self._outages += 1
             if up != self._up and (up is False or self._had_answer):
                 log.warning("Redis %s", "answers again" if up else "does not answer")
             self._had_answer = self._had_answer or up
