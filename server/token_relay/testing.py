@@ -476,6 +476,7 @@ class Proxy:
         self.cuts = 0
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._frozen: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -507,6 +508,12 @@ class Proxy:
         self.cuts += 1
         return len(pairs)
 
+    def freeze(self) -> int:
+        """Stop every open connection's bytes both ways, leaving it open: a network path
+        that went dead without a reset. New connections pass as before."""
+        self._frozen |= self._pairs
+        return len(self._pairs)
+
     def _ports(self) -> list[int]:
         """The ports to try for a new connection, in order."""
         return [self.target_port]
@@ -534,6 +541,8 @@ class Proxy:
     ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await source.read(65536):
+                if pair in self._frozen:
+                    continue  # lost on the way
                 sink.write(data)
                 await sink.drain()
         self._pairs.discard(pair)

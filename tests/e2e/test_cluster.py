@@ -12,7 +12,14 @@ import pytest
 import pytest_asyncio
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame
-from token_relay.testing import Balancer, RedisServer, ServiceProcess, eventually, relay_process
+from token_relay.testing import (
+    Balancer,
+    Proxy,
+    RedisServer,
+    ServiceProcess,
+    eventually,
+    relay_process,
+)
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
@@ -524,3 +531,39 @@ async def test_meta_survives_a_move_to_another_process_and_a_lost_one(
         await watcher.close()
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_pub_sub_connection_gone_dead_without_a_reset_is_replaced(
+    redis_server: RedisServer,
+) -> None:
+    """Every connection to Redis goes silent at once, none reset (a network path dropped):
+    the relay pings its quiet pub/sub connection, replaces it when the ping goes unanswered,
+    tells its subscribers to resume (1012), and publishes again on new connections."""
+    async with Proxy(redis_server.port) as path:
+        relay = relay_process("--broker", f"redis://127.0.0.1:{path.port}/0")
+        await relay.start()
+        try:
+            watcher = await _subscribed(relay.url)
+            assert path.freeze() >= 2  # pub/sub and at least one command connection
+            loop = asyncio.get_running_loop()
+            frozen = loop.time()
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await recv_json(watcher, 20)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+            # About 3 s of silence, then 5 s for the ping's answer: not before, not long after.
+            assert 7 < loop.time() - frozen < 16
+
+            async def ready() -> bool:
+                return await relay.http_status("/readyz") == 200
+
+            await _eventually(ready)
+            again = await _subscribed(relay.url)
+            async with open_producer(f"{relay.url}/produce?channel=c") as producer:
+                await send_json(producer, {"id": "after", "delta": "through", "final": True})
+                assert (await recv_json(producer, 10))["type"] == "ack"
+            frame = await recv_json(again, 10)
+            assert (frame["type"], frame["id"], frame["text"]) == ("message", "after", "through")
+            await again.close()
+        finally:
+            await relay.stop()

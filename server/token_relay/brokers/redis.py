@@ -905,57 +905,73 @@ class RedisBroker:
         await self._pubsub.subscribe(self._inbox, *self._topics)
 
     async def _dispatch(self) -> None:
-        listener = self._listener
-        inbox = self._inbox.encode()
+        """Read pub/sub until it fails. Silence is timed by one timer moved at most twice a
+        second, not by a timer per message: a connection quiet for about
+        :data:`PUBSUB_QUIET` is pinged, and one still quiet :data:`PUBSUB_DEAD` after that
+        may be dead without a reset, so it is replaced."""
         pubsub = self._pubsub
         loop = asyncio.get_running_loop()
-        heard = loop.time()
-        pinged: float | None = None
+        inbox = self._inbox.encode()
+        pinged = False
         while not self._closing:
-            message = await pubsub.get_message(timeout=1.0)
-            now = loop.time()
-            if message is None:
-                # A connection that went quiet may be dead without a reset: ask it.
-                if pinged is not None and now - pinged > PUBSUB_DEAD:
-                    raise BrokerUnavailable("the pub/sub connection stopped answering")
-                if pinged is None and now - heard > PUBSUB_QUIET:
-                    await pubsub.ping()
-                    pinged = now
-                continue
-            heard, pinged = now, None
-            kind = message["type"]
-            if kind == "pong":
-                continue
-            topic: bytes = message["channel"]
-            if kind == "subscribe":
-                waiter = self._confirmed.pop(topic.decode(), None)
+            quiet = asyncio.timeout(PUBSUB_DEAD if pinged else PUBSUB_QUIET)
+            try:
+                async with quiet:
+                    moved = loop.time()
+                    while not self._closing:
+                        message = await pubsub.get_message(timeout=None)
+                        pinged = False
+                        now = loop.time()
+                        if now - moved > 0.5:
+                            moved = now
+                            quiet.reschedule(now + PUBSUB_QUIET)
+                        if message is not None:
+                            self._take(message, inbox)
+            except TimeoutError:
+                if not quiet.expired():
+                    raise
+                if pinged:
+                    raise BrokerUnavailable("the pub/sub connection stopped answering") from None
+                await pubsub.ping()
+                pinged = True
+
+    def _take(self, message: dict[str, Any], inbox: bytes) -> None:
+        """One pub/sub message: a subscription confirmed, a note to this process, or a
+        channel's frame for the listener."""
+        listener = self._listener
+        kind = message["type"]
+        if kind == "pong":
+            return
+        topic: bytes = message["channel"]
+        if kind == "subscribe":
+            waiter = self._confirmed.pop(topic.decode(), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
+        if kind != "message" or listener is None:
+            return
+        data: bytes = message["data"]
+        if topic == inbox:
+            what, name, payload = data.split(b"|", 2)
+            if what == b"f":
+                waiter = self._flushes.get(name.decode())
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
-                continue
-            if kind != "message" or listener is None:
-                continue
-            data: bytes = message["data"]
-            if topic == inbox:
-                what, name, payload = data.split(b"|", 2)
-                if what == b"f":
-                    waiter = self._flushes.get(name.decode())
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(None)
-                elif what == b"x":
-                    listener.on_session_moved(name.decode())
-                else:
-                    listener.on_cancel(name.decode(), payload)
-                continue
-            frame_kind, seq, payload = data.split(b"|", 2)
-            channel = topic[5:].decode()
-            if frame_kind == b"d":
-                # KIND|SEQ|ID_BYTES|ID TEXT: the delta's fields, never JSON to parse.
-                size, rest = payload.split(b"|", 1)
-                cut = int(size)
-                delta = Delta(channel, rest[:cut].decode(), rest[cut:].decode())
-                listener.on_delta(channel, int(seq), delta)
+            elif what == b"x":
+                listener.on_session_moved(name.decode())
             else:
-                listener.on_frame(channel, FrameKind(frame_kind.decode()), int(seq), payload)
+                listener.on_cancel(name.decode(), payload)
+            return
+        frame_kind, seq, payload = data.split(b"|", 2)
+        channel = topic[5:].decode()
+        if frame_kind == b"d":
+            # KIND|SEQ|ID_BYTES|ID TEXT: the delta's fields, never JSON to parse.
+            size, rest = payload.split(b"|", 1)
+            cut = int(size)
+            delta = Delta(channel, rest[:cut].decode(), rest[cut:].decode())
+            listener.on_delta(channel, int(seq), delta)
+        else:
+            listener.on_frame(channel, FrameKind(frame_kind.decode()), int(seq), payload)
 
     async def _write_forever(self) -> None:
         queue = self._queue
