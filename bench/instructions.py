@@ -9,6 +9,8 @@ Each figure is the difference between two runs, one with ``--messages`` more mes
 the other, less the same difference for a run that only builds the load: what remains is
 the relay's own work per event (reading frames, rules, assembly, broker, acks, delivery to
 one subscriber). ``--compare-python`` counts another installation's relay the same way.
+With ``redis-server`` on the PATH, ingest through a private Redis is counted too: the
+relay's side only (Redis is another process).
 
 Needs ``valgrind`` on the PATH (Debian's package). Each figure takes about a minute.
 """
@@ -22,12 +24,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from token_relay.core.settings import Settings
 from token_relay.edge.relay import Relay
 from token_relay.edge.websocket import WebSocket
+from token_relay.testing import RedisServer
 
 from .inprocess import connect, load, settle
 
@@ -38,13 +42,13 @@ EVENTS_PER_MESSAGE = 11
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _ingest(messages: int, batch: int, setup_only: bool) -> None:
+async def _ingest(messages: int, batch: int, setup_only: bool, broker: str) -> None:
     """Build the load; unless ``setup_only``, feed it to a relay and check it was applied."""
     big = 10**6
     relay = Relay(
         Settings(
             port=0,
-            broker="memory://",
+            broker=broker,
             max_events_per_second=big * 1000,
             max_connections_per_ip=big,
             max_handshakes_per_ip=big,
@@ -52,6 +56,8 @@ async def _ingest(messages: int, batch: int, setup_only: bool) -> None:
     )
     server = await relay.start()
     _, seen = connect(server, "/subscribe?channel=c")
+    quiet = None if broker == "memory://" else seen  # Redis's replies come back later
+    await settle(lambda: True, quiet)
     _, texts, reads = load(messages, batch)
     if setup_only:
         return
@@ -62,12 +68,26 @@ async def _ingest(messages: int, batch: int, setup_only: bool) -> None:
         producer.data_received(read)
     ws = producer.ws
     assert isinstance(ws, WebSocket)
-    await settle(lambda: not transport.paused and not ws._messages)
+    await settle(lambda: not transport.paused and not ws._messages, quiet)
     if relay.metrics.frames_in_producer.value != len(texts) or not seen.written:
         raise SystemExit("the relay did not apply every frame")
 
 
-def _count(python: str, messages: int, batch: int, setup_only: bool) -> int:
+async def _child(messages: int, batch: int, setup_only: bool, redis: bool) -> None:
+    """One counted run; with ``redis``, on a private ``redis-server`` (not counted: it is
+    another process)."""
+    if not redis:
+        return await _ingest(messages, batch, setup_only, "memory://")
+    with tempfile.TemporaryDirectory(prefix="token-relay-instructions-") as directory:
+        server = RedisServer(Path(directory))
+        server.start()
+        try:
+            await _ingest(messages, batch, setup_only, server.url)
+        finally:
+            server.kill()
+
+
+def _count(python: str, messages: int, batch: int, setup_only: bool, redis: bool) -> int:
     """Instructions one child run executes, as callgrind counts them."""
     command = [
         "valgrind",
@@ -80,6 +100,7 @@ def _count(python: str, messages: int, batch: int, setup_only: bool) -> int:
         str(messages),
         str(batch),
         "1" if setup_only else "0",
+        "1" if redis else "0",
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -89,12 +110,12 @@ def _count(python: str, messages: int, batch: int, setup_only: bool) -> int:
     return int(found.group(1))
 
 
-def per_event(python: str, batch: int, messages: int) -> float:
+def per_event(python: str, batch: int, messages: int, redis: bool = False) -> float:
     """The relay's instructions per event, frames of ``batch`` events."""
     runs = [(BASE, False), (BASE + messages, False), (BASE, True), (BASE + messages, True)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         small, large, setup_small, setup_large = pool.map(
-            lambda run: _count(python, run[0], batch, run[1]), runs
+            lambda run: _count(python, run[0], batch, run[1], redis), runs
         )
     return ((large - small) - (setup_large - setup_small)) / (messages * EVENTS_PER_MESSAGE)
 
@@ -105,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compare-python", default="", metavar="PYTHON", help="another installation's python"
     )
-    parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        messages, batch, setup_only = args.child
-        asyncio.new_event_loop().run_until_complete(_ingest(messages, batch, bool(setup_only)))
+        messages, batch, setup_only, redis = args.child
+        run = _child(messages, batch, bool(setup_only), bool(redis))
+        asyncio.new_event_loop().run_until_complete(run)
         sys.stdout.flush()
         os._exit(0)  # the relay's leftover tasks need no orderly end
     if shutil.which("valgrind") is None:
@@ -118,8 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     pythons = [("relay", sys.executable)]
     if args.compare_python:
         pythons.append(("--compare-python's relay", args.compare_python))
-    for batch, what in ((1, "a frame per event"), (100, "100 events per frame")):
-        counts = [(name, per_event(python, batch, args.messages)) for name, python in pythons]
+    cases = [(1, False, "a frame per event"), (100, False, "100 events per frame")]
+    if shutil.which("redis-server"):
+        cases.append((1, True, "through Redis"))
+    for batch, redis, what in cases:
+        counts = [
+            (name, per_event(python, batch, args.messages, redis)) for name, python in pythons
+        ]
         for index, (name, count) in enumerate(counts):
             ratio = f"  {count / counts[0][1]:.2f}x this relay" if index else ""
             print(f"ingest, {what:<22} {name:<26} {count:9,.0f} instructions/event{ratio}")
