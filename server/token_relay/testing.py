@@ -505,6 +505,7 @@ class Proxy:
             for writer in (client, upstream):
                 writer.transport.abort()
         self._pairs.clear()
+        self._frozen.clear()
         self.cuts += 1
         return len(pairs)
 
@@ -546,6 +547,7 @@ class Proxy:
                 sink.write(data)
                 await sink.drain()
         self._pairs.discard(pair)
+        self._frozen.discard(pair)
         with contextlib.suppress(Exception):
             sink.close()
 

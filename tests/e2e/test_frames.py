@@ -130,14 +130,14 @@ def _stream(frames: list[Frame], data: st.DataObject) -> bytes:
     return b"".join(_masked(frame, mask) for frame, mask in zip(frames, masks, strict=True))
 
 
-def _connection(transport: Transport) -> WebSocket:
+def _connection(transport: Transport, max_size: int = MAX_SIZE) -> WebSocket:
     """A producer's WebSocket over ``transport``, as the edge makes one after a handshake."""
     return WebSocket(
         transport,
         path="/produce",
         client="127.0.0.1",
         grant=OPEN,
-        max_size=MAX_SIZE,
+        max_size=max_size,
         max_unsent=0,
         cork=Cork(asyncio.get_running_loop()),
     )
@@ -337,15 +337,7 @@ async def test_a_small_frame_over_a_small_limit_is_refused(limit: int) -> None:
     that small is within the limit: a frame one byte over a limit at or under 125 bytes
     is still refused (1009), and nothing after it is read."""
     transport = Transport()
-    ws = WebSocket(
-        transport,
-        path="/produce",
-        client="127.0.0.1",
-        grant=OPEN,
-        max_size=limit,
-        max_unsent=0,
-        cork=Cork(asyncio.get_running_loop()),
-    )
+    ws = _connection(transport, max_size=limit)
     mask = b"\x01\x02\x03\x04"
     within, over = "a" * limit, "b" * (limit + 1)
     frames = [Frame(Opcode.TEXT, t.encode()) for t in (within, over)]

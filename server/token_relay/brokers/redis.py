@@ -289,6 +289,7 @@ class RedisBroker:
         self._outages = 0
         """Times Redis was seen gone; the writer reconnects after each (see :meth:`_execute`)."""
         self._writes_since = 0
+        """The outages the writer's connection has been renewed after."""
         self._closing = False
         self._leaving = False
         self._lease = settings.lease_seconds

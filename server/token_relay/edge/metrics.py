@@ -32,9 +32,9 @@ __all__ = ["PUBLISH_SECONDS", "Metrics", "Tally", "Timings"]
 PUBLISH_SECONDS = 1.0
 """How often a worker writes its metrics for the others to serve."""
 STALE_SECONDS = 10.0
+"""A worker's file older than this is not served (the worker is gone)."""
 FOLD_AT = 256
 """Observations a histogram holds unsorted, at most, before it counts them in its buckets."""
-"""A worker's file older than this is not served (the worker is gone)."""
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _GAP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
