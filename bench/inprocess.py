@@ -108,6 +108,34 @@ async def settle(done: Callable[[], bool], quiet: MemoryTransport | None = None)
             await asyncio.sleep(0.05)
 
 
+def settings(broker: str = "memory://") -> Settings:
+    """A relay's settings with every per-client limit lifted: the load comes from one place."""
+    big = 10**6
+    return Settings(
+        port=0,
+        broker=broker,
+        max_events_per_second=big * 1000,
+        max_connections_per_ip=big,
+        max_handshakes_per_ip=big,
+    )
+
+
+async def feed(
+    producer: HttpConnection,
+    transport: MemoryTransport,
+    reads: list[bytes],
+    quiet: MemoryTransport | None = None,
+) -> None:
+    """Hand the producer's socket its reads as the loop would, each once the socket is read
+    again, and wait until every frame is handled (with ``quiet``, its output settled too)."""
+    for read in reads:
+        await settle(lambda: not transport.paused)
+        producer.data_received(read)
+    ws = producer.ws
+    assert isinstance(ws, WebSocket)
+    await settle(lambda: not transport.paused and not ws._messages, quiet)
+
+
 def load(messages: int, batch: int) -> tuple[int, list[str], list[bytes]]:
     """``messages`` messages of 10 deltas and a final, in frames of ``batch`` events: how
     many events, the frames' texts, and their bytes as the socket's reads would bring them."""
@@ -130,12 +158,7 @@ async def ingest(relay: Relay, batch: int, repeat: int, redis: bool = False) -> 
         producer, transport = connect(server, f"/produce?channel=c&n={n}")
         await settle(lambda: True)
         before, frames, start = seen.written, handed.value, time.process_time()
-        for read in reads:
-            await settle(lambda: not transport.paused)  # noqa: B023 - this read's transport
-            producer.data_received(read)
-        ws = producer.ws
-        assert isinstance(ws, WebSocket)
-        await settle(lambda: not transport.paused and not ws._messages, seen if redis else None)  # noqa: B023
+        await feed(producer, transport, reads, seen if redis else None)
         spent = time.process_time() - start
         if handed.value - frames != len(texts):
             raise SystemExit(f"{handed.value - frames} of {len(texts)} frames were handed over")
@@ -188,16 +211,6 @@ def unapplied(decode: bool) -> Iterator[None]:
 
 async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]:
     """Every figure: (what, nanoseconds, per what)."""
-
-    def settings(broker: str = "memory://") -> Settings:
-        big = 10**6
-        return Settings(
-            port=0,
-            broker=broker,
-            max_events_per_second=big * 1000,
-            max_connections_per_ip=big,
-            max_handshakes_per_ip=big,
-        )
 
     rows = []
     relay = Relay(settings())

@@ -28,12 +28,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from token_relay.core.settings import Settings
 from token_relay.edge.relay import Relay
-from token_relay.edge.websocket import WebSocket
 from token_relay.testing import RedisServer
 
-from .inprocess import connect, load, settle
+from .inprocess import connect, feed, load, settings, settle
 
 BASE = 300
 """Messages in the smaller of each pair of runs (start-up and warm-up cancel out)."""
@@ -44,16 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def _ingest(messages: int, batch: int, setup_only: bool, broker: str) -> None:
     """Build the load; unless ``setup_only``, feed it to a relay and check it was applied."""
-    big = 10**6
-    relay = Relay(
-        Settings(
-            port=0,
-            broker=broker,
-            max_events_per_second=big * 1000,
-            max_connections_per_ip=big,
-            max_handshakes_per_ip=big,
-        )
-    )
+    relay = Relay(settings(broker))
     server = await relay.start()
     _, seen = connect(server, "/subscribe?channel=c")
     quiet = None if broker == "memory://" else seen  # Redis's replies come back later
@@ -63,12 +52,7 @@ async def _ingest(messages: int, batch: int, setup_only: bool, broker: str) -> N
         return
     producer, transport = connect(server, "/produce?channel=c")
     await settle(lambda: True)
-    for read in reads:
-        await settle(lambda: not transport.paused)
-        producer.data_received(read)
-    ws = producer.ws
-    assert isinstance(ws, WebSocket)
-    await settle(lambda: not transport.paused and not ws._messages, quiet)
+    await feed(producer, transport, reads, quiet)
     if relay.metrics.frames_in_producer.value != len(texts) or not seen.written:
         raise SystemExit("the relay did not apply every frame")
 

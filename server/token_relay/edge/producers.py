@@ -309,7 +309,7 @@ class ProducerEndpoint:
                 self.reject_now(connection, self._rate_limited(frame, session))
                 return None
             return self._events(connection, session, frame, True, now, 0, [], False)
-        if not session.bucket.take(now, 1):
+        if not session.bucket.take(now, 1):  # one event: one type check per frame, not two
             self.reject_now(connection, self._rate_limited(frame, session))
             return None
         if frame.final:
@@ -317,8 +317,7 @@ class ProducerEndpoint:
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
         applied = self._apply(connection, session, frame, now, None)
         if isinstance(applied, Overflow):
-            nothing_after: tuple[Any, ...] = (connection, session, (), False, now, 0, [], False)
-            return self._abort_then(applied.unfinished, nothing_after)
+            return self._abort_then(session, applied.unfinished, None)
         return None
 
     def _events(
@@ -340,7 +339,7 @@ class ProducerEndpoint:
                 continue
             if isinstance(applied, Overflow):
                 rest = (connection, session, events, batch, now, index + 1, acks, waiting)
-                return self._abort_then(applied.unfinished, rest)
+                return self._abort_then(session, applied.unfinished, rest)
             if applied.text is None:
                 continue
             completion = self._complete(session, applied, now, event, at)
@@ -382,11 +381,13 @@ class ProducerEndpoint:
         if replies is not None and len(replies.entries) > MAX_PENDING_REPLIES:
             await replies.below(MAX_PENDING_REPLIES // 2)
 
-    async def _abort_then(self, unfinished: Unfinished, rest: tuple[Any, ...]) -> None:
-        """A message grew too large: publish its abort, then apply the frame's other events."""
-        session: Session = rest[1]
+    async def _abort_then(
+        self, session: Session, unfinished: Unfinished, rest: tuple[Any, ...] | None
+    ) -> None:
+        """A message grew too large: publish its abort, then apply the frame's other events
+        (``rest``: the arguments of :meth:`_events` from the next one; None if none)."""
         await self._abort(session, unfinished, AbortReason.MESSAGE_TOO_LARGE)
-        later = self._events(*rest)
+        later = None if rest is None else self._events(*rest)
         if later is not None:
             await later
 

@@ -279,8 +279,9 @@ class WebSocket(SocketPeer):
         one when it is handed a frame, and their messages keep the order of the frames.
         """
         at, end, limit = 0, len(data), self.max_size
+        fits = limit >= 125  # any frame of 125 bytes or fewer is within the limit
         lean = self._lean() and not self._failed
-        small = lean and limit >= 125  # any frame of 125 bytes or fewer is within the limit
+        small = lean and fits
         while end - at >= 2:
             first, second = data[at], data[at + 1]
             if small and (first == 0x81 or first == 0x82) and 0x80 <= second < 0xFE:
@@ -316,7 +317,7 @@ class WebSocket(SocketPeer):
                     self._slow_left = stop - here
                     self._feed(data[at:here])
                     lean = self._lean() and not self._failed
-                    small = lean and limit >= 125
+                    small = lean and fits
                     at = here
                     continue
                 if stop > end:
