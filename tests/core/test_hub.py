@@ -271,7 +271,7 @@ def test_delta_set_entry_removed_when_last_deltas_subscriber_opts_out() -> None:
     hub.subscribe("s1", "c", deltas=True)
     hub.subscribe("s1", "c", deltas=False)
     assert "c" not in hub._deltas_of
-    assert hub._subscribers_of == {"c": {"s1"}}
+    assert hub._subscribers_of == {"c": {"s1": None}}
 
 
 def test_delta_subscribers_of_unknown_channel_is_empty() -> None:
@@ -309,7 +309,7 @@ def test_too_many_channels_leaves_no_empty_entry_for_the_rejected_channel() -> N
     assert hub.is_subscribed("s1", "new") is False
     assert "new" not in hub._subscribers_of
     assert "new" not in hub._deltas_of
-    assert hub._subscribers_of == {"a": {"s1"}}
+    assert hub._subscribers_of == {"a": {"s1": None}}
     assert hub._deltas_of == {}
     assert hub._channels_of == {"s1": {"a"}}
     assert hub.channel_count == 1
@@ -322,7 +322,7 @@ def test_too_many_channels_keeps_existing_deltas_subscription() -> None:
         hub.subscribe("s1", "b", deltas=False)
     assert hub.delta_subscribers("a") == {"s1"}
     assert hub.subscribers("b") == set()
-    assert hub._deltas_of == {"a": {"s1"}}
+    assert hub._deltas_of == {"a": {"s1": None}}
 
 
 def test_rejected_subscriber_without_subscriptions_leaves_no_empty_entry() -> None:
@@ -337,3 +337,23 @@ def test_rejected_subscriber_without_subscriptions_leaves_no_empty_entry() -> No
     assert hub._subscribers_of == {}
     assert hub._deltas_of == {}
     assert hub.channels("s1") == set()
+
+
+def test_a_channels_subscribers_come_in_the_order_they_subscribed() -> None:
+    hub: ChannelHub[str] = ChannelHub(10)
+    names = [f"s{n}" for n in (5, 1, 9, 3, 7, 2, 8)]
+    for name in names:
+        hub.subscribe(name, "c", deltas=name in {"s9", "s7", "s1"})
+    assert list(hub.subscribers("c")) == names
+    assert list(hub.delta_subscribers("c")) == ["s1", "s9", "s7"]
+    # Asking for deltas, or no longer, keeps a subscriber's place among everyone.
+    hub.subscribe("s5", "c", deltas=True)
+    hub.subscribe("s9", "c", deltas=False)
+    assert list(hub.subscribers("c")) == names
+    assert list(hub.delta_subscribers("c")) == ["s1", "s7", "s5"]
+    # One that leaves and comes back is last.
+    hub.unsubscribe("s1", "c")
+    hub.remove("s3")
+    hub.subscribe("s1", "c")
+    assert list(hub.subscribers("c")) == ["s5", "s9", "s7", "s2", "s8", "s1"]
+    assert list(hub.delta_subscribers("c")) == ["s7", "s5"]
