@@ -171,7 +171,7 @@ class SseStream(SocketPeer):
             key = (self.chunked, only[0], *only[1])
             chunk = fields.chunks.get(key)
             if chunk is not None:
-                self.transport.write(chunk)
+                self.write_now(chunk)
                 return fields
         body = [fields.line]
         if fields.identified:
@@ -180,7 +180,7 @@ class SseStream(SocketPeer):
         chunk = b"".join(body)
         if self.chunked:
             chunk = _chunk(chunk)  # what h11 writes for a chunk of a chunked response
-            self.transport.write(chunk)
+            self.write_now(chunk)
         else:
             self._write(chunk)
         if key is not None and self.chunked:

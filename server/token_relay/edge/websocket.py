@@ -22,11 +22,8 @@ Limits and policies
 * Frames written to one socket within one pass of the event loop go out in one write,
   at the end of the pass, after the first (see :class:`Cork`): a burst of acks or
   messages costs one system call, and a lone frame none of waiting.
-* While the transport holds no unsent bytes, a write goes straight to the socket with
-  one ``os.write`` (what a fan-out to thousands of sockets does for each of them); only
-  what the socket does not take goes to the transport, which sends it when it can, after
-  which every write goes behind it until it is empty again. So the bytes keep their
-  order, and a socket the transport is closing is never written to.
+* While the transport holds no unsent bytes, a write goes straight to the socket (see
+  :meth:`~token_relay.edge.flow.SocketPeer.write_now`).
 * Every ``--ping-interval`` seconds the server pings each peer; one that sent
   nothing at all since the previous ping is cut (1011), so a half-open
   connection ends within two intervals.
@@ -39,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 from collections.abc import Awaitable, Callable, Coroutine
 
 from websockets import CloseCode, State
@@ -88,15 +84,6 @@ def text_frame(payload: bytes) -> bytes:
     if size < 1 << 16:
         return b"\x81\x7e" + size.to_bytes(2, "big") + payload
     return b"\x81\x7f" + size.to_bytes(8, "big") + payload
-
-
-def _direct_descriptor(transport: asyncio.BaseTransport) -> int:
-    """The descriptor of a plain socket under ``transport``, or -1 (no socket, or TLS,
-    whose bytes on the socket are not the frames)."""
-    if transport.get_extra_info("sslcontext") is not None:
-        return -1
-    sock = transport.get_extra_info("socket")
-    return sock.fileno() if sock is not None else -1
 
 
 async def _raise(exc: Exception) -> None:
@@ -152,7 +139,6 @@ class WebSocket(SocketPeer):
 
     __slots__ = (
         "_failed",
-        "_fd",
         "_fragments",
         "_handle",
         "_handled",
@@ -188,9 +174,6 @@ class WebSocket(SocketPeer):
     ) -> None:
         super().__init__(transport, path=path, client=client, grant=grant)
         self.cork = cork or Cork(asyncio.get_running_loop())
-        self._fd = _direct_descriptor(transport)
-        """The socket, written to directly while the transport holds nothing; -1 if every
-        byte must go through the transport."""
         self.held: list[bytes] | None = None
         """Frames written in this pass of the loop after its first, not yet on the socket."""
         self.written_in = -1
@@ -548,26 +531,6 @@ class WebSocket(SocketPeer):
         asyncio warns of every write to a socket that failed)."""
         if self.protocol.state is State.OPEN and not self.transport.is_closing():
             self.cork.write(self, frame)
-
-    def write_now(self, data: bytes) -> None:
-        """Write ``data`` to the socket now, or behind what the transport still holds.
-
-        The caller has checked that the transport is not closing (so the descriptor is
-        still this socket's). Straight to the socket, this is one system call without the
-        transport's own Python; a socket that cannot take it all (or fails) leaves the
-        rest to the transport, which sends it later, or meets the error and reports it.
-        """
-        transport = self.transport
-        fd = self._fd
-        if fd >= 0 and not transport.get_write_buffer_size():
-            try:
-                sent = os.write(fd, data)
-            except OSError:  # full (EAGAIN), or broken: the transport's write decides
-                sent = 0
-            if sent == len(data):
-                return
-            data = data[sent:]
-        transport.write(data)
 
     def uncork(self) -> None:
         """Write the frames held since this pass's first (see :class:`Cork`)."""
