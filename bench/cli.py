@@ -357,11 +357,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("bench interrupted; every process it started is stopped", file=sys.stderr)
         return 130
     elapsed, results, notable = time.monotonic() - began, run.results, run.notable
-    rows, goals = table_rows(results, dataclasses.asdict(config)), targets(results)
+    cores = os.cpu_count() or 1
+    rows, goals = table_rows(results, dataclasses.asdict(config)), targets(results, cores)
     headline = (
         f"token-relay benchmark: messages of {config.deltas} deltas + a final "
         f"({config.deltas + 1} events, about {4 * config.deltas} characters); median of "
-        f"{config.repeat} repetition{'s' * (config.repeat > 1)}; {os.cpu_count()} CPUs"
+        f"{config.repeat} repetition{'s' * (config.repeat > 1)}; {cores} CPUs"
     )
     workloads = (
         f"Workloads: ingest {config.ingest_messages:,} messages per run (socketio "
@@ -382,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         environment: dict[str, Any] = {"python": platform.python_version()}
         environment["platform"] = platform.platform()
         extra: dict[str, Any] = {"config": dataclasses.asdict(config), "environment": environment}
-        environment["cpus"] = os.cpu_count()
+        environment["cpus"] = cores
         extra |= {"elapsed_seconds": elapsed, "server_warnings": notable}
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(to_json(results, rows, goals, extra), indent=2) + "\n")

@@ -63,6 +63,17 @@ class Results:
         """The median of ``name`` over the case's records that have it."""
         return _median(d[name] for d in self.details.get(key, []) if name in d)
 
+    def cpu_per_message(self, key: str) -> tuple[float, float]:
+        """A fan-out case's CPU time per message, in ms, of the relay (every process of it)
+        and of the subscribers' client processes: medians over its messages, then over its
+        repetitions. Both are spent between the final and its last delivery, so on N cores
+        that takes at least their sum over N, however well the work is spread."""
+        records = [d for d in self.details.get(key, []) if d.get("relay_cpu_ms")]
+        return (
+            _median(_median(d["relay_cpu_ms"]) for d in records),
+            _median(_median(d["client_cpu_ms"]) for d in records),
+        )
+
 
 def _rate(value: float, unit: str = "events/s") -> str:
     return "n/a" if math.isnan(value) else f"{value:,.0f} {unit}"
@@ -144,7 +155,9 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
                 compared = versus(sse + ".p99", key + ".p99", "WebSocket's p99")
                 add("fan-out", f"  SSE streams, {size:,}{label}", sse, compared)
             if r.details.get(workers := f"fanout.workers.{size}.{mode}"):
-                add("fan-out", f"  --workers 2 on Redis, {size:,}{label}", workers)
+                relay_cpu, client_cpu = r.cpu_per_message(workers)
+                compared = f"CPU per message: relay {relay_cpu:.0f} ms, clients {client_cpu:.0f} ms"
+                add("fan-out", f"  --workers 2 on Redis, {size:,}{label}", workers, compared)
             key = f"fanout.compare.{size}.{mode}"
             compared = versus(key + ".p99", f"fanout.{size}.{mode}.p99", "this relay's p99")
             add("fan-out", f"--compare-python's relay, {size:,}{label}", key, compared)
@@ -233,8 +246,21 @@ def _target(
     }
 
 
-def targets(results: Results) -> list[Target]:
-    """The goals the run is judged by."""
+def machine_bound(results: Results, key: str, cores: int) -> str:
+    """What a fan-out case's CPU per message allows on ``cores`` cores at best, or ""."""
+    relay_cpu, client_cpu = results.cpu_per_message(key)
+    if math.isnan(relay_cpu) or math.isnan(client_cpu) or cores < 1:
+        return ""
+    total = relay_cpu + client_cpu
+    return (
+        f"; on this machine's {cores} cores at least {_ms(total / cores)} ms "
+        f"({total:.0f} ms of CPU per message: relay {relay_cpu:.0f}, clients {client_cpu:.0f})"
+    )
+
+
+def targets(results: Results, cores: int = 0) -> list[Target]:
+    """The goals the run is judged by; the --workers 2 fan-out's says what ``cores`` cores
+    allow at best when it is missed (see :func:`machine_bound`)."""
     r = results
     ms, kib = " ms", "{:.1f}".format
 
@@ -287,15 +313,7 @@ def targets(results: Results) -> list[Target]:
             _ms,
             ms,
         ),
-        _target(
-            "fanout_workers",
-            f"fan-out 10k, --workers 2 on Redis: p99 < {FANOUT_GOAL_MS:g} ms",
-            r.median("fanout.workers.10000.plain.p99"),
-            FANOUT_GOAL_MS,
-            "<",
-            _ms,
-            ms,
-        ),
+        *_bounded(r, "fanout.workers.10000.plain", cores),
         ratio(
             "sse_fanout",
             f"SSE fan-out 10k p99 <= {SSE_GOAL}x WebSocket",
@@ -338,6 +356,22 @@ def targets(results: Results) -> list[Target]:
             ms,
         ),
     ]
+
+
+def _bounded(results: Results, key: str, cores: int) -> list[Target]:
+    """The --workers 2 fan-out target; when missed, with what the machine allows."""
+    goal = _target(
+        "fanout_workers",
+        f"fan-out 10k, --workers 2 on Redis: p99 < {FANOUT_GOAL_MS:g} ms",
+        results.median(key + ".p99"),
+        FANOUT_GOAL_MS,
+        "<",
+        _ms,
+        " ms",
+    )
+    if goal["met"] is False:
+        goal["verdict"] += machine_bound(results, key, cores)
+    return [goal]
 
 
 def format_targets(goals: Sequence[Target]) -> str:
