@@ -38,6 +38,22 @@ def test_commands_pack_to_the_bytes_redis_py_makes(name: str, args: list[Any]) -
     assert ours.pack_commands([(name, *args)] * 2) == theirs.pack_commands([(name, *args)] * 2)
 
 
+@given(st.lists(st.lists(ARGUMENTS), max_size=5))
+def test_the_writers_scripts_pack_together_to_the_bytes_redis_py_makes(
+    batch: list[list[Any]],
+) -> None:
+    commands = [("EVALSHA", "f" * 40, len(args), *args) for args in batch]
+    theirs = Connection()
+    expected = b"".join(b"".join(theirs.pack_command(*command)) for command in commands)
+    assert redis_broker._packed_together(commands) == [expected]
+
+
+@pytest.mark.parametrize("odd", [1.5, 1e16, True, None])
+def test_a_script_with_another_argument_is_packed_by_redis_py(odd: Any) -> None:
+    commands = [("EVALSHA", "f" * 40, 1, "k"), ("EVALSHA", "f" * 40, 1, odd)]
+    assert redis_broker._packed_together(commands) is None
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -192,6 +192,17 @@ def _packed(args: tuple[EncodableT, ...]) -> list[bytes] | None:
     return [hiredis_pack(args)]
 
 
+def _packed_together(commands: list[tuple[EncodableT, ...]]) -> list[bytes] | None:
+    """The writer's scripts (``EVALSHA`` with strings and integers) packed by hiredis into
+    one buffer, the bytes redis-py's packer makes; None without hiredis, or if an argument
+    is of another type (redis-py's packer decides then)."""
+    if hiredis_pack is None or not all(
+        _PACKED_BY_HIREDIS.issuperset(map(type, command)) for command in commands
+    ):
+        return None
+    return [b"".join(map(hiredis_pack, commands))]
+
+
 class _HiredisPacking(AbstractConnection):
     """Mixed in before a redis-py connection class: its commands packed by :func:`_packed`."""
 
@@ -283,8 +294,10 @@ class RedisBroker:
         self._outbox: collections.deque[_Deferred] = collections.deque()
         self._outbox_bytes = 0
         self._pool: BlockingConnectionPool | None = None
-        self._writes: Redis | None = None
-        """The writer's own connection: its pipelines are timed as a whole (see
+        self._writes: BlockingConnectionPool | None = None
+        """The writer's own pool of one connection, which it holds (:attr:`_writer`)."""
+        self._writer: AbstractConnection | None = None
+        """The writer's connection: its pipelines are timed as a whole (see
         :meth:`_execute`), not reply by reply."""
         self._outages = 0
         """Times Redis was seen gone; the writer reconnects after each (see :meth:`_execute`)."""
@@ -319,7 +332,7 @@ class RedisBroker:
         self._pool = self._connect(MAX_CONNECTIONS, COMMAND_TIMEOUT)
         self._redis = Redis(connection_pool=self._pool)
         # The writer runs one pipeline at a time (a retry after NOSCRIPT included).
-        self._writes = Redis(connection_pool=self._connect(1, None))
+        self._writes = self._connect(1, None)
         connected = asyncio.get_running_loop().create_future()
         self._tasks = [
             asyncio.create_task(self._read_forever(connected)),
@@ -349,7 +362,7 @@ class RedisBroker:
             self._pubsub.aclose() if self._pubsub is not None else None,
             self._redis.aclose() if self._redis is not None else None,
             self._pool.disconnect() if self._pool is not None else None,
-            self._writes.connection_pool.disconnect() if self._writes is not None else None,
+            self._writes.disconnect() if self._writes is not None else None,
         ):
             if closing is not None:
                 with contextlib.suppress(Exception):
@@ -1023,22 +1036,43 @@ class RedisBroker:
             done.set_result(frame.decode())
 
     async def _execute(self, batch: list[_Write]) -> list[Any]:
-        """Run the writes in one pipeline, under one deadline: a reply's own timeout (a
-        timer per reply) would cost more than the script that sent it."""
+        """Run the writes as one pipeline, under one deadline: a reply's own timeout (a
+        timer per reply) would cost more than the script that sent it.
+
+        The commands go out as one packed write on the writer's connection and the replies
+        are read in order, each error reply in its place: what redis-py's pipeline does,
+        without its Python per command and per pipeline (its command stack, response
+        callbacks, retries and observability hooks), which cost more than the relay's own
+        work per message. Nothing is retried here: a write that fails is answered
+        ``broker_unavailable`` (a final) or resynced (deltas), as the writer's loop says.
+        """
         if self._writes is None:
             raise BrokerUnavailable("the broker is not started")
         if self._writes_since != self._outages:
             # Its connection may lead to a Redis that is gone (a restarted one does not
-            # know it): a write on it would fail once Redis is back.
+            # know it): a write on it would fail once Redis is back. It reconnects on use.
             self._writes_since = self._outages
-            await self._writes.connection_pool.disconnect()
-        pipe = self._writes.pipeline(transaction=False)
-        for write in batch:
-            pipe.evalsha(self._shas[write.script], len(write.keys), *write.keys, *write.args)
+            await self._writes.disconnect()
+        connection = self._writer
+        if connection is None:
+            async with asyncio.timeout(COMMAND_TIMEOUT):
+                connection = self._writer = await self._writes.get_connection()  # type: ignore[no-untyped-call]
+        shas = self._shas
+        commands = [
+            ("EVALSHA", shas[write.script], len(write.keys), *write.keys, *write.args)
+            for write in batch
+        ]
+        results: list[Any] = []
         async with asyncio.timeout(COMMAND_TIMEOUT):
             # On the deadline redis-py drops the connection it was reading (the replies
             # left on it would answer the next pipeline) and the writes count as failed.
-            results: list[Any] = await pipe.execute(raise_on_error=False)
+            packed = _packed_together(commands) or connection.pack_commands(commands)
+            await connection.send_packed_command(packed, check_health=False)
+            for _ in commands:
+                try:
+                    results.append(await connection.read_response())
+                except redis_errors.ResponseError as exc:
+                    results.append(exc)
         if any(isinstance(r, redis_errors.NoScriptError) for r in results):
             await self._load_scripts()
             retry = [
