@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import Broker, open_broker
 from token_relay.brokers import redis as redis_broker
-from token_relay.core.errors import BrokerUnavailable
+from token_relay.core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from token_relay.core.settings import Settings
 from token_relay.testing import RedisServer, eventually
 
@@ -151,3 +151,118 @@ async def test_the_outbox_is_bounded_and_drops_the_oldest(
         alpha.defer("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", "t"))
     assert alpha.outbox == 2  # type: ignore[attr-defined]
     assert [entry[2] for entry in alpha._outbox] == ["m1", "m2"]  # type: ignore[attr-defined]
+
+
+def _scripts_run(broker: Broker) -> list[str]:
+    """The scripts the broker's writer runs from now on, in order."""
+    assert isinstance(broker, redis_broker.RedisBroker)
+    seen: list[str] = []
+    execute = broker._execute
+
+    async def counted(batch: list[redis_broker._Write]) -> list[object]:
+        seen.extend(write.script for write in batch)
+        return await execute(batch)
+
+    broker._execute = counted  # type: ignore[method-assign]
+    return seen
+
+
+async def _state(url: str, channel: str, owner: str, message_id: str) -> dict[str, object]:
+    """What Redis holds of a message besides its frame: in progress, its text and claim, the
+    owner's session's note of it, and its fate there."""
+    redis = Redis.from_url(url)
+    try:
+        done = await redis.hget(f"tr:done:{owner}", message_id)
+        return {
+            "live": await redis.smembers(f"tr:live:{channel}"),
+            "text": await redis.exists(f"tr:text:{owner}|{message_id}"),
+            "claim": await redis.hget(f"tr:own:{channel}", message_id),
+            "noted": await redis.hget(f"tr:msg:{owner}", message_id),
+            "fate": done.split(b"|")[0] if done else None,
+        }
+    finally:
+        await redis.aclose()
+
+
+async def test_a_message_still_queued_whole_goes_as_one_script_to_the_same_end(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer
+) -> None:
+    alpha, beta = two_brokers
+    beta_seen: Recorder = beta.recorder  # type: ignore[attr-defined]
+    await beta.listen("c", True, True)
+    scripts = _scripts_run(alpha)
+    # Nothing awaited in between: the open and its deltas are still queued at the final.
+    alpha.open("c", "alpha.1", "m")
+    alpha.delta("c", "alpha.1", "m", "hel")
+    alpha.delta("c", "alpha.1", "m", "lo")
+    whole = await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "hello"))
+    assert scripts == ["whole"]
+    # The same message in steps: the open reaches Redis before the final is queued.
+    alpha.open("c", "alpha.1", "n")
+    alpha.delta("c", "alpha.1", "n", "hello")
+    await alpha.flush_writes()
+    stepped = await alpha.terminal("c", "alpha.1", "n", message_body("c", "n", "hello"))
+    assert scripts[1:] == ["open", "progress", "terminal"]
+    await until(lambda: len(beta_seen.frames) == 4)
+    kinds = [(kind.value, json.loads(text).get("id")) for _, kind, _, text in beta_seen.frames]
+    assert kinds == [("d", "m"), ("t", "m"), ("d", "n"), ("t", "n")]
+    assert json.loads(beta_seen.frames[0][3])["delta"] == "hello"  # its deltas, joined once
+    assert json.loads(whole)["offset"] == 1 and json.loads(stepped)["offset"] == 2
+    seqs = [seq for _, _, seq, _ in beta_seen.frames]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    ends = [await _state(redis_server.url, "c", "alpha.1", name) for name in ("m", "n")]
+    assert (
+        ends[0]
+        == ends[1]
+        == {
+            "live": set(),
+            "text": 0,
+            "claim": None,
+            "noted": None,
+            "fate": b"m",
+        }
+    )
+    epoch = (await beta.catch_up("c", None, False)).epoch
+    cut = await beta.catch_up("c", (0, epoch), False)
+    assert [json.loads(frame)["id"] for frame in cut.frames] == ["m", "n"]
+
+
+async def test_a_whole_message_whose_id_another_producer_holds_is_refused(
+    two_brokers: tuple[Broker, Broker],
+) -> None:
+    alpha, beta = two_brokers
+    alpha_seen: Recorder = alpha.recorder  # type: ignore[attr-defined]
+    beta_seen: Recorder = beta.recorder  # type: ignore[attr-defined]
+    await beta.listen("c", True, True)
+    beta.open("c", "beta.1", "m")
+    await beta.flush_writes()
+    scripts = _scripts_run(alpha)
+    alpha.open("c", "alpha.1", "m")
+    alpha.delta("c", "alpha.1", "m", "not yours")
+    with pytest.raises(FrameRejected) as refused:
+        await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "not yours"))
+    assert refused.value.code is ErrorCode.ID_IN_USE
+    assert scripts == ["whole"]
+    assert alpha_seen.refused == [("c", "alpha.1", "m")]
+    await beta.listen("d", True, False)  # a round trip on beta's subscription connection
+    assert beta_seen.frames == []  # neither its delta nor a frame was published
+
+
+async def test_a_final_after_other_writes_were_queued_waits_its_turn(
+    two_brokers: tuple[Broker, Broker],
+) -> None:
+    alpha, beta = two_brokers
+    beta_seen: Recorder = beta.recorder  # type: ignore[attr-defined]
+    await beta.listen("c", True, True)
+    scripts = _scripts_run(alpha)
+    alpha.open("c", "alpha.1", "n")
+    alpha.open("c", "alpha.1", "m")
+    alpha.delta("c", "alpha.1", "n", "late")  # queued after m's open: m's final may not pass it
+    m_done = alpha.terminal("c", "alpha.1", "m", message_body("c", "m", ""))
+    n_done = alpha.terminal("c", "alpha.1", "n", message_body("c", "n", "late"))
+    frames = [json.loads(await done) for done in (m_done, n_done)]
+    assert scripts == ["open", "open", "delta", "terminal", "terminal"]
+    assert [(frame["id"], frame["offset"]) for frame in frames] == [("m", 1), ("n", 2)]
+    await until(lambda: len(beta_seen.frames) == 3)
+    kinds = [(kind.value, json.loads(text)["id"]) for _, kind, _, text in beta_seen.frames]
+    assert kinds == [("d", "n"), ("t", "m"), ("t", "n")]

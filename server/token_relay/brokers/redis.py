@@ -35,8 +35,11 @@ the receiving process can merge deltas (flush window, slow subscribers) without
 parsing; it serializes each delta frame once for all its sockets.
 
 Writes are queued and sent by one writer task in pipelines, so a producer's
-events reach Redis in order without a round trip each. The queue holds at most
-``MAX_QUEUE`` writes; past that, deltas are not queued and their message is
+events reach Redis in order without a round trip each. A message's deltas join its queued
+write (one script per message per pipeline, not per delta), and a message whose final
+comes while its open is still the last write queued goes whole, in one script
+(``WHOLE``): it is never listed as in progress, since nobody could have seen it there.
+The queue holds at most ``MAX_QUEUE`` writes; past that, deltas are not queued and their message is
 marked for a resync. If Redis is down, terminal writes raise
 :class:`~token_relay.core.errors.BrokerUnavailable` (the producer gets
 ``broker_unavailable`` and no ack, so it retries), deltas mark their message
@@ -161,6 +164,12 @@ class _Runs:
         write.args[0] = [write.args[0]]
         self._open[target] = write
 
+    def completes(self, target: tuple[str, str, str], last: _Write | None) -> _Write | None:
+        """The message's queued open, if it is the last write queued: its terminal frame
+        may join it (see ``WHOLE``); the run ends either way."""
+        write = self._open.pop(target, None)
+        return write if write is not None and write is last and write.script == "open" else None
+
     def close(self) -> None:
         """Another kind of write was queued, or the writer took the queue: runs end."""
         self._open.clear()
@@ -170,6 +179,8 @@ def _taken(write: _Write) -> _Write:
     """A write as the writer takes it: a run's parts joined into its text."""
     if write.script in ("delta", "open") and isinstance(write.args[0], list):
         write.args[0] = "".join(write.args[0])
+    elif write.script == "whole":
+        write.args[-1] = "".join(write.args[-1])
     return write
 
 
@@ -278,6 +289,8 @@ class RedisBroker:
         self._queue: asyncio.Queue[_Write] = asyncio.Queue(MAX_QUEUE)
         self._runs = _Runs()
         """The queued delta writes the next deltas of their messages join."""
+        self._last: _Write | None = None
+        """The write queued last, while it waits in the queue."""
         self._shas: dict[str, str] = {}
         self._topics: set[str] = set()
         self._pubsub: Any = None
@@ -527,8 +540,18 @@ class RedisBroker:
         write = self._terminal_write(
             channel, owner, message_id, body, done, seq, aborted, producer=producer
         )
-        write.terminal = (channel, owner, message_id)
-        self._put(write)
+        target = write.terminal = (channel, owner, message_id)
+        opening = self._runs.completes(target, self._last)
+        if opening is None:
+            self._put(write)
+            return done
+        # Nothing of the message reached Redis yet, and nothing was queued after its open:
+        # the open, its deltas and the terminal frame go as one script, in the open's place.
+        opening.script, opening.done, opening.terminal = "whole", done, target
+        opening.keys = [*write.keys, _key("d", channel)]
+        opening.args = [*write.args, opening.args[0]]
+        opening.webhook = write.webhook
+        self._runs.close()
         return done
 
     def defer(
@@ -994,6 +1017,7 @@ class RedisBroker:
             while len(batch) < MAX_BATCH and not queue.empty():
                 batch.append(queue.get_nowait())
             self._runs.close()  # taken: no delta joins these any more
+            self._last = None
             batch = [_taken(write) for write in batch]
             try:
                 results = await self._execute(batch)
@@ -1007,7 +1031,7 @@ class RedisBroker:
                     self._outbox.appendleft(write.deferred)  # in order, for the next try
                     self._outbox_bytes += len(write.deferred[3])
             for n, (write, result) in enumerate(zip(batch, results, strict=True)):
-                if write.script == "terminal" and isinstance(result, list):
+                if write.script in ("terminal", "whole") and isinstance(result, list):
                     frame, queued = result
                     if write.webhook is not None and not queued and self.webhooks is not None:
                         note_not_queued(self.webhooks, *write.webhook)
@@ -1159,6 +1183,7 @@ class RedisBroker:
         if write.script != "delta":
             self._runs.close()
         self._queue.put_nowait(write)
+        self._last = write
 
     def _resync(self, channel: str, owner: str, message_id: str) -> None:
         """Rewrite a message's whole text to Redis and send it as a snapshot."""

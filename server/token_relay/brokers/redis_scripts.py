@@ -146,6 +146,24 @@ also if nobody holds it: a reaper's abort happens once). With a webhook wanted, 
 frame in the webhook outbox ``tr:wh`` in the same step, unless it is full; returns the frame
 and whether it was queued."""
 
+_CLAIMED = TERMINAL.index("if ARGV[13] == '1'")
+WHOLE = (
+    TERMINAL[:_CLAIMED]
+    + """if ARGV[19] ~= '' then
+  local seq = redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[7])
+  local head = 'd|' .. seq .. '|' .. string.len(ARGV[8]) .. '|'
+  redis.call('PUBLISH', KEYS[11], head .. ARGV[8] .. ARGV[19])
+end
+"""
+    + TERMINAL[_CLAIMED:]
+)
+"""A whole message in one step, when its final came before its open (and the deltas that
+joined it) went to Redis: what OPEN and then TERMINAL do, without listing it as in progress
+in between (nobody could have seen it there). Its keys and arguments are TERMINAL's, then
+the channel's delta topic and the text of the joined deltas, published as one delta (if
+any) before the terminal frame, as OPEN would have."""
+
 WEBHOOK_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -301,6 +319,7 @@ SCRIPTS = {
     "delta": DELTA,
     "resync": RESYNC,
     "terminal": TERMINAL,
+    "whole": WHOLE,
     "catch_up": CATCH_UP,
     "progress": PROGRESS,
     "take": TAKE,
