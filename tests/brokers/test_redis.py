@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -33,13 +34,20 @@ async def two_brokers(redis_server: RedisServer) -> AsyncIterator[tuple[Broker, 
             await broker.close()
 
 
-async def _numsub(url: str, topic: str) -> int:
+@contextlib.asynccontextmanager
+async def _client(url: str) -> AsyncIterator[Redis]:
+    """A plain redis-py client of the test's own, to look at what the brokers left."""
     redis = Redis.from_url(url)
     try:
-        counts = await redis.pubsub_numsub(topic)
-        return int(counts[0][1])
+        yield redis
     finally:
         await redis.aclose()
+
+
+async def _numsub(url: str, topic: str) -> int:
+    async with _client(url) as redis:
+        counts = await redis.pubsub_numsub(topic)
+    return int(counts[0][1])
 
 
 async def test_only_listening_processes_receive_a_channel(
@@ -170,8 +178,7 @@ def _scripts_run(broker: Broker) -> list[str]:
 async def _state(url: str, channel: str, owner: str, message_id: str) -> dict[str, object]:
     """What Redis holds of a message besides its frame: in progress, its text and claim, the
     owner's session's note of it, and its fate there."""
-    redis = Redis.from_url(url)
-    try:
+    async with _client(url) as redis:
         done = await redis.hget(f"tr:done:{owner}", message_id)
         return {
             "live": await redis.smembers(f"tr:live:{channel}"),
@@ -180,8 +187,6 @@ async def _state(url: str, channel: str, owner: str, message_id: str) -> dict[st
             "noted": await redis.hget(f"tr:msg:{owner}", message_id),
             "fate": done.split(b"|")[0] if done else None,
         }
-    finally:
-        await redis.aclose()
 
 
 async def test_a_message_still_queued_whole_goes_as_one_script_to_the_same_end(

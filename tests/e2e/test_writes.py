@@ -25,6 +25,19 @@ from websockets.protocol import CLIENT, Protocol
 SMALL_BUFFER = 4096
 
 
+def _subscriber(transport: asyncio.Transport) -> WebSocket:
+    """A subscriber's WebSocket over ``transport``, as the edge makes one after a handshake."""
+    return WebSocket(
+        transport,
+        path="/subscribe",
+        client="127.0.0.1",
+        grant=OPEN,
+        max_size=1 << 20,
+        max_unsent=0,
+        cork=Cork(asyncio.get_running_loop()),
+    )
+
+
 class _Edge(asyncio.Protocol):
     """What the relay's HTTP edge does for an upgraded socket, and no more."""
 
@@ -44,15 +57,7 @@ class _Edge(asyncio.Protocol):
             write(data)
 
         transport.write = counted  # type: ignore[method-assign]
-        self.ws = WebSocket(
-            transport,
-            path="/subscribe",
-            client="127.0.0.1",
-            grant=OPEN,
-            max_size=1 << 20,
-            max_unsent=0,
-            cork=Cork(asyncio.get_running_loop()),
-        )
+        self.ws = _subscriber(transport)
         self.made.set_result(self.ws)
 
     def data_received(self, data: bytes) -> None:
@@ -192,15 +197,7 @@ async def test_a_tls_transport_gets_every_byte_itself() -> None:
     left, right = socket.socketpair()
     with left, right:
         transport = _TlsTransport(left)
-        ws = WebSocket(
-            transport,
-            path="/subscribe",
-            client="127.0.0.1",
-            grant=OPEN,
-            max_size=1 << 20,
-            max_unsent=0,
-            cork=Cork(asyncio.get_running_loop()),
-        )
+        ws = _subscriber(transport)
         frame = text_frame(b"secret")
         ws.write_frame(frame)
         assert bytes(transport.written) == frame
