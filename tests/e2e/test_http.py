@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import resource
 import socket
@@ -12,11 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from token_relay.edge.server import FD_RESERVE
+from token_relay.edge.server import FD_RESERVE, SWEEP_SLICES
 from token_relay.edge.web import MAX_FILE_BYTES, MAX_FILES, StaticFiles
 from token_relay.testing import relay_process
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
+from websockets.frames import Frame, Opcode
+from websockets.protocol import CLIENT, Protocol
 
 from ..conftest import recv_json, send_json, start_relay
 
@@ -182,6 +185,48 @@ async def test_a_silent_peer_is_cut_by_the_keepalive_and_a_live_one_is_not() -> 
         await asyncio.sleep(2)
         await live.send(json.dumps({"type": "subscribe", "channel": "other"}))
         assert (await recv_json(live))["type"] == "subscribed"
+
+
+async def _pinged(port: int, seconds: float, times: list[float]) -> None:
+    """A subscriber that answers pings (as a browser does) and notes when each came."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = "dGhlIHNhbXBsZSBub25jZQ=="
+    upgrade = ("Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Version: 13")
+    writer.write(_request("GET", "/subscribe?channel=c", *upgrade, f"Sec-WebSocket-Key: {key}"))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 101 ")
+    client, loop = Protocol(CLIENT), asyncio.get_running_loop()
+    end = loop.time() + seconds
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(end):
+            while data := await reader.read(65536):
+                client.receive_data(data)
+                for event in client.events_received():
+                    if isinstance(event, Frame) and event.opcode is Opcode.PING:
+                        times.append(loop.time())
+                for pong in client.data_to_send():
+                    writer.write(pong)
+    writer.close()
+
+
+async def test_the_keepalive_pings_every_peer_once_an_interval_spread_over_it() -> None:
+    interval, peers = 1.28, 96
+    running, relay = await start_relay(
+        ping_interval=interval, max_handshakes_per_ip=1000, max_connections_per_ip=1000
+    )
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        pings: list[list[float]] = [[] for _ in range(peers)]
+        await asyncio.gather(*(_pinged(port, 2.2 * interval, times) for times in pings))
+    # Each peer is pinged once an interval, at its own phase, and answers, so none is cut.
+    assert all(len(times) in (2, 3) for times in pings), [len(times) for times in pings]
+    gaps = [later - first for times in pings for first, later in itertools.pairwise(times)]
+    assert all(0.5 * interval < gap < 1.5 * interval for gap in gaps), gaps
+    # Spread over the interval in slices, not all sent in one pass of the loop.
+    firsts = sorted(times[0] for times in pings)
+    assert firsts[-1] - firsts[0] > interval / 2, firsts
+    slices = {round((first - firsts[0]) / (interval / SWEEP_SLICES)) for first in firsts}
+    assert len(slices) >= 16, sorted(slices)
 
 
 @contextlib.asynccontextmanager

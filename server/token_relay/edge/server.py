@@ -83,6 +83,12 @@ BodyHandler = Callable[[ReadBody, bytes], Awaitable[Reply]]
 ProduceHandler = Callable[[ReadBody, HttpProducer], Awaitable[Reply]]
 
 
+SWEEP_SLICES = 64
+"""The slices a sweep over every peer (keepalive pings, SSE heartbeats) is spread over: a
+pass of the event loop visits a 64th of the peers, not all of them at once (a sweep of
+10,000 sockets at once held every other message back by a few hundred milliseconds)."""
+
+
 class HttpServer:
     """The listening socket and every connection on it."""
 
@@ -114,6 +120,8 @@ class HttpServer:
         self.handshaking_per_address: dict[str, int] = {}
         self.connections: set[Streamed] = set()
         """Open WebSocket connections and SSE streams."""
+        self._slices: list[set[Streamed]] = [set() for _ in range(SWEEP_SLICES)]
+        """The same peers, each in the slice of the sweeps it is visited in (see :meth:`_every`)."""
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.sockets_open = 0
         """Accepted sockets not yet closed: what counts against the descriptor limit."""
@@ -312,6 +320,7 @@ class HttpServer:
     def upgraded(self, ws: Streamed) -> None:
         """A WebSocket (or an SSE stream) is open: serve it."""
         self.connections.add(ws)
+        self._slices[ws.id.int % SWEEP_SLICES].add(ws)
         self.spawn(self.handler(ws))
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -327,13 +336,20 @@ class HttpServer:
         self.handshake_ended(connection)
         if connection.ws is not None:
             self.connections.discard(connection.ws)
+            self._slices[connection.ws.id.int % SWEEP_SLICES].discard(connection.ws)
 
     async def _every(self, interval: float, visit: Callable[[Streamed], None]) -> None:
-        """Call ``visit`` on every open peer each ``interval`` seconds."""
+        """Call ``visit`` on every open peer once each ``interval`` seconds, spread over it:
+        one slice of the peers every ``interval / SWEEP_SLICES`` seconds, each peer in the
+        same slice every time, so each is visited exactly ``interval`` apart."""
+        loop = asyncio.get_running_loop()
+        tick, due = interval / SWEEP_SLICES, loop.time()
         while True:
-            await asyncio.sleep(interval)
-            for peer in list(self.connections):
-                visit(peer)
+            for peers in self._slices:
+                due += tick
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                for peer in list(peers):
+                    visit(peer)
 
     @staticmethod
     def _keepalive(peer: Streamed) -> None:
