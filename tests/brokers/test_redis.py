@@ -175,6 +175,14 @@ def _scripts_run(broker: Broker) -> list[str]:
     return seen
 
 
+async def _watched(brokers: tuple[Broker, Broker]) -> tuple[Broker, Recorder, list[str]]:
+    """Alpha, what beta (listening to ``c``, with deltas) receives, and the scripts alpha's
+    writer runs from now on."""
+    alpha, beta = brokers
+    await beta.listen("c", True, True)
+    return alpha, beta.recorder, _scripts_run(alpha)  # type: ignore[attr-defined]
+
+
 async def _state(url: str, channel: str, owner: str, message_id: str) -> dict[str, object]:
     """What Redis holds of a message besides its frame: in progress, its text and claim, the
     owner's session's note of it, and its fate there."""
@@ -192,10 +200,7 @@ async def _state(url: str, channel: str, owner: str, message_id: str) -> dict[st
 async def test_a_message_still_queued_whole_goes_as_one_script_to_the_same_end(
     two_brokers: tuple[Broker, Broker], redis_server: RedisServer
 ) -> None:
-    alpha, beta = two_brokers
-    beta_seen: Recorder = beta.recorder  # type: ignore[attr-defined]
-    await beta.listen("c", True, True)
-    scripts = _scripts_run(alpha)
+    alpha, beta_seen, scripts = await _watched(two_brokers)
     # Nothing awaited in between: the open and its deltas are still queued at the final.
     alpha.open("c", "alpha.1", "m")
     alpha.delta("c", "alpha.1", "m", "hel")
@@ -227,8 +232,8 @@ async def test_a_message_still_queued_whole_goes_as_one_script_to_the_same_end(
             "fate": b"m",
         }
     )
-    epoch = (await beta.catch_up("c", None, False)).epoch
-    cut = await beta.catch_up("c", (0, epoch), False)
+    epoch = (await alpha.catch_up("c", None, False)).epoch
+    cut = await alpha.catch_up("c", (0, epoch), False)
     assert [json.loads(frame)["id"] for frame in cut.frames] == ["m", "n"]
 
 
@@ -256,10 +261,7 @@ async def test_a_whole_message_whose_id_another_producer_holds_is_refused(
 async def test_a_final_after_other_writes_were_queued_waits_its_turn(
     two_brokers: tuple[Broker, Broker],
 ) -> None:
-    alpha, beta = two_brokers
-    beta_seen: Recorder = beta.recorder  # type: ignore[attr-defined]
-    await beta.listen("c", True, True)
-    scripts = _scripts_run(alpha)
+    alpha, beta_seen, scripts = await _watched(two_brokers)
     alpha.open("c", "alpha.1", "n")
     alpha.open("c", "alpha.1", "m")
     alpha.delta("c", "alpha.1", "n", "late")  # queued after m's open: m's final may not pass it

@@ -35,12 +35,12 @@ the receiving process can merge deltas (flush window, slow subscribers) without
 parsing; it serializes each delta frame once for all its sockets.
 
 Writes are queued and sent by one writer task in pipelines, so a producer's
-events reach Redis in order without a round trip each. A message's deltas join its queued
-write (one script per message per pipeline, not per delta), and a message whose final
-comes while its open is still the last write queued goes whole, in one script
+events reach Redis in order without a round trip each. A message's deltas join its
+queued write (one script per message per pipeline, not per delta), and a message whose
+final comes while its open is still the last write queued goes whole, in one script
 (``WHOLE``): it is never listed as in progress, since nobody could have seen it there.
-The queue holds at most ``MAX_QUEUE`` writes; past that, deltas are not queued and their message is
-marked for a resync. If Redis is down, terminal writes raise
+The queue holds at most ``MAX_QUEUE`` writes; past that, deltas are not queued and their
+message is marked for a resync. If Redis is down, terminal writes raise
 :class:`~token_relay.core.errors.BrokerUnavailable` (the producer gets
 ``broker_unavailable`` and no ack, so it retries), deltas mark their message
 for a resync, and the reader reconnects with backoff. Once it is back, every
@@ -204,14 +204,12 @@ def _packed(args: tuple[EncodableT, ...]) -> list[bytes] | None:
 
 
 def _packed_together(commands: list[tuple[EncodableT, ...]]) -> list[bytes] | None:
-    """The writer's scripts (``EVALSHA`` with strings and integers) packed by hiredis into
-    one buffer, the bytes redis-py's packer makes; None without hiredis, or if an argument
-    is of another type (redis-py's packer decides then)."""
-    if hiredis_pack is None or not all(
-        _PACKED_BY_HIREDIS.issuperset(map(type, command)) for command in commands
-    ):
+    """The writer's scripts packed by :func:`_packed` into one buffer, the bytes redis-py's
+    packer makes; None if any one of them is not (redis-py's packer decides then)."""
+    packed = [_packed(command) for command in commands]
+    if None in packed:
         return None
-    return [b"".join(map(hiredis_pack, commands))]
+    return [b"".join(parts[0] for parts in packed if parts is not None)]
 
 
 class _HiredisPacking(AbstractConnection):

@@ -121,7 +121,7 @@ class HttpServer:
         self.connections: set[Streamed] = set()
         """Open WebSocket connections and SSE streams."""
         self._slices: list[set[Streamed]] = [set() for _ in range(SWEEP_SLICES)]
-        """The same peers, each in the slice of the sweeps it is visited in (see :meth:`_every`)."""
+        """The same peers, each in the slice of the sweeps it is visited in (:meth:`_every`)."""
         self.fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self.sockets_open = 0
         """Accepted sockets not yet closed: what counts against the descriptor limit."""
@@ -320,7 +320,7 @@ class HttpServer:
     def upgraded(self, ws: Streamed) -> None:
         """A WebSocket (or an SSE stream) is open: serve it."""
         self.connections.add(ws)
-        self._slices[ws.id.int % SWEEP_SLICES].add(ws)
+        self._slice(ws).add(ws)
         self.spawn(self.handler(ws))
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -336,7 +336,11 @@ class HttpServer:
         self.handshake_ended(connection)
         if connection.ws is not None:
             self.connections.discard(connection.ws)
-            self._slices[connection.ws.id.int % SWEEP_SLICES].discard(connection.ws)
+            self._slice(connection.ws).discard(connection.ws)
+
+    def _slice(self, peer: Streamed) -> set[Streamed]:
+        """The slice of the sweeps a peer is visited in, for as long as it is open."""
+        return self._slices[peer.id.int % SWEEP_SLICES]
 
     async def _every(self, interval: float, visit: Callable[[Streamed], None]) -> None:
         """Call ``visit`` on every open peer once each ``interval`` seconds, spread over it:
