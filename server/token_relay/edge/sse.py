@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -37,6 +38,10 @@ from ..core.resume import encode_positions
 from .flow import SocketPeer
 
 __all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
+
+MAX_HELD_BYTES = 16 * 1024
+"""What a client may send ahead (its next requests) while its stream runs, before its
+socket is no longer read."""
 
 RETRY_MS = 1000
 """Sent first on every stream (``retry:``): how soon a browser reconnects after a cut."""
@@ -120,6 +125,10 @@ class SseStream(SocketPeer):
         """Whether the response is chunked (HTTP/1.1): then events are framed here."""
         self._code: int | None = None
         self._ended = False
+        self.completed: Callable[[SseStream], None] | None = None
+        """Called when the response is complete and its connection is kept alive: the socket
+        goes back to HTTP, for the next request."""
+        self._held = 0
 
     # ------------------------------------------------------------------ state
 
@@ -221,13 +230,25 @@ class SseStream(SocketPeer):
             data = self.http.send(h11.EndOfMessage())
             if data:
                 self.transport.write(data)
+            if code == CloseCode.NORMAL_CLOSURE and self.completed is not None:
+                # A whole response on a connection kept alive: it stays open.
+                self._ended = True
+                self._gone()
+                self.completed(self)
+                return
             self.transport.close()
         self._ended = True
 
     # ------------------------------------------------------------------ the socket
 
     def receive(self, data: bytes) -> None:
-        """Bytes from the client after its request: there is nothing to read; dropped."""
+        """Bytes from the client after its request: its next request, pipelined. They wait
+        in h11's buffer for the stream to end; past a request head's worth, the socket is
+        not read until then."""
+        self.http.receive_data(data)
+        self._held += len(data)
+        if self._held > MAX_HELD_BYTES:
+            self.transport.pause_reading()
 
     def receive_eof(self) -> None:
         """The client closed its side: the stream is over."""
