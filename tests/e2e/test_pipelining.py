@@ -27,7 +27,7 @@ from typing import Any
 
 import h11
 from token_relay.edge.producers import MAX_PENDING_REPLIES
-from token_relay.testing import RedisServer, ServiceProcess, relay_process
+from token_relay.testing import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
@@ -459,6 +459,39 @@ async def test_a_request_pipelined_behind_an_ai_sdk_stream_is_answered_after_it(
         (204, b""),
         (200, b"ok\n"),
     ]
+
+
+async def test_what_a_client_sends_behind_a_stream_is_not_read_past_a_bound() -> None:
+    """Bytes pipelined behind a stream wait in the kernel, not in the relay: past 16 KiB the
+    socket is no longer read until the stream ends. Then they are read as the next request."""
+    async with _relay() as relay, connect(f"{relay.url}/produce?channel=held") as producer:
+        assert json.loads(await producer.recv())["type"] == "session"
+        await producer.send(json.dumps({"id": "h", "delta": "held "}))
+        async with connect(f"{relay.url}/subscribe?channel=held&deltas=1") as probe:
+            assert [json.loads(await probe.recv())["type"] for _ in range(2)] == [
+                "subscribed",
+                "snapshot",
+            ]
+        async with SseReader(relay.port, "/ai-sdk/held/stream") as sse:
+            assert sse.status == 200
+            assert (await sse.next()).json()["type"] == "start"
+            before = rss_bytes(relay.pid)
+            assert sse._writer is not None
+            junk = sse._writer
+            junk.write(b"x" * (64 * 1024 * 1024))
+            sending = asyncio.ensure_future(junk.drain())
+            # Give the relay the time to read it all, were it reading.
+            done, _ = await asyncio.wait({sending}, timeout=2.0)
+            assert not done, "the relay read 64 MiB sent behind a stream"
+            assert rss_bytes(relay.pid) - before < 16 * 1024 * 1024
+            await producer.send(json.dumps({"id": "h", "delta": "whole", "final": True}))
+            parts = []
+            while not sse.ended:
+                with contextlib.suppress(EOFError):
+                    parts.append((await sse.next()).data)
+            sending.cancel()
+        assert json.loads(parts[1]) == {"type": "text-delta", "id": "text-1", "delta": "held "}
+        assert parts[-3:] == ['{"type":"text-end","id":"text-1"}', '{"type":"finish"}', "[DONE]"]
 
 
 # ---------------------------------------------------------------------- Expect: 100-continue
