@@ -308,6 +308,13 @@ async def test_a_reply_that_completed_before_it_was_asked_for_is_served_whole() 
         # An id that history does not hold, and another channel: nothing to serve.
         assert await _parts(running, "/ai-sdk/first/stream?id=r3") == (204, [])
         assert await _parts(running, "/ai-sdk/other/stream") == (204, [])
+        # ?wait= waits for a new reply, not the one done: here r3, which starts meanwhile.
+        waiting = asyncio.ensure_future(_parts(running, "/ai-sdk/first/stream?wait=10"))
+        hub = running.relay.subscribers.router.hub
+        await eventually(lambda: bool(hub.subscribers("first")), what="the stream joined")
+        await _complete(running, "first", "r3", "the next one")
+        r3 = [finish[0], {**finish[1], "messageMetadata": {"n": "r3"}}]
+        assert await waiting == (200, _whole("r3", "the next one", r3))
 
 
 async def test_an_aborted_reply_that_ended_first_is_served_as_its_abort() -> None:

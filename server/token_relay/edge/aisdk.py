@@ -15,8 +15,8 @@ join as every other subscriber, and then serves one message:
 
 A reply that completed before the stream was asked for is served too, whole, from the
 channel's history (the join's rewind): the one ``?id=`` names, as long as history holds it;
-without ``?id=``, the channel's newest reply, if it completed at most
-``--ai-sdk-replay-window`` seconds ago and nothing is in progress.
+without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
+it completed at most ``--ai-sdk-replay-window`` seconds ago and nothing is in progress.
 
 A resume replays from ``start`` under the same ``messageId``, so it replaces the client's
 partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop (see

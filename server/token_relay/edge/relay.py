@@ -238,12 +238,13 @@ class Relay:
                 if isinstance(connection, AiSdkStream):
                     # The chat id is the channel; the stream follows its deltas. History
                     # holds a reply that completed before the stream was asked for: the
-                    # one ?id= names, else the newest, if it is recent enough.
+                    # one ?id= names, else the newest, if it is recent enough (and the
+                    # reader is not waiting for a new one, with ?wait=).
                     channels, deltas = [unquote(path.split("/")[2])], True
-                    if connection.wanted is None:
-                        rewind, connection.replay_window = 1, self.settings.ai_sdk_replay_window
-                    else:
+                    if connection.wanted is not None:
                         rewind = self.settings.history_size
+                    elif not connection.wait:
+                        rewind, connection.replay_window = 1, self.settings.ai_sdk_replay_window
                 initial = [
                     _subscribe(channel, deltas, positions.get(channel), rewind)
                     for channel in channels
