@@ -12,7 +12,14 @@ on the WebSocket endpoints, 405 for a wrong method, 413 for a body over
 The socket then closes cleanly: the response is flushed, our side is shut, and
 whatever the client still sends is read and dropped for a moment, so the
 response is never lost to a reset. Successful responses keep the connection
-alive for the next request.
+alive for the next request, and so does a stream that ends normally (an AI SDK
+reply, or its 204).
+
+Requests may be pipelined: h11 pauses after a request until its response is
+complete, and what arrives meanwhile waits in its buffer (the socket is not read
+until then) to be read as the next request. A body route answers ``Expect:
+100-continue`` with ``100 Continue`` once the head is accepted; a refused request
+gets its final status instead, and its body is never read.
 
 Handshakes
 ----------

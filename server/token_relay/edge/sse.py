@@ -19,7 +19,9 @@ A comment line every ``--sse-heartbeat`` seconds keeps proxies from timing the s
 out. The slow-subscriber policy applies as on WebSockets: a stream whose unsent bytes
 pass ``--max-subscriber-buffer-bytes`` is ended, and its client resumes by its last id.
 An ended stream (shutdown, slow reader) finishes its chunked response after a comment
-naming the WebSocket close code it stands for.
+naming the WebSocket close code it stands for, and closes its socket. A stream that ends
+normally (code 1000: an AI SDK reply, or its 204) leaves a kept-alive connection open: the
+socket goes back to HTTP for the next request, which may already be waiting (pipelined).
 """
 
 from __future__ import annotations
@@ -217,7 +219,8 @@ class SseStream(SocketPeer):
     # ------------------------------------------------------------------ ending
 
     def start_close(self, code: int, reason: str = "") -> None:
-        """End the response (a comment names the code), then close the socket."""
+        """End the response (a comment names the code), then close the socket, or hand it
+        back for the next request (a normal end on a connection kept alive)."""
         if self._ended:
             return
         self._code = code
