@@ -772,6 +772,7 @@ class HttpConnection(asyncio.Protocol):
         assert transport is not None
         self.lingering = True
         self._head_done()
+        transport.resume_reading()  # held while it was answered: now read and dropped
         if transport.can_write_eof():
             transport.write_eof()
         asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)
