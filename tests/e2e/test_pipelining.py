@@ -494,6 +494,35 @@ async def test_what_a_client_sends_behind_a_stream_is_not_read_past_a_bound() ->
         assert parts[-3:] == ['{"type":"text-end","id":"text-1"}', '{"type":"finish"}', "[DONE]"]
 
 
+async def test_a_request_sent_while_a_stream_runs_is_answered_once_it_ends() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/produce?channel=run") as producer:
+        await send_json(producer, {"id": "r", "delta": "so far "})
+        async with running.connect("/subscribe?channel=run&deltas=1") as probe:
+            assert [(await recv_json(probe))["type"] for _ in range(2)] == [
+                "subscribed",
+                "snapshot",
+            ]
+        port = int(running.url.rsplit(":", 1)[1])
+        async with SseReader(port, "/ai-sdk/run/stream") as sse:
+            assert (await sse.next()).json() == {"type": "start", "messageId": "r"}
+            assert sse._writer is not None
+            sse._writer.write(b"GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n")
+            await send_json(producer, {"id": "r", "delta": "and the rest", "final": True})
+            parts = []
+            while not sse.ended:
+                with contextlib.suppress(EOFError):
+                    parts.append((await sse.next()).data)
+            client = sse._http
+            client.start_next_cycle()
+            client.send(h11.Request(method="GET", target="/healthz", headers=[("Host", "r")]))
+            client.send(h11.EndOfMessage())
+            response = await sse._next_http()
+            body = await sse._next_http()
+        assert parts[-1] == "[DONE]"
+        assert (response.status_code, bytes(body.data)) == (200, b"ok\n")
+
+
 # ---------------------------------------------------------------------- Expect: 100-continue
 
 
