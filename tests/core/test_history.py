@@ -383,3 +383,17 @@ def test_rewound_is_the_last_run_without_a_gap_ending_at_the_offset() -> None:
     assert rewound(tail, 8, 10) == ["f6", "f7", "f8"]  # not across the gap at 5
     assert rewound(tail, 9, 3) == []  # the newest frame is not retained
     assert rewound([], 0, 5) == []
+
+
+def test_rewound_entries_keep_each_frames_offset_and_time() -> None:
+    from token_relay.core.history import ChannelLog, rewound_entries
+
+    tail = [(n, float(n) / 10, f"f{n}") for n in (3, 4, 6, 7, 8)]
+    assert rewound_entries(tail, 8, 2) == [(7, 0.7, "f7"), (8, 0.8, "f8")]
+    assert rewound_entries(tail, 8, 10) == [(6, 0.6, "f6"), (7, 0.7, "f7"), (8, 0.8, "f8")]
+    assert rewound_entries(tail, 9, 3) == []
+    log = ChannelLog(5)
+    for now in (1.0, 2.5, 4.0):
+        log.record(now, lambda offset, epoch: f"m{offset}")
+    assert log.rewind_entries(2) == [(2, 2.5, "m2"), (3, 4.0, "m3")]
+    assert log.rewind(2) == ["m2", "m3"]

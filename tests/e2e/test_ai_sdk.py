@@ -1,6 +1,8 @@
 """The AI SDK's UI message stream, driven by the real ``ai`` npm package in Node
 (``DefaultChatTransport.reconnectToStream`` and ``readUIMessageStream``) against a running
-relay: from the start, resumed in the middle, 204 once done, Stop, and an abort."""
+relay: from the start, resumed in the middle, a reply that completed before it was asked for
+(by ``?id=``, or the newest within ``--ai-sdk-replay-window``), 204 when there is none,
+Stop, an abort, and Node's pooled sockets reused after each stream."""
 
 from __future__ import annotations
 
@@ -12,8 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
-from token_relay.testing import RedisServer, SseReader, eventually, free_port, relay_process
+from token_relay.testing import (
+    Proxy,
+    RedisServer,
+    SseReader,
+    eventually,
+    free_port,
+    relay_process,
+)
 from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
@@ -44,7 +54,7 @@ async def _post(running: RunningRelay, path: str) -> int:
     return int(line.split()[1])
 
 
-async def test_a_stream_read_from_its_start_and_a_204_once_it_is_done(ai_sdk: Path) -> None:
+async def test_a_stream_read_from_its_start_and_whole_once_it_is_done(ai_sdk: Path) -> None:
     running, relay = await start_relay()
     async with relay:
         assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
@@ -63,7 +73,10 @@ async def test_a_stream_read_from_its_start_and_a_204_once_it_is_done(ai_sdk: Pa
         assert (got["id"], got["text"], got["states"]) == ("reply-1", "".join(tokens), ["done"])
         assert got["parts"][:2] == ["start", "text-start"]
         assert got["parts"][-2:] == ["text-end", "finish"]
-        assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
+        # Done before it is asked for again: served whole, under the same id.
+        again = await _resume(ai_sdk, running, "chat-1")
+        assert (again["id"], again["text"], again["metadata"]) == (got["id"], got["text"], usage)
+        assert again["parts"] == ["start", "text-start", "text-delta", "text-end", "finish"]
 
 
 async def _resume_mid_reply(
@@ -236,3 +249,192 @@ async def test_the_stream_has_the_ui_message_stream_headers() -> None:
                 {"type": "text-start", "id": "text-1"},
                 {"type": "text-delta", "id": "text-1", "delta": "so far"},
             ]
+
+
+# ---------------------------------------------------------------------- completed first
+
+
+async def _parts(running: RunningRelay, path: str) -> tuple[int, list[Any]]:
+    """The status of an AI SDK stream, and every part it sent (``[DONE]`` as a string)."""
+    port = int(running.url.rsplit(":", 1)[1])
+    async with SseReader(port, path) as sse:
+        parts: list[Any] = []
+        if sse.status == 200:
+            while True:
+                try:
+                    event = await sse.next()
+                except EOFError:
+                    break
+                parts.append(event.data if event.data == "[DONE]" else event.json())
+        return sse.status, parts
+
+
+def _whole(message_id: str, text: str, end: list[Any]) -> list[Any]:
+    return [
+        {"type": "start", "messageId": message_id},
+        {"type": "text-start", "id": "text-1"},
+        {"type": "text-delta", "id": "text-1", "delta": text},
+        *end,
+        "[DONE]",
+    ]
+
+
+async def _complete(running: RunningRelay, channel: str, message_id: str, text: str) -> None:
+    async with running.connect(f"/produce?channel={channel}") as producer:
+        await send_json(producer, {"id": message_id, "delta": text})
+        await send_json(producer, {"id": message_id, "final": True, "meta": {"n": message_id}})
+        assert (await recv_json(producer))["type"] == "ack"
+
+
+async def test_a_reply_that_completed_before_it_was_asked_for_is_served_whole() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        assert await _parts(running, "/ai-sdk/first/stream") == (204, [])
+        await _complete(running, "first", "r1", "the whole ✓ reply")
+        await _complete(running, "first", "r2", "a newer one")
+        finish = [{"type": "text-end", "id": "text-1"}, {"type": "finish"}]
+        r1 = [finish[0], {**finish[1], "messageMetadata": {"n": "r1"}}]
+        r2 = [finish[0], {**finish[1], "messageMetadata": {"n": "r2"}}]
+        # The newest, without an id; the one asked for, by its id; twice each.
+        for _ in range(2):
+            assert await _parts(running, "/ai-sdk/first/stream") == (
+                200,
+                _whole("r2", "a newer one", r2),
+            )
+            assert await _parts(running, "/ai-sdk/first/stream?id=r1") == (
+                200,
+                _whole("r1", "the whole ✓ reply", r1),
+            )
+        # An id that history does not hold, and another channel: nothing to serve.
+        assert await _parts(running, "/ai-sdk/first/stream?id=r3") == (204, [])
+        assert await _parts(running, "/ai-sdk/other/stream") == (204, [])
+        # ?wait= waits for a new reply, not the one done: here r3, which starts meanwhile.
+        waiting = asyncio.ensure_future(_parts(running, "/ai-sdk/first/stream?wait=10"))
+        hub = running.relay.subscribers.router.hub
+        await eventually(lambda: bool(hub.subscribers("first")), what="the stream joined")
+        await _complete(running, "first", "r3", "the next one")
+        r3 = [finish[0], {**finish[1], "messageMetadata": {"n": "r3"}}]
+        assert await waiting == (200, _whole("r3", "the next one", r3))
+
+
+async def test_an_aborted_reply_that_ended_first_is_served_as_its_abort() -> None:
+    running, relay = await start_relay(session_grace=0)
+    async with relay:
+        async with running.connect("/produce?channel=cut") as producer:
+            await send_json(producer, {"id": "half", "delta": "half a"})
+            async with running.connect("/subscribe?channel=cut&deltas=1") as probe:
+                assert [(await recv_json(probe))["type"] for _ in range(2)] == [
+                    "subscribed",
+                    "snapshot",
+                ]
+        # The producer went away without a final: once the abort is in history, it is served.
+        async with running.connect("/subscribe?channel=cut&rewind=1") as watcher:
+            while (await recv_json(watcher))["type"] != "aborted":
+                pass
+        abort = [{"type": "abort", "reason": "producer_disconnected"}]
+        assert await _parts(running, "/ai-sdk/cut/stream") == (200, _whole("half", "half a", abort))
+
+
+async def test_outside_the_replay_window_only_an_id_serves_a_completed_reply() -> None:
+    running, relay = await start_relay(ai_sdk_replay_window=0)
+    async with relay:
+        await _complete(running, "late", "old", "long done")
+        assert await _parts(running, "/ai-sdk/late/stream") == (204, [])
+        status, parts = await _parts(running, "/ai-sdk/late/stream?id=old")
+        assert (status, parts[2]["delta"], parts[-1]) == (200, "long done", "[DONE]")
+
+
+async def test_a_reply_completed_on_another_process_is_served_through_redis(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags, "--ai-sdk-replay-window", "0")
+    await asyncio.gather(a.start(), b.start())
+    try:
+        on_a = RunningRelay(None, a.url)  # type: ignore[arg-type]
+        on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
+        await _complete(on_a, "shared", "s1", "from a")
+        finish = {"type": "finish", "messageMetadata": {"n": "s1"}}
+        end = [{"type": "text-end", "id": "text-1"}, finish]
+        for reader in (on_a, on_b):
+            assert await _parts(reader, "/ai-sdk/shared/stream?id=s1") == (
+                200,
+                _whole("s1", "from a", end),
+            )
+        assert await _parts(on_a, "/ai-sdk/shared/stream") == (200, _whole("s1", "from a", end))
+        assert await _parts(on_b, "/ai-sdk/shared/stream") == (204, [])  # its window is 0
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+# ---------------------------------------------------------------------- kept alive
+
+
+class _Counting(Proxy):
+    """A proxy that counts the connections clients open through it."""
+
+    accepted = 0
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        await super()._accept(reader, writer)
+
+
+async def _rounds(
+    js_clients: Path, running: RunningRelay, chat: str, query: str = ""
+) -> tuple[Any, int]:
+    """Ten rounds of Node's keep_alive.mjs; what each got, and the sockets Node opened."""
+    async with _Counting(int(running.url.rsplit(":", 1)[1])) as proxy:
+        node = await asyncio.create_subprocess_exec(
+            "node", str(js_clients / "keep_alive.mjs"), f"http://127.0.0.1:{proxy.port}",
+            chat, "10", query, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(node.communicate(), 60)
+        assert node.returncode == 0
+        return json.loads(out), proxy.accepted
+
+
+async def test_node_fetch_reuses_its_pooled_socket_after_a_204(js_clients: Path) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        rounds, sockets = await _rounds(js_clients, running, "nothing-here")
+    assert rounds == [{"resumed": False, "health": "200 ok"}] * 10
+    # 20 requests on the sockets kept alive: Node may open a second while the first is
+    # not back in its pool yet, but none is closed under it (each would be a new one).
+    assert sockets <= 2, sockets
+
+
+async def test_node_fetch_reuses_its_pooled_socket_after_a_whole_stream(js_clients: Path) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        await _complete(running, "pooled", "p1", "served ten times")
+        newest = await _rounds(js_clients, running, "pooled")
+        by_id = await _rounds(js_clients, running, "pooled", "?id=p1")
+    expected = {"resumed": True, "text": "served ten times", "health": "200 ok"}
+    assert newest[0] == by_id[0] == [expected] * 10
+    assert newest[1] <= 2 and by_id[1] <= 2, (newest[1], by_id[1])  # as after a 204
+
+
+async def test_a_kept_alive_socket_serves_the_next_request_after_a_whole_stream() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        await _complete(running, "raw", "w1", "whole")
+        port = int(running.url.rsplit(":", 1)[1])
+        async with SseReader(port, "/ai-sdk/raw/stream") as sse:
+            assert sse.response_headers["connection"] == "keep-alive"
+            parts = []
+            while not sse.ended:
+                with contextlib.suppress(EOFError):
+                    parts.append((await sse.next()).data)
+            assert parts[-1] == "[DONE]"
+            # The same socket, its next request.
+            client = sse._http
+            client.start_next_cycle()
+            assert sse._writer is not None
+            sse._writer.write(
+                client.send(h11.Request(method="GET", target="/healthz", headers=[("Host", "r")]))
+                + client.send(h11.EndOfMessage())
+            )
+            response = await sse._next_http()
+            body = await sse._next_http()
+        assert (response.status_code, bytes(body.data)) == (200, b"ok\n")

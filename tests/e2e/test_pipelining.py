@@ -5,21 +5,32 @@ next events meanwhile, and holds each reply back until the ones before it are se
 tests play bursts of frames (messages, bad frames, repeated finals, batches) written all at
 once against a relay in memory and one on a real redis-server, and against Redis killed
 in the middle of a burst.
+
+HTTP/1.1 pipelining: requests written in one go on one connection are answered in order,
+on every route (plain GETs, ``POST /produce`` as JSON and NDJSON, ``POST /cancel``, the AI
+SDK's Stop and stream, the dead letters), each read by a client-side h11 that parses the
+responses off one raw socket. And ``Expect: 100-continue``: the relay asks for the body
+(``100 Continue``) before it is sent, or refuses the request at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
 import signal
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import h11
 from token_relay.edge.producers import MAX_PENDING_REPLIES
-from token_relay.testing import RedisServer, ServiceProcess, relay_process
+from token_relay.testing import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
+
+from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
 MESSAGES = 300
 
@@ -264,3 +275,344 @@ async def test_a_final_written_to_a_redis_that_stops_answering_fails_by_its_dead
                 texts.append(frame["text"])
                 break
     assert texts == ["all of it"]
+
+
+# ---------------------------------------------------------------------- HTTP/1.1 pipelining
+
+
+def _request(
+    method: str, target: str, body: bytes = b"", headers: tuple[tuple[str, str], ...] = ()
+) -> h11.Request:
+    fields = [("Host", "relay"), *headers]
+    if method == "POST" and not any(name.lower() == "transfer-encoding" for name, _ in headers):
+        fields.append(("Content-Length", str(len(body))))
+    return h11.Request(method=method, target=target, headers=fields)
+
+
+class _Pipeline:
+    """One raw socket: requests written in one go, their responses parsed in order by a
+    client-side h11."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.client = h11.Connection(h11.CLIENT)
+
+    @classmethod
+    async def open(cls, running: RunningRelay) -> _Pipeline:
+        port = int(running.url.rsplit(":", 1)[1])
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def write(self, requests: list[tuple[h11.Request, bytes]]) -> None:
+        """Every request, with its body, in one write."""
+        data = b""
+        for head, body in requests:
+            data += _wire(head, body)
+        self.writer.write(data)
+
+    async def response(
+        self, request: h11.Request, body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        """The next response (its request was written before), as status, headers, body."""
+        client = self.client
+        if client.our_state is h11.DONE and client.their_state is h11.DONE:
+            client.start_next_cycle()
+        # Only so that h11 knows what it parses the response to: it was written already.
+        client.send(request)
+        if body:
+            client.send(h11.Data(data=body))
+        client.send(h11.EndOfMessage())
+        status, headers, body = 0, {}, b""
+        while True:
+            event = client.next_event()
+            if event is h11.NEED_DATA:
+                data = await asyncio.wait_for(self.reader.read(65536), 10)
+                client.receive_data(data)
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                headers = {k.decode(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                body += bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return status, headers, body
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+def _wire(head: h11.Request, body: bytes) -> bytes:
+    """What a client writes for ``head`` and ``body``."""
+    client = h11.Connection(h11.CLIENT)
+    data = client.send(head) or b""
+    if body:
+        data += client.send(h11.Data(data=body)) or b""
+    return data + (client.send(h11.EndOfMessage()) or b"")
+
+
+async def _answers(
+    running: RunningRelay, requests: list[tuple[h11.Request, bytes]]
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """Write every request at once on one connection; each response, in order."""
+    pipe = await _Pipeline.open(running)
+    try:
+        pipe.write(requests)
+        return [await pipe.response(head, body) for head, body in requests]
+    finally:
+        await pipe.close()
+
+
+HEALTH = (_request("GET", "/healthz"), b"")
+JSON = (("Content-Type", "application/json"),)
+
+
+async def test_plain_gets_written_at_once_are_answered_in_order() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        ready = (_request("GET", "/readyz"), b"")
+        got = await _answers(running, [HEALTH, ready, HEALTH])
+    assert [(status, body) for status, _, body in got] == [
+        (200, b"ok\n"),
+        (200, b"ready\n"),
+        (200, b"ok\n"),
+    ]
+
+
+async def test_requests_pipelined_behind_produce_posts_are_answered_in_order() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=p") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        event = json.dumps({"id": "j", "delta": "json", "final": True}).encode()
+        lines = b'{"id": "n", "delta": "nd"}\n{"id": "n", "delta": "json", "final": true}\n'
+        ndjson = (("Content-Type", "application/x-ndjson"), ("Transfer-Encoding", "chunked"))
+        json_head = (("Content-Type", "application/json"),)
+        got = await _answers(
+            running,
+            [
+                (_request("POST", "/produce?channel=p", event, json_head), event),
+                HEALTH,
+                (_request("POST", "/produce?channel=p", lines, ndjson), lines),
+                HEALTH,
+            ],
+        )
+        assert [status for status, _, _ in got] == [200, 200, 200, 200]
+        assert [json.loads(got[0][2])["acks"], json.loads(got[2][2])["acks"]] == [
+            [{"type": "ack", "id": "j", "channel": "p"}],
+            [{"type": "ack", "id": "n", "channel": "p"}],
+        ]
+        assert got[1][2] == got[3][2] == b"ok\n"
+        texts = [(await recv_json(sub))["text"] for _ in range(2)]
+    assert texts == ["json", "ndjson"]
+
+
+async def test_requests_pipelined_behind_cancel_and_stop_are_answered_in_order() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/produce?channel=c") as producer:
+        await send_json(producer, {"id": "a", "delta": "first"})
+        await send_json(producer, {"id": "b", "delta": "second"})
+        # Both are in progress once a joiner sees their snapshots.
+        async with running.connect("/subscribe?channel=c&deltas=1") as probe:
+            seen = [await recv_json(probe) for _ in range(3)]
+        assert {frame.get("id") for frame in seen[1:]} == {"a", "b"}
+        cancel = json.dumps({"channel": "c", "id": "a"}).encode()
+        got = await _answers(
+            running,
+            [
+                (_request("POST", "/cancel", cancel, JSON), cancel),
+                HEALTH,
+                (_request("POST", "/ai-sdk/c/stop?id=b"), b""),
+                HEALTH,
+            ],
+        )
+        assert [(status, body) for status, _, body in got] == [
+            (204, b""),
+            (200, b"ok\n"),
+            (204, b""),
+            (200, b"ok\n"),
+        ]
+        cancels = [await recv_json(producer) for _ in range(2)]
+    assert [(frame["type"], frame["id"]) for frame in cancels] == [("cancel", "a"), ("cancel", "b")]
+
+
+async def test_requests_pipelined_behind_the_dead_letters_are_answered_in_order() -> None:
+    running, relay = await start_relay(webhooks=("http://127.0.0.1:9/hook",))
+    async with relay:
+        dead = (_request("GET", "/webhooks/dead"), b"")
+        got = await _answers(running, [dead, HEALTH, dead])
+    assert [(status, body) for status, _, body in got] == [
+        (200, b'{"dead": []}'),
+        (200, b"ok\n"),
+        (200, b'{"dead": []}'),
+    ]
+
+
+async def test_a_request_pipelined_behind_an_ai_sdk_stream_is_answered_after_it() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        stream = (_request("GET", "/ai-sdk/quiet/stream"), b"")
+        got = await _answers(running, [stream, HEALTH, stream, HEALTH])
+    assert [(status, body) for status, _, body in got] == [
+        (204, b""),
+        (200, b"ok\n"),
+        (204, b""),
+        (200, b"ok\n"),
+    ]
+
+
+async def test_what_a_client_sends_behind_a_stream_is_not_read_past_a_bound() -> None:
+    """Bytes pipelined behind a stream wait in the kernel, not in the relay: past 16 KiB the
+    socket is no longer read until the stream ends. Then they are read as the next request."""
+    async with _relay() as relay, connect(f"{relay.url}/produce?channel=held") as producer:
+        assert json.loads(await producer.recv())["type"] == "session"
+        await producer.send(json.dumps({"id": "h", "delta": "held "}))
+        async with connect(f"{relay.url}/subscribe?channel=held&deltas=1") as probe:
+            assert [json.loads(await probe.recv())["type"] for _ in range(2)] == [
+                "subscribed",
+                "snapshot",
+            ]
+        async with SseReader(relay.port, "/ai-sdk/held/stream") as sse:
+            assert sse.status == 200
+            assert (await sse.next()).json()["type"] == "start"
+            before = rss_bytes(relay.pid)
+            assert sse._writer is not None
+            junk = sse._writer
+            junk.write(b"x" * (64 * 1024 * 1024))
+            sending = asyncio.ensure_future(junk.drain())
+            # Give the relay the time to read it all, were it reading.
+            done, _ = await asyncio.wait({sending}, timeout=2.0)
+            assert not done, "the relay read 64 MiB sent behind a stream"
+            assert rss_bytes(relay.pid) - before < 16 * 1024 * 1024
+            await producer.send(json.dumps({"id": "h", "delta": "whole", "final": True}))
+            parts = []
+            while not sse.ended:
+                with contextlib.suppress(EOFError):
+                    parts.append((await sse.next()).data)
+            sending.cancel()
+        assert json.loads(parts[1]) == {"type": "text-delta", "id": "text-1", "delta": "held "}
+        assert parts[-3:] == ['{"type":"text-end","id":"text-1"}', '{"type":"finish"}', "[DONE]"]
+
+
+async def test_a_request_sent_while_a_stream_runs_is_answered_once_it_ends() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/produce?channel=run") as producer:
+        await send_json(producer, {"id": "r", "delta": "so far "})
+        async with running.connect("/subscribe?channel=run&deltas=1") as probe:
+            assert [(await recv_json(probe))["type"] for _ in range(2)] == [
+                "subscribed",
+                "snapshot",
+            ]
+        port = int(running.url.rsplit(":", 1)[1])
+        async with SseReader(port, "/ai-sdk/run/stream") as sse:
+            assert (await sse.next()).json() == {"type": "start", "messageId": "r"}
+            assert sse._writer is not None
+            sse._writer.write(b"GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n")
+            await send_json(producer, {"id": "r", "delta": "and the rest", "final": True})
+            parts = []
+            while not sse.ended:
+                with contextlib.suppress(EOFError):
+                    parts.append((await sse.next()).data)
+            client = sse._http
+            client.start_next_cycle()
+            client.send(h11.Request(method="GET", target="/healthz", headers=[("Host", "r")]))
+            client.send(h11.EndOfMessage())
+            response = await sse._next_http()
+            body = await sse._next_http()
+        assert parts[-1] == "[DONE]"
+        assert (response.status_code, bytes(body.data)) == (200, b"ok\n")
+
+
+# ---------------------------------------------------------------------- Expect: 100-continue
+
+
+async def test_a_body_is_asked_for_with_100_continue_before_it_is_sent() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=e") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        event = json.dumps({"id": "e", "delta": "asked for", "final": True}).encode()
+        head = _request(
+            "POST",
+            "/produce?channel=e",
+            event,
+            (("Content-Type", "application/json"), ("Expect", "100-continue")),
+        )
+        pipe = await _Pipeline.open(running)
+        try:
+            client = pipe.client
+            pipe.writer.write(client.send(head) or b"")
+            # Nothing of the body is sent until the relay asks for it.
+            event_in = None
+            while event_in is None:
+                got = client.next_event()
+                if got is h11.NEED_DATA:
+                    client.receive_data(await asyncio.wait_for(pipe.reader.read(65536), 10))
+                else:
+                    event_in = got
+            assert isinstance(event_in, h11.InformationalResponse)
+            assert event_in.status_code == 100
+            body_out = client.send(h11.Data(data=event)) or b""
+            pipe.writer.write(body_out + (client.send(h11.EndOfMessage()) or b""))
+            status, _, body = await _final_response(pipe)
+        finally:
+            await pipe.close()
+        assert status == 200
+        assert json.loads(body)["acks"] == [{"type": "ack", "id": "e", "channel": "e"}]
+        assert (await recv_json(sub))["text"] == "asked for"
+
+
+async def _final_response(pipe: _Pipeline) -> tuple[int, dict[str, str], bytes]:
+    status, headers, body = 0, {}, b""
+    while True:
+        event = pipe.client.next_event()
+        if event is h11.NEED_DATA:
+            pipe.client.receive_data(await asyncio.wait_for(pipe.reader.read(65536), 10))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+            headers = {k.decode(): v.decode() for k, v in event.headers}
+        elif isinstance(event, h11.Data):
+            body += bytes(event.data)
+        elif isinstance(event, h11.EndOfMessage):
+            return status, headers, body
+
+
+async def test_a_refused_body_gets_its_final_status_at_once_not_100() -> None:
+    running, relay = await start_relay(max_body_bytes=1000)
+    async with relay:
+        head = _request(
+            "POST",
+            "/produce?channel=e",
+            b"x" * 5000,
+            (("Content-Type", "application/json"), ("Expect", "100-continue")),
+        )
+        pipe = await _Pipeline.open(running)
+        try:
+            pipe.writer.write(pipe.client.send(head) or b"")
+            status, headers, _ = await _final_response(pipe)
+        finally:
+            await pipe.close()
+    assert (status, headers.get("connection")) == (413, "close")
+
+
+async def test_curl_uploads_without_waiting_for_expect() -> None:
+    curl = shutil.which("curl")
+    assert curl is not None, "this test needs curl"
+    running, relay = await start_relay()
+    base = running.url.replace("ws://", "http://")
+    async with relay, running.connect("/subscribe?channel=u") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        lines = b'{"id": "u", "delta": "up"}\n{"id": "u", "delta": "loaded", "final": true}\n'
+        # -T - sends a chunked body and Expect: 100-continue; curl waits up to
+        # --expect100-timeout for the 100 before it sends the body anyway: made long, so
+        # only a 100 lets it go on within the test's time.
+        process = await asyncio.create_subprocess_exec(
+            curl, "-sS", "-X", "POST", "-T", "-", "--expect100-timeout", "60",
+            "-H", "Content-Type: application/x-ndjson", "-w", "\n%{http_code}",
+            f"{base}/produce?channel=u",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(process.communicate(lines), 20)
+        body, _, code = out.decode().rpartition("\n")
+        assert code == "200"
+        assert json.loads(body)["acks"] == [{"type": "ack", "id": "u", "channel": "u"}]
+        assert (await recv_json(sub))["text"] == "uploaded"

@@ -250,21 +250,25 @@ class MemoryBroker:
     ) -> CatchUp:
         """The channel's position, missed history (or its last ``rewind`` frames) and
         messages in progress, right now."""
-        log = self.history.position(channel, time.monotonic())
+        now = time.monotonic()
+        log = self.history.position(channel, now)
         recovered: bool | None = None
         frames: list[str] = []
+        ages: list[float] = []
         if since is not None:
             replay = log.replay(*since)
             recovered, frames = replay.recovered, replay.frames
         elif rewind:
-            frames = log.rewind(rewind)
+            entries = log.rewind_entries(rewind)
+            frames = [frame for _, _, frame in entries]
+            ages = [now - recorded for _, recorded, _ in entries]
         messages: list[LiveMessage] = []
         if live and self._listener is not None:
             for owner, message_id in self.inflight.in_channel(channel):
                 text = self._listener.partial(owner, message_id)
                 if text is not None:
                     messages.append(LiveMessage(owner, message_id, text))
-        return CatchUp(log.offset, log.epoch, recovered, frames, self._seq, messages)
+        return CatchUp(log.offset, log.epoch, recovered, frames, self._seq, messages, ages)
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Hand the cancel frame to every owner of the message."""

@@ -75,7 +75,7 @@ from redis.typing import EncodableT
 
 from ..core.errors import BrokerUnavailable, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
-from ..core.history import judge_replay, new_epoch, rewound
+from ..core.history import judge_replay, new_epoch, rewound_entries
 from ..core.protocol import Aborted, AbortReason, Snapshot, encode, encode_unpositioned
 from ..core.sessions import SessionState
 from ..core.settings import Settings
@@ -876,24 +876,30 @@ class RedisBroker:
         epoch = epoch_raw.decode()
         recovered: bool | None = None
         frames: list[str] = []
+        ages: list[float] = []
         if since is not None or rewind:
-            oldest_ms = (time.time() - self.settings.history_ttl) * 1000
+            now = time.time()
+            oldest_ms = (now - self.settings.history_ttl) * 1000
             tail = []
             for entry_id, fields in entries:
                 values = dict(zip(fields[::2], fields[1::2], strict=True))
-                if float(values[b"t"]) < oldest_ms:
+                recorded_ms = float(values[b"t"])
+                if recorded_ms < oldest_ms:
                     continue
-                tail.append((int(entry_id.split(b"-")[0]), 0.0, values[b"f"].decode()))
+                offset_of = int(entry_id.split(b"-")[0])
+                tail.append((offset_of, recorded_ms / 1000, values[b"f"].decode()))
             if since is not None:
                 replay = judge_replay(since[0], since[1], int(offset), epoch, tail)
                 recovered, frames = replay.recovered, replay.frames
             else:
-                frames = rewound(sorted(tail), int(offset), rewind)
+                run = rewound_entries(sorted(tail), int(offset), rewind)
+                frames = [frame for _, _, frame in run]
+                ages = [now - recorded for _, recorded, _ in run]
         messages = []
         for member, text in zip(flat_live[::2], flat_live[1::2], strict=True):
             owner, message_id = member.decode().split("|", 1)
             messages.append(LiveMessage(owner, message_id, text.decode()))
-        return CatchUp(int(offset), epoch, recovered, frames, int(seq), messages)
+        return CatchUp(int(offset), epoch, recovered, frames, int(seq), messages, ages)
 
     # ------------------------------------------------------------------ tasks
 

@@ -8,7 +8,7 @@ decide joins synchronously and brokers depend on nothing above it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .codec import encode_delta
@@ -101,3 +101,5 @@ class CatchUp:
     """Events with a ``seq`` up to this one are reflected in the cut."""
     live: list[LiveMessage]
     """Messages in progress (only when asked for)."""
+    ages: list[float] = field(default_factory=list)
+    """For a rewind: seconds since each of ``frames`` was recorded (empty otherwise)."""

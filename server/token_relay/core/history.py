@@ -33,7 +33,15 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["ChannelLog", "HistoryStore", "Replay", "judge_replay", "new_epoch"]
+__all__ = [
+    "ChannelLog",
+    "HistoryStore",
+    "Replay",
+    "judge_replay",
+    "new_epoch",
+    "rewound",
+    "rewound_entries",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +81,19 @@ def rewound(tail: list[tuple[int, float, str]], offset: int, count: int) -> list
     retained entries (``(offset, time, frame)``, in order), as a run without a gap that
     ends at the channel's ``offset``; fewer if fewer are retained. Never a frame twice,
     never one out of order: exactly what ``since`` would have replayed from there."""
-    run: list[str] = []
+    return [frame for _, _, frame in rewound_entries(tail, offset, count)]
+
+
+def rewound_entries(
+    tail: list[tuple[int, float, str]], offset: int, count: int
+) -> list[tuple[int, float, str]]:
+    """The entries of :func:`rewound`, with their offsets and times."""
+    run: list[tuple[int, float, str]] = []
     want = offset
-    for entry_offset, _, frame in reversed(tail):
-        if entry_offset != want or len(run) >= count:
+    for entry in reversed(tail):
+        if entry[0] != want or len(run) >= count:
             break
-        run.append(frame)
+        run.append(entry)
         want -= 1
     return run[::-1]
 
@@ -124,6 +139,10 @@ class ChannelLog:
     def rewind(self, count: int) -> list[str]:
         """The last ``count`` frames kept (see :func:`rewound`)."""
         return rewound(list(self._entries), self.offset, count)
+
+    def rewind_entries(self, count: int) -> list[tuple[int, float, str]]:
+        """The last ``count`` entries kept, with their offsets and times."""
+        return rewound_entries(list(self._entries), self.offset, count)
 
     def replay(self, since: int, epoch: str) -> Replay:
         """The frames after offset ``since`` of ``epoch``, if none of them is lost."""

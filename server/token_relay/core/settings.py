@@ -110,6 +110,9 @@ class Settings:
     """Bytes an HTTP request body may declare; a bigger one is refused with HTTP 413."""
     sse_heartbeat: float = 15.0
     """Seconds between the comment lines that keep an idle SSE stream open through proxies."""
+    ai_sdk_replay_window: float = 60.0
+    """Seconds after it completed that a channel's newest reply is still served whole to an
+    AI SDK stream that names no ``?id=``; 0 serves a completed reply only by its id."""
     ping_interval: float = 20.0
     """Seconds between keepalive pings to each WebSocket peer; one silent for a whole
     interval is cut, so a half-open connection ends within two."""
@@ -197,6 +200,8 @@ class Settings:
             raise ConfigError("session_grace must not be negative")
         if self.delta_flush_ms < 0:
             raise ConfigError("delta_flush_ms must not be negative")
+        if self.ai_sdk_replay_window < 0:
+            raise ConfigError("ai_sdk_replay_window must not be negative")
         for cidr in self.trusted_proxies:
             try:
                 parse_networks([cidr])

@@ -5,13 +5,18 @@ This is the resume endpoint of ``useChat({resume: true})`` and of
 channel. The stream joins the channel as a deltas subscriber, with the same exactly-once
 join as every other subscriber, and then serves one message:
 
-* **204** when no message is in progress on the channel (``?wait=S``, at most 30 s, first
-  waits that long for one to start);
+* **204** when there is no message to serve (``?wait=S``, at most 30 s, first waits that
+  long for one to start);
 * otherwise the headers of the UI message stream and, for the newest message in progress
   (or the one ``?id=`` names): ``start`` with ``messageId`` set to the relay's id,
   ``text-start``, one ``text-delta`` holding the text so far, the live ``text-delta``\\ s,
   then ``text-end``, ``finish`` and ``data: [DONE]``. An aborted message ends with
   ``abort`` and its reason, then ``[DONE]``.
+
+A reply that completed before the stream was asked for is served too, whole, from the
+channel's history (the join's rewind): the one ``?id=`` names, as long as history holds it;
+without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
+it completed at most ``--ai-sdk-replay-window`` seconds ago and nothing is in progress.
 
 A resume replays from ``start`` under the same ``messageId``, so it replaces the client's
 partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop (see
@@ -54,7 +59,11 @@ class AiSdkStream(SseStream):
         self.target: str | None = None
         self.joined = False
         self.done = False
+        self.replay_window: float | None = None
+        """Without ``?id=``: how recent a completed reply must be to be served."""
         self._snapshots: dict[str, str] = {}
+        self._completed: dict[str, Any] | None = None
+        """The reply that completed before the join was done (the one wanted, or the newest)."""
         self._timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ frames in
@@ -70,6 +79,9 @@ class AiSdkStream(SseStream):
         elif not self.joined:
             if kind == "snapshot":
                 self._snapshots[str(message_id)] = str(frame["text"])
+            elif kind in ("message", "aborted") and self.wanted in (None, message_id):
+                self._snapshots.pop(str(message_id), None)
+                self._completed = frame
         elif self.target is None:
             if kind in ("delta", "message") and self.wanted in (None, message_id):
                 # A message that started after the join: all of it is still to come (a
@@ -89,6 +101,7 @@ class AiSdkStream(SseStream):
     def _decide(self) -> None:
         self.joined = True
         snapshots, self._snapshots = self._snapshots, {}
+        completed, self._completed = self._completed, None
         if self.done:
             return
         if self.wanted is not None and self.wanted in snapshots:
@@ -96,6 +109,10 @@ class AiSdkStream(SseStream):
         elif self.wanted is None and snapshots:
             newest = list(snapshots)[-1]
             self._serve(newest, snapshots[newest])
+        elif completed is not None:
+            # Whole at once: its text, then its end (finish, or abort).
+            self._serve(str(completed["id"]), str(completed["text"]))
+            self._part(completed)
         elif self.wait > 0:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self.wait, self._nothing)

@@ -234,10 +234,17 @@ class Relay:
                 deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
                 positions = connection.positions if isinstance(connection, SseStream) else {}
                 channels = list(dict.fromkeys(query.get("channel", [])))
-                if isinstance(connection, AiSdkStream):
-                    # The chat id is the channel; the stream follows its deltas.
-                    channels, deltas = [unquote(path.split("/")[2])], True
                 rewind = int(query.get("rewind", ["0"])[-1])
+                if isinstance(connection, AiSdkStream):
+                    # The chat id is the channel; the stream follows its deltas. History
+                    # holds a reply that completed before the stream was asked for: the
+                    # one ?id= names, else the newest, if it is recent enough (and the
+                    # reader is not waiting for a new one, with ?wait=).
+                    channels, deltas = [unquote(path.split("/")[2])], True
+                    if connection.wanted is not None:
+                        rewind = self.settings.history_size
+                    elif not connection.wait:
+                        rewind, connection.replay_window = 1, self.settings.ai_sdk_replay_window
                 initial = [
                     _subscribe(channel, deltas, positions.get(channel), rewind)
                     for channel in channels

@@ -12,7 +12,14 @@ on the WebSocket endpoints, 405 for a wrong method, 413 for a body over
 The socket then closes cleanly: the response is flushed, our side is shut, and
 whatever the client still sends is read and dropped for a moment, so the
 response is never lost to a reset. Successful responses keep the connection
-alive for the next request.
+alive for the next request, and so does a stream that ends normally (an AI SDK
+reply, or its 204).
+
+Requests may be pipelined: h11 pauses after a request until its response is
+complete, and what arrives meanwhile waits in its buffer (the socket is not read
+until then) to be read as the next request. A body route answers ``Expect:
+100-continue`` with ``100 Continue`` once the head is accepted; a refused request
+gets its final status instead, and its body is never read.
 
 Handshakes
 ----------
@@ -335,8 +342,12 @@ class HttpServer:
         self.open.discard(connection)
         self.handshake_ended(connection)
         if connection.ws is not None:
-            self.connections.discard(connection.ws)
-            self._slice(connection.ws).discard(connection.ws)
+            self.stream_ended(connection.ws)
+
+    def stream_ended(self, peer: Streamed) -> None:
+        """A WebSocket or a stream is over (its socket may serve another request)."""
+        self.connections.discard(peer)
+        self._slice(peer).discard(peer)
 
     def _slice(self, peer: Streamed) -> set[Streamed]:
         """The slice of the sweeps a peer is visited in, for as long as it is open."""
@@ -478,6 +489,8 @@ class HttpConnection(asyncio.Protocol):
             self._timer = None
 
     def _next_events(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
         conn = self.h11
         while self.ws is None and not self.lingering:
             try:
@@ -486,7 +499,12 @@ class HttpConnection(asyncio.Protocol):
                 self._head_done()
                 self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
                 return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
+            if event is h11.NEED_DATA:
+                return
+            if event is h11.PAUSED:
+                # A next request (pipelined) waits in h11's buffer until this one is
+                # answered (:meth:`_next_cycle`); the socket is not read meanwhile.
+                self._hold()
                 return
             if isinstance(event, h11.Request):
                 self._head_done()
@@ -504,6 +522,10 @@ class HttpConnection(asyncio.Protocol):
                         # Answered at once: the body is never read.
                         self._respond(decision, event)
                         return
+                    if conn.they_are_waiting_for_100_continue:
+                        # The client holds its body back until it is asked for it.
+                        go_on = h11.InformationalResponse(status_code=100, headers=[])
+                        self._write(conn.send(go_on))
                     if decision.stream:
                         self._produce(event, decision)
                         # A producer's body that sends nothing for --idle-timeout is cut
@@ -608,6 +630,7 @@ class HttpConnection(asyncio.Protocol):
             reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
+                self._next_events()  # a request pipelined behind this one
 
         self.server.spawn(answer())
 
@@ -671,6 +694,7 @@ class HttpConnection(asyncio.Protocol):
             headers=admit.headers,
         )
         self.ws = stream
+        stream.completed = self._stream_completed
         self.server.gate.admit(stream)
         stream.start()
         self.server.upgraded(stream)
@@ -700,12 +724,47 @@ class HttpConnection(asyncio.Protocol):
             data = _raw_response(reply.status, reply.body.decode(errors="replace"))
             keep = False
         transport.write(data)
-        if keep and conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-            self.request = None
-            self._waiting()
+        if keep and self._next_cycle():
             return
         self._linger()
+
+    def _next_cycle(self) -> bool:
+        """After a whole response on a connection kept alive: wait for the next request
+        (one already here is read by the next :meth:`_next_events`). False if the
+        connection can't go on."""
+        conn = self.h11
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            return False
+        conn.start_next_cycle()
+        self.request = None
+        self._waiting()
+        assert self.transport is not None
+        self.transport.resume_reading()
+        return True
+
+    def _hold(self) -> None:
+        """Stop reading while a request is being answered: what a client pipelines meanwhile
+        stays in the kernel, not in our memory."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _stream_completed(self, stream: Streamed) -> None:
+        """A streamed response is complete, and its connection was kept alive: the socket
+        is this connection's again, for the next request."""
+        if self.ws is not stream:
+            return
+        self.ws = None
+        self.server.stream_ended(stream)
+        self.server.gate.release(stream)
+        if self.server.is_serving() and self._next_cycle():
+            # Not now: the stream may have ended inside a fan-out, or in its handler.
+            asyncio.get_running_loop().call_soon(self._next_events)
+        else:
+            self.transport_close()
+
+    def _write(self, data: bytes | None) -> None:
+        if data and self.transport is not None:
+            self.transport.write(data)
 
     def _linger(self) -> None:
         """Close after a response without losing it: shut our side, drop what comes, close."""
@@ -713,6 +772,7 @@ class HttpConnection(asyncio.Protocol):
         assert transport is not None
         self.lingering = True
         self._head_done()
+        transport.resume_reading()  # held while it was answered: now read and dropped
         if transport.can_write_eof():
             transport.write_eof()
         asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)

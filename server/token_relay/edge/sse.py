@@ -19,13 +19,16 @@ A comment line every ``--sse-heartbeat`` seconds keeps proxies from timing the s
 out. The slow-subscriber policy applies as on WebSockets: a stream whose unsent bytes
 pass ``--max-subscriber-buffer-bytes`` is ended, and its client resumes by its last id.
 An ended stream (shutdown, slow reader) finishes its chunked response after a comment
-naming the WebSocket close code it stands for.
+naming the WebSocket close code it stands for, and closes its socket. A stream that ends
+normally (code 1000: an AI SDK reply, or its 204) leaves a kept-alive connection open: the
+socket goes back to HTTP for the next request, which may already be waiting (pipelined).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -37,6 +40,10 @@ from ..core.resume import encode_positions
 from .flow import SocketPeer
 
 __all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
+
+MAX_HELD_BYTES = 16 * 1024
+"""What a client may send ahead (its next requests) while its stream runs, before its
+socket is no longer read."""
 
 RETRY_MS = 1000
 """Sent first on every stream (``retry:``): how soon a browser reconnects after a cut."""
@@ -120,6 +127,10 @@ class SseStream(SocketPeer):
         """Whether the response is chunked (HTTP/1.1): then events are framed here."""
         self._code: int | None = None
         self._ended = False
+        self.completed: Callable[[SseStream], None] | None = None
+        """Called when the response is complete and its connection is kept alive: the socket
+        goes back to HTTP, for the next request."""
+        self._held = 0
 
     # ------------------------------------------------------------------ state
 
@@ -208,7 +219,8 @@ class SseStream(SocketPeer):
     # ------------------------------------------------------------------ ending
 
     def start_close(self, code: int, reason: str = "") -> None:
-        """End the response (a comment names the code), then close the socket."""
+        """End the response (a comment names the code), then close the socket, or hand it
+        back for the next request (a normal end on a connection kept alive)."""
         if self._ended:
             return
         self._code = code
@@ -221,13 +233,25 @@ class SseStream(SocketPeer):
             data = self.http.send(h11.EndOfMessage())
             if data:
                 self.transport.write(data)
+            if code == CloseCode.NORMAL_CLOSURE and self.completed is not None:
+                # A whole response on a connection kept alive: it stays open.
+                self._ended = True
+                self._gone()
+                self.completed(self)
+                return
             self.transport.close()
         self._ended = True
 
     # ------------------------------------------------------------------ the socket
 
     def receive(self, data: bytes) -> None:
-        """Bytes from the client after its request: there is nothing to read; dropped."""
+        """Bytes from the client after its request: its next request, pipelined. They wait
+        in h11's buffer for the stream to end; past a request head's worth, the socket is
+        not read until then."""
+        self.http.receive_data(data)
+        self._held += len(data)
+        if self._held > MAX_HELD_BYTES:
+            self.transport.pause_reading()
 
     def receive_eof(self) -> None:
         """The client closed its side: the stream is over."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,7 +28,7 @@ from ..core.errors import (
     binary_rejected,
     broker_rejected,
 )
-from ..core.events import FrameKind, Outgoing
+from ..core.events import CatchUp, FrameKind, Outgoing
 from ..core.grants import Grant
 from ..core.protocol import (
     Cancel,
@@ -41,6 +42,7 @@ from ..core.protocol import (
 from ..core.ratelimit import TokenBucket
 from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
+from .aisdk import AiSdkStream
 from .metrics import Metrics
 from .peer import Peer
 from .writer import Writer
@@ -144,6 +146,8 @@ class SubscriberEndpoint:
             if self.router.abandon(join):
                 await self._update_interest(channel)
             raise broker_rejected(None) from None
+        if isinstance(connection, AiSdkStream) and connection.replay_window is not None:
+            cut = _recent(cut, connection.replay_window)
         positions = None if frame.positions is MISSING else frame.positions
         self.writer.send_each(connection, self.router.joined(join, cut, positions))
 
@@ -274,3 +278,15 @@ def _as_cancel(body: bytes) -> bytes:
     if isinstance(value, dict) and "type" not in value:
         value = {"type": "cancel", **value}
     return json.dumps(value).encode()
+
+
+def _recent(cut: CatchUp, window: float) -> CatchUp:
+    """A rewind's cut without the frames recorded more than ``window`` seconds ago: what is
+    left is still a run that ends at the channel's offset (the newest are the last)."""
+    keep = len(cut.frames)
+    while keep and cut.ages[-keep] > window:
+        keep -= 1
+    if keep == len(cut.frames):
+        return cut
+    start = len(cut.frames) - keep
+    return dataclasses.replace(cut, frames=cut.frames[start:], ages=cut.ages[start:])
