@@ -21,7 +21,7 @@ from standardwebhooks import Webhook
 from token_relay.core.grants import Role
 from token_relay.core.webhooks import webhook_id
 from token_relay.edge.tokens import mint, verify
-from token_relay.testing import RedisServer, WebhookReceiver, relay_process
+from token_relay.testing import RedisServer, WebhookReceiver, free_port, relay_process
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
 
@@ -416,3 +416,53 @@ async def test_with_workers_2_on_redis_every_message_is_posted_once_in_order(
     for c in range(4):
         ids = [p["id"] for p in receiver.unique() if p["channel"] == f"w{c}"]
         assert ids == [f"w{c}-{n}" for n in range(5)]
+
+
+# ---------------------------------------------------------------- receivers under attack
+
+
+async def test_webhook_urls_are_logged_without_their_query_or_userinfo() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")  # aiohttp's error names the URL it asked
+        await writer.drain()
+        writer.close()
+
+    refused = free_port()
+    garbled = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = garbled.sockets[0].getsockname()[1]
+    with WebhookReceiver(lambda n, body: 500) as failing:
+        urls = [
+            failing.url.replace("http://", "http://user:SECRET-pw@") + "?key=SECRET-1",
+            f"http://127.0.0.1:{port}/hook?key=SECRET-2&x=1#SECRET-3",
+            f"http://127.0.0.1:{refused}/hook?key=SECRET-4",
+        ]
+        relay = relay_process(
+            *(arg for url in urls for arg in ("--webhook", url)),
+            "--webhook-backoff", "0.05", "--webhook-max-age", "0.5", "--session-grace", "0",
+        )  # fmt: skip
+        await relay.start()
+        try:
+            await _produce_to(relay.url, "c", ["m0"])
+            await _until(lambda: relay.log.count("is a dead letter") == 3)
+            assert await relay.terminate(10) == 0
+        finally:
+            await relay.stop()
+            garbled.close()
+    log = relay.log
+    assert log.count("failed (") >= 3  # every receiver's failures were logged
+    assert "SECRET" not in log, log
+    # Each receiver is still named: by scheme, host, port and path.
+    for url in (failing.url, f"http://127.0.0.1:{port}/hook", f"http://127.0.0.1:{refused}/hook"):
+        assert f"to {url} is a dead letter" in log
+
+
+def test_a_refused_webhook_url_is_named_without_its_query() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "token_relay", "--webhook", "ftp://u:SECRET@host/x?key=SECRET"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "'ftp://host/x' is not an http:// or https:// URL" in done.stderr
+    assert "SECRET" not in done.stderr

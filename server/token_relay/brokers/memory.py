@@ -21,7 +21,7 @@ from ..core.inflight import InflightIndex
 from ..core.protocol import with_position
 from ..core.sessions import SessionState
 from ..core.settings import Settings
-from ..core.webhooks import DeadLetter, WebhookEntry
+from ..core.webhooks import DeadLetter, WebhookEntry, loggable_url
 from . import BrokerListener, Published, WebhookStore, note_not_queued
 from .filters import webhook_filter
 
@@ -96,7 +96,11 @@ class MemoryWebhooks:
         self._dead.appendleft(letter)
         while len(self._dead) > self.max_dead:
             lost = self._dead.pop()
-            log.error("dead letters full: dropped the oldest, %s for %s", lost.webhook_id, lost.url)
+            log.error(
+                "dead letters full: dropped the oldest, %s for %s",
+                lost.webhook_id,
+                loggable_url(lost.url),
+            )
 
     async def dead(self) -> list[DeadLetter]:
         return list(self._dead)

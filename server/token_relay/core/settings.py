@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from .errors import ConfigError
 from .forwarded import parse_networks
 from .grants import refusal
+from .webhooks import loggable_url
 
 __all__ = ["Settings"]
 
@@ -186,7 +187,9 @@ class Settings:
         for url in self.webhooks:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ConfigError(f"--webhook {url!r} is not an http:// or https:// URL")
+                raise ConfigError(
+                    f"--webhook {loggable_url(url)!r} is not an http:// or https:// URL"
+                )
         if self.webhook_secret:
             _check_webhook_secret(self.webhook_secret)
         for pattern in self.webhook_channels:

@@ -8,7 +8,8 @@ keeps dead letters, and counts it all. It never blocks the relay: the outbox is 
 the broker and drained here, in tasks of their own.
 
 A POST succeeds on any 2xx answer. Anything else, a network error, or no whole answer within
-``--webhook-timeout`` is a failure, retried per the outbox's backoff.
+``--webhook-timeout`` is a failure, retried per the outbox's backoff. URLs are logged as
+:func:`~token_relay.core.webhooks.loggable_url` gives them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from standardwebhooks import Webhook
 from ..brokers import WebhookStore
 from ..core.errors import BrokerUnavailable
 from ..core.settings import Settings
-from ..core.webhooks import DeadLetter, Delivery, Outbox, WebhookEntry
+from ..core.webhooks import (
+    DeadLetter,
+    Delivery,
+    Outbox,
+    WebhookEntry,
+    loggable_url,
+    scrubbed,
+)
 from .metrics import Metrics
 
 __all__ = ["BUFFER", "WebhookDispatcher"]
@@ -165,7 +173,7 @@ class WebhookDispatcher:
                 log.info(
                     "webhook %s to %s failed (%s); attempt %d, retrying",
                     entry.id,
-                    delivery.url,
+                    loggable_url(delivery.url),
                     error,
                     delivery.attempts,
                 )
@@ -193,7 +201,7 @@ class WebhookDispatcher:
         except TimeoutError:
             return f"timeout after {self.settings.webhook_timeout:g} s"
         except (aiohttp.ClientError, OSError) as exc:
-            return f"network_error {type(exc).__name__}: {exc}"
+            return f"network_error {type(exc).__name__}: {scrubbed(str(exc))}"
         if 200 <= status < 300:
             return None
         return f"http_error {status}"
@@ -204,7 +212,7 @@ class WebhookDispatcher:
         log.error(
             "webhook %s to %s is a dead letter after %d attempts (%s): %r on %r",
             entry.id,
-            delivery.url,
+            loggable_url(delivery.url),
             delivery.attempts,
             delivery.error,
             entry.payload.id,
