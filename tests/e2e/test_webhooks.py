@@ -421,6 +421,76 @@ async def test_with_workers_2_on_redis_every_message_is_posted_once_in_order(
 # ---------------------------------------------------------------- receivers under attack
 
 
+class FloodingReceiver:
+    """A raw HTTP server that answers each POST with 200 and then a body without end: the
+    first one chunked, the next ones with a ``Content-Length`` of 256 MiB it never reaches.
+    It writes until the relay drops the connection, and counts what it wrote."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        """Bytes of answer body written on each connection before the relay dropped it."""
+        self.drops = 0
+        """Connections the relay dropped while the answer was being written."""
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+    async def __aenter__(self) -> FloodingReceiver:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        chunked = not self.written
+        self.written.append(0)
+        if chunked:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 268435456\r\n\r\n")
+        block = b"x" * 65536
+        chunk = b"10000\r\n" + block + b"\r\n" if chunked else block
+        try:
+            while self.written[-1] < 256 * 1024 * 1024:
+                writer.write(chunk)
+                await writer.drain()
+                self.written[-1] += len(block)
+        except ConnectionError:
+            self.drops += 1
+        writer.close()
+
+
+async def test_a_receivers_endless_answer_is_read_up_to_a_bound_and_its_connection_dropped() -> (
+    None
+):
+    async with FloodingReceiver() as receiver:
+        # A timeout far longer than the test waits: only the bound can end these answers.
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), **{**FAST, "webhook_timeout": 60.0}
+        )
+        async with relay:
+            await _publish(running, "c", 2)
+            await _until(
+                lambda: (
+                    'relay_webhook_deliveries_total{outcome="delivered"} 2.0'
+                    in _metrics_now(running)
+                )
+            )
+            await _until(lambda: receiver.drops == 2)
+    # The status was the answer; the relay read a few KiB of each body, and the socket
+    # buffers took the rest the receiver wrote before it saw the connection dropped.
+    assert len(receiver.written) == 2
+    assert all(written < 32 * 1024 * 1024 for written in receiver.written), receiver.written
+
+
 async def test_webhook_urls_are_logged_without_their_query_or_userinfo() -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -466,3 +536,37 @@ def test_a_refused_webhook_url_is_named_without_its_query() -> None:
     assert done.returncode == 2
     assert "'ftp://host/x' is not an http:// or https:// URL" in done.stderr
     assert "SECRET" not in done.stderr
+
+
+async def test_a_receiver_stalling_its_answers_body_times_out_and_is_retried() -> None:
+    answered: list[bool] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        if not answered:  # the first: a status, then 10 of 100 body bytes, then nothing
+            answered.append(False)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+            await writer.drain()
+            await reader.read()  # until the relay drops the connection
+        else:
+            answered.append(True)
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    running, relay = await start_relay(webhooks=(url,), **{**FAST, "webhook_timeout": 0.5})
+    async with relay:
+        await _publish(running, "c", 1)
+        await _until(
+            lambda: (
+                'relay_webhook_deliveries_total{outcome="delivered"} 1.0' in _metrics_now(running)
+            )
+        )
+        metrics = _metrics_now(running)
+    server.close()
+    assert answered == [False, True]
+    assert 'relay_webhook_attempts_total{outcome="timeout"} 1.0' in metrics

@@ -8,8 +8,11 @@ keeps dead letters, and counts it all. It never blocks the relay: the outbox is 
 the broker and drained here, in tasks of their own.
 
 A POST succeeds on any 2xx answer. Anything else, a network error, or no whole answer within
-``--webhook-timeout`` is a failure, retried per the outbox's backoff. URLs are logged as
-:func:`~token_relay.core.webhooks.loggable_url` gives them.
+``--webhook-timeout`` is a failure, retried per the outbox's backoff. The status is the
+answer: its body is read up to :data:`ANSWER_BYTES` (so the connection can serve the next
+POST) and never kept; past that the connection is dropped, and a body that stalls is a
+timeout like any other. URLs are logged as :func:`~token_relay.core.webhooks.loggable_url`
+gives them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ..core.webhooks import (
 )
 from .metrics import Metrics
 
-__all__ = ["BUFFER", "WebhookDispatcher"]
+__all__ = ["ANSWER_BYTES", "BUFFER", "WebhookDispatcher"]
 
 log = logging.getLogger("token_relay.webhooks")
 
@@ -45,6 +48,9 @@ BUFFER = 10_000
 """Entries held here at once (taken from the outbox, not yet settled)."""
 
 USER_AGENT = "token-relay-webhooks"
+
+ANSWER_BYTES = 64 * 1024
+"""Bytes of a receiver's answer body read at most; past them the connection is dropped."""
 
 
 class WebhookDispatcher:
@@ -196,8 +202,9 @@ class WebhookDispatcher:
             async with self._client.post(
                 url, data=entry.body, headers=headers, allow_redirects=False
             ) as response:
-                await response.read()
                 status = response.status
+                if not await _read_answer(response):
+                    response.close()  # past ANSWER_BYTES: the rest is never read
         except TimeoutError:
             return f"timeout after {self.settings.webhook_timeout:g} s"
         except (aiohttp.ClientError, OSError) as exc:
@@ -244,3 +251,18 @@ class WebhookDispatcher:
         pending, self._unsettled = self._unsettled, []
         for entry in pending:
             await self._settle(entry)
+
+
+async def _read_answer(response: aiohttp.ClientResponse) -> bool:
+    """Read and forget a receiver's answer body; False if it has more than
+    :data:`ANSWER_BYTES` (the caller drops the connection)."""
+    declared = response.content_length
+    if declared is not None and declared > ANSWER_BYTES:
+        return False
+    left = ANSWER_BYTES
+    while left >= 0:
+        chunk = await response.content.read(left + 1)
+        if not chunk:
+            return True
+        left -= len(chunk)
+    return False
