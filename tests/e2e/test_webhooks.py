@@ -18,8 +18,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 from standardwebhooks import Webhook
+from token_relay.brokers.memory import MemoryBroker
 from token_relay.core.grants import Role
-from token_relay.core.webhooks import webhook_id
+from token_relay.core.webhooks import DeadLetter, webhook_id
 from token_relay.edge.tokens import mint, verify
 from token_relay.testing import RedisServer, WebhookReceiver, free_port, relay_process
 
@@ -536,6 +537,101 @@ def test_a_refused_webhook_url_is_named_without_its_query() -> None:
     assert done.returncode == 2
     assert "'ftp://host/x' is not an http:// or https:// URL" in done.stderr
     assert "SECRET" not in done.stderr
+
+
+async def test_dead_letters_are_bounded_and_count_in_the_relays_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = "y" * 20_000
+    with WebhookReceiver(lambda n, body: 500) as receiver:
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), history_size=1, webhook_max_dead=3,
+            webhook_max_dead_bytes=100_000, max_memory_bytes=50_000,
+            **{**FAST, "webhook_max_age": 0.2},
+        )  # fmt: skip
+        async with relay, httpx.AsyncClient(base_url=_http(running)) as http:
+            async with running.connect("/produce?channel=c") as producer:
+                for n in range(5):
+                    await send_json(producer, {"id": f"m{n}", "delta": text, "final": True})
+                    assert (await recv_json(producer))["type"] == "ack"
+            await _until(
+                lambda: (
+                    'relay_webhook_deliveries_total{outcome="dead"} 5.0' in _metrics_now(running)
+                ),
+            )
+            # Three kept (the newest), two dropped, counted and logged.
+            listed = (await http.get("/webhooks/dead")).json()["dead"]
+            dead = [DeadLetter.model_validate(letter) for letter in listed]
+            assert [letter.payload.id for letter in dead] == ["m4", "m3", "m2"]
+            held = sum(len(letter.model_dump_json()) for letter in dead)
+            metrics = _metrics_now(running)
+            assert "relay_webhook_dead_letters_dropped_total 2.0" in metrics
+            assert f"relay_webhook_dead_letter_bytes {float(held)}" in metrics
+            # With the producer gone, the relay holds its history (one message) and the
+            # dead letters, and counts both.
+            producers = running.relay.producers
+            await _until(lambda: producers.sessions.text_chars() == 0)
+            broker = running.relay.broker
+            assert isinstance(broker, MemoryBroker)
+            assert producers.memory_in_use() == broker.history.bytes + held
+            assert f"relay_memory_bytes {float(broker.history.bytes + held)}" in _metrics_now(
+                running
+            )
+            # The dead letters alone take it over --max-memory-bytes: a new message is refused.
+            assert broker.history.bytes < 50_000 < broker.history.bytes + held
+            await _until(lambda: producers.overloaded(time.monotonic()))
+            async with running.connect("/produce?channel=c") as producer:
+                await send_json(producer, {"id": "next", "delta": "x"})
+                refused = await recv_json(producer)
+                assert (refused["type"], refused["code"]) == ("error", "overloaded"), refused
+    assert "dead letters full (--webhook-max-dead 3" in caplog.text
+
+
+async def test_on_redis_dead_letters_are_bounded_in_count_and_bytes(
+    redis_server: RedisServer,
+) -> None:
+    text = "y" * 20_000
+    with WebhookReceiver(lambda n, body: 500) as receiver:
+        relay = relay_process(
+            "--broker", redis_server.url, "--webhook", receiver.url, "--lease-seconds", "1",
+            "--webhook-backoff", "0.05", "--webhook-max-age", "0.2",
+            "--webhook-max-dead", "3", "--webhook-max-dead-bytes", "50000",
+        )  # fmt: skip
+        await relay.start()
+        redis = Redis.from_url(redis_server.url)
+        try:
+            async with connect(f"{relay.url}/produce?channel=c") as producer:
+                await recv_json(producer)  # session
+                for n in range(5):
+                    await send_json(producer, {"id": f"m{n}", "delta": text, "final": True})
+                    assert (await recv_json(producer))["type"] == "ack"
+                # One alone over the bytes: dropped at once.
+                await send_json(producer, {"id": "huge", "delta": text * 3, "final": True})
+                assert (await recv_json(producer))["type"] == "ack"
+            await _until(lambda: relay.log.count("is a dead letter") == 6, wait=20)
+            kept = await redis.lrange("tr:wh:dead", 0, -1)
+            letters = [DeadLetter.model_validate_json(item) for item in kept]
+            # Two of 20,000 characters fit in 50,000 bytes: the newest.
+            assert [letter.payload.id for letter in letters] == ["m4", "m3"]
+            held = sum(len(item) for item in kept)
+            assert int(await redis.get("tr:wh:dead:bytes") or 0) == held
+            async with httpx.AsyncClient(base_url=relay.url.replace("ws://", "http://")) as http:
+                await _until_metric(http, f"relay_webhook_dead_letter_bytes {float(held)}")
+                metrics = (await http.get("/metrics")).text
+            assert "relay_webhook_dead_letters_dropped_total 4.0" in metrics
+            assert "relay_webhook_dead_letters 2.0" in metrics
+            assert "dead letters full (--webhook-max-dead 3" in relay.log
+        finally:
+            await redis.aclose()
+            await relay.stop()
+
+
+async def _until_metric(http: httpx.AsyncClient, line: str) -> None:
+    for _ in range(500):
+        if line in (await http.get("/metrics")).text:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"/metrics never had {line!r}")
 
 
 async def test_a_receiver_stalling_its_answers_body_times_out_and_is_retried() -> None:

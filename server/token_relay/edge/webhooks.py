@@ -77,6 +77,7 @@ class WebhookDispatcher:
         self._wait = max(0.05, min(0.5, settings.lease_seconds / 4))
         metrics.webhook_outbox.set_function(lambda: float(self.store.depth))
         metrics.webhook_dead.set_function(lambda: float(self.store.dead_count))
+        metrics.webhook_dead_bytes.set_function(lambda: float(self.store.dead_bytes))
 
     async def start(self) -> None:
         """Start taking and sending."""
@@ -236,9 +237,20 @@ class WebhookDispatcher:
             payload=entry.payload,
         )
         try:
-            await self.store.bury(letter)
+            dropped = await self.store.bury(letter)
         except BrokerUnavailable:
             log.error("could not keep the dead letter %s: the broker is unreachable", entry.id)
+            return
+        if dropped:
+            self.metrics.webhook_dead_dropped.inc(dropped)
+            log.error(
+                "dead letters full (--webhook-max-dead %d, --webhook-max-dead-bytes %d): "
+                "dropped the %d oldest",
+                self.settings.webhook_max_dead,
+                self.settings.webhook_max_dead_bytes,
+                dropped,
+                extra={"event": "webhook_dead_dropped"},
+            )
 
     async def _settle(self, entry: WebhookEntry) -> None:
         try:
