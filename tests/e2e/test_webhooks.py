@@ -666,3 +666,24 @@ async def test_a_receiver_stalling_its_answers_body_times_out_and_is_retried() -
     server.close()
     assert answered == [False, True]
     assert 'relay_webhook_attempts_total{outcome="timeout"} 1.0' in metrics
+
+
+async def test_dropped_dead_letters_are_logged_ten_times_then_once_in_a_thousand(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = free_port()
+    running, relay = await start_relay(
+        webhooks=(f"http://127.0.0.1:{refused}/hook",), webhook_max_dead=1,
+        **{**FAST, "webhook_max_age": 0.2},
+    )  # fmt: skip
+    async with relay:
+        await _publish(running, "c", 1012)
+        await _until(
+            lambda: "relay_webhook_dead_letters_dropped_total 1011.0" in _metrics_now(running),
+            wait=60,
+        )
+    lines = [r.getMessage() for r in caplog.records if "dead letters full" in r.getMessage()]
+    assert [line.rsplit("(", 1)[1] for line in lines] == [
+        *(f"{n} so far)" for n in range(1, 11)),
+        "1000 so far)",
+    ]

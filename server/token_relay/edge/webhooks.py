@@ -74,6 +74,8 @@ class WebhookDispatcher:
         self._unsettled: list[WebhookEntry] = []
         self._stopping = False
         self._not_queued = 0
+        self._dead_dropped = 0
+        """Dead letters dropped so far: logged for the first ten, then once in a thousand."""
         self._wait = max(0.05, min(0.5, settings.lease_seconds / 4))
         metrics.webhook_outbox.set_function(lambda: float(self.store.depth))
         metrics.webhook_dead.set_function(lambda: float(self.store.dead_count))
@@ -241,14 +243,18 @@ class WebhookDispatcher:
         except BrokerUnavailable:
             log.error("could not keep the dead letter %s: the broker is unreachable", entry.id)
             return
-        if dropped:
-            self.metrics.webhook_dead_dropped.inc(dropped)
+        if not dropped:
+            return
+        self.metrics.webhook_dead_dropped.inc(dropped)
+        before, self._dead_dropped = self._dead_dropped, self._dead_dropped + dropped
+        if before < 10 or before // 1000 != self._dead_dropped // 1000:
             log.error(
                 "dead letters full (--webhook-max-dead %d, --webhook-max-dead-bytes %d): "
-                "dropped the %d oldest",
+                "dropped the %d oldest (%d so far)",
                 self.settings.webhook_max_dead,
                 self.settings.webhook_max_dead_bytes,
                 dropped,
+                self._dead_dropped,
                 extra={"event": "webhook_dead_dropped"},
             )
 
