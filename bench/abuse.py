@@ -41,6 +41,16 @@ tracebacks it logged, is reported for every case.
 * ``worker_kill``: ``--workers 2`` on a redis-server; one worker is killed with SIGKILL.
   Figures: whether the supervisor logged and restarted it, and the seconds until there are two
   workers again and a subscriber gets in.
+* ``webhook_answer``: a webhook receiver answers each POST with 200 and a 256 MiB body that
+  it writes as fast as the relay reads it; three messages are POSTed to it, one after
+  another (``--webhook-timeout 60``). A canary producer sends a message every 0.1 s to a
+  canary subscriber meanwhile. Figures: the messages delivered, the answer bytes the receiver
+  wrote, the relay's CPU seconds, and the canary's round trips (p50 and worst, in ms).
+* ``dead_letters``: ``--webhook-max-pending-bytes 8388608 --max-memory-bytes 67108864
+  --history-size 1``, a webhook URL that refuses connections and ``--webhook-max-age 0.5``;
+  176 messages of 500,000 characters on 16 channels die as dead letters (sent at most 16
+  ahead of the dead), with the same canary. Figures: the dead letters kept and dropped,
+  ``relay_memory_bytes`` at the end, the relay's CPU seconds and the canary's round trips.
 
 ``parked_sessions`` and ``memory`` run the relay with ``--max-message-chars 4194304``, which
 both installations know: with the default of 1 MiB the second delta of every message would
@@ -62,6 +72,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -934,6 +945,168 @@ def children(pid: int) -> list[int]:
     return sorted(found)
 
 
+# ------------------------------------------------------------------ 9. webhooks
+
+
+def is_message(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    """Accepts the ``message`` frame of ``message_id``."""
+    return lambda frame: frame.get("type") == "message" and frame.get("id") == message_id
+
+
+class RoundTrips:
+    """A canary: a producer sends a message every 0.1 s to a subscriber of its own channel,
+    and each one's time from send to delivery is kept (``timeout`` when over 5 s)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.times: list[float] = []
+        self.failures: collections.Counter[str] = collections.Counter()
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        ws = await producer(self.url, "canary")
+        reader, _ = await subscriber(self.url, "channel=canary")
+        try:
+            for n in itertools.count():
+                sent = time.monotonic()
+                await ws.send(json.dumps({"id": f"c{n}", "delta": "ping", "final": True}))
+                if await frame_where(reader, is_message(f"c{n}"), 5) is None:
+                    self.failures["timeout"] += 1
+                else:
+                    self.times.append(time.monotonic() - sent)
+                await asyncio.sleep(max(0.0, 0.1 - (time.monotonic() - sent)))
+        except Exception as exc:
+            self.failures[type(exc).__name__] += 1
+        finally:
+            await ws.close()
+            await reader.close()
+
+    async def stop(self, out: Figures) -> None:
+        """Stop sending; record the round trips' p50 and worst (ms) and any failures."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        times = sorted(self.times)
+        out["canary_round_trips"] = len(times)
+        if times:
+            out["canary_p50_ms"] = round(1000 * times[len(times) // 2], 1)
+            out["canary_worst_ms"] = round(1000 * times[-1], 1)
+        out["canary_failures"] = dict(self.failures)
+
+
+class EndlessAnswers:
+    """A webhook receiver answering every POST with 200 and a 256 MiB body, written until
+    the relay drops the connection or has read it all."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 268435456\r\n\r\n")
+                block = b"x" * (1024 * 1024)
+                for _ in range(256):
+                    writer.write(block)
+                    await writer.drain()
+                    self.written += len(block)
+        writer.close()
+
+
+async def webhook_answer(inst: Installation, out: Figures) -> None:
+    """Answers of 256 MiB to three webhook POSTs, with a canary round trip meanwhile."""
+    receiver = EndlessAnswers()
+    url = await receiver.start()
+    flags = ["--webhook", url, "--webhook-channel", "attack", "--webhook-timeout", "60"]
+    try:
+        async with relays(inst, out, flags) as (relay,):
+            canary = RoundTrips(relay.url)
+            watch = RssWatch([relay], out)
+            cpu = cpu_seconds(relay.pid)
+            ws = await producer(relay.url, "attack")
+            delivered = 0.0
+            deadline = time.monotonic() + 40
+            for n in range(3):
+                await ws.send(json.dumps({"id": f"m{n}", "delta": "x", "final": True}))
+                while time.monotonic() < deadline and delivered < n + 1:
+                    await asyncio.sleep(0.1)
+                    delivered = await metric(relay.port, "relay_webhook_deliveries_total") or 0
+            await ws.close()
+            out["delivered"] = int(delivered)
+            out["answer_mib_written"] = round(receiver.written / MIB, 1)
+            out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+            await canary.stop(out)
+            await watch.settled()
+    finally:
+        assert receiver.server is not None
+        receiver.server.close()
+
+
+DEAD = 176
+DEAD_CHARS = 500_000
+
+
+async def dead_letters(inst: Installation, out: Figures) -> None:
+    """176 dead letters of 500,000 characters, with a canary round trip meanwhile."""
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = refused.getsockname()[1]
+    flags = [
+        *BIG_MESSAGES, "--webhook", f"http://127.0.0.1:{port}/hook",
+        "--webhook-channel", "attack-*", "--webhook-max-age", "0.5", "--webhook-backoff", "0.05",
+        "--webhook-max-pending-bytes", "8388608", "--max-memory-bytes", "67108864",
+        "--history-size", "1",
+    ]  # fmt: skip
+    try:
+        async with relays(inst, out, flags) as (relay,):
+            canary = RoundTrips(relay.url)
+            watch = RssWatch([relay], out)
+            cpu = cpu_seconds(relay.pid)
+            text = "y" * DEAD_CHARS
+            deadline = time.monotonic() + 60
+            codes: collections.Counter[str] = collections.Counter()
+            for first in range(0, DEAD, 8):
+                dead = await metric(relay.port, "relay_webhook_deliveries_total") or 0
+                while first - dead >= 16 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    dead = await metric(relay.port, "relay_webhook_deliveries_total") or 0
+                # A producer per 8 messages: a session keeps its completed messages (for
+                # idempotent finals), which would take the relay over its memory bound.
+                ws = await producer(relay.url, "attack-0")
+                for n in range(first, min(DEAD, first + 8)):
+                    event = {"channel": f"attack-{n % 16}", "id": f"m{n}", "delta": text}
+                    await ws.send(json.dumps({**event, "final": True}))
+                    answer = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                    codes[str(answer.get("code") or answer.get("type"))] += 1
+                await ws.close()
+            not_queued = 0.0  # the outbox was full
+            while time.monotonic() < deadline and dead + not_queued < DEAD:
+                await asyncio.sleep(0.05)
+                dead = await metric(relay.port, "relay_webhook_deliveries_total") or 0
+                not_queued = await metric(relay.port, "relay_webhook_not_queued_total") or 0
+            out["producer_answers"] = dict(codes.most_common())
+            out["died"] = int(dead)
+            out["dead_letters_kept"] = await metric(relay.port, "relay_webhook_dead_letters")
+            out["dead_letters_dropped"] = await metric(
+                relay.port, "relay_webhook_dead_letters_dropped_total"
+            )
+            out["not_queued"] = await metric(relay.port, "relay_webhook_not_queued_total")
+            out["memory_bytes_metric"] = await metric(relay.port, "relay_memory_bytes")
+            out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+            await canary.stop(out)
+            await watch.settled()
+    finally:
+        refused.close()
+
+
 CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float]] = {
     "slowloris": (slowloris, 75),
     "ping_flood": (ping_flood, 45),
@@ -943,6 +1116,8 @@ CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float
     "memory": (memory, 75),
     "nginx_600": (nginx_600, 75),
     "worker_kill": (worker_kill, 45),
+    "webhook_answer": (webhook_answer, 60),
+    "dead_letters": (dead_letters, 100),
 }
 """Each case and the seconds it may take at most, relay start and stop included."""
 

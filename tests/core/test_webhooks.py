@@ -1,5 +1,6 @@
 """The webhook outbox's rules, step by step: lanes in order, concurrency, retries with
-backoff and jitter, dead letters at max age, several URLs, stable ids and bodies."""
+backoff and jitter, dead letters at max age, several URLs, stable ids and bodies; and URLs
+as logs show them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from token_relay.core.webhooks import (
     Outbox,
     WebhookEntry,
     backoff_delay,
+    loggable_url,
+    scrubbed,
     webhook_id,
 )
 
@@ -115,3 +118,20 @@ def test_ids_and_bodies_are_stable() -> None:
     assert json.loads(one.body) == {"type": "message", "channel": "c", "id": "m7",
                                     "text": "t", "meta": {}, "offset": 7, "epoch": "E"}  # fmt: skip
     assert one.id.startswith("msg_") and one.id.isascii()
+
+
+def test_a_url_is_logged_without_userinfo_query_or_fragment() -> None:
+    assert loggable_url("https://user:pw@hooks.example.com:8443/in/x?key=SECRET#frag") == (
+        "https://hooks.example.com:8443/in/x"
+    )
+    assert loggable_url("http://[::1]:9/hook?key=SECRET") == "http://[::1]:9/hook"
+    assert loggable_url("http://h/hook") == "http://h/hook"
+    assert loggable_url("http://h?key=SECRET") == "http://h"
+
+
+def test_urls_in_an_error_text_are_scrubbed() -> None:
+    text = "400, message='Bad status line', url='http://u:p@h:1/x?key=SECRET&a=b'"
+    assert scrubbed(text) == "400, message='Bad status line', url='http://h:1/x'"
+    assert scrubbed("Cannot connect to host h:1 ssl:default") == (
+        "Cannot connect to host h:1 ssl:default"
+    )

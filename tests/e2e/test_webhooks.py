@@ -18,10 +18,11 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 from standardwebhooks import Webhook
+from token_relay.brokers.memory import MemoryBroker
 from token_relay.core.grants import Role
-from token_relay.core.webhooks import webhook_id
+from token_relay.core.webhooks import DeadLetter, webhook_id
 from token_relay.edge.tokens import mint, verify
-from token_relay.testing import RedisServer, WebhookReceiver, relay_process
+from token_relay.testing import RedisServer, WebhookReceiver, free_port, relay_process
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
 
@@ -416,3 +417,273 @@ async def test_with_workers_2_on_redis_every_message_is_posted_once_in_order(
     for c in range(4):
         ids = [p["id"] for p in receiver.unique() if p["channel"] == f"w{c}"]
         assert ids == [f"w{c}-{n}" for n in range(5)]
+
+
+# ---------------------------------------------------------------- receivers under attack
+
+
+class FloodingReceiver:
+    """A raw HTTP server that answers each POST with 200 and then a body without end: the
+    first one chunked, the next ones with a ``Content-Length`` of 256 MiB it never reaches.
+    It writes until the relay drops the connection, and counts what it wrote."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        """Bytes of answer body written on each connection before the relay dropped it."""
+        self.drops = 0
+        """Connections the relay dropped while the answer was being written."""
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+    async def __aenter__(self) -> FloodingReceiver:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        chunked = not self.written
+        self.written.append(0)
+        if chunked:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 268435456\r\n\r\n")
+        block = b"x" * 65536
+        chunk = b"10000\r\n" + block + b"\r\n" if chunked else block
+        try:
+            while self.written[-1] < 256 * 1024 * 1024:
+                writer.write(chunk)
+                await writer.drain()
+                self.written[-1] += len(block)
+        except ConnectionError:
+            self.drops += 1
+        writer.close()
+
+
+async def test_a_receivers_endless_answer_is_read_up_to_a_bound_and_its_connection_dropped() -> (
+    None
+):
+    async with FloodingReceiver() as receiver:
+        # A timeout far longer than the test waits: only the bound can end these answers.
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), **{**FAST, "webhook_timeout": 60.0}
+        )
+        async with relay:
+            await _publish(running, "c", 2)
+            await _until(
+                lambda: (
+                    'relay_webhook_deliveries_total{outcome="delivered"} 2.0'
+                    in _metrics_now(running)
+                )
+            )
+            await _until(lambda: receiver.drops == 2)
+    # The status was the answer; the relay read a few KiB of each body, and the socket
+    # buffers took the rest the receiver wrote before it saw the connection dropped.
+    assert len(receiver.written) == 2
+    assert all(written < 32 * 1024 * 1024 for written in receiver.written), receiver.written
+
+
+async def test_webhook_urls_are_logged_without_their_query_or_userinfo() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")  # aiohttp's error names the URL it asked
+        await writer.drain()
+        writer.close()
+
+    refused = free_port()
+    garbled = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = garbled.sockets[0].getsockname()[1]
+    with WebhookReceiver(lambda n, body: 500) as failing:
+        urls = [
+            failing.url.replace("http://", "http://user:SECRET-pw@") + "?key=SECRET-1",
+            f"http://127.0.0.1:{port}/hook?key=SECRET-2&x=1#SECRET-3",
+            f"http://127.0.0.1:{refused}/hook?key=SECRET-4",
+        ]
+        relay = relay_process(
+            *(arg for url in urls for arg in ("--webhook", url)),
+            "--webhook-backoff", "0.05", "--webhook-max-age", "0.5", "--session-grace", "0",
+        )  # fmt: skip
+        await relay.start()
+        try:
+            await _produce_to(relay.url, "c", ["m0"])
+            await _until(lambda: relay.log.count("is a dead letter") == 3)
+            assert await relay.terminate(10) == 0
+        finally:
+            await relay.stop()
+            garbled.close()
+    log = relay.log
+    assert log.count("failed (") >= 3  # every receiver's failures were logged
+    assert "SECRET" not in log, log
+    # Each receiver is still named: by scheme, host, port and path.
+    for url in (failing.url, f"http://127.0.0.1:{port}/hook", f"http://127.0.0.1:{refused}/hook"):
+        assert f"to {url} is a dead letter" in log
+
+
+def test_a_refused_webhook_url_is_named_without_its_query() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "token_relay", "--webhook", "ftp://u:SECRET@host/x?key=SECRET"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "'ftp://host/x' is not an http:// or https:// URL" in done.stderr
+    assert "SECRET" not in done.stderr
+
+
+async def test_dead_letters_are_bounded_and_count_in_the_relays_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = "y" * 20_000
+    with WebhookReceiver(lambda n, body: 500) as receiver:
+        running, relay = await start_relay(
+            webhooks=(receiver.url,), history_size=1, webhook_max_dead=3,
+            webhook_max_dead_bytes=100_000, max_memory_bytes=50_000,
+            **{**FAST, "webhook_max_age": 0.2},
+        )  # fmt: skip
+        async with relay, httpx.AsyncClient(base_url=_http(running)) as http:
+            async with running.connect("/produce?channel=c") as producer:
+                for n in range(5):
+                    await send_json(producer, {"id": f"m{n}", "delta": text, "final": True})
+                    assert (await recv_json(producer))["type"] == "ack"
+            await _until(
+                lambda: (
+                    'relay_webhook_deliveries_total{outcome="dead"} 5.0' in _metrics_now(running)
+                ),
+            )
+            # Three kept (the newest), two dropped, counted and logged.
+            listed = (await http.get("/webhooks/dead")).json()["dead"]
+            dead = [DeadLetter.model_validate(letter) for letter in listed]
+            assert [letter.payload.id for letter in dead] == ["m4", "m3", "m2"]
+            held = sum(len(letter.model_dump_json()) for letter in dead)
+            metrics = _metrics_now(running)
+            assert "relay_webhook_dead_letters_dropped_total 2.0" in metrics
+            assert f"relay_webhook_dead_letter_bytes {float(held)}" in metrics
+            # With the producer gone, the relay holds its history (one message) and the
+            # dead letters, and counts both.
+            producers = running.relay.producers
+            await _until(lambda: producers.sessions.text_chars() == 0)
+            broker = running.relay.broker
+            assert isinstance(broker, MemoryBroker)
+            assert producers.memory_in_use() == broker.history.bytes + held
+            assert f"relay_memory_bytes {float(broker.history.bytes + held)}" in _metrics_now(
+                running
+            )
+            # The dead letters alone take it over --max-memory-bytes: a new message is refused.
+            assert broker.history.bytes < 50_000 < broker.history.bytes + held
+            await _until(lambda: producers.overloaded(time.monotonic()))
+            async with running.connect("/produce?channel=c") as producer:
+                await send_json(producer, {"id": "next", "delta": "x"})
+                refused = await recv_json(producer)
+                assert (refused["type"], refused["code"]) == ("error", "overloaded"), refused
+    assert "dead letters full (--webhook-max-dead 3" in caplog.text
+
+
+async def test_on_redis_dead_letters_are_bounded_in_count_and_bytes(
+    redis_server: RedisServer,
+) -> None:
+    text = "y" * 20_000
+    with WebhookReceiver(lambda n, body: 500) as receiver:
+        relay = relay_process(
+            "--broker", redis_server.url, "--webhook", receiver.url, "--lease-seconds", "1",
+            "--webhook-backoff", "0.05", "--webhook-max-age", "0.2",
+            "--webhook-max-dead", "3", "--webhook-max-dead-bytes", "50000",
+        )  # fmt: skip
+        await relay.start()
+        redis = Redis.from_url(redis_server.url)
+        try:
+            async with connect(f"{relay.url}/produce?channel=c") as producer:
+                await recv_json(producer)  # session
+                for n in range(5):
+                    await send_json(producer, {"id": f"m{n}", "delta": text, "final": True})
+                    assert (await recv_json(producer))["type"] == "ack"
+                # One alone over the bytes: dropped at once.
+                await send_json(producer, {"id": "huge", "delta": text * 3, "final": True})
+                assert (await recv_json(producer))["type"] == "ack"
+            await _until(lambda: relay.log.count("is a dead letter") == 6, wait=20)
+            kept = await redis.lrange("tr:wh:dead", 0, -1)
+            letters = [DeadLetter.model_validate_json(item) for item in kept]
+            # Two of 20,000 characters fit in 50,000 bytes: the newest.
+            assert [letter.payload.id for letter in letters] == ["m4", "m3"]
+            held = sum(len(item) for item in kept)
+            assert int(await redis.get("tr:wh:dead:bytes") or 0) == held
+            async with httpx.AsyncClient(base_url=relay.url.replace("ws://", "http://")) as http:
+                await _until_metric(http, f"relay_webhook_dead_letter_bytes {float(held)}")
+                metrics = (await http.get("/metrics")).text
+            assert "relay_webhook_dead_letters_dropped_total 4.0" in metrics
+            assert "relay_webhook_dead_letters 2.0" in metrics
+            assert "dead letters full (--webhook-max-dead 3" in relay.log
+        finally:
+            await redis.aclose()
+            await relay.stop()
+
+
+async def _until_metric(http: httpx.AsyncClient, line: str) -> None:
+    for _ in range(500):
+        if line in (await http.get("/metrics")).text:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"/metrics never had {line!r}")
+
+
+async def test_a_receiver_stalling_its_answers_body_times_out_and_is_retried() -> None:
+    answered: list[bool] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        if not answered:  # the first: a status, then 10 of 100 body bytes, then nothing
+            answered.append(False)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+            await writer.drain()
+            await reader.read()  # until the relay drops the connection
+        else:
+            answered.append(True)
+            writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    running, relay = await start_relay(webhooks=(url,), **{**FAST, "webhook_timeout": 0.5})
+    async with relay:
+        await _publish(running, "c", 1)
+        await _until(
+            lambda: (
+                'relay_webhook_deliveries_total{outcome="delivered"} 1.0' in _metrics_now(running)
+            )
+        )
+        metrics = _metrics_now(running)
+    server.close()
+    assert answered == [False, True]
+    assert 'relay_webhook_attempts_total{outcome="timeout"} 1.0' in metrics
+
+
+async def test_dropped_dead_letters_are_logged_ten_times_then_once_in_a_thousand(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = free_port()
+    running, relay = await start_relay(
+        webhooks=(f"http://127.0.0.1:{refused}/hook",), webhook_max_dead=1,
+        **{**FAST, "webhook_max_age": 0.2},
+    )  # fmt: skip
+    async with relay:
+        await _publish(running, "c", 1012)
+        await _until(
+            lambda: "relay_webhook_dead_letters_dropped_total 1011.0" in _metrics_now(running),
+            wait=60,
+        )
+    lines = [r.getMessage() for r in caplog.records if "dead letters full" in r.getMessage()]
+    assert [line.rsplit("(", 1)[1] for line in lines] == [
+        *(f"{n} so far)" for n in range(1, 11)),
+        "1000 so far)",
+    ]

@@ -92,7 +92,7 @@ class BrokerListener(Protocol):
 
 class WebhookStore(Protocol):
     """The webhook outbox: bounded by ``--webhook-max-pending`` (and its bytes), with the
-    dead letters beside it (``--webhook-max-dead``)."""
+    dead letters beside it (``--webhook-max-dead`` and ``--webhook-max-dead-bytes``)."""
 
     not_queued: int
     """Messages refused because the outbox was full (counted since start)."""
@@ -109,6 +109,10 @@ class WebhookStore(Protocol):
     def dead_count(self) -> int:
         """Dead letters kept, as last seen."""
 
+    @property
+    def dead_bytes(self) -> int:
+        """Bytes of the dead letters kept (as JSON), as last seen."""
+
     async def take(self, limit: int, wait: float) -> list[WebhookEntry]:
         """Up to ``limit`` entries to deliver, in outbox order (first what a process that
         stopped delivering left unsettled); waits up to ``wait`` seconds for one. With
@@ -117,8 +121,10 @@ class WebhookStore(Protocol):
     async def settle(self, entry: WebhookEntry) -> None:
         """Every URL is done with the entry: remove it from the outbox."""
 
-    async def bury(self, letter: DeadLetter) -> None:
-        """Keep a dead letter (the oldest goes past ``--webhook-max-dead``)."""
+    async def bury(self, letter: DeadLetter) -> int:
+        """Keep a dead letter; past ``--webhook-max-dead`` or ``--webhook-max-dead-bytes``
+        the oldest are dropped (this one, if it alone is over the bytes). Returns how many
+        were dropped."""
 
     async def dead(self) -> list[DeadLetter]:
         """The dead letters, newest first."""

@@ -41,11 +41,14 @@ class MemoryWebhooks:
         self.max_pending = settings.webhook_max_pending
         self.max_bytes = settings.webhook_max_pending_bytes
         self.max_dead = settings.webhook_max_dead
+        self.max_dead_bytes = settings.webhook_max_dead_bytes
         self.not_queued = 0
         self._queue: collections.deque[WebhookEntry] = collections.deque()
         self._taken: dict[str, WebhookEntry] = {}
         self._bytes = 0
-        self._dead: collections.deque[DeadLetter] = collections.deque()
+        self._dead: collections.deque[tuple[DeadLetter, int]] = collections.deque()
+        """Newest first, each with its size (characters of its JSON)."""
+        self._dead_bytes = 0
         self._keys = 0
         self._arrived: asyncio.Event | None = None
 
@@ -56,6 +59,15 @@ class MemoryWebhooks:
     @property
     def dead_count(self) -> int:
         return len(self._dead)
+
+    @property
+    def dead_bytes(self) -> int:
+        return self._dead_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Characters held: the outbox's frames and the dead letters."""
+        return self._bytes + self._dead_bytes
 
     def add(self, channel: str, frame: str, producer: str, now: float, url: str = "") -> bool:
         """Queue a message; False (counted, logged) if the outbox is full."""
@@ -92,22 +104,32 @@ class MemoryWebhooks:
         if self._taken.pop(entry.key, None) is not None:
             self._bytes -= entry.size
 
-    async def bury(self, letter: DeadLetter) -> None:
-        self._dead.appendleft(letter)
-        while len(self._dead) > self.max_dead:
-            lost = self._dead.pop()
-            log.error("dead letters full: dropped the oldest, %s for %s", lost.webhook_id, lost.url)
+    async def bury(self, letter: DeadLetter) -> int:
+        size = len(letter.model_dump_json())
+        if size > self.max_dead_bytes:
+            return 1  # alone over the bound: dropped at once, the others kept
+        self._dead.appendleft((letter, size))
+        self._dead_bytes += size
+        dropped = 0
+        while len(self._dead) > self.max_dead or self._dead_bytes > self.max_dead_bytes:
+            _, lost = self._dead.pop()
+            self._dead_bytes -= lost
+            dropped += 1
+        return dropped
 
     async def dead(self) -> list[DeadLetter]:
-        return list(self._dead)
+        return [letter for letter, _ in self._dead]
 
     async def revive(self) -> int:
         revived = 0
         while self._dead:
-            letter = self._dead.pop()  # oldest first, so a channel's order holds
+            letter, size = self._dead[-1]  # oldest first, so a channel's order holds
             frame, producer = revived_frame(letter)
-            if self.add(letter.payload.channel, frame, producer, time.time(), letter.url):
-                revived += 1
+            if not self.add(letter.payload.channel, frame, producer, time.time(), letter.url):
+                break  # the outbox is full: the rest stay dead letters
+            self._dead.pop()
+            self._dead_bytes -= size
+            revived += 1
         return revived
 
     async def release(self) -> None:
@@ -144,9 +166,12 @@ class MemoryBroker:
 
     def memory_bytes(self) -> int:
         """Characters this process holds for the broker: every channel's history (what
-        has outlived ``--history-ttl`` is dropped first)."""
+        has outlived ``--history-ttl`` is dropped first), the webhook outbox and the dead
+        letters."""
         self.history.expire(time.monotonic())
-        return self.history.bytes
+        webhooks = self.webhooks
+        held = webhooks.held_bytes if isinstance(webhooks, MemoryWebhooks) else 0
+        return self.history.bytes + held
 
     async def start(self, listener: BrokerListener) -> None:
         """Start delivering events to ``listener``."""

@@ -189,15 +189,32 @@ return 1
 """Remove a delivered (or dead) entry from the webhook outbox, and its bytes from the count."""
 
 WEBHOOK_BURY = """
+local size = string.len(ARGV[1])
+local max_bytes = tonumber(ARGV[3])
+local held = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if held < 0 then
+  held = 0
+  for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    held = held + string.len(item)
+  end
+end
+if size > max_bytes then
+  redis.call('SET', KEYS[2], held)
+  return 1
+end
 redis.call('LPUSH', KEYS[1], ARGV[1])
+held = held + size
 local dropped = 0
-while redis.call('LLEN', KEYS[1]) > tonumber(ARGV[2]) do
-  redis.call('RPOP', KEYS[1])
+while redis.call('LLEN', KEYS[1]) > tonumber(ARGV[2]) or held > max_bytes do
+  held = held - string.len(redis.call('RPOP', KEYS[1]))
   dropped = dropped + 1
 end
+redis.call('SET', KEYS[2], held)
 return dropped
 """
-"""Keep a dead letter, the newest first, at most ``max_dead``; returns how many were dropped."""
+"""Keep a dead letter, the newest first, at most ``max_dead`` of them and ``max_bytes`` in
+all (their total kept in ``KEYS[2]``, counted from the list if it is missing); a letter alone
+over ``max_bytes`` is not kept. Returns how many were dropped."""
 
 WEBHOOK_ADD = """
 local size = string.len(ARGV[2]) + string.len(ARGV[3])
@@ -208,7 +225,12 @@ end
 redis.call('XADD', KEYS[1], '*', 'c', ARGV[1], 'f', ARGV[2], 'p', ARGV[3], 't', ARGV[4],
   'u', ARGV[5])
 redis.call('INCRBY', KEYS[2], size)
-redis.call('LREM', KEYS[3], 1, ARGV[8])
+if redis.call('LREM', KEYS[3], 1, ARGV[8]) == 1 and redis.call('EXISTS', KEYS[4]) == 1 then
+  local left = redis.call('DECRBY', KEYS[4], string.len(ARGV[8]))
+  if left < 0 or redis.call('LLEN', KEYS[3]) == 0 then
+    redis.call('SET', KEYS[4], math.max(left, 0))
+  end
+end
 return 1
 """
 """Queue a revived dead letter again (for its one URL) and take it off the dead list, unless

@@ -11,7 +11,10 @@ Keys:
   and renews it three times as often. While it does, it reads the Stream in order through
   the group ``relay`` as the one consumer ``deliverer``, and removes (``XACK``, ``XDEL``)
   each entry once every URL is done with it.
-* ``tr:wh:dead`` — the dead letters, a list, newest first, at most ``--webhook-max-dead``.
+* ``tr:wh:dead`` — the dead letters, a list, newest first, at most ``--webhook-max-dead``
+  of them and ``--webhook-max-dead-bytes`` in all; past either the oldest are dropped.
+* ``tr:wh:dead:bytes`` — the bytes of the dead letters (counted again from the list if it
+  is missing).
 
 When the delivering process dies, its lease lapses and another process takes it: it reads
 the consumer's pending entries first (what the dead one read but never settled), then the
@@ -35,7 +38,7 @@ from ..core.settings import Settings
 from ..core.webhooks import DeadLetter, WebhookEntry
 from .memory import revived_frame
 
-__all__ = ["DEAD", "GROUP", "LEASE", "OUTBOX", "OUTBOX_BYTES", "RedisWebhooks"]
+__all__ = ["DEAD", "DEAD_BYTES", "GROUP", "LEASE", "OUTBOX", "OUTBOX_BYTES", "RedisWebhooks"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ OUTBOX = "tr:wh"
 OUTBOX_BYTES = "tr:wh:bytes"
 LEASE = "tr:wh:lease"
 DEAD = "tr:wh:dead"
+DEAD_BYTES = "tr:wh:dead:bytes"
 GROUP = "relay"
 CONSUMER = "deliverer"
 
@@ -77,6 +81,7 @@ class RedisWebhooks:
         self._group_ready = False
         self.depth = 0
         self.dead_count = 0
+        self.dead_bytes = 0
 
     async def take(self, limit: int, wait: float) -> list[WebhookEntry]:
         """Keep the lease (or take it), then read: first the consumer's unsettled entries,
@@ -94,6 +99,7 @@ class RedisWebhooks:
         redis = self._client()
         self.depth = int(await redis.xlen(OUTBOX))
         self.dead_count = int(await redis.llen(DEAD))
+        self.dead_bytes = int(await redis.get(DEAD_BYTES) or 0)
         if not held:
             self._lost()
             return []
@@ -162,15 +168,21 @@ class RedisWebhooks:
         except (*_DOWN, redis_errors.RedisError) as exc:
             raise BrokerUnavailable(str(exc)) from None
 
-    async def bury(self, letter: DeadLetter) -> None:
+    async def bury(self, letter: DeadLetter) -> int:
+        settings = self.settings
         try:
             dropped = await self._run(
-                "webhook_bury", [DEAD], [letter.model_dump_json(), self.settings.webhook_max_dead]
+                "webhook_bury",
+                [DEAD, DEAD_BYTES],
+                [
+                    letter.model_dump_json(),
+                    settings.webhook_max_dead,
+                    settings.webhook_max_dead_bytes,
+                ],
             )
         except (*_DOWN, redis_errors.RedisError) as exc:
             raise BrokerUnavailable(str(exc)) from None
-        if dropped:
-            log.error("dead letters full: dropped the %d oldest", dropped)
+        return int(dropped)
 
     async def dead(self) -> list[DeadLetter]:
         try:
@@ -189,7 +201,7 @@ class RedisWebhooks:
                 frame, producer = revived_frame(letter)
                 added = await self._run(
                     "webhook_add",
-                    [OUTBOX, OUTBOX_BYTES, DEAD],
+                    [OUTBOX, OUTBOX_BYTES, DEAD, DEAD_BYTES],
                     [
                         letter.payload.channel,
                         frame,

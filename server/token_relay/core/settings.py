@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from .errors import ConfigError
 from .forwarded import parse_networks
 from .grants import refusal
+from .webhooks import loggable_url
 
 __all__ = ["Settings"]
 
@@ -148,7 +149,11 @@ class Settings:
     webhook_concurrency: int = 16
     """POSTs in flight at once, across channels (one per channel and URL at a time)."""
     webhook_max_dead: int = 10_000
-    """Dead letters kept (GET /webhooks/dead); past it the oldest is dropped, and logged."""
+    """Dead letters kept (GET /webhooks/dead, in Redis with a Redis broker); past it the
+    oldest is dropped, counted and logged."""
+    webhook_max_dead_bytes: int = 16 * MIB
+    """Bytes of dead letters (as JSON) kept; past it the oldest are dropped, counted and
+    logged (a letter bigger than this is dropped at once)."""
     loop: str = "asyncio"
     """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
     log_format: str = "plain"
@@ -183,13 +188,16 @@ class Settings:
             "webhook_max_pending_bytes",
             "webhook_concurrency",
             "webhook_max_dead",
+            "webhook_max_dead_bytes",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
         for url in self.webhooks:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ConfigError(f"--webhook {url!r} is not an http:// or https:// URL")
+                raise ConfigError(
+                    f"--webhook {loggable_url(url)!r} is not an http:// or https:// URL"
+                )
         if self.webhook_secret:
             _check_webhook_secret(self.webhook_secret)
         for pattern in self.webhook_channels:

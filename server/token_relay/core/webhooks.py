@@ -19,6 +19,9 @@ decides what to POST when:
 The body is :class:`WebhookPayload` as JSON, the same for every attempt, and the
 ``webhook-id`` (:func:`webhook_id`) depends on the channel, epoch and offset only, so a
 receiver dedupes retries and redeliveries by it.
+
+A webhook URL's userinfo and query often hold the receiver's key: logs and error texts show
+it as :func:`loggable_url` gives it, never whole.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import base64
 import collections
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
@@ -43,6 +48,8 @@ __all__ = [
     "WebhookPayload",
     "backoff_delay",
     "identity",
+    "loggable_url",
+    "scrubbed",
     "webhook_id",
 ]
 
@@ -87,6 +94,23 @@ def webhook_id(channel: str, epoch: str, offset: int) -> str:
     """The ``webhook-id`` of a channel's message: stable across retries and processes."""
     digest = hashlib.sha256(f"{channel}\x00{epoch}\x00{offset}".encode()).digest()
     return "msg_" + base64.urlsafe_b64encode(digest[:18]).decode()
+
+
+def loggable_url(url: str) -> str:
+    """A URL as logs show it: scheme, host, port and path, without userinfo, query or
+    fragment (they often hold the receiver's key)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def scrubbed(text: str) -> str:
+    """``text`` (an exception's message) with every URL in it as :func:`loggable_url`
+    gives it."""
+    return _URL.sub(lambda match: loggable_url(match.group()), text)
 
 
 def identity(grant: Grant) -> str:

@@ -199,7 +199,8 @@ class Metrics:
         )
         self.memory = Gauge(
             "relay_memory_bytes",
-            "Bytes of text held: messages, parked sessions, history, the broker's outbox.",
+            "Bytes of text held: messages, parked sessions, history, the broker's outbox, and "
+            "with the memory broker the webhook outbox and dead letters.",
             registry=registry,
         )
         self.memory_limit = Gauge(
@@ -243,6 +244,17 @@ class Metrics:
         )
         self.webhook_dead = Gauge(
             "relay_webhook_dead_letters", "Dead letters kept.", registry=registry
+        )
+        self.webhook_dead_bytes = Gauge(
+            "relay_webhook_dead_letter_bytes",
+            "Bytes of dead letters kept (as JSON; in Redis with a Redis broker).",
+            registry=registry,
+        )
+        self.webhook_dead_dropped = Counter(
+            "relay_webhook_dead_letters_dropped_total",
+            "Dead letters dropped, the oldest first, past --webhook-max-dead or "
+            "--webhook-max-dead-bytes.",
+            registry=registry,
         )
         self.webhook_not_queued = Counter(
             "relay_webhook_not_queued_total",

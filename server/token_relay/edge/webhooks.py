@@ -8,7 +8,11 @@ keeps dead letters, and counts it all. It never blocks the relay: the outbox is 
 the broker and drained here, in tasks of their own.
 
 A POST succeeds on any 2xx answer. Anything else, a network error, or no whole answer within
-``--webhook-timeout`` is a failure, retried per the outbox's backoff.
+``--webhook-timeout`` is a failure, retried per the outbox's backoff. The status is the
+answer: its body is read up to :data:`ANSWER_BYTES` (so the connection can serve the next
+POST) and never kept; past that the connection is dropped, and a body that stalls is a
+timeout like any other. URLs are logged as :func:`~token_relay.core.webhooks.loggable_url`
+gives them.
 """
 
 from __future__ import annotations
@@ -26,10 +30,17 @@ from standardwebhooks import Webhook
 from ..brokers import WebhookStore
 from ..core.errors import BrokerUnavailable
 from ..core.settings import Settings
-from ..core.webhooks import DeadLetter, Delivery, Outbox, WebhookEntry
+from ..core.webhooks import (
+    DeadLetter,
+    Delivery,
+    Outbox,
+    WebhookEntry,
+    loggable_url,
+    scrubbed,
+)
 from .metrics import Metrics
 
-__all__ = ["BUFFER", "WebhookDispatcher"]
+__all__ = ["ANSWER_BYTES", "BUFFER", "WebhookDispatcher"]
 
 log = logging.getLogger("token_relay.webhooks")
 
@@ -37,6 +48,9 @@ BUFFER = 10_000
 """Entries held here at once (taken from the outbox, not yet settled)."""
 
 USER_AGENT = "token-relay-webhooks"
+
+ANSWER_BYTES = 64 * 1024
+"""Bytes of a receiver's answer body read at most; past them the connection is dropped."""
 
 
 class WebhookDispatcher:
@@ -60,9 +74,12 @@ class WebhookDispatcher:
         self._unsettled: list[WebhookEntry] = []
         self._stopping = False
         self._not_queued = 0
+        self._dead_dropped = 0
+        """Dead letters dropped so far: logged for the first ten, then once in a thousand."""
         self._wait = max(0.05, min(0.5, settings.lease_seconds / 4))
         metrics.webhook_outbox.set_function(lambda: float(self.store.depth))
         metrics.webhook_dead.set_function(lambda: float(self.store.dead_count))
+        metrics.webhook_dead_bytes.set_function(lambda: float(self.store.dead_bytes))
 
     async def start(self) -> None:
         """Start taking and sending."""
@@ -165,7 +182,7 @@ class WebhookDispatcher:
                 log.info(
                     "webhook %s to %s failed (%s); attempt %d, retrying",
                     entry.id,
-                    delivery.url,
+                    loggable_url(delivery.url),
                     error,
                     delivery.attempts,
                 )
@@ -188,12 +205,13 @@ class WebhookDispatcher:
             async with self._client.post(
                 url, data=entry.body, headers=headers, allow_redirects=False
             ) as response:
-                await response.read()
                 status = response.status
+                if not await _read_answer(response):
+                    response.close()  # past ANSWER_BYTES: the rest is never read
         except TimeoutError:
             return f"timeout after {self.settings.webhook_timeout:g} s"
         except (aiohttp.ClientError, OSError) as exc:
-            return f"network_error {type(exc).__name__}: {exc}"
+            return f"network_error {type(exc).__name__}: {scrubbed(str(exc))}"
         if 200 <= status < 300:
             return None
         return f"http_error {status}"
@@ -204,7 +222,7 @@ class WebhookDispatcher:
         log.error(
             "webhook %s to %s is a dead letter after %d attempts (%s): %r on %r",
             entry.id,
-            delivery.url,
+            loggable_url(delivery.url),
             delivery.attempts,
             delivery.error,
             entry.payload.id,
@@ -221,9 +239,24 @@ class WebhookDispatcher:
             payload=entry.payload,
         )
         try:
-            await self.store.bury(letter)
+            dropped = await self.store.bury(letter)
         except BrokerUnavailable:
             log.error("could not keep the dead letter %s: the broker is unreachable", entry.id)
+            return
+        if not dropped:
+            return
+        self.metrics.webhook_dead_dropped.inc(dropped)
+        before, self._dead_dropped = self._dead_dropped, self._dead_dropped + dropped
+        if before < 10 or before // 1000 != self._dead_dropped // 1000:
+            log.error(
+                "dead letters full (--webhook-max-dead %d, --webhook-max-dead-bytes %d): "
+                "dropped the %d oldest (%d so far)",
+                self.settings.webhook_max_dead,
+                self.settings.webhook_max_dead_bytes,
+                dropped,
+                self._dead_dropped,
+                extra={"event": "webhook_dead_dropped"},
+            )
 
     async def _settle(self, entry: WebhookEntry) -> None:
         try:
@@ -236,3 +269,18 @@ class WebhookDispatcher:
         pending, self._unsettled = self._unsettled, []
         for entry in pending:
             await self._settle(entry)
+
+
+async def _read_answer(response: aiohttp.ClientResponse) -> bool:
+    """Read and forget a receiver's answer body; False if it has more than
+    :data:`ANSWER_BYTES` (the caller drops the connection)."""
+    declared = response.content_length
+    if declared is not None and declared > ANSWER_BYTES:
+        return False
+    left = ANSWER_BYTES
+    while left >= 0:
+        chunk = await response.content.read(left + 1)
+        if not chunk:
+            return True
+        left -= len(chunk)
+    return False
