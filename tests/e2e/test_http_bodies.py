@@ -1,0 +1,220 @@
+"""Request bodies under attack, over real sockets: bytes that are not UTF-8, lines over the
+limit, bodies over the limit in any framing, bodies cut in mid-request, and bodies trickled in
+tiny chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+from token_relay import Relay
+from token_relay.core.grants import Grant, Role
+from token_relay.edge.httpproducer import HttpProducer
+
+from ..conftest import RunningRelay, recv_json, start_relay
+
+NDJSON = "application/x-ndjson"
+
+
+def _port(running: RunningRelay) -> int:
+    return int(running.url.rsplit(":", 1)[1])
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return json.dumps(event).encode() + b"\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _head(path: str, content_type: str, length: int | None = None) -> bytes:
+    framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Type: {content_type}\r\n{framing}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+
+
+async def _chunked(
+    port: int, path: str, chunks: Sequence[bytes], content_type: str = NDJSON
+) -> tuple[int, Any]:
+    """POST a chunked body, one write per chunk; the status and the decoded answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(_head(path, content_type))
+        for piece in chunks:
+            writer.write(_chunk(piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        return _parse(await asyncio.wait_for(reader.read(), 10))
+    finally:
+        writer.close()
+
+
+def _parse(response: bytes) -> tuple[int, Any]:
+    head, _, payload = response.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    return status, json.loads(payload) if payload.startswith(b"{") else payload
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Cut the socket: a reset, not a close."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def _http_producers(relay: Relay) -> float:
+    value: float = relay.metrics.connections.labels("http_producer")._value.get()
+    return value
+
+
+# ------------------------------------------------------------------ bytes that are not UTF-8
+
+
+async def test_a_line_that_is_not_utf8_is_one_refused_event_naming_its_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running, relay = await start_relay()
+    port = _port(running)
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        body = [
+            _line({"id": "u", "delta": "before "}),
+            b'{"id": "u", "delta": "\xff\xfe"}\n',
+            _line({"id": "u", "delta": "after", "final": True}),
+        ]
+        with caplog.at_level(logging.INFO, logger="token_relay"):
+            status, answer = await _chunked(port, "/produce?channel=c", body)
+        assert status == 200
+        assert answer["errors"] == [
+            {
+                "type": "error",
+                "code": "invalid_json",
+                "message": "line 2 is not UTF-8",
+                "id": None,
+                "line": 2,
+            }
+        ]
+        assert [ack["id"] for ack in answer["acks"]] == ["u"]  # the later line still applied
+        assert (await recv_json(sub))["text"] == "before after"
+        # A JSON body that is not UTF-8: 400, with a clear error.
+        status, answer = await _chunked(
+            port, "/produce?channel=c", [b'{"id": "j", "delta": "\xc3(", "final": true}'],
+            "application/json",
+        )  # fmt: skip
+        assert (status, [e["code"] for e in answer["errors"]]) == (400, ["invalid_json"])
+        assert answer["errors"][0]["message"] == "the body is not UTF-8"
+        assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_lines_trickled_in_tiny_chunks_are_applied_whole() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        text = "".join("abcdé€"[n % 6] for n in range(200_000))  # characters of 1 to 3 bytes
+        body = (
+            json.dumps({"id": "t", "delta": text}, ensure_ascii=False).encode()
+            + b"\n\n \n"
+            + json.dumps({"id": "t", "delta": "!", "final": True}).encode()  # no newline: the end
+        )
+        chunks = [body[n : n + 32] for n in range(0, len(body), 32)]
+        status, answer = await _chunked(_port(running), "/produce?channel=c", chunks)
+        assert (status, answer["errors"], [a["id"] for a in answer["acks"]]) == (200, [], ["t"])
+        assert (await recv_json(sub))["text"] == text + "!"
+
+
+class _Socket:
+    """Whether a producer's socket is being read, as its transport would be told."""
+
+    def __init__(self) -> None:
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_lines_waiting_to_be_applied_are_bounded_in_count_and_bytes() -> None:
+    sock = _Socket()
+    producer = HttpProducer(
+        cast(asyncio.Transport, sock),
+        path="/produce",
+        client="test",
+        grant=Grant(Role.PRODUCE, ("*",)),
+        ndjson=True,
+        named=False,
+        max_line=1000,
+    )
+    producer.feed(b"{}\n" * 63)
+    assert sock.reading
+    producer.feed(b"{}\n")  # the 64th line waiting: the socket is not read
+    assert not sock.reading
+    for _ in range(32):
+        await anext(producer)
+    assert not sock.reading  # 32 still wait
+    await anext(producer)  # fewer than half: read again
+    assert sock.reading
+    for _ in range(31):
+        await anext(producer)
+    half = b'"' + b"x" * 498 + b'"\n'  # a line of 500 bytes
+    producer.feed(half)
+    assert sock.reading
+    producer.feed(half)  # 1,000 bytes waiting: the socket is not read
+    assert not sock.reading
+    await anext(producer)
+    assert sock.reading
+
+
+# ------------------------------------------------------------------ a line over the limit
+
+
+async def test_a_line_over_the_limit_is_refused_whole_and_its_tail_never_applied() -> None:
+    running, relay = await start_relay(max_frame_bytes=1000)
+    port = _port(running)
+    smuggled = _line({"id": "smuggled", "delta": "from the tail", "final": True})
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        body = [
+            _line({"id": "a", "delta": "kept "}),
+            b'{"id": "a", "delta": "' + b"x" * 1500,  # over the limit already
+            b"x" * 1500,
+            b'"}' + b" " * 10 + smuggled,  # the over-long line ends with a valid event
+            _line({"id": "a", "delta": "too", "final": True}),
+        ]
+        status, answer = await _chunked(port, "/produce?channel=c", body)
+        assert status == 413
+        assert answer["errors"] == [
+            {
+                "type": "error",
+                "code": "line_too_long",
+                "message": "line 2 is over 1000 bytes; none of it was applied",
+                "id": None,
+                "line": 2,
+            }
+        ]
+        assert [ack["id"] for ack in answer["acks"]] == ["a"]
+        first = await recv_json(sub)
+        assert (first["id"], first["text"]) == ("a", "kept too")  # nothing smuggled before it
+        # A line over the limit that arrives in one piece is refused the same way.
+        one = [_line({"id": "b", "delta": "y" * 2000}) + _line({"id": "b", "final": True})]
+        status, answer = await _chunked(port, "/produce?channel=c", one)
+        assert (status, [(e["code"], e["line"]) for e in answer["errors"]]) == (
+            413,
+            [("line_too_long", 1)],
+        )
+        assert [ack["id"] for ack in answer["acks"]] == ["b"]
+        second = await recv_json(sub)
+        assert (second["id"], second["text"]) == ("b", "")
