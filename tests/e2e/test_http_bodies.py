@@ -218,3 +218,61 @@ async def test_a_line_over_the_limit_is_refused_whole_and_its_tail_never_applied
         assert [ack["id"] for ack in answer["acks"]] == ["b"]
         second = await recv_json(sub)
         assert (second["id"], second["text"]) == ("b", "")
+
+
+# ------------------------------------------------------------------ bodies over the limit
+
+LIMIT = 4096
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/produce?channel=c", "application/json"),
+        ("/produce?channel=c", NDJSON),
+        ("/cancel", "application/json"),
+        ("/ai-sdk/c/stop", "application/json"),
+        ("/webhooks/dead", "application/json"),
+    ],
+)
+async def test_a_chunked_body_over_the_limit_is_refused_as_soon_as_it_passes(
+    path: str, content_type: str
+) -> None:
+    running, relay = await start_relay(max_body_bytes=LIMIT)
+    async with relay:
+        reader, writer = await asyncio.open_connection("127.0.0.1", _port(running))
+        writer.write(_head(path, content_type))
+        # Valid NDJSON lines, a JSON string that never ends elsewhere: the body goes on.
+        piece = _line({"id": "m", "delta": "z" * 900}) if content_type == NDJSON else b"[" * 1000
+        for _ in range(6):
+            writer.write(_chunk(piece))
+        await writer.drain()
+        # No end of the body: the answer comes as soon as the limit is passed.
+        response = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        status, answer = _parse(response)
+        assert status == 413 and b"\r\nConnection: close\r\n" in response
+        reason = f"request body over {LIMIT} bytes"
+        if path.startswith("/produce"):
+            errors = [(e["code"], e["message"]) for e in answer["errors"]]
+            assert errors == [("body_too_large", reason + "; the rest of it was not read")]
+        else:
+            assert answer.decode().strip() == reason
+        assert _http_producers(relay) == 0
+
+
+async def test_an_ndjson_body_over_the_limit_keeps_what_it_applied_before() -> None:
+    running, relay = await start_relay(max_body_bytes=LIMIT)
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        done = _line({"id": "done", "delta": "whole", "final": True})
+        flood = [_line({"id": "open", "delta": "w" * 1000}) for _ in range(5)]
+        status, answer = await _chunked(_port(running), "/produce?channel=c", [done, *flood])
+        assert status == 413 and [ack["id"] for ack in answer["acks"]] == ["done"]
+        assert (await recv_json(sub))["text"] == "whole"
+        aborted = await recv_json(sub)  # what it left unfinished aborts, as at a body's end
+        assert (aborted["type"], aborted["id"], aborted["reason"]) == (
+            "aborted",
+            "open",
+            "producer_disconnected",
+        )
