@@ -16,6 +16,7 @@ import pytest
 from token_relay import Relay
 from token_relay.core.grants import Grant, Role
 from token_relay.edge.httpproducer import HttpProducer
+from token_relay.testing import eventually
 
 from ..conftest import RunningRelay, recv_json, start_relay
 
@@ -276,3 +277,82 @@ async def test_an_ndjson_body_over_the_limit_keeps_what_it_applied_before() -> N
             "open",
             "producer_disconnected",
         )
+
+
+# ------------------------------------------------------------------ bodies cut in mid-request
+
+
+async def test_a_body_reset_in_mid_request_aborts_at_once_and_frees_everything() -> None:
+    running, relay = await start_relay(idle_timeout=60)
+    port = _port(running)
+    async with relay, running.connect("/subscribe?channel=c&deltas=1") as sub:
+        await recv_json(sub)
+        assert relay.server is not None
+        tasks_before = set(relay.server._tasks)
+        for n in range(200):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_head("/produce?channel=c", NDJSON))
+            writer.write(_chunk(_line({"id": f"r{n}", "delta": "half"})))
+            assert (await recv_json(sub))["delta"] == "half"  # applied: the body is under way
+            _reset(writer)
+            aborted = await recv_json(sub)  # at once: long before --idle-timeout
+            assert (aborted["type"], aborted["id"], aborted["reason"], aborted["text"]) == (
+                "aborted",
+                f"r{n}",
+                "producer_disconnected",
+                "half",
+            )
+        await eventually(lambda: _http_producers(relay) == 0, what="every producer ended")
+        assert set(relay.server._tasks) <= tasks_before
+        assert not relay.sessions.by_owner and not relay.sessions.parked
+
+
+async def test_a_stalled_body_s_producer_ends_with_its_cut_socket() -> None:
+    running, relay = await start_relay(idle_timeout=0.5)
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        reader, writer = await asyncio.open_connection("127.0.0.1", _port(running))
+        writer.write(_head("/produce?channel=c", NDJSON) + _chunk(_line({"id": "s", "delta": "x"})))
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # cut, with no answer
+        writer.close()
+        assert (await recv_json(sub))["type"] == "aborted"
+        await eventually(lambda: _http_producers(relay) == 0, what="the producer ended")
+        assert not relay.sessions.by_owner
+
+
+async def test_a_named_producer_s_body_reset_leaves_its_session_for_the_next_request() -> None:
+    running, relay = await start_relay(idle_timeout=60)
+    port = _port(running)
+    path = "/produce?channel=c&producer=gw"
+    async with relay, running.connect("/subscribe?channel=c&deltas=1") as sub:
+        await recv_json(sub)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_head(path, NDJSON) + _chunk(_line({"id": "n", "delta": "one ", "seq": 1})))
+        assert (await recv_json(sub))["delta"] == "one "
+        _reset(writer)
+        await eventually(lambda: _http_producers(relay) == 0, what="the request ended")
+        assert len(relay.sessions.parked) == 1
+        rest = [_line({"id": "n", "delta": "two", "seq": 2}), _line({"id": "n", "final": True})]
+        status, answer = await _chunked(port, path, rest)
+        assert (status, answer["errors"], [a["id"] for a in answer["acks"]]) == (200, [], ["n"])
+        assert (await recv_json(sub))["delta"] == "two"
+        assert (await recv_json(sub))["text"] == "one two"
+
+
+async def test_a_body_whose_framing_breaks_ends_its_producer_at_once() -> None:
+    running, relay = await start_relay(idle_timeout=60)
+    async with relay, running.connect("/subscribe?channel=c&deltas=1") as sub:
+        await recv_json(sub)
+        reader, writer = await asyncio.open_connection("127.0.0.1", _port(running))
+        writer.write(_head("/produce?channel=c", NDJSON) + _chunk(_line({"id": "f", "delta": "x"})))
+        assert (await recv_json(sub))["delta"] == "x"
+        writer.write(b"not a chunk size\r\n")
+        status, _ = _parse(await asyncio.wait_for(reader.read(), 5))
+        writer.close()
+        aborted = await recv_json(sub)
+        assert (status, aborted["type"], aborted["reason"]) == (
+            400,
+            "aborted",
+            "producer_disconnected",
+        )
+        await eventually(lambda: _http_producers(relay) == 0, what="the producer ended")

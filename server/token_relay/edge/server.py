@@ -436,6 +436,7 @@ class HttpConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self.server.closed(self)
+        self._body_lost()
         if self.ws is not None:
             self.server.gate.release(self.ws)
             self.ws.lost()
@@ -490,6 +491,7 @@ class HttpConnection(asyncio.Protocol):
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 self._head_done()
+                self._body_lost()
                 self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
                 return
             if event is h11.NEED_DATA or event is h11.PAUSED:
@@ -550,6 +552,13 @@ class HttpConnection(asyncio.Protocol):
             elif isinstance(event, h11.ConnectionClosed):
                 self.transport_close()
                 return
+
+    def _body_lost(self) -> None:
+        """The body died in mid-request (its socket is gone, or its framing broke): its
+        producer ends now, not at ``--idle-timeout``."""
+        if self._producer is not None:
+            self._producer.lost()
+            self._producer = None
 
     def _too_large(self, refusal: str) -> None:
         """A body passed ``--max-body-bytes``: 413 at once, and nothing more of it is read."""
