@@ -219,6 +219,11 @@ async def test_a_line_over_the_limit_is_refused_whole_and_its_tail_never_applied
         assert [ack["id"] for ack in answer["acks"]] == ["b"]
         second = await recv_json(sub)
         assert (second["id"], second["text"]) == ("b", "")
+        # A line of exactly the limit is not over it.
+        exact = json.dumps({"id": "e", "delta": "q" * 961, "final": True}).encode()
+        assert len(exact) == 1000
+        status, answer = await _chunked(port, "/produce?channel=c", [exact + b"\n"])
+        assert (status, answer["errors"], [a["id"] for a in answer["acks"]]) == (200, [], ["e"])
 
 
 # ------------------------------------------------------------------ bodies over the limit

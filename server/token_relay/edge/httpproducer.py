@@ -101,7 +101,8 @@ class HttpProducer(PeerBase):
             newline = chunk.find(b"\n", start)
         if not self._skipping:
             if len(self._arriving) + len(chunk) - start > self.max_line:
-                self._too_long()
+                self._too_long(self._lines + 1)
+                self._skipping = True  # the rest of it, up to its newline, is dropped
             else:
                 self._arriving += view[start:]
         if not self._paused and (len(self._items) >= MAX_LINES or self._queued >= self.max_line):
@@ -111,29 +112,21 @@ class HttpProducer(PeerBase):
 
     def _line_ends(self, tail: memoryview) -> None:
         """The line arriving ends with ``tail``: queue it (or its refusal)."""
-        if self._skipping:
-            self._skipping = False
-            self._lines += 1
-            return
-        if len(self._arriving) + len(tail) > self.max_line:
-            self._too_long()
-            self._skipping = False
-            self._lines += 1
-            return
-        if self._arriving:
-            self._arriving += tail
-            line = bytes(self._arriving)
-            self._arriving = bytearray()
-        else:
-            line = bytes(tail)
         self._lines += 1
-        self._queue(line)
+        if self._skipping:  # refused already
+            self._skipping = False
+        elif len(self._arriving) + len(tail) > self.max_line:
+            self._too_long(self._lines)
+        elif self._arriving:
+            self._arriving += tail
+            line, self._arriving = bytes(self._arriving), bytearray()
+            self._queue(line)
+        else:
+            self._queue(bytes(tail))
 
-    def _too_long(self) -> None:
-        """The line arriving is over the limit: refuse it whole, drop it to its newline."""
-        number = self._lines + 1
+    def _too_long(self, number: int) -> None:
+        """Line ``number`` is over the limit: refuse it whole."""
         self._arriving = bytearray()
-        self._skipping = True
         refusal = FrameRejected(
             ErrorCode.LINE_TOO_LONG,
             f"line {number} is over {self.max_line} bytes; none of it was applied",
