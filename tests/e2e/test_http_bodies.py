@@ -265,6 +265,7 @@ async def test_a_chunked_body_over_the_limit_is_refused_as_soon_as_it_passes(
         else:
             assert answer.decode().strip() == reason
         assert _http_producers(relay) == 0
+        assert relay.metrics.refusals.labels("413")._value.get() == 1
 
 
 async def test_an_ndjson_body_over_the_limit_keeps_what_it_applied_before() -> None:

@@ -567,6 +567,9 @@ class HttpConnection(asyncio.Protocol):
         self._body = bytearray()
         if producer is not None:
             # Its producer answers: the lines that came whole before the limit were applied.
+            # The refusal is logged and counted as any other (its reply is the producer's).
+            if self.request is not None:
+                self.server.gate.refuse(self._view(self.request), 413, refusal)
             self._no_deadline()
             self._dropping = True
             producer.refuse(f"{refusal}; the rest of it was not read")
