@@ -51,6 +51,18 @@ tracebacks it logged, is reported for every case.
   176 messages of 500,000 characters on 16 channels die as dead letters (sent at most 16
   ahead of the dead), with the same canary. Figures: the dead letters kept and dropped,
   ``relay_memory_bytes`` at the end, the relay's CPU seconds and the canary's round trips.
+* ``chunked_json``: one ``POST /produce`` of 40 MiB of JSON in 64 KiB chunks with no
+  ``Content-Length`` (the relay's ``--max-body-bytes`` is its default, 1 MiB).
+* ``ndjson_trickle``: one NDJSON line of a million bytes in 32-byte chunks, then its final.
+* ``body_resets``: 1,000 NDJSON ``POST /produce`` requests, one after another, each reset
+  (``SO_LINGER`` 0) after a first line that opens a message. Figures: the
+  ``http_producer`` gauge before and after, the ``aborted`` frames a subscriber got within 2 s
+  of the last reset, and the relay's CPU seconds.
+
+``chunked_json`` and ``ndjson_trickle`` run a canary beside the attack: a real producer and
+subscriber passing one small message after another on their own channel. Figures: the
+canary's median and worst latency (send to delivery) while the attack lasts, the attack's
+answer and how long it took, and the relay's CPU seconds meanwhile.
 
 ``parked_sessions`` and ``memory`` run the relay with ``--max-message-chars 4194304``, which
 both installations know: with the default of 1 MiB the second delta of every message would
@@ -79,11 +91,12 @@ import re
 import resource
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,7 +223,8 @@ class RssWatch:
 
 
 async def metric(port: int, name: str) -> float | None:
-    """The sum of a metric's samples in ``GET /metrics``, or ``None`` if it is not there."""
+    """The sum of a metric's samples in ``GET /metrics``, or ``None`` if it is not there;
+    ``name`` may name one sample's labels too (``relay_connections{role="http_producer"}``)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(b"GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
@@ -891,6 +905,184 @@ async def crowd_then_bodies(nginx: Nginx, out: Figures) -> None:
         out["nginx_first_error"] = errors[0][:200]
 
 
+# ------------------------------------------------------------------ 9-11. request bodies
+
+
+class Canary:
+    """A real producer and subscriber on channel ``canary``: one small message after another
+    (each 50 ms after the last arrived), timed from the producer's send to the subscriber's
+    ``message`` frame, for as long as it runs."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.latencies: list[float] = []
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect both, then send in a task."""
+        self.producer = await producer(self.url, "canary")
+        self.subscriber, _ = await subscriber(self.url, "channel=canary")
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        n = 0
+        while True:
+            n += 1
+            message_id = f"k{n}"
+            sent = time.monotonic()
+            await self.producer.send(json.dumps({"id": message_id, "delta": "x", "final": True}))
+            got = await frame_where(self.subscriber, has_id(message_id), 10)
+            if got is None:
+                self.failures += 1
+            else:
+                self.latencies.append(time.monotonic() - sent)
+            await asyncio.sleep(0.05)
+
+    async def stop(self, out: Figures) -> None:
+        """Stop, and record the latencies' count, median and worst in ``out``."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.producer.close()
+        await self.subscriber.close()
+        ordered = sorted(self.latencies)
+        out["canary_messages"] = len(ordered)
+        out["canary_failures"] = self.failures
+        if ordered:
+            out["canary_p50_ms"] = round(1000 * ordered[len(ordered) // 2], 1)
+            out["canary_max_ms"] = round(1000 * ordered[-1], 1)
+
+
+def has_id(message_id: str) -> Callable[[dict[str, Any]], bool]:
+    """A :func:`frame_where` test for a frame of message ``message_id``."""
+    return lambda frame: frame.get("id") == message_id
+
+
+CHUNKED_HEAD = (
+    "POST /produce?channel={channel} HTTP/1.1\r\nHost: relay\r\nContent-Type: {kind}\r\n"
+    "Transfer-Encoding: chunked\r\n\r\n"
+)
+JSON_BODY_BYTES = 40 * MIB
+JSON_CHUNK_BYTES = 64 * 1024
+TRICKLE_LINE_BYTES = 1_000_000
+TRICKLE_CHUNK_BYTES = 32
+RESETS = 1000
+
+
+def http_chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def post_chunked(
+    port: int, kind: str, chunks: Iterator[bytes], deadline: float
+) -> tuple[str, int]:
+    """``POST /produce`` with a chunked body of ``chunks``, written as fast as the socket
+    takes them, until they are all sent, the relay answers, or ``deadline`` (monotonic): the
+    answer's status line (or why none came) and the body bytes sent."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answer = asyncio.create_task(reader.readline())
+    sent = 0
+    try:
+        writer.write(CHUNKED_HEAD.format(channel="attack", kind=kind).encode())
+        for chunk in chunks:
+            if answer.done() or time.monotonic() > deadline:
+                break
+            writer.write(http_chunk(chunk))
+            sent += len(chunk)
+            await asyncio.wait_for(writer.drain(), max(deadline - time.monotonic(), 0.01))
+        else:
+            writer.write(b"0\r\n\r\n")
+        status = await asyncio.wait_for(answer, max(deadline - time.monotonic(), 0.01))
+        return status.decode(errors="replace").strip() or "closed, no answer", sent
+    except TimeoutError:
+        return "no answer by the deadline", sent
+    except OSError as exc:
+        return f"cut ({type(exc).__name__})", sent
+    finally:
+        answer.cancel()
+        writer.transport.abort()
+
+
+async def body_attack(
+    inst: Installation, out: Figures, attack: Callable[[ServiceProcess], Awaitable[None]]
+) -> None:
+    """One relay, a canary beside it, and ``attack`` against it: the relay's CPU seconds
+    and RSS while it lasts, and the canary's latency."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        canary = Canary(relay.url)
+        await canary.start()
+        await asyncio.sleep(0.5)  # the canary's latency before the attack, too
+        cpu = cpu_seconds(relay.pid)
+        await attack(relay)
+        out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+        await canary.stop(out)
+        await watch.settled()
+
+
+async def chunked_json(inst: Installation, out: Figures) -> None:
+    """A chunked JSON ``POST /produce`` body of 40 MiB (no ``Content-Length``) in 64 KiB
+    chunks, against the default ``--max-body-bytes`` of 1 MiB."""
+
+    async def attack(relay: ServiceProcess) -> None:
+        chunks = (b"[" * JSON_CHUNK_BYTES for _ in range(JSON_BODY_BYTES // JSON_CHUNK_BYTES))
+        started = time.monotonic()
+        status, sent = await post_chunked(relay.port, "application/json", chunks, started + 30)
+        out["answer"] = status
+        out["body_mib_sent"] = round(sent / MIB, 1)
+        out["seconds_to_answer"] = round(time.monotonic() - started, 2)
+
+    await body_attack(inst, out, attack)
+
+
+async def ndjson_trickle(inst: Installation, out: Figures) -> None:
+    """One NDJSON line of a million bytes in 32-byte chunks (then its final)."""
+
+    async def attack(relay: ServiceProcess) -> None:
+        line = json.dumps({"id": "t", "delta": "y" * (TRICKLE_LINE_BYTES - 23)}).encode()
+        body = line + b"\n" + json.dumps({"id": "t", "final": True}).encode() + b"\n"
+        chunks = (
+            body[n : n + TRICKLE_CHUNK_BYTES] for n in range(0, len(body), TRICKLE_CHUNK_BYTES)
+        )
+        started = time.monotonic()
+        status, _ = await post_chunked(relay.port, "application/x-ndjson", chunks, started + 40)
+        out["answer"] = status
+        out["seconds_to_answer"] = round(time.monotonic() - started, 2)
+
+    await body_attack(inst, out, attack)
+
+
+async def body_resets(inst: Installation, out: Figures) -> None:
+    """1,000 NDJSON ``POST /produce`` requests, one after another, each reset (``SO_LINGER``
+    0) after its first line, a delta that opens a message."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        gauge = 'relay_connections{role="http_producer"}'
+        out["http_producer_gauge_before"] = await metric(relay.port, gauge) or 0.0  # unset: 0
+        watcher, _ = await subscriber(relay.url, "channel=attack")
+        cpu = cpu_seconds(relay.pid)
+        for n in range(RESETS):
+            _, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+            line = json.dumps({"id": f"r{n}", "delta": "half"}).encode() + b"\n"
+            head = CHUNKED_HEAD.format(channel="attack", kind="application/x-ndjson")
+            writer.write(head.encode() + http_chunk(line))
+            await writer.drain()
+            await asyncio.sleep(0.002)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+        seen: collections.Counter[str] = collections.Counter()
+        await frame_where(watcher, lambda frame: False, 2, seen)  # counts what comes in 2 s
+        out["aborted_within_2_s_of_the_last_reset"] = seen["aborted"]
+        await watcher.close()
+        await watch.settled()
+        out["http_producer_gauge_after"] = await metric(relay.port, gauge)
+
+
 # ------------------------------------------------------------------ main
 
 # ------------------------------------------------------------------ 8. a worker killed
@@ -1118,6 +1310,9 @@ CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float
     "worker_kill": (worker_kill, 45),
     "webhook_answer": (webhook_answer, 60),
     "dead_letters": (dead_letters, 100),
+    "chunked_json": (chunked_json, 60),
+    "ndjson_trickle": (ndjson_trickle, 75),
+    "body_resets": (body_resets, 60),
 }
 """Each case and the seconds it may take at most, relay start and stop included."""
 

@@ -27,6 +27,7 @@ from token_relay.core.protocol import (
     decode_producer_frame,
     decode_subscriber_frame,
     encode,
+    error_frame,
     json_schema,
 )
 
@@ -541,6 +542,16 @@ def test_encode_error_frame_with_id() -> None:
         "message": "no",
         "id": "m",
     }
+
+
+def test_error_frame_names_the_refused_line_of_a_body() -> None:
+    refused = FrameRejected(ErrorCode.LINE_TOO_LONG, "line 3 is over 10 bytes", line=3)
+    assert error_frame(refused) == (
+        '{"type":"error","code":"line_too_long","message":"line 3 is over 10 bytes",'
+        '"id":null,"line":3}'
+    )
+    without = FrameRejected(ErrorCode.BODY_TOO_LARGE, "request body over 10 bytes")
+    assert '"line"' not in error_frame(without)
 
 
 def test_encode_ack() -> None:

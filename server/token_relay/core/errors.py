@@ -81,6 +81,8 @@ class ErrorCode(StrEnum):
     SEQ_GAP = "seq_gap"
     ID_IN_USE = "id_in_use"
     OVERLOADED = "overloaded"
+    LINE_TOO_LONG = "line_too_long"
+    BODY_TOO_LARGE = "body_too_large"
 
 
 class Blame(StrEnum):
@@ -129,6 +131,7 @@ class FrameRejected(PeerError):
         index: int | None = None,
         *,
         expected: int | None = None,
+        line: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -138,6 +141,8 @@ class FrameRejected(PeerError):
         """The event's position in a batch frame, if it came in one."""
         self.expected = expected
         """For ``seq_gap``: the seq the relay expects next for that message."""
+        self.line = line
+        """For an NDJSON request body: the refused line's number, from 1."""
 
 
 class InvalidToken(PeerError):

@@ -204,7 +204,8 @@ class ErrorFrame(_Frame):
 
     ``id`` is the event's id when it could be read; ``index`` is the event's
     position when it came in a batch frame; ``channel`` is the channel a refused
-    ``subscribe``, ``unsubscribe`` or ``cancel`` named.
+    ``subscribe``, ``unsubscribe`` or ``cancel`` named; ``line`` is the number (from 1) of
+    an NDJSON request body's line refused before it was decoded.
     """
 
     type: Literal["error"] = "error"
@@ -214,6 +215,7 @@ class ErrorFrame(_Frame):
     channel: str | MISSING = MISSING
     index: int | MISSING = MISSING
     expected: int | MISSING = MISSING
+    line: int | MISSING = MISSING
 
 
 class AckEntry(_Frame):
@@ -362,7 +364,12 @@ def error_frame(exc: FrameRejected, channel: str | None = None) -> str:
     frame = ErrorFrame(code=exc.code, message=exc.message, id=exc.message_id)
     extra = {
         name: value
-        for name, value in (("index", exc.index), ("expected", exc.expected), ("channel", channel))
+        for name, value in (
+            ("index", exc.index),
+            ("expected", exc.expected),
+            ("channel", channel),
+            ("line", exc.line),
+        )
         if value is not None
     }
     if extra:

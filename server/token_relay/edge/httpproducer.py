@@ -25,6 +25,7 @@ from typing import Any
 
 from websockets import CloseCode
 
+from ..core.errors import ErrorCode, FrameRejected
 from ..core.grants import Grant
 from .flow import PeerBase
 
@@ -32,11 +33,22 @@ __all__ = ["NDJSON", "HttpProducer"]
 
 NDJSON = "application/x-ndjson"
 MAX_LINES = 64
-"""Lines of an NDJSON body waiting to be applied before its socket stops being read."""
+"""Lines of an NDJSON body waiting to be applied before its socket stops being read (it also
+stops once they hold ``--max-frame-bytes``)."""
+
+Item = str | FrameRejected
+"""A line (or the whole JSON body) to apply, or the refusal of one that can't be."""
 
 
 class HttpProducer(PeerBase):
-    """The events of one request's body in, the frames for its response out."""
+    """The events of one request's body in, the frames for its response out.
+
+    The body is read once, in linear time: each chunk is searched for newlines once, and
+    only the line still arriving is kept (at most ``--max-frame-bytes`` of it). A line
+    over that is refused whole (``line_too_long``, naming its line), and the rest of it is
+    dropped up to its newline; a line that is not UTF-8 is refused (``invalid_json``, naming
+    its line). The lines after either are applied as usual.
+    """
 
     def __init__(
         self,
@@ -57,9 +69,16 @@ class HttpProducer(PeerBase):
         self.acks: list[Any] = []
         self.errors: list[Any] = []
         self.cancels: list[Any] = []
-        self.too_long = False
-        self._pending = b""
-        self._items: collections.deque[str | bytes] = collections.deque()
+        self._arriving = bytearray()
+        """The line still arriving (or, for a JSON body, the body so far)."""
+        self._lines = 0
+        """Lines of the body ended so far (blank ones too): the next line's number less one."""
+        self._skipping = False
+        """The line arriving was refused for its length: drop it up to its newline."""
+        self._items: collections.deque[tuple[Item, int]] = collections.deque()
+        """What is still to apply, in order, each with its size in bytes."""
+        self._queued = 0
+        """Bytes of the lines in :attr:`_items`."""
         self._ended = False
         self._displaced = False
         self._waiter: asyncio.Future[None] | None = None
@@ -69,26 +88,101 @@ class HttpProducer(PeerBase):
 
     def feed(self, chunk: bytes) -> None:
         """Bytes of the body."""
-        if not self.ndjson:
-            self._pending += chunk
+        if self._ended:
             return
-        data = self._pending + chunk
-        *lines, self._pending = data.split(b"\n")
-        self._items.extend(line for line in lines if line.strip())
-        if len(self._pending) > self.max_line:
-            self.too_long = True
-            self._pending = b""
-        if len(self._items) >= MAX_LINES and not self._paused:
+        if not self.ndjson:
+            self._arriving += chunk
+            return
+        view, start = memoryview(chunk), 0
+        newline = chunk.find(b"\n")
+        while newline >= 0:
+            self._line_ends(view[start:newline])
+            start = newline + 1
+            newline = chunk.find(b"\n", start)
+        if not self._skipping:
+            if len(self._arriving) + len(chunk) - start > self.max_line:
+                self._too_long(self._lines + 1)
+                self._skipping = True  # the rest of it, up to its newline, is dropped
+            else:
+                self._arriving += view[start:]
+        if not self._paused and (len(self._items) >= MAX_LINES or self._queued >= self.max_line):
             self._paused = True
             self.transport.pause_reading()
         self._wake()
 
+    def _line_ends(self, tail: memoryview) -> None:
+        """The line arriving ends with ``tail``: queue it (or its refusal)."""
+        self._lines += 1
+        if self._skipping:  # refused already
+            self._skipping = False
+        elif len(self._arriving) + len(tail) > self.max_line:
+            self._too_long(self._lines)
+        elif self._arriving:
+            self._arriving += tail
+            line, self._arriving = bytes(self._arriving), bytearray()
+            self._queue(line)
+        else:
+            self._queue(bytes(tail))
+
+    def _too_long(self, number: int) -> None:
+        """Line ``number`` is over the limit: refuse it whole."""
+        self._arriving = bytearray()
+        refusal = FrameRejected(
+            ErrorCode.LINE_TOO_LONG,
+            f"line {number} is over {self.max_line} bytes; none of it was applied",
+            line=number,
+        )
+        self._items.append((refusal, 0))
+
+    def _queue(self, line: bytes) -> None:
+        if not line or line.isspace():
+            return
+        try:
+            text = line.decode()
+        except UnicodeDecodeError:
+            number = self._lines
+            refusal = FrameRejected(
+                ErrorCode.INVALID_JSON, f"line {number} is not UTF-8", line=number
+            )
+            self._items.append((refusal, 0))
+            return
+        self._items.append((text, len(line)))
+        self._queued += len(line)
+
     def end(self) -> None:
         """The body is complete."""
-        if self._pending.strip():
-            self._items.append(self._pending)
-        self._pending = b""
+        if self._ended:
+            return
+        if not self.ndjson:
+            try:
+                self._items.append((self._arriving.decode(), 0))
+            except UnicodeDecodeError:
+                refusal = FrameRejected(ErrorCode.INVALID_JSON, "the body is not UTF-8")
+                self._items.append((refusal, 0))
+        elif self._arriving and not self._skipping:
+            self._lines += 1
+            self._queue(bytes(self._arriving))
+        self._finish()
+
+    def refuse(self, reason: str) -> None:
+        """The body is over its limit (``reason``): apply what came whole before it, refuse
+        the rest, and read nothing more."""
+        if self._ended:
+            return
+        self._items.append((FrameRejected(ErrorCode.BODY_TOO_LARGE, reason), 0))
+        self._finish()
+
+    def lost(self) -> None:
+        """The socket is gone in mid-body: apply the lines that came whole, then end."""
+        self._finish()
+
+    def _finish(self) -> None:
+        self._arriving = bytearray()
         self._ended = True
+        if self._paused:
+            self._paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()  # what still comes is read and dropped
         self._wake()
 
     def _wake(self) -> None:
@@ -98,15 +192,15 @@ class HttpProducer(PeerBase):
     def __aiter__(self) -> HttpProducer:
         return self
 
-    async def dispatch(self, handle: Callable[[str | bytes], Awaitable[None] | None]) -> None:
-        """Hand every line (or the whole body) to ``handle``, in order, waiting for what it
-        returns before the next."""
+    async def dispatch(self, handle: Callable[[Item], Awaitable[None] | None]) -> None:
+        """Hand every line (or the whole body), or its refusal, to ``handle``, in order,
+        waiting for what it returns before the next."""
         async for item in self:
             later = handle(item)
             if later is not None:
                 await later
 
-    async def __anext__(self) -> str | bytes:
+    async def __anext__(self) -> Item:
         """The next line (or the whole JSON body); the iteration ends with the body."""
         while not self._items:
             if self._ended or self._displaced:
@@ -116,12 +210,17 @@ class HttpProducer(PeerBase):
                 await self._waiter
             finally:
                 self._waiter = None
-        item = self._items.popleft()
-        if self._paused and len(self._items) < MAX_LINES // 2:
+        item, size = self._items.popleft()
+        self._queued -= size
+        if (
+            self._paused
+            and len(self._items) < MAX_LINES // 2
+            and self._queued <= self.max_line // 2
+        ):
             self._paused = False
             if not self.transport.is_closing():
                 self.transport.resume_reading()
-        return item.decode() if isinstance(item, bytes) else item
+        return item
 
     # ------------------------------------------------------------------ frames out
 

@@ -206,7 +206,7 @@ class ProducerEndpoint:
         received, waiting = self.metrics.frames_in_producer, self._replies
         self.clock = loop_time = loop_clock(loop)
 
-        def handle(raw: str | bytes) -> Awaitable[None] | None:
+        def handle(raw: str | bytes | FrameRejected) -> Awaitable[None] | None:
             received.value += 1
             if self.stopping or session.connection is not connection:
                 return _stop()
@@ -292,13 +292,18 @@ class ProducerEndpoint:
                 self.sessions.forget(session.owner)
 
     def _frame(
-        self, connection: ProducerPeer, session: Session, raw: str | bytes, now: float
+        self,
+        connection: ProducerPeer,
+        session: Session,
+        raw: str | bytes | FrameRejected,
+        now: float,
     ) -> Coroutine[Any, Any, None] | None:
         """Apply one frame and answer it, without waiting; what is left to wait for (an
         abort being published), if anything."""
         try:
-            if isinstance(raw, bytes):
-                raise binary_rejected()
+            if not isinstance(raw, str):
+                # An HTTP body's line the edge refused before decoding it, or a binary frame.
+                raise raw if isinstance(raw, FrameRejected) else binary_rejected()
             frame = decode_producer_frame(raw)
         except FrameRejected as exc:
             self.reject_now(connection, exc)

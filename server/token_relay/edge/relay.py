@@ -327,7 +327,7 @@ class Relay:
             separators=(",", ":"),
         ).encode()
         codes = {str(error.get("code")) for error in producer.errors}
-        status = 413 if producer.too_long else 200
+        status = 200
         if producer.ndjson:
             codes.discard("invalid_json")  # a bad line is one refused event, in errors
         for code, refusal in HTTP_PRODUCER_STATUS:
@@ -412,9 +412,11 @@ class Relay:
 
 
 HTTP_PRODUCER_STATUS = (
+    ("body_too_large", 413),
     ("rate_limited", 429),
     ("broker_unavailable", 503),
     ("message_too_large", 413),
+    ("line_too_long", 413),
     ("invalid_json", 400),
 )
 """The status of a producer request whose events were refused thus, first match first; 200

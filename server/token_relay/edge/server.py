@@ -399,6 +399,10 @@ class HttpConnection(asyncio.Protocol):
         self._reading: ReadBody | None = None
         self._producer: HttpProducer | None = None
         self._body = bytearray()
+        self._received = 0
+        """Bytes of the request's body so far, whatever its framing."""
+        self._dropping = False
+        """The body is refused: what still comes is dropped until the answer has gone."""
         self._timer: asyncio.TimerHandle | None = None
         self._heard = 0.0
 
@@ -423,7 +427,7 @@ class HttpConnection(asyncio.Protocol):
         if ws is not None:
             ws.receive(data)
             return
-        if self.lingering:
+        if self.lingering or self._dropping:
             return
         self.h11.receive_data(data)
         self._next_events()
@@ -432,6 +436,8 @@ class HttpConnection(asyncio.Protocol):
         if self.ws is not None:
             self.ws.receive_eof()
             return True
+        if self._dropping:
+            return True  # the answer to the refused body is still to be written
         if not self.lingering:
             self.h11.receive_data(b"")
             self._next_events()
@@ -441,6 +447,7 @@ class HttpConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self.server.closed(self)
+        self._body_lost()
         if self.ws is not None:
             self.server.gate.release(self.ws)
             self.ws.lost()
@@ -492,11 +499,12 @@ class HttpConnection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         conn = self.h11
-        while self.ws is None and not self.lingering:
+        while self.ws is None and not self.lingering and not self._dropping:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 self._head_done()
+                self._body_lost()
                 self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
                 return
             if event is h11.NEED_DATA:
@@ -509,6 +517,7 @@ class HttpConnection(asyncio.Protocol):
             if isinstance(event, h11.Request):
                 self._head_done()
                 self.request = event
+                self._received = 0
                 if _head_size(event) > MAX_HEAD_BYTES:
                     # h11 bounds a head that arrives in pieces; this, one that came whole.
                     reply = self.server.gate.refuse(
@@ -535,18 +544,19 @@ class HttpConnection(asyncio.Protocol):
                     self._reading, self._body = decision, bytearray()
                     self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
             elif isinstance(event, h11.Data):
+                # Every body is bounded as it streams, whatever its framing.
+                limit = self.server.settings.max_body_bytes
+                room = limit - self._received
+                self._received += len(event.data)
                 if self._producer is not None:
-                    self._producer.feed(bytes(event.data))
+                    data = event.data if room >= len(event.data) else event.data[:room]
+                    self._producer.feed(bytes(data))
                     self._heard = asyncio.get_running_loop().time()
                 elif self._reading is not None:
                     self._body += event.data
-                    limit = self.server.settings.max_body_bytes
-                    if len(self._body) > limit:
-                        view = self._reading.request
-                        self._reading = None
-                        refusal = f"request body over {limit} bytes"
-                        self._respond(self.server.gate.refuse(view, 413, refusal), None)
-                        return
+                if self._received > limit:
+                    self._too_large(f"request body over {limit} bytes")
+                    return
             elif isinstance(event, h11.EndOfMessage):
                 if self._producer is not None:
                     self._no_deadline()
@@ -564,6 +574,29 @@ class HttpConnection(asyncio.Protocol):
             elif isinstance(event, h11.ConnectionClosed):
                 self.transport_close()
                 return
+
+    def _body_lost(self) -> None:
+        """The body died in mid-request (its socket is gone, or its framing broke): its
+        producer ends now, not at ``--idle-timeout``."""
+        if self._producer is not None:
+            self._producer.lost()
+            self._producer = None
+
+    def _too_large(self, refusal: str) -> None:
+        """A body passed ``--max-body-bytes``: 413 at once, and nothing more of it is read."""
+        producer, reading = self._producer, self._reading
+        self._producer = self._reading = None
+        self._body = bytearray()
+        if producer is not None:
+            # Its producer answers: the lines that came whole before the limit were applied.
+            # The refusal is logged and counted as any other (its reply is the producer's).
+            if self.request is not None:
+                self.server.gate.refuse(self._view(self.request), 413, refusal)
+            self._no_deadline()
+            self._dropping = True
+            producer.refuse(f"{refusal}; the rest of it was not read")
+        elif reading is not None:
+            self._respond(self.server.gate.refuse(reading.request, 413, refusal), None)
 
     def _answer(self, request: h11.Request) -> None:
         decision = self.server.gate.route(self._view(request))
@@ -630,7 +663,8 @@ class HttpConnection(asyncio.Protocol):
             reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
-                self._next_events()  # a request pipelined behind this one
+            self._dropping = False
+            self._next_events()  # a request pipelined behind this one
 
         self.server.spawn(answer())
 

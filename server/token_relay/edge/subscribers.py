@@ -83,8 +83,9 @@ class SubscriberEndpoint:
                 await self._answer(connection, frame, grant, bucket)
             async for raw in connection:
                 received.inc()
-                if isinstance(raw, bytes):
-                    self.reject_now(connection, binary_rejected())
+                if not isinstance(raw, str):
+                    refused = raw if isinstance(raw, FrameRejected) else binary_rejected()
+                    self.reject_now(connection, refused)
                     continue
                 try:
                     request = decode_subscriber_frame(raw)
