@@ -220,9 +220,20 @@ class Broker(Protocol):
         the same owner.
         """
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
+    def delta(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        delta: str,
+        seq: int = 0,
+        claimed: bool = True,
+    ) -> None:
         """A non-empty delta (``seq`` the event's, 0 if unnumbered). Ordered after earlier
-        calls for the same owner; never waits."""
+        calls for the same owner; never waits. ``claimed``: the message opened before
+        (:meth:`open`), so it is published only while its owner holds the id; else (a
+        one-shot message's) only if nobody else does
+        (:meth:`~token_relay.core.inflight.InflightIndex.may_publish`)."""
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """An event with a ``seq`` but no text was applied. Never waits."""
@@ -240,6 +251,7 @@ class Broker(Protocol):
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
+        claimed: bool = False,
     ) -> Publication:
         """Give a terminal frame its offset, record and publish it: ordered now after
         earlier calls for the same owner; the publication (awaited: the full frame) ends
@@ -248,7 +260,8 @@ class Broker(Protocol):
         ``body`` is the frame serialized without ``offset`` and ``epoch``; ``producer`` is
         the producer's identity (JSON) its webhook carries, "" without auth. It ends with
         ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
-        holds the id in the channel. A producer goes on applying its next events while its
+        holds the id in the channel, or (``claimed``: the message opened before) if its
+        owner no longer holds it. A producer goes on applying its next events while its
         final is being published: the round trip is not paid once per message.
         """
 

@@ -429,7 +429,15 @@ class RedisBroker:
             self._runs.opened(target, write)  # its first deltas join it: one script
         return True
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
+    def delta(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        delta: str,
+        seq: int = 0,
+        claimed: bool = True,
+    ) -> None:
         """Append to the message's text in Redis and publish the delta frame."""
         target = (channel, owner, message_id)
         if target in self._dirty:
@@ -447,7 +455,7 @@ class RedisBroker:
                 _key("d", channel),
                 _key("own", channel),
             ],
-            [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel],
+            [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel, int(claimed)],
             message=target,
         )
         if self._enqueue(write, target):
@@ -527,6 +535,7 @@ class RedisBroker:
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
+        claimed: bool = False,
     ) -> asyncio.Future[str]:
         """Queue the terminal write now, in order; the future ends once Redis ran it: the
         frame given its offset, added to history and published, atomically (and its
@@ -535,11 +544,14 @@ class RedisBroker:
         if not self.healthy or self._queue.full():
             done.set_exception(BrokerUnavailable("Redis is unreachable"))
             return done
-        write = self._terminal_write(
-            channel, owner, message_id, body, done, seq, aborted, producer=producer
-        )
-        target = write.terminal = (channel, owner, message_id)
+        target = (channel, owner, message_id)
         opening = self._runs.completes(target, self._last)
+        # Joined to its open (WHOLE), the claim is checked in the same script: not strict.
+        strict = claimed and opening is None
+        write = self._terminal_write(
+            channel, owner, message_id, body, done, seq, aborted, strict, producer
+        )
+        write.terminal = target
         if opening is None:
             self._put(write)
             return done

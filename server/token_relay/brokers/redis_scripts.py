@@ -38,7 +38,7 @@ if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
   return 0
 end
 local holder = redis.call('HGET', KEYS[5], ARGV[2])
-if holder and holder ~= ARGV[5] then
+if holder ~= ARGV[5] and (holder or ARGV[8] == '1') then
   return 0
 end
 if ARGV[6] ~= '0' then
@@ -53,7 +53,8 @@ redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
 """Append a delta to the text in Redis, note its seq, and publish it, unless another owner
-holds the id or the owner's session moved."""
+holds the id, the owner's session moved, or (``claimed``, ARGV[8]: the message opened
+before) the owner does not hold the id (its claim was refused)."""
 
 PROGRESS = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[1]) == 1 then
@@ -142,7 +143,8 @@ return {frame, queued}
 """Give a terminal frame its offset, record and publish it, release the id's claim, and
 remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
 ``max_done`` of them; 0 if another owner holds the id or the session moved (with ``strict``,
-also if nobody holds it: a reaper's abort happens once). With a webhook wanted, queue the
+also if nobody holds it: a message that opened ends only while it holds its claim, and a
+reaper's abort happens once). With a webhook wanted, queue the
 frame in the webhook outbox ``tr:wh`` in the same step, unless it is full; returns the frame
 and whether it was queued."""
 

@@ -456,7 +456,7 @@ class ProducerEndpoint:
             and applied.text is None
             and not self.broker.open(applied.channel, session.owner, applied.message_id, seq)
         ):
-            session.streams.withdraw(applied.message_id)
+            session.streams.refuse(applied.message_id)
             refusal = id_in_use(applied.channel, applied.message_id)
             refusal.index = index
             self.reject_now(connection, refusal)
@@ -468,8 +468,10 @@ class ProducerEndpoint:
                     applied.channel, session.owner, applied.message_id, json.dumps(merged)
                 )
         if applied.delta:
+            # A one-shot message (a final that opened it) never claimed its id.
+            claimed = applied.text is None or not applied.opened
             self.broker.delta(
-                applied.channel, session.owner, applied.message_id, applied.delta, seq
+                applied.channel, session.owner, applied.message_id, applied.delta, seq, claimed
             )
             if applied.delta_wait is not None:
                 metrics = self.metrics
@@ -490,8 +492,18 @@ class ProducerEndpoint:
             seq = 0 if event.seq is MISSING else event.seq
             body = message_body(channel, message_id, text, applied.meta)
             completion.meta = bool(applied.meta)
+            # A message that opened before holds its id's claim, or is not published; a
+            # one-shot one (or a final retried after the broker was down) needs nobody
+            # else to hold it.
+            claimed = applied.first_completion and not applied.opened
             completion.published = self.broker.terminal(
-                channel, session.owner, message_id, body, seq, producer=self._identity(session)
+                channel,
+                session.owner,
+                message_id,
+                body,
+                seq,
+                producer=self._identity(session),
+                claimed=claimed,
             )
         return completion
 
@@ -517,7 +529,7 @@ class ProducerEndpoint:
                 error = broker_rejected(message_id)
             if isinstance(error, FrameRejected):
                 if error.code is ErrorCode.ID_IN_USE:
-                    session.streams.withdraw(message_id)
+                    session.streams.refuse(message_id)
                 error.index = completion.index
                 return error
             if error is not None:
@@ -550,7 +562,9 @@ class ProducerEndpoint:
             self.broker.meta(unfinished.channel, owner, unfinished.message_id, "")
         where = (unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame))
         try:
-            await self.broker.terminal(*where, aborted=True, producer=producer)
+            await self.broker.terminal(*where, aborted=True, producer=producer, claimed=True)
+        except FrameRejected:
+            pass  # the id was another producer's (its claim was refused): nothing to abort
         except BrokerUnavailable:
             # Nobody will send it again: the broker keeps it and publishes it once it can.
             log.warning(
@@ -673,11 +687,16 @@ class ProducerEndpoint:
             self.writer.offer(session.connection, payload)
 
     def claim_refused(self, channel: str, owner: str, message_id: str) -> None:
-        """The broker found the id held by another producer: void the local message."""
+        """The broker found the id held by another producer: refuse the local message,
+        its later events, and its final if it came meanwhile (that final's publication is
+        refused too: its claim is not held)."""
         session = self.sessions.by_owner.get(owner)
-        if session is None or session.streams.channel_of(message_id) != channel:
+        if session is None:
             return
-        session.streams.withdraw(message_id)
+        streams = session.streams
+        if channel not in (streams.channel_of(message_id), streams.completed_channel(message_id)):
+            return
+        streams.refuse(message_id)
         if session.connection is not None:
             self.reject_now(session.connection, id_in_use(channel, message_id))
 
