@@ -81,6 +81,9 @@ class ErrorCode(StrEnum):
     SEQ_GAP = "seq_gap"
     ID_IN_USE = "id_in_use"
     OVERLOADED = "overloaded"
+    TOO_MANY_PRODUCERS = "too_many_producers"
+    PRODUCER_BUSY = "producer_busy"
+    PRODUCER_MOVED = "producer_moved"
 
 
 class Blame(StrEnum):

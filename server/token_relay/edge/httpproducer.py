@@ -62,6 +62,8 @@ class HttpProducer(PeerBase):
         self._items: collections.deque[str | bytes] = collections.deque()
         self._ended = False
         self._displaced = False
+        self.taken = 0
+        """Lines (or bodies) handed on to be applied; after a displacement, none more."""
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
 
@@ -108,7 +110,7 @@ class HttpProducer(PeerBase):
 
     async def __anext__(self) -> str | bytes:
         """The next line (or the whole JSON body); the iteration ends with the body."""
-        while not self._items:
+        while not self._items or self._displaced:
             if self._ended or self._displaced:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -117,6 +119,7 @@ class HttpProducer(PeerBase):
             finally:
                 self._waiter = None
         item = self._items.popleft()
+        self.taken += 1
         if self._paused and len(self._items) < MAX_LINES // 2:
             self._paused = False
             if not self.transport.is_closing():
@@ -159,6 +162,12 @@ class HttpProducer(PeerBase):
     def close_received(self) -> bool:
         """An unnamed request ends its producer with its body; a named one parks it."""
         return not self.named
+
+    @property
+    def displaced(self) -> bool:
+        """The session went elsewhere before the body ended: its later lines were not
+        applied."""
+        return self._displaced
 
     @property
     def close_code(self) -> int | None:

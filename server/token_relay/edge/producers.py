@@ -185,6 +185,7 @@ class ProducerEndpoint:
             max_parked_chars=settings.max_parked_chars,
             max_parked_per_address=settings.max_parked_per_ip,
             max_meta_bytes=settings.max_meta_bytes,
+            max_named_per_address=settings.max_named_producers_per_ip,
         )
 
     async def serve(
@@ -192,8 +193,13 @@ class ProducerEndpoint:
     ) -> None:
         """Serve one producer connection until it ends."""
         loop = asyncio.get_running_loop()
-        session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
-        session.address = connection.client
+        try:
+            session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
+        except FrameRejected as exc:  # a named HTTP producer past a limit: nothing applied
+            self.reject_now(connection, exc)
+            return
+        if not session.named:  # a named one stays counted where it was opened
+            session.address = connection.client
         if displaced is not None:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
@@ -208,7 +214,9 @@ class ProducerEndpoint:
 
         def handle(raw: str | bytes) -> Awaitable[None] | None:
             received.value += 1
-            if self.stopping or session.connection is not connection:
+            if self.stopping or (
+                session.connection is not connection and connection not in session.joined
+            ):
                 return _stop()
             later = self._frame(connection, session, raw, loop_time())
             if later is None and not connection.paused:
@@ -255,6 +263,8 @@ class ProducerEndpoint:
     ) -> tuple[Session, bool, ProducerPeer | None]:
         """The session for a new connection: local, taken over from the broker, or new."""
         sessions = self.sessions
+        named = isinstance(connection, HttpProducer) and connection.named
+        address = connection.client
         if resume and resume not in sessions.by_token and self.broker.shares_sessions:
             owner = sessions.new_owner()
             try:
@@ -262,9 +272,13 @@ class ProducerEndpoint:
             except BrokerUnavailable:
                 state = None
             if state is not None:
-                return sessions.adopt(connection, grant, resume, owner, state, now), True, None
-        named = isinstance(connection, HttpProducer) and connection.named
-        session, resumed, displaced = sessions.attach(connection, grant, resume, now, named=named)
+                adopted = sessions.adopt(
+                    connection, grant, resume, owner, state, now, named=named, address=address
+                )
+                return adopted, True, None
+        session, resumed, displaced = sessions.attach(
+            connection, grant, resume, now, named=named, address=address
+        )
         if not resumed and self.broker.shares_sessions:
             # Without the record a resume elsewhere would start afresh; with it, exactly once.
             with contextlib.suppress(BrokerUnavailable):
@@ -274,10 +288,13 @@ class ProducerEndpoint:
     def session_moved(self, owner: str) -> None:
         """Another process took the session over: close its old connection, abort nothing."""
         session = self.sessions.forget(owner)
-        if session is not None and session.connection is not None:
-            self.writer.close(
-                session.connection, CloseCode.POLICY_VIOLATION, "session resumed elsewhere"
-            )
+        if session is not None:
+            for connection in session.connections():
+                if isinstance(connection, HttpProducer):
+                    connection.start_close(CloseCode.POLICY_VIOLATION)  # now: no line more
+                self.writer.close(
+                    connection, CloseCode.POLICY_VIOLATION, "session resumed elsewhere"
+                )
 
     async def hand_off(self) -> None:
         """A rolling restart: leave every session to the broker and close with 1012."""
@@ -285,9 +302,10 @@ class ProducerEndpoint:
         await self.broker.leave()
         for session in list(self.sessions.by_owner.values()):
             if session.connection is not None:
-                self.writer.close(
-                    session.connection, CloseCode.SERVICE_RESTART, "relay restarting: resume"
-                )
+                for connection in session.connections():
+                    self.writer.close(
+                        connection, CloseCode.SERVICE_RESTART, "relay restarting: resume"
+                    )
             else:
                 self.sessions.forget(session.owner)
 
