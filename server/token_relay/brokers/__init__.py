@@ -230,9 +230,9 @@ class Broker(Protocol):
         claimed: bool = True,
     ) -> None:
         """A non-empty delta (``seq`` the event's, 0 if unnumbered). Ordered after earlier
-        calls for the same owner; never waits. ``claimed``: the message opened before
-        (:meth:`open`), so it is published only while its owner holds the id; else (a
-        one-shot message's) only if nobody else does
+        calls for the same owner; never waits. Dropped if another owner holds the id, or
+        (``claimed``: the message opened before, with :meth:`open`) if its claim was
+        refused, even once the holder is done
         (:meth:`~token_relay.core.inflight.InflightIndex.may_publish`)."""
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
@@ -261,8 +261,9 @@ class Broker(Protocol):
         the producer's identity (JSON) its webhook carries, "" without auth. It ends with
         ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
         holds the id in the channel, or (``claimed``: the message opened before) if its
-        owner no longer holds it. A producer goes on applying its next events while its
-        final is being published: the round trip is not paid once per message.
+        claim was refused, even once the holder is done. A producer goes on applying its
+        next events while its final is being published: the round trip is not paid once
+        per message.
         """
 
     def defer(

@@ -95,6 +95,8 @@ __all__ = ["RedisBroker"]
 log = logging.getLogger("token_relay.redis")
 
 KEY_TTL = 7 * 24 * 3600
+CLAIMED = 2
+"""TERMINAL's ``strict`` for a message that opened: refused if its claim was refused."""
 """Seconds an idle channel's epoch and offset are kept."""
 RESERVED_EPOCH_TTL = 600
 """Seconds the epoch a subscribe reserved for a channel nobody published to is kept."""
@@ -483,9 +485,12 @@ class RedisBroker:
         done: asyncio.Future[Any] | None,
         seq: int = 0,
         aborted: bool = False,
-        strict: bool = False,
+        strict: int = 0,
         producer: str = "",
     ) -> _Write:
+        """The TERMINAL write. ``strict``: 0, the id may be free or the owner's; 1 (a
+        reaper's abort), the owner must hold it; :data:`CLAIMED` (a message that opened),
+        its claim must not have been refused."""
         member = f"{owner}|{message_id}"
         webhook = self._wants_webhook(channel)  # False without --webhook
         return _Write(
@@ -515,7 +520,7 @@ class RedisBroker:
                 seq,
                 "a" if aborted else "m",
                 self.settings.max_completed_per_producer,
-                int(strict),
+                strict,
                 channel,
                 int(webhook),
                 producer,
@@ -546,8 +551,8 @@ class RedisBroker:
             return done
         target = (channel, owner, message_id)
         opening = self._runs.completes(target, self._last)
-        # Joined to its open (WHOLE), the claim is checked in the same script: not strict.
-        strict = claimed and opening is None
+        # Joined to its open (WHOLE), the claim is checked in the same script.
+        strict = CLAIMED if claimed and opening is None else 0
         write = self._terminal_write(
             channel, owner, message_id, body, done, seq, aborted, strict, producer
         )
@@ -768,7 +773,7 @@ class RedisBroker:
                         done,
                         int(seq),
                         True,
-                        strict=True,
+                        strict=1,
                         producer=producer,
                     )
                 )

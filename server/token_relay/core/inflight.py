@@ -6,11 +6,14 @@ and id must reach the producer connection that owns that message.
 
 Ownership. An id has one owner per channel while its message is in progress: the
 first to :meth:`InflightIndex.claim` it. Another owner's claim is refused, and so
-is anything else of its message (:meth:`InflightIndex.may_publish`): a message that opened
-is published (a delta, its final) only while its owner holds the claim, so a
+is anything else of its message (:meth:`InflightIndex.may_publish`): a message
+that opened is published (a delta, its final) only while its owner holds the claim, so a
 refused message's final can't slip in once the holder is done; a one-shot
 message (a final that opened it) is published only if nobody else holds the id.
-The Redis broker keeps the same rule in its scripts.
+The Redis broker keeps the same rule in its scripts, where a claim may also not
+have landed (a write failed in an outage): there a refused claim is noted, and a
+message that opened is refused only if its claim was refused or another owner
+holds the id. Here a claim either holds until its terminal frame or was refused.
 
 Entries are added when a message opens and removed when it completes or is
 aborted, so the index never outgrows the producers' own limits on unfinished
