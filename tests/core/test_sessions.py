@@ -181,6 +181,8 @@ def test_named_producers_are_never_ended_to_make_room_and_past_the_limit_are_ref
     # Each waits between its requests: past --max-parked-per-ip (1), none is ended.
     for n, session in enumerate(named):
         assert table.detach(session, f"r{n}", vanished=True, now=1.0) == []
+    # Their text counts toward the memory in use, not toward --max-parked-chars.
+    assert (table.text_chars(), table.parked_chars) == (3, 0)
     # A plain session parked from the same address still ends past its own limit.
     plain, _, _ = table.attach("ws1", OPEN, None, 1.0, address="a")
     plain.address = "a"
