@@ -267,19 +267,21 @@ async def test_two_overlapping_requests_of_one_named_producer_both_apply_fully(
     relay: RunningRelay,
 ) -> None:
     port, path = _port(relay.url), "/produce?channel=c&producer=gw"
-    async with relay.connect("/subscribe?channel=c&deltas=1") as sub:
-        await recv_json(sub)
+    async with relay.connect("/subscribe?channel=c&channel=d&deltas=1") as sub:
+        assert [(await recv_json(sub))["type"] for _ in range(2)] == ["subscribed"] * 2
         # A long reply streams in one request...
         long_reader, long_writer = await _chunked(port, path)
         await _chunk(long_writer, {"id": "long", "delta": "one ", "seq": 1})
         assert (await recv_json(sub))["delta"] == "one "
-        # ...while a second request of the same producer comes, and is answered first.
+        # ...while a second request of the same producer comes (with a channel of its own
+        # for the events that name none), and is answered first.
         short = _lines(
             {"id": "short", "delta": "a", "seq": 1},
-            {"id": "long", "delta": "two ", "seq": 2},
+            {"id": "long", "delta": "two ", "seq": 2, "channel": "c"},
             {"id": "short", "delta": "b", "final": True, "seq": 2},
         )
-        status, answer = await _post(port, path, short, "application/x-ndjson")
+        other = "/produce?channel=d&producer=gw"
+        status, answer = await _post(port, other, short, "application/x-ndjson")
         assert (status, [a["id"] for a in answer["acks"]], answer["errors"]) == (200, ["short"], [])
         # The first request goes on: every later line of it applies.
         for seq, delta in [(3, "three "), (4, "four")]:
@@ -297,8 +299,8 @@ async def test_two_overlapping_requests_of_one_named_producer_both_apply_fully(
             ("long", "three "),
             ("long", "four"),
         ]
-        texts = [(f["id"], f["text"]) for f in frames if f["type"] == "message"]
-        assert texts == [("short", "ab"), ("long", "one two three four")]
+        texts = [(f["channel"], f["id"], f["text"]) for f in frames if f["type"] == "message"]
+        assert texts == [("d", "short", "ab"), ("c", "long", "one two three four")]
 
 
 async def _reply_chunk(port: int, n: int, seq: int, final: bool = False) -> tuple[int, Any]:

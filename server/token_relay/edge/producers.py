@@ -209,7 +209,7 @@ class ProducerEndpoint:
         )
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
-        received, waiting = self.metrics.frames_in_producer, self._replies
+        received, waiting, streams = self.metrics.frames_in_producer, self._replies, session.streams
         self.clock = loop_time = loop_clock(loop)
 
         def handle(raw: str | bytes) -> Awaitable[None] | None:
@@ -218,6 +218,8 @@ class ProducerEndpoint:
                 session.connection is not connection and connection not in session.joined
             ):
                 return _stop()
+            # Requests of one named producer may overlap, each with its own ?channel=.
+            streams.default_channel = channel
             later = self._frame(connection, session, raw, loop_time())
             if later is None and not connection.paused:
                 # Nearly always no producer's replies wait for the broker: one check then.
