@@ -302,6 +302,38 @@ async def test_one_live_owner_per_id_in_a_channel(broker: Broker) -> None:
     assert broker.open("c", "inst.2", "m") is True
 
 
+async def test_a_refused_claim_publishes_nothing_even_once_the_holder_is_done(
+    broker: Broker,
+) -> None:
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    broker.open("c", "inst.1", "m")
+    broker.delta("c", "inst.1", "m", "mine")
+    broker.open("c", "inst.2", "m")  # refused (Redis: reported later)
+    broker.delta("c", "inst.2", "m", "theirs")
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "mine"), claimed=True)
+    # The holder is done and the id is free, but the refused message never held it: its
+    # delta and its final (written before its producer heard of the refusal) are dropped.
+    broker.delta("c", "inst.2", "m", " still theirs")
+    with pytest.raises(FrameRejected) as refused:
+        await broker.terminal("c", "inst.2", "m", message_body("c", "m", "x"), claimed=True)
+    assert refused.value.code is ErrorCode.ID_IN_USE
+    with pytest.raises(FrameRejected):
+        await broker.terminal(
+            "c", "inst.2", "m", message_body("c", "m", "x"), aborted=True, claimed=True
+        )
+    # A one-shot message (it never claimed the id) is published once nobody holds it.
+    broker.delta("c", "inst.3", "m", "shot", claimed=False)
+    await broker.terminal("c", "inst.3", "m", message_body("c", "m", "shot"))
+    await broker.flush()
+    await until(lambda: len([f for f in recorder.frames if f[1] is FrameKind.TERMINAL]) == 2)
+    texts = [
+        json.loads(frame).get("text", json.loads(frame).get("delta"))
+        for _, _, _, frame in recorder.frames
+    ]
+    assert texts == ["mine", "mine", "shot", "shot"]
+
+
 async def test_subscribing_creates_no_durable_channel_state(broker: Broker) -> None:
     await broker.terminal("real", "inst.1", "m", message_body("real", "m", "t"))
     epoch = (await broker.catch_up("real", None, False)).epoch

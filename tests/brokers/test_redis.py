@@ -273,3 +273,24 @@ async def test_a_final_after_other_writes_were_queued_waits_its_turn(
     await until(lambda: len(beta_seen.frames) == 3)
     kinds = [(kind.value, json.loads(text)["id"]) for _, kind, _, text in beta_seen.frames]
     assert kinds == [("d", "n"), ("t", "m"), ("t", "n")]
+
+
+async def test_only_a_refused_claim_keeps_a_message_that_opened_from_being_published(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer
+) -> None:
+    alpha, beta = two_brokers
+    # A claim that never reached Redis (its write failed in an outage) refuses nothing.
+    frame = await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "x"), claimed=True)
+    assert json.loads(frame)["text"] == "x"
+    # A refused one is noted, for as long as a message's text lives, and refuses the rest.
+    beta.open("c", "beta.1", "k")
+    await beta.flush_writes()
+    alpha.open("c", "alpha.1", "k")
+    await alpha.flush_writes()
+    async with _client(redis_server.url) as redis:
+        ttl = await redis.ttl("tr:refused:alpha.1|k")
+    assert 0 < ttl <= int(Settings().idle_timeout * 2)
+    await beta.terminal("c", "beta.1", "k", message_body("c", "k", "beta's"), claimed=True)
+    with pytest.raises(FrameRejected) as refused:
+        await alpha.terminal("c", "alpha.1", "k", message_body("c", "k", "no"), claimed=True)
+    assert refused.value.code is ErrorCode.ID_IN_USE

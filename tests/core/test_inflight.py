@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.inflight import InflightIndex
+from token_relay.core.protocol import ProducerEvent
+from token_relay.core.streams import Applied, MessageStreams
 
 
 def test_empty_index() -> None:
@@ -149,3 +153,95 @@ def test_owners_may_be_any_hashable() -> None:
     index.add("c", first, "m")
     index.add("c", second, "m")
     assert index.owners("c", "m") == [first, second]
+
+
+# ------------------------------------------------------------------------ ownership
+
+
+def test_the_first_claim_wins_and_the_holder_may_claim_again() -> None:
+    index: InflightIndex[str] = InflightIndex()
+    assert index.claim("c", "a", "m")
+    assert not index.claim("c", "b", "m")
+    assert index.claim("c", "a", "m")
+    assert index.claim("d", "b", "m")  # another channel: another message
+    assert (index.holder("c", "m"), index.owners("c", "m"), len(index)) == ("a", ["a"], 2)
+
+
+def test_who_may_publish_a_message() -> None:
+    index: InflightIndex[str] = InflightIndex()
+    # Nobody holds the id: a one-shot message may, a message that claimed it earlier may not.
+    assert index.may_publish("c", "a", "m", claimed=False)
+    assert not index.may_publish("c", "a", "m", claimed=True)
+    index.claim("c", "a", "m")
+    assert index.may_publish("c", "a", "m", claimed=True)
+    assert index.may_publish("c", "a", "m", claimed=False)
+    assert not index.may_publish("c", "b", "m", claimed=True)
+    assert not index.may_publish("c", "b", "m", claimed=False)
+    index.remove("c", "a", "m")
+    assert not index.may_publish("c", "a", "m", claimed=True)
+
+
+class _Producer:
+    """A producer's side of the rule, as the edge plays it: its streams, refused at once
+    when the index refuses its claim or its publication."""
+
+    def __init__(self, name: str, index: InflightIndex[str]) -> None:
+        self.name, self.index = name, index
+        self.streams = MessageStreams("c")
+        self.delivered: list[str] = []
+        self.refused: list[str] = []
+
+    def send(self, delta: str, final: bool = False) -> None:
+        try:
+            applied = self.streams.receive(ProducerEvent(id="m", delta=delta, final=final))
+        except FrameRejected as exc:
+            assert exc.code is ErrorCode.ID_IN_USE
+            self.refused.append("final" if final else "delta")
+            return
+        assert isinstance(applied, Applied)
+        if applied.opened and applied.text is None and not self.index.claim("c", self.name, "m"):
+            self.streams.refuse("m")
+            self.refused.append("delta")
+            return
+        if applied.text is None:
+            return
+        if not self.index.may_publish("c", self.name, "m", claimed=not applied.opened):
+            self.streams.refuse("m")
+            self.refused.append("final")
+            return
+        self.index.remove("c", self.name, "m")
+        self.delivered.append(applied.text)
+
+
+@pytest.mark.parametrize("order", ["ab", "ba"])
+@pytest.mark.parametrize("finals", ["winner first", "loser first"])
+def test_two_producers_one_id_in_both_orders_one_message(order: str, finals: str) -> None:
+    index: InflightIndex[str] = InflightIndex()
+    producers = {"a": _Producer("a", index), "b": _Producer("b", index)}
+    first, second = (producers[name] for name in order)
+    first.send(f"{first.name}1")
+    second.send(f"{second.name}1")
+    assert (first.refused, second.refused) == ([], ["delta"])
+    second.send(f"{second.name}2")  # every later event of the refused message is refused
+    ends = [first, second] if finals == "winner first" else [second, first]
+    for producer in ends:
+        producer.send("!", final=True)
+    assert first.delivered == [f"{first.name}1!"]
+    assert (second.delivered, second.refused) == ([], ["delta", "delta", "final"])
+    assert len(index) == 0
+
+
+@pytest.mark.parametrize("holder_ends", [False, True])
+def test_a_one_shot_message_is_refused_while_another_producer_holds_its_id(
+    holder_ends: bool,
+) -> None:
+    index: InflightIndex[str] = InflightIndex()
+    holder, shot = _Producer("a", index), _Producer("b", index)
+    holder.send("x")
+    shot.send("y", final=True)
+    assert (shot.delivered, shot.refused) == ([], ["final"])
+    if holder_ends:
+        holder.send("", final=True)
+    shot.send("y", final=True)  # sent again: refused, even once the id is free
+    assert (shot.delivered, shot.refused) == ([], ["final", "final"])
+    assert holder.delivered == (["x"] if holder_ends else [])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.grants import OPEN, Grant, Role
 from token_relay.core.protocol import ProducerEvent
-from token_relay.core.sessions import MAX_PARKED_CANCELS, SessionTable
+from token_relay.core.sessions import MAX_PARKED_CANCELS, MAX_REQUESTS_PER_NAME, SessionTable
 from token_relay.core.streams import Unfinished
 
 
@@ -149,3 +151,95 @@ def test_parked_sessions_are_bounded_per_address() -> None:
     session = next(iter(table.parked.values()))
     table.attach("back", OPEN, session.token, 2.0)
     assert table.parked_chars == 2 and len(table.parked) == 2
+
+
+# ------------------------------------------------------------------ named producers
+
+
+def _named_table(per_address: int = 3, max_parked: int = 10) -> SessionTable[str]:
+    return SessionTable(
+        "inst",
+        grace=30.0,
+        max_parked=max_parked,
+        max_streaming=10,
+        max_completed=10,
+        max_chars=100,
+        rate=1000.0,
+        max_parked_per_address=1,
+        max_named_per_address=per_address,
+    )
+
+
+def test_named_producers_are_never_ended_to_make_room_and_past_the_limit_are_refused() -> None:
+    table = _named_table(per_address=3)
+    named = []
+    for n in range(3):
+        session, resumed, _ = table.attach(f"r{n}", OPEN, f"name-{n}", 0.0, named=True, address="a")
+        session.streams.receive(ProducerEvent(id="m", delta="x", channel="c"), 0.0)
+        named.append(session)
+        assert not resumed and session.token == f"name-{n}"
+    # Each waits between its requests: past --max-parked-per-ip (1), none is ended.
+    for n, session in enumerate(named):
+        assert table.detach(session, f"r{n}", vanished=True, now=1.0) == []
+    # Their text counts toward the memory in use, not toward --max-parked-chars.
+    assert (table.text_chars(), table.parked_chars) == (3, 0)
+    # A plain session parked from the same address still ends past its own limit.
+    plain, _, _ = table.attach("ws1", OPEN, None, 1.0, address="a")
+    plain.address = "a"
+    plain2, _, _ = table.attach("ws2", OPEN, None, 1.0)
+    plain2.address = "a"
+    assert table.detach(plain, "ws1", vanished=True, now=2.0) == []
+    assert table.detach(plain2, "ws2", vanished=True, now=2.0) == [plain]
+    # One more name from that address is refused, and nothing changed; another address may.
+    with pytest.raises(FrameRejected) as refused:
+        table.attach("r3", OPEN, "name-3", 2.0, named=True, address="a")
+    assert refused.value.code is ErrorCode.TOO_MANY_PRODUCERS
+    assert "name-3" not in table.by_token and table.named_count == 3
+    assert table.attach("r3", OPEN, "name-3", 2.0, named=True, address="b")[0].named
+    # A known name resumes (it is no new one), and its message went on.
+    again, resumed, _ = table.attach("r4", OPEN, "name-0", 3.0, named=True, address="a")
+    assert (again, resumed, again.streams.partial("m")) == (named[0], True, "x")
+    # Once one ends, the address may open a new name.
+    assert table.expire(40.0) == [*named[1:], plain2]
+    assert table.attach("r5", OPEN, "name-5", 40.0, named=True, address="a")[0].named
+    assert table.named_count == 3
+
+
+def test_named_producers_are_bounded_in_all_by_max_parked() -> None:
+    table = _named_table(per_address=100, max_parked=2)
+    table.attach("r0", OPEN, "n0", 0.0, named=True, address="a")
+    table.attach("r1", OPEN, "n1", 0.0, named=True, address="b")
+    with pytest.raises(FrameRejected) as refused:
+        table.attach("r2", OPEN, "n2", 0.0, named=True, address="c")
+    assert refused.value.code is ErrorCode.TOO_MANY_PRODUCERS
+
+
+def test_requests_of_one_named_producer_attach_at_once_and_the_last_one_parks_it() -> None:
+    table = _named_table()
+    session, _, _ = table.attach("r1", OPEN, "gw", 0.0, named=True, address="a")
+    joined, resumed, displaced = table.attach("r2", OPEN, "gw", 0.0, named=True, address="a")
+    assert (joined, resumed, displaced) == (session, True, None)
+    assert session.serves("r1") and session.serves("r2") and not session.serves("r3")
+    assert session.connections() == ["r1", "r2"]
+    # Either may end first; the session stays attached to the other.
+    assert table.detach(session, "r1", vanished=True, now=1.0) == []
+    assert (session.connection, session.parked_until) == ("r2", None)
+    table.attach("r3", OPEN, "gw", 1.0, named=True, address="a")
+    assert table.detach(session, "r3", vanished=True, now=2.0) == []
+    assert session.connections() == ["r2"]
+    assert table.detach(session, "r2", vanished=True, now=3.0) == []
+    assert session.connection is None and session.parked_until == 33.0
+    # A WebSocket resuming a session still takes it over (a half-open old connection).
+    ws, _, _ = table.attach("ws", OPEN, None, 0.0)
+    assert table.attach("ws2", OPEN, ws.token, 0.0)[2] == "ws"
+
+
+def test_one_named_producer_has_at_most_so_many_requests_at_once() -> None:
+    table = _named_table()
+    session, _, _ = table.attach("r0", OPEN, "gw", 0.0, named=True, address="a")
+    for n in range(1, MAX_REQUESTS_PER_NAME):
+        table.attach(f"r{n}", OPEN, "gw", 0.0, named=True, address="a")
+    with pytest.raises(FrameRejected) as refused:
+        table.attach("one-more", OPEN, "gw", 0.0, named=True, address="a")
+    assert refused.value.code is ErrorCode.PRODUCER_BUSY
+    assert len(session.connections()) == MAX_REQUESTS_PER_NAME

@@ -976,7 +976,7 @@ def test_text_chars_counts_exactly_what_is_held_through_every_change() -> None:
             with contextlib.suppress(FrameRejected):
                 streams.receive(decode_producer_event(json.dumps(event)), now)
         elif roll < 0.9:
-            streams.withdraw(message_id)
+            streams.refuse(message_id)
         elif roll < 0.995:
             streams.expire(now - rng.randrange(5))
         else:
@@ -1017,3 +1017,52 @@ def test_meta_over_its_limit_is_refused_and_changes_nothing() -> None:
         streams.receive(decode_producer_event(big))
     assert refused.value.code is ErrorCode.INVALID_EVENT and "meta" in refused.value.message
     assert streams.next_seq("m") == 2 and streams.partial("m") == "a"
+
+
+# ------------------------------------------------------------------------ refusal
+
+
+def test_a_refused_message_refuses_every_later_event_its_final_included() -> None:
+    streams = MessageStreams("c", max_completed=2)
+    streams.receive(ProducerEvent(id="m", delta="lost"))
+    streams.refuse("m")
+    assert streams.phase("m") is Phase.REFUSED is TRANSITIONS[(Phase.STREAMING, "refuse")]
+    assert (streams.partial("m"), streams.text_chars, streams.streaming_count) == (None, 0, 0)
+    for event in [
+        ProducerEvent(id="m", delta="more"),
+        ProducerEvent(id="m", final=True),
+        ProducerEvent(id="m", delta="x", final=True),
+    ]:
+        refused = _rejected(streams, event)
+        assert (refused.code, refused.message_id) == (ErrorCode.ID_IN_USE, "m")
+        assert "channel 'c'" in str(refused)
+    assert streams.phase("m") is Phase.REFUSED
+    streams.refuse("m")  # refusing again changes nothing
+    assert streams.phase("m") is Phase.REFUSED
+    # Forgotten like an aborted id, least recently used first: then it is unknown again.
+    streams.receive(ProducerEvent(id="a", final=True))
+    streams.receive(ProducerEvent(id="b", final=True))
+    streams.receive(ProducerEvent(id="n", delta="y"))
+    streams.refuse("n")
+    streams.receive(ProducerEvent(id="o", delta="z"))
+    streams.refuse("o")
+    assert streams.phase("m") is TRANSITIONS[(Phase.REFUSED, "evict")] is None
+    assert streams.phase("n") is streams.phase("o") is Phase.REFUSED
+
+
+def test_a_one_shot_message_whose_publication_was_refused_is_refused() -> None:
+    streams = MessageStreams("c")
+    done = streams.receive(ProducerEvent(id="m", delta="hi", final=True))
+    assert isinstance(done, Applied) and done.text == "hi"
+    streams.refuse("m")
+    assert streams.phase("m") is Phase.REFUSED is TRANSITIONS[(Phase.COMPLETED, "refuse")]
+    assert streams.text_chars == 0
+    assert _rejected(streams, ProducerEvent(id="m", final=True)).code is ErrorCode.ID_IN_USE
+
+
+def test_refusing_an_unknown_id_changes_nothing() -> None:
+    streams = MessageStreams("c")
+    streams.refuse("m")
+    assert streams.phase("m") is None
+    applied = streams.receive(ProducerEvent(id="m", delta="a"))
+    assert isinstance(applied, Applied) and applied.opened

@@ -24,6 +24,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
+from .test_ownership import ROUNDS, race
 
 # The relay processes live in this module's event loop, so that a pair can outlive a test.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -302,11 +303,30 @@ async def test_one_live_owner_per_id_across_processes(
             }  # fmt: skip
             message = await recv_json(watcher)
             assert (message["type"], message["text"]) == ("message", "first wins")
-            # The id is free again once its message ended.
+            # The refused producer's later events stay refused, even now that the id is free.
             await send_json(second, {"id": "m", "delta": "mine now", "final": True})
-            assert (await recv_json(second))["type"] == "ack"
+            assert (await recv_json(second))["code"] == "id_in_use"
+            # The id is free again for another producer once its message ended.
+            async with open_producer(f"{b.url}/produce?channel=owned") as third:
+                await send_json(third, {"id": "m", "delta": "mine now", "final": True})
+                assert (await recv_json(third))["type"] == "ack"
             assert (await recv_json(watcher))["delta"] == "mine now"
             assert (await recv_json(watcher))["text"] == "mine now"
+    finally:
+        await watcher.close()
+
+
+async def test_two_producers_on_two_processes_racing_for_one_id_deliver_one_message(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    watcher = await _subscribed(a.url, "channel=raced&deltas=1")
+    try:
+        async with (
+            open_producer(f"{a.url}/produce?channel=raced") as first,
+            open_producer(f"{b.url}/produce?channel=raced") as second,
+        ):
+            await race((first, second), watcher, ROUNDS)
     finally:
         await watcher.close()
 

@@ -12,7 +12,7 @@ from token_relay.core.grants import Role
 from token_relay.edge.tokens import mint
 from token_relay.testing import RedisServer, relay_process
 
-from ..conftest import RunningRelay, recv_json, start_relay
+from ..conftest import RunningRelay, connect, recv_json, start_relay
 
 SECRET = "http-producer-secret-of-at-least-32-bytes"
 
@@ -241,3 +241,178 @@ async def test_a_final_the_broker_cannot_take_is_503(redis_server: RedisServer) 
         assert status == 503 and answer["errors"][0]["code"] == "broker_unavailable"
     finally:
         await relay.stop()
+
+
+async def _chunked(port: int, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Type: application/x-ndjson\r\n"
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+    )
+    return reader, writer
+
+
+async def _chunk(writer: asyncio.StreamWriter, *events: dict[str, Any], last: bool = False) -> None:
+    lines = _lines(*events)
+    writer.write(f"{len(lines):x}\r\n".encode() + lines + b"\r\n" + (b"0\r\n\r\n" if last else b""))
+    await writer.drain()
+
+
+async def _answered(reader: asyncio.StreamReader) -> tuple[int, Any]:
+    response = await asyncio.wait_for(reader.read(), 10)
+    return int(response.split()[1]), json.loads(response.partition(b"\r\n\r\n")[2])
+
+
+async def test_two_overlapping_requests_of_one_named_producer_both_apply_fully(
+    relay: RunningRelay,
+) -> None:
+    port, path = _port(relay.url), "/produce?channel=c&producer=gw"
+    async with relay.connect("/subscribe?channel=c&channel=d&deltas=1") as sub:
+        assert [(await recv_json(sub))["type"] for _ in range(2)] == ["subscribed"] * 2
+        # A long reply streams in one request...
+        long_reader, long_writer = await _chunked(port, path)
+        await _chunk(long_writer, {"id": "long", "delta": "one ", "seq": 1})
+        assert (await recv_json(sub))["delta"] == "one "
+        # ...while a second request of the same producer comes (with a channel of its own
+        # for the events that name none), and is answered first.
+        short = _lines(
+            {"id": "short", "delta": "a", "seq": 1},
+            {"id": "long", "delta": "two ", "seq": 2, "channel": "c"},
+            {"id": "short", "delta": "b", "final": True, "seq": 2},
+        )
+        other = "/produce?channel=d&producer=gw"
+        status, answer = await _post(port, other, short, "application/x-ndjson")
+        assert (status, [a["id"] for a in answer["acks"]], answer["errors"]) == (200, ["short"], [])
+        # The first request goes on: every later line of it applies.
+        for seq, delta in [(3, "three "), (4, "four")]:
+            await _chunk(long_writer, {"id": "long", "delta": delta, "seq": seq})
+        await _chunk(long_writer, {"id": "long", "final": True, "seq": 5}, last=True)
+        status, answer = await _answered(long_reader)
+        long_writer.close()
+        assert (status, [a["id"] for a in answer["acks"]], answer["errors"]) == (200, ["long"], [])
+        frames = [await recv_json(sub) for _ in range(7)]
+        deltas = [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"]
+        assert deltas == [
+            ("short", "a"),
+            ("long", "two "),
+            ("short", "b"),
+            ("long", "three "),
+            ("long", "four"),
+        ]
+        texts = [(f["channel"], f["id"], f["text"]) for f in frames if f["type"] == "message"]
+        assert texts == [("d", "short", "ab"), ("c", "long", "one two three four")]
+
+
+async def _reply_chunk(port: int, n: int, seq: int, final: bool = False) -> tuple[int, Any]:
+    """Chunk ``seq`` of reply ``n``, posted alone under the reply's own producer name."""
+    event: dict[str, Any] = {"id": f"reply-{n}", "delta": f"{seq} ", "seq": seq}
+    if final:
+        event["final"] = True
+    path = f"/produce?channel=c&producer=reply-{n}"
+    return await _post(port, path, _lines(event), "application/x-ndjson")
+
+
+async def test_many_concurrent_replies_of_one_gateway_all_complete(relay: RunningRelay) -> None:
+    # 24 replies, each under a name of its own, chunk by chunk over separate POSTs from one
+    # address: more names than --max-parked-per-ip (16) wait between their requests.
+    port, replies = _port(relay.url), 24
+    async with relay.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        for seq in (1, 2):
+            answers = await asyncio.gather(*(_reply_chunk(port, n, seq) for n in range(replies)))
+            assert answers == [(200, {"acks": [], "errors": [], "cancels": []})] * replies
+        # Many replies under one name go too: 20 concurrent requests of one name.
+        many = "/produce?channel=c&producer=reply-0"
+        shared = await asyncio.gather(
+            *(
+                _post(
+                    port,
+                    many,
+                    _lines({"id": f"shared-{n}", "delta": "s", "final": True}),
+                    "application/x-ndjson",
+                )
+                for n in range(20)
+            )
+        )
+        assert sorted(a["acks"][0]["id"] for _, a in shared) == sorted(
+            f"shared-{n}" for n in range(20)
+        )
+        answers = await asyncio.gather(
+            *(_reply_chunk(port, n, 3, final=True) for n in range(replies))
+        )
+        assert all(status == 200 and len(a["acks"]) == 1 for status, a in answers), answers
+        frames = [await recv_json(sub) for _ in range(replies + 20)]
+        assert {f["type"] for f in frames} == {"message"}
+        texts = {f["id"]: f["text"] for f in frames}
+        assert texts == {
+            **{f"reply-{n}": "1 2 3 " for n in range(replies)},
+            **{f"shared-{n}": "s" for n in range(20)},
+        }
+
+
+async def test_a_named_producer_past_the_limit_is_refused_and_none_is_aborted() -> None:
+    running, relay = await start_relay(max_named_producers_per_ip=4, max_parked_per_ip=1)
+    port = _port(running.url)
+    async with relay, running.connect("/subscribe?channel=c") as sub:
+        await recv_json(sub)
+        for n in range(4):
+            assert (await _reply_chunk(port, n, 1))[0] == 200
+        # One name more is refused whole, with a clear status: nothing of it is applied.
+        status, answer = await _reply_chunk(port, 4, 1, final=True)
+        assert (status, [e["code"] for e in answer["errors"]], answer["acks"]) == (
+            429,
+            ["too_many_producers"],
+            [],
+        )
+        assert "--max-named-producers-per-ip" in answer["errors"][0]["message"]
+        for n in range(4):
+            status, answer = await _reply_chunk(port, n, 2, final=True)
+            assert (status, [a["id"] for a in answer["acks"]]) == (200, [f"reply-{n}"])
+        frames = [await recv_json(sub) for _ in range(4)]
+        assert [(f["type"], f["id"], f["text"]) for f in frames] == [
+            ("message", f"reply-{n}", "1 2 ") for n in range(4)
+        ]
+
+
+async def test_a_named_producer_taken_over_on_another_process_says_what_it_did_not_apply(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        async with connect(f"{b.url}/subscribe?channel=c&deltas=1") as sub:
+            await recv_json(sub)
+            path = "/produce?channel=c&producer=gw-moving"
+            reader, writer = await _chunked(a.port, path)
+            await _chunk(writer, {"id": "first", "delta": "on a", "seq": 1})
+            assert (await recv_json(sub))["type"] == "delta"  # the line was applied on a
+            # A second request of the same producer reaches the other process: it takes the
+            # session over there, and applies its own lines.
+            rest = _lines({"id": "second", "delta": "on b", "final": True, "seq": 1})
+            status, answer = await _post(b.port, path, rest, "application/x-ndjson")
+            assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["second"])
+            # The first request is answered at once: nothing more of it applies, and the
+            # answer says from which of its lines on.
+            status, answer = await _answered(reader)
+            writer.close()
+            (moved,) = answer["errors"]
+            assert (status, moved["code"], moved["index"], answer["acks"]) == (
+                409,
+                "producer_moved",
+                1,
+                [],
+            )
+            # The message it began goes on where the session is now.
+            end = _lines({"id": "first", "delta": ", then b", "final": True, "seq": 2})
+            status, answer = await _post(b.port, path, end, "application/x-ndjson")
+            assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["first"])
+            frames = [await recv_json(sub) for _ in range(4)]
+            assert [(f["type"], f["id"], f.get("text")) for f in frames] == [
+                ("delta", "second", None),
+                ("message", "second", "on b"),
+                ("delta", "first", None),
+                ("message", "first", "on a, then b"),
+            ]
+    finally:
+        await asyncio.gather(a.stop(), b.stop())

@@ -226,9 +226,20 @@ class Broker(Protocol):
         the same owner.
         """
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
+    def delta(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        delta: str,
+        seq: int = 0,
+        claimed: bool = True,
+    ) -> None:
         """A non-empty delta (``seq`` the event's, 0 if unnumbered). Ordered after earlier
-        calls for the same owner; never waits."""
+        calls for the same owner; never waits. Dropped if another owner holds the id, or
+        (``claimed``: the message opened before, with :meth:`open`) if its claim was
+        refused, even once the holder is done
+        (:meth:`~token_relay.core.inflight.InflightIndex.may_publish`)."""
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """An event with a ``seq`` but no text was applied. Never waits."""
@@ -246,6 +257,7 @@ class Broker(Protocol):
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
+        claimed: bool = False,
     ) -> Publication:
         """Give a terminal frame its offset, record and publish it: ordered now after
         earlier calls for the same owner; the publication (awaited: the full frame) ends
@@ -254,8 +266,10 @@ class Broker(Protocol):
         ``body`` is the frame serialized without ``offset`` and ``epoch``; ``producer`` is
         the producer's identity (JSON) its webhook carries, "" without auth. It ends with
         ``id_in_use`` (:class:`~token_relay.core.errors.FrameRejected`) if another owner
-        holds the id in the channel. A producer goes on applying its next events while its
-        final is being published: the round trip is not paid once per message.
+        holds the id in the channel, or (``claimed``: the message opened before) if its
+        claim was refused, even once the holder is done. A producer goes on applying its
+        next events while its final is being published: the round trip is not paid once
+        per message.
         """
 
     def defer(

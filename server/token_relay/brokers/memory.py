@@ -186,17 +186,20 @@ class MemoryBroker:
 
     def open(self, channel: str, owner: str, message_id: str, seq: int = 0) -> bool:
         """Claim the id and index the message for snapshots and cancel."""
-        holder = self.inflight.holder(channel, message_id)
-        if holder is not None and holder != owner:
-            return False
-        self.inflight.add(channel, owner, message_id)
-        return True
+        return self.inflight.claim(channel, owner, message_id)
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
+    def delta(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        delta: str,
+        seq: int = 0,
+        claimed: bool = True,
+    ) -> None:
         """Hand the delta frame straight to the listener, built only if someone wants it."""
-        holder = self.inflight.holder(channel, message_id)
-        if holder is not None and holder != owner:
-            return  # another owner holds the id in this channel: nothing of this is published
+        if not self.inflight.may_publish(channel, owner, message_id, claimed):
+            return  # another owner holds the id: nothing of this message is published
         self._seq += 1
         listener = self._listener
         if listener is not None and listener.wants_deltas(channel):
@@ -211,11 +214,12 @@ class MemoryBroker:
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
+        claimed: bool = False,
     ) -> Published:
         """Number, record and deliver a terminal frame (and queue its webhook) now: the
         publication is over when this returns."""
         try:
-            return Published(self._terminal(channel, owner, message_id, body, producer))
+            return Published(self._terminal(channel, owner, message_id, body, producer, claimed))
         except FrameRejected as exc:
             return Published(error=exc)
 
@@ -255,10 +259,15 @@ class MemoryBroker:
         """Nothing to hand over."""
 
     def _terminal(
-        self, channel: str, owner: str, message_id: str, body: str, producer: str = ""
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        body: str,
+        producer: str = "",
+        claimed: bool = False,
     ) -> str:
-        holder = self.inflight.holder(channel, message_id)
-        if holder is not None and holder != owner:
+        if not self.inflight.may_publish(channel, owner, message_id, claimed):
             raise id_in_use(channel, message_id)
         self.inflight.remove(channel, owner, message_id)
         payload = self.history.record(

@@ -95,6 +95,8 @@ __all__ = ["RedisBroker"]
 log = logging.getLogger("token_relay.redis")
 
 KEY_TTL = 7 * 24 * 3600
+CLAIMED = 2
+"""TERMINAL's ``strict`` for a message that opened: refused if its claim was refused."""
 """Seconds an idle channel's epoch and offset are kept."""
 RESERVED_EPOCH_TTL = 600
 """Seconds the epoch a subscribe reserved for a channel nobody published to is kept."""
@@ -429,7 +431,15 @@ class RedisBroker:
             self._runs.opened(target, write)  # its first deltas join it: one script
         return True
 
-    def delta(self, channel: str, owner: str, message_id: str, delta: str, seq: int = 0) -> None:
+    def delta(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        delta: str,
+        seq: int = 0,
+        claimed: bool = True,
+    ) -> None:
         """Append to the message's text in Redis and publish the delta frame."""
         target = (channel, owner, message_id)
         if target in self._dirty:
@@ -447,7 +457,7 @@ class RedisBroker:
                 _key("d", channel),
                 _key("own", channel),
             ],
-            [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel],
+            [delta, message_id, self._text_ttl, KEY_TTL, owner, seq, channel, int(claimed)],
             message=target,
         )
         if self._enqueue(write, target):
@@ -475,9 +485,12 @@ class RedisBroker:
         done: asyncio.Future[Any] | None,
         seq: int = 0,
         aborted: bool = False,
-        strict: bool = False,
+        strict: int = 0,
         producer: str = "",
     ) -> _Write:
+        """The TERMINAL write. ``strict``: 0, the id may be free or the owner's; 1 (a
+        reaper's abort), the owner must hold it; :data:`CLAIMED` (a message that opened),
+        its claim must not have been refused."""
         member = f"{owner}|{message_id}"
         webhook = self._wants_webhook(channel)  # False without --webhook
         return _Write(
@@ -507,7 +520,7 @@ class RedisBroker:
                 seq,
                 "a" if aborted else "m",
                 self.settings.max_completed_per_producer,
-                int(strict),
+                strict,
                 channel,
                 int(webhook),
                 producer,
@@ -527,6 +540,7 @@ class RedisBroker:
         seq: int = 0,
         aborted: bool = False,
         producer: str = "",
+        claimed: bool = False,
     ) -> asyncio.Future[str]:
         """Queue the terminal write now, in order; the future ends once Redis ran it: the
         frame given its offset, added to history and published, atomically (and its
@@ -535,11 +549,14 @@ class RedisBroker:
         if not self.healthy or self._queue.full():
             done.set_exception(BrokerUnavailable("Redis is unreachable"))
             return done
-        write = self._terminal_write(
-            channel, owner, message_id, body, done, seq, aborted, producer=producer
-        )
-        target = write.terminal = (channel, owner, message_id)
+        target = (channel, owner, message_id)
         opening = self._runs.completes(target, self._last)
+        # Joined to its open (WHOLE), the claim is checked in the same script.
+        strict = CLAIMED if claimed and opening is None else 0
+        write = self._terminal_write(
+            channel, owner, message_id, body, done, seq, aborted, strict, producer
+        )
+        write.terminal = target
         if opening is None:
             self._put(write)
             return done
@@ -756,7 +773,7 @@ class RedisBroker:
                         done,
                         int(seq),
                         True,
-                        strict=True,
+                        strict=1,
                         producer=producer,
                     )
                 )

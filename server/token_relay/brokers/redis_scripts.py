@@ -10,6 +10,7 @@ if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
 end
 local holder = redis.call('HGET', KEYS[5], ARGV[2])
 if holder and holder ~= ARGV[5] then
+  redis.call('SET', 'tr:refused:' .. ARGV[8], '1', 'EX', ARGV[3])
   return 0
 end
 redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[2], ARGV[6] .. '|' .. ARGV[7])
@@ -29,16 +30,19 @@ redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
 """Claim the id in the channel for this owner (0 if another owner holds it, or the owner's
-session moved to another process), note the message and its seq in the owner's session,
-and list it as in progress with the text of the deltas that joined the open in the queue
-(published as one delta), if any. Its arguments are those of DELTA, and its member."""
+session moved to another process; a refused claim is noted in ``tr:refused:OWNER|ID`` for as
+long as a message's text lives, so that nothing of the message is published later), note
+the message and its seq in the owner's session, and list it as in progress with the text of
+the deltas that joined the open in the queue (published as one delta), if any. Its arguments
+are those of DELTA, and its member."""
 
 DELTA = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
   return 0
 end
 local holder = redis.call('HGET', KEYS[5], ARGV[2])
-if holder and holder ~= ARGV[5] then
+if holder ~= ARGV[5] and (holder or (ARGV[8] == '1'
+    and redis.call('EXISTS', 'tr:refused:' .. ARGV[5] .. '|' .. ARGV[2]) == 1)) then
   return 0
 end
 if ARGV[6] ~= '0' then
@@ -53,7 +57,8 @@ redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
 """Append a delta to the text in Redis, note its seq, and publish it, unless another owner
-holds the id or the owner's session moved."""
+holds the id, the owner's session moved, or (``claimed``, ARGV[8]: the message opened
+before) its claim was refused."""
 
 PROGRESS = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[1]) == 1 then
@@ -92,7 +97,8 @@ local holder = redis.call('HGET', KEYS[8], ARGV[8])
 if holder and holder ~= owner then
   return 0
 end
-if ARGV[13] == '1' and holder ~= owner then
+if holder ~= owner and (ARGV[13] == '1' or (ARGV[13] == '2'
+    and redis.call('EXISTS', 'tr:refused:' .. owner .. '|' .. ARGV[8]) == 1)) then
   return 0
 end
 if holder then
@@ -141,12 +147,13 @@ return {frame, queued}
 """
 """Give a terminal frame its offset, record and publish it, release the id's claim, and
 remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
-``max_done`` of them; 0 if another owner holds the id or the session moved (with ``strict``,
-also if nobody holds it: a reaper's abort happens once). With a webhook wanted, queue the
-frame in the webhook outbox ``tr:wh`` in the same step, unless it is full; returns the frame
-and whether it was queued."""
+``max_done`` of them; 0 if another owner holds the id or the session moved; with ``strict``
+1, also if nobody holds it (a reaper's abort happens once); with 2 (a message that opened),
+also if its claim was refused (``tr:refused:``), even once the holder is done. With a
+webhook wanted, queue the frame in the webhook outbox ``tr:wh`` in the same step, unless it
+is full; returns the frame and whether it was queued."""
 
-_CLAIMED = TERMINAL.index("if ARGV[13] == '1'")
+_CLAIMED = TERMINAL.index("if holder ~= owner and (ARGV[13]")
 WHOLE = (
     TERMINAL[:_CLAIMED]
     + """if ARGV[19] ~= '' then

@@ -83,6 +83,9 @@ class ErrorCode(StrEnum):
     OVERLOADED = "overloaded"
     LINE_TOO_LONG = "line_too_long"
     BODY_TOO_LARGE = "body_too_large"
+    TOO_MANY_PRODUCERS = "too_many_producers"
+    PRODUCER_BUSY = "producer_busy"
+    PRODUCER_MOVED = "producer_moved"
 
 
 class Blame(StrEnum):

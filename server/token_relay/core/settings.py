@@ -81,6 +81,11 @@ class Settings:
     oldest parked session ends (its messages abort)."""
     max_parked_per_ip: int = 16
     """Parked sessions per client address; one more ends that address's oldest."""
+    max_named_producers_per_ip: int = 64
+    """Named HTTP producers (``POST /produce?producer=NAME``) per client address, in use or
+    waiting between requests; a request that would open one more is refused
+    (``too_many_producers``, 429). Named producers never count as parked sessions, so
+    none is ended to make room."""
     lease_seconds: float = 3.0
     """With Redis: how long a process's lease lasts (renewed three times as often). When it
     lapses, the others abort what its producers do not resume within ``session_grace``."""

@@ -11,8 +11,9 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
     (unknown) --event, not final--> STREAMING --final--> COMPLETED
     (unknown) --event, final------> COMPLETED
     STREAMING --close / expire / too large--> ABORTED
+    STREAMING, COMPLETED --another producer holds the id--> REFUSED
     COMPLETED --repeated final--> COMPLETED (acked again, never re-broadcast)
-    COMPLETED, ABORTED --evicted from the LRU--> (unknown)
+    COMPLETED, ABORTED, REFUSED --evicted from the LRU--> (unknown)
 
 * Channel: an event's ``channel`` overrides the session's default; an event
   with neither is rejected (``channel_required``). A message's channel is fixed
@@ -28,9 +29,14 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   long (:meth:`MessageStreams.expire`), or a delta took it past the size limit.
   An aborted id is remembered; events for it are rejected (``message_aborted``),
   so a late delta can't start a bogus new message.
+* Refusal: an id another producer holds on the channel is refused by the broker
+  (:mod:`token_relay.core.inflight` has the rule); the edge then calls
+  :meth:`MessageStreams.refuse`. Nothing of the message was published, and every
+  later event for the id is refused too (``id_in_use``), its final included, so a
+  refused message never completes once the holder is done.
 * Limits: at most ``max_streaming`` unfinished messages; a non-final event that
   would open one more is rejected (``too_many_messages``) and changes nothing.
-  At most ``max_completed`` completed ids, and as many aborted ids, are
+  At most ``max_completed`` completed ids, and as many aborted and refused ids, are
   remembered, least recently used first out. A forgotten id is unknown again:
   an event for it starts a new message. At most ``max_chars`` characters per
   message.
@@ -56,7 +62,7 @@ from pydantic import MISSING
 
 from .assembler import TokenAssembler
 from .codec import Event
-from .errors import ConfigError, ErrorCode, FrameRejected
+from .errors import ConfigError, ErrorCode, FrameRejected, id_in_use
 
 __all__ = ["TRANSITIONS", "Applied", "MessageStreams", "Overflow", "Phase", "Unfinished"]
 
@@ -67,6 +73,7 @@ class Phase(Enum):
     STREAMING = "streaming"
     COMPLETED = "completed"
     ABORTED = "aborted"
+    REFUSED = "refused"
 
 
 TRANSITIONS: dict[tuple[Phase | None, str], Phase | None] = {
@@ -75,13 +82,17 @@ TRANSITIONS: dict[tuple[Phase | None, str], Phase | None] = {
     (Phase.STREAMING, "event"): Phase.STREAMING,
     (Phase.STREAMING, "final"): Phase.COMPLETED,
     (Phase.STREAMING, "abort"): Phase.ABORTED,
+    (Phase.STREAMING, "refuse"): Phase.REFUSED,
+    (Phase.COMPLETED, "refuse"): Phase.REFUSED,
     (Phase.COMPLETED, "event"): Phase.COMPLETED,
     (Phase.COMPLETED, "final"): Phase.COMPLETED,
     (Phase.COMPLETED, "evict"): None,
     (Phase.ABORTED, "evict"): None,
+    (Phase.REFUSED, "evict"): None,
 }
 """The lifecycle as data: ``(phase, what happened) -> next phase``. A pair that is
-missing is refused: an event for an ABORTED id is ``message_aborted``."""
+missing is refused: an event for an ABORTED id is ``message_aborted``, one for a
+REFUSED id ``id_in_use``."""
 
 
 class Applied(msgspec.Struct, frozen=True, gc=False):
@@ -188,6 +199,7 @@ class MessageStreams:
         "_aborted",
         "_completed",
         "_final_seq",
+        "_refused",
         "_streaming",
         "assembler",
         "completed_chars",
@@ -219,6 +231,7 @@ class MessageStreams:
         self._completed: dict[str, str] = {}
         self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
+        self._refused: dict[str, str] = {}
         self.completed_chars = 0
         """Characters of the completed texts kept for idempotent finals."""
 
@@ -286,6 +299,10 @@ class MessageStreams:
             text = self.assembler.get(message_id)
             return Applied(channel, message_id, text, duplicate=duplicate)
 
+        refused_in = self._refused.get(message_id)
+        if refused_in is not None:
+            raise id_in_use(refused_in, message_id)
+
         aborted_in = self._aborted.get(message_id)
         if aborted_in is not None:
             raise FrameRejected(
@@ -334,6 +351,8 @@ class MessageStreams:
             return Phase.COMPLETED
         if message_id in self._aborted:
             return Phase.ABORTED
+        if message_id in self._refused:
+            return Phase.REFUSED
         return None
 
     def next_seq(self, message_id: str) -> int | None:
@@ -395,17 +414,25 @@ class MessageStreams:
         if seq:
             self._final_seq[message_id] = seq
 
-    def withdraw(self, message_id: str) -> None:
-        """Forget a message as if it had never been seen (its id was another's to use).
+    def refuse(self, message_id: str) -> None:
+        """Another producer holds the id on the message's channel: drop the message and
+        refuse every later event for it (``id_in_use``).
 
-        Not an abort: nothing was published of it, and the id is unknown again.
+        Not an abort: nothing was published of it. A completed message is refused too
+        (its final's publication was refused); an id in no phase, or refused already,
+        is left as it is.
         """
-        if self._streaming.pop(message_id, None) is not None:
+        state = self._streaming.pop(message_id, None)
+        if state is not None:
             self.assembler.discard(message_id)
-        elif self._completed.pop(message_id, None) is not None:
+            self._remember(self._refused, message_id, state.channel)
+            return
+        channel = self._completed.pop(message_id, None)
+        if channel is not None:
             self._final_seq.pop(message_id, None)
             self.completed_chars -= len(self.assembler.get(message_id) or "")
             self.assembler.forget(message_id)
+            self._remember(self._refused, message_id, channel)
 
     def completed_channel(self, message_id: str) -> str | None:
         """The channel of a completed message still remembered, or None."""
@@ -427,6 +454,7 @@ class MessageStreams:
         self._completed.clear()
         self._final_seq.clear()
         self._aborted.clear()
+        self._refused.clear()
         self.assembler = TokenAssembler()
         self.completed_chars = 0
         return unfinished
@@ -459,13 +487,14 @@ class MessageStreams:
         return meta
 
     def _remember(self, memory: dict[str, str], message_id: str, channel: str) -> None:
-        """Note an ended id in ``memory`` (completed or aborted), evicting the oldest."""
+        """Note an ended id in ``memory`` (completed, aborted or refused), evicting the
+        oldest."""
         memory[message_id] = channel
         if len(memory) > self.max_completed:
             oldest = next(iter(memory))
             del memory[oldest]
             self._final_seq.pop(oldest, None)
-            # The two memories never share an id, so this frees only a completed text.
+            # The memories never share an id, so this frees only a completed text.
             if memory is self._completed:
                 self.completed_chars -= len(self.assembler.get(oldest) or "")
             self.assembler.forget(oldest)

@@ -81,6 +81,8 @@ class HttpProducer(PeerBase):
         """Bytes of the lines in :attr:`_items`."""
         self._ended = False
         self._displaced = False
+        self.taken = 0
+        """Lines (or bodies) handed on to be applied; after a displacement, none more."""
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
 
@@ -202,7 +204,7 @@ class HttpProducer(PeerBase):
 
     async def __anext__(self) -> Item:
         """The next line (or the whole JSON body); the iteration ends with the body."""
-        while not self._items:
+        while not self._items or self._displaced:
             if self._ended or self._displaced:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -212,6 +214,7 @@ class HttpProducer(PeerBase):
                 self._waiter = None
         item, size = self._items.popleft()
         self._queued -= size
+        self.taken += 1
         if (
             self._paused
             and len(self._items) < MAX_LINES // 2
@@ -258,6 +261,12 @@ class HttpProducer(PeerBase):
     def close_received(self) -> bool:
         """An unnamed request ends its producer with its body; a named one parks it."""
         return not self.named
+
+    @property
+    def displaced(self) -> bool:
+        """The session went elsewhere before the body ended: its later lines were not
+        applied."""
+        return self._displaced
 
     @property
     def close_code(self) -> int | None:

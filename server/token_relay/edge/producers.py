@@ -185,6 +185,7 @@ class ProducerEndpoint:
             max_parked_chars=settings.max_parked_chars,
             max_parked_per_address=settings.max_parked_per_ip,
             max_meta_bytes=settings.max_meta_bytes,
+            max_named_per_address=settings.max_named_producers_per_ip,
         )
 
     async def serve(
@@ -192,8 +193,13 @@ class ProducerEndpoint:
     ) -> None:
         """Serve one producer connection until it ends."""
         loop = asyncio.get_running_loop()
-        session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
-        session.address = connection.client
+        try:
+            session, resumed, displaced = await self._attach(connection, grant, resume, loop.time())
+        except FrameRejected as exc:  # a named HTTP producer past a limit: nothing applied
+            self.reject_now(connection, exc)
+            return
+        if not session.named:  # a named one stays counted where it was opened
+            session.address = connection.client
         if displaced is not None:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
@@ -203,13 +209,17 @@ class ProducerEndpoint:
         )
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
-        received, waiting = self.metrics.frames_in_producer, self._replies
+        received, waiting, streams = self.metrics.frames_in_producer, self._replies, session.streams
         self.clock = loop_time = loop_clock(loop)
 
         def handle(raw: str | bytes | FrameRejected) -> Awaitable[None] | None:
             received.value += 1
-            if self.stopping or session.connection is not connection:
+            if self.stopping or (
+                session.connection is not connection and connection not in session.joined
+            ):
                 return _stop()
+            # Requests of one named producer may overlap, each with its own ?channel=.
+            streams.default_channel = channel
             later = self._frame(connection, session, raw, loop_time())
             if later is None and not connection.paused:
                 # Nearly always no producer's replies wait for the broker: one check then.
@@ -255,6 +265,8 @@ class ProducerEndpoint:
     ) -> tuple[Session, bool, ProducerPeer | None]:
         """The session for a new connection: local, taken over from the broker, or new."""
         sessions = self.sessions
+        named = isinstance(connection, HttpProducer) and connection.named
+        address = connection.client
         if resume and resume not in sessions.by_token and self.broker.shares_sessions:
             owner = sessions.new_owner()
             try:
@@ -262,9 +274,13 @@ class ProducerEndpoint:
             except BrokerUnavailable:
                 state = None
             if state is not None:
-                return sessions.adopt(connection, grant, resume, owner, state, now), True, None
-        named = isinstance(connection, HttpProducer) and connection.named
-        session, resumed, displaced = sessions.attach(connection, grant, resume, now, named=named)
+                adopted = sessions.adopt(
+                    connection, grant, resume, owner, state, now, named=named, address=address
+                )
+                return adopted, True, None
+        session, resumed, displaced = sessions.attach(
+            connection, grant, resume, now, named=named, address=address
+        )
         if not resumed and self.broker.shares_sessions:
             # Without the record a resume elsewhere would start afresh; with it, exactly once.
             with contextlib.suppress(BrokerUnavailable):
@@ -274,10 +290,13 @@ class ProducerEndpoint:
     def session_moved(self, owner: str) -> None:
         """Another process took the session over: close its old connection, abort nothing."""
         session = self.sessions.forget(owner)
-        if session is not None and session.connection is not None:
-            self.writer.close(
-                session.connection, CloseCode.POLICY_VIOLATION, "session resumed elsewhere"
-            )
+        if session is not None:
+            for connection in session.connections():
+                if isinstance(connection, HttpProducer):
+                    connection.start_close(CloseCode.POLICY_VIOLATION)  # now: no line more
+                self.writer.close(
+                    connection, CloseCode.POLICY_VIOLATION, "session resumed elsewhere"
+                )
 
     async def hand_off(self) -> None:
         """A rolling restart: leave every session to the broker and close with 1012."""
@@ -285,9 +304,10 @@ class ProducerEndpoint:
         await self.broker.leave()
         for session in list(self.sessions.by_owner.values()):
             if session.connection is not None:
-                self.writer.close(
-                    session.connection, CloseCode.SERVICE_RESTART, "relay restarting: resume"
-                )
+                for connection in session.connections():
+                    self.writer.close(
+                        connection, CloseCode.SERVICE_RESTART, "relay restarting: resume"
+                    )
             else:
                 self.sessions.forget(session.owner)
 
@@ -461,7 +481,7 @@ class ProducerEndpoint:
             and applied.text is None
             and not self.broker.open(applied.channel, session.owner, applied.message_id, seq)
         ):
-            session.streams.withdraw(applied.message_id)
+            session.streams.refuse(applied.message_id)
             refusal = id_in_use(applied.channel, applied.message_id)
             refusal.index = index
             self.reject_now(connection, refusal)
@@ -473,8 +493,10 @@ class ProducerEndpoint:
                     applied.channel, session.owner, applied.message_id, json.dumps(merged)
                 )
         if applied.delta:
+            # A one-shot message (a final that opened it) never claimed its id.
+            claimed = applied.text is None or not applied.opened
             self.broker.delta(
-                applied.channel, session.owner, applied.message_id, applied.delta, seq
+                applied.channel, session.owner, applied.message_id, applied.delta, seq, claimed
             )
             if applied.delta_wait is not None:
                 metrics = self.metrics
@@ -495,8 +517,18 @@ class ProducerEndpoint:
             seq = 0 if event.seq is MISSING else event.seq
             body = message_body(channel, message_id, text, applied.meta)
             completion.meta = bool(applied.meta)
+            # A message that opened before holds its id's claim, or is not published; a
+            # one-shot one (or a final retried after the broker was down) needs nobody
+            # else to hold it.
+            claimed = applied.first_completion and not applied.opened
             completion.published = self.broker.terminal(
-                channel, session.owner, message_id, body, seq, producer=self._identity(session)
+                channel,
+                session.owner,
+                message_id,
+                body,
+                seq,
+                producer=self._identity(session),
+                claimed=claimed,
             )
         return completion
 
@@ -522,7 +554,7 @@ class ProducerEndpoint:
                 error = broker_rejected(message_id)
             if isinstance(error, FrameRejected):
                 if error.code is ErrorCode.ID_IN_USE:
-                    session.streams.withdraw(message_id)
+                    session.streams.refuse(message_id)
                 error.index = completion.index
                 return error
             if error is not None:
@@ -555,7 +587,9 @@ class ProducerEndpoint:
             self.broker.meta(unfinished.channel, owner, unfinished.message_id, "")
         where = (unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame))
         try:
-            await self.broker.terminal(*where, aborted=True, producer=producer)
+            await self.broker.terminal(*where, aborted=True, producer=producer, claimed=True)
+        except FrameRejected:
+            pass  # the id was another producer's (its claim was refused): nothing to abort
         except BrokerUnavailable:
             # Nobody will send it again: the broker keeps it and publishes it once it can.
             log.warning(
@@ -678,11 +712,16 @@ class ProducerEndpoint:
             self.writer.offer(session.connection, payload)
 
     def claim_refused(self, channel: str, owner: str, message_id: str) -> None:
-        """The broker found the id held by another producer: void the local message."""
+        """The broker found the id held by another producer: refuse the local message,
+        its later events, and its final if it came meanwhile (that final's publication is
+        refused too: its claim is not held)."""
         session = self.sessions.by_owner.get(owner)
-        if session is None or session.streams.channel_of(message_id) != channel:
+        if session is None:
             return
-        session.streams.withdraw(message_id)
+        streams = session.streams
+        if channel not in (streams.channel_of(message_id), streams.completed_channel(message_id)):
+            return
+        streams.refuse(message_id)
         if session.connection is not None:
             self.reject_now(session.connection, id_in_use(channel, message_id))
 

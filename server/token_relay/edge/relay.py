@@ -43,11 +43,11 @@ from urllib.parse import unquote, urlsplit
 from websockets import CloseCode
 
 from ..brokers import Broker, open_broker
-from ..core.errors import BrokerUnavailable
+from ..core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from ..core.events import Delta, FrameKind, Payload
 from ..core.grants import Grant
 from ..core.hub import ChannelHub
-from ..core.protocol import AbortReason, Since, Subscribe
+from ..core.protocol import AbortReason, Since, Subscribe, error_frame
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
 from .aisdk import AiSdkStream
@@ -321,6 +321,10 @@ class Relay:
             )
         finally:
             gauge.dec()
+        if producer.displaced and producer.named:
+            # Another request of this producer took its session on another process: what
+            # is left of this body was not applied, and the answer says from where.
+            producer.errors.append(json.loads(error_frame(_moved(name, producer.taken))))
         body = json.dumps(
             {"acks": producer.acks, "errors": producer.errors, "cancels": producer.cancels},
             ensure_ascii=False,
@@ -413,6 +417,9 @@ class Relay:
 
 HTTP_PRODUCER_STATUS = (
     ("body_too_large", 413),
+    ("too_many_producers", 429),
+    ("producer_busy", 409),
+    ("producer_moved", 409),
     ("rate_limited", 429),
     ("broker_unavailable", 503),
     ("message_too_large", 413),
@@ -440,4 +447,15 @@ def _subscribe(
     offset, epoch = since
     return Subscribe(
         type="subscribe", channel=channel, deltas=deltas, since=Since(offset=offset, epoch=epoch)
+    )
+
+
+def _moved(name: str, taken: int) -> FrameRejected:
+    return FrameRejected(
+        ErrorCode.PRODUCER_MOVED,
+        f"producer '{name}' was taken over by a request on another relay process: this "
+        f"body's events from number {taken} on (counted from 0) were not applied, and those "
+        "since the takeover may not have been either: send again what came after your last "
+        "ack (with seq, nothing is applied twice)",
+        index=taken,
     )

@@ -1,0 +1,160 @@
+"""One owner per id, over real sockets: two producers racing for one id on one channel get
+exactly one message delivered, and the loser gets ``id_in_use`` for its delta and its final,
+whichever final comes first; an HTTP producer and a WebSocket one, both ways round."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+
+from ..conftest import RunningRelay, open_producer, recv_json, send_json
+
+ROUNDS = 50
+
+
+async def _first_reply(producers: tuple[ClientConnection, ClientConnection]) -> int:
+    """Which producer is answered first (the other's pending read is cancelled: safe)."""
+    reads = [asyncio.ensure_future(recv_json(ws)) for ws in producers]
+    done, pending = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+    for read in pending:
+        read.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    (answered,) = done
+    frame = answered.result()
+    assert (frame["type"], frame["code"]) == ("error", "id_in_use"), frame
+    return reads.index(answered)
+
+
+async def race(
+    producers: tuple[ClientConnection, ClientConnection], watcher: ClientConnection, rounds: int
+) -> None:
+    """Both producers send a delta, then a final, for one id per round; the watcher gets
+    exactly one message per id, the winner's, and nothing of the loser's."""
+    winners: dict[str, str] = {}
+    for n in range(rounds):
+        message_id = f"r{n}"
+        letters = ("a", "b")
+        sends = zip(producers, letters, strict=True)
+        await asyncio.gather(*(send_json(ws, {"id": message_id, "delta": x}) for ws, x in sends))
+        loser = await _first_reply(producers)
+        winner = 1 - loser
+        winners[message_id] = letters[winner] + "!"
+        final = {"id": message_id, "delta": "!", "final": True}
+        if n % 2:  # the winner's final is published before the loser's comes
+            await send_json(producers[winner], final)
+            assert (await recv_json(producers[winner]))["type"] == "ack"
+            await send_json(producers[loser], final)
+        else:  # both at once
+            await asyncio.gather(*(send_json(ws, final) for ws in producers))
+            assert (await recv_json(producers[winner]))["type"] == "ack"
+        refused = await recv_json(producers[loser])
+        assert (refused["code"], refused["id"]) == ("id_in_use", message_id)
+    await send_json(producers[0], {"id": "end", "delta": "end", "final": True})
+    assert (await recv_json(producers[0]))["type"] == "ack"
+    messages: dict[str, list[str]] = {}
+    deltas: dict[str, str] = {}
+    while True:
+        frame = await recv_json(watcher)
+        assert frame["type"] in ("delta", "message"), frame
+        if frame["type"] == "delta":
+            deltas[frame["id"]] = deltas.get(frame["id"], "") + frame["delta"]
+        elif frame["id"] == "end":
+            break
+        else:
+            messages.setdefault(frame["id"], []).append(frame["text"])
+    assert messages == {message_id: [text] for message_id, text in winners.items()}
+    assert deltas == {**winners, "end": "end"}
+
+
+async def test_two_websocket_producers_racing_for_one_id_deliver_one_message(
+    relay: RunningRelay,
+) -> None:
+    async with (
+        relay.connect("/subscribe?channel=c&deltas=1") as watcher,
+        relay.connect("/produce?channel=c") as a,
+        relay.connect("/produce?channel=c") as b,
+    ):
+        await recv_json(watcher)
+        await race((a, b), watcher, ROUNDS)
+
+
+async def _open_ndjson(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /produce?channel=c HTTP/1.1\r\nHost: r\r\nContent-Type: application/x-ndjson"
+        b"\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    return reader, writer
+
+
+async def _line(writer: asyncio.StreamWriter, event: dict[str, Any], last: bool = False) -> None:
+    line = json.dumps(event).encode() + b"\n"
+    writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n" + (b"0\r\n\r\n" if last else b""))
+    await writer.drain()
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, Any]:
+    response = await asyncio.wait_for(reader.read(), 5)
+    return int(response.split()[1]), json.loads(response.partition(b"\r\n\r\n")[2])
+
+
+async def test_an_http_producer_and_a_websocket_one_race_for_one_id(relay: RunningRelay) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    async with (
+        relay.connect("/subscribe?channel=c&deltas=1") as watcher,
+        open_producer(f"{relay.url}/produce?channel=c") as ws,
+    ):
+        await recv_json(watcher)
+        # The WebSocket producer holds "w"; the HTTP one's delta and final are refused,
+        # its final coming once the holder's message is delivered.
+        await send_json(ws, {"id": "w", "delta": "ws "})
+        assert (await recv_json(watcher))["delta"] == "ws "
+        reader, writer = await _open_ndjson(port)
+        await _line(writer, {"id": "w", "delta": "http"})
+        await _line(writer, {"id": "w", "delta": "also"})
+        await _line(writer, {"id": "sync", "delta": "s"})  # seen: the lines before it applied
+        assert (await recv_json(watcher))["delta"] == "s"
+        await send_json(ws, {"id": "w", "delta": "wins", "final": True})
+        assert (await recv_json(ws))["type"] == "ack"
+        assert (await recv_json(watcher))["delta"] == "wins"
+        assert (await recv_json(watcher))["text"] == "ws wins"
+        # A one-shot message under an id another producer holds is refused too.
+        await send_json(ws, {"id": "h", "delta": "held"})
+        assert (await recv_json(watcher))["delta"] == "held"
+        await _line(writer, {"id": "h", "delta": "shot", "final": True})
+        await _line(writer, {"id": "w", "final": True})
+        await _line(writer, {"id": "sync", "final": True}, last=True)
+        status, answer = await _answer(reader)
+        writer.close()
+        assert (status, [a["id"] for a in answer["acks"]]) == (200, ["sync"])
+        assert [(e["code"], e["id"]) for e in answer["errors"]] == [
+            ("id_in_use", "w"),
+            ("id_in_use", "w"),
+            ("id_in_use", "h"),
+            ("id_in_use", "w"),
+        ]
+        assert (await recv_json(watcher))["text"] == "s"
+        await send_json(ws, {"id": "h", "final": True})
+        assert (await recv_json(ws))["type"] == "ack"
+        assert (await recv_json(watcher))["text"] == "held"
+        # The other way round: the HTTP producer holds "x", the WebSocket one is refused.
+        reader, writer = await _open_ndjson(port)
+        await _line(writer, {"id": "x", "delta": "http "})
+        assert (await recv_json(watcher))["delta"] == "http "
+        await send_json(ws, {"id": "x", "delta": "ws"})
+        assert ((await recv_json(ws))["code"]) == "id_in_use"
+        await _line(writer, {"id": "x", "delta": "wins", "final": True}, last=True)
+        status, answer = await _answer(reader)
+        writer.close()
+        assert (status, [a["id"] for a in answer["acks"]], answer["errors"]) == (200, ["x"], [])
+        assert (await recv_json(watcher))["delta"] == "wins"
+        assert (await recv_json(watcher))["text"] == "http wins"
+        await send_json(ws, {"id": "x", "delta": "late", "final": True})
+        assert ((await recv_json(ws))["code"]) == "id_in_use"
+        await send_json(ws, {"id": "end", "final": True})
+        assert (await recv_json(ws))["type"] == "ack"
+        end = await recv_json(watcher)
+        assert (end["type"], end["id"], end["text"]) == ("message", "end", "")
