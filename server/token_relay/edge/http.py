@@ -40,6 +40,7 @@ from ..core.grants import OPEN, Grant, Role
 from ..core.protocol import MAX_NAME_LENGTH
 from ..core.resume import decode_positions
 from ..core.settings import Settings
+from .aisdk import MAX_WAIT_SECONDS
 from .metrics import Metrics
 from .peer import Peer
 from .tokens import verify
@@ -68,6 +69,10 @@ PLAIN_METHODS = frozenset({"GET", "HEAD"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 log = logging.getLogger("token_relay")
+
+MAX_QUERY_DIGITS = 9
+"""Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
+MAX_QUERY_NUMBER = 10**MAX_QUERY_DIGITS - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +169,30 @@ class ReadBody:
 def query_of(path: str) -> dict[str, list[str]]:
     """The query string of a request path, as lists of values."""
     return parse_qs(urlsplit(path).query, keep_blank_values=True)
+
+
+def whole_number(text: str) -> int | None:
+    """A query argument as a whole number of at most :data:`MAX_QUERY_DIGITS` ASCII digits,
+    or None. ``str.isdigit`` alone would let through ``²`` (which ``int`` refuses) and
+    thousands of digits (which ``int`` refuses past its own limit, after quadratic work)."""
+    if not 1 <= len(text) <= MAX_QUERY_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def seconds_of(text: str, most: float) -> float | None:
+    """A query argument as seconds, ``0`` to ``most`` (ASCII digits, at most one ``.``), or
+    None: never ``nan``, ``inf``, an exponent or digits of another script."""
+    whole, _, fraction = text.partition(".")
+    if (
+        not text
+        or len(text) > MAX_QUERY_DIGITS
+        or not (whole + fraction).isascii()
+        or not (whole + fraction).isdigit()
+    ):
+        return None
+    value = float(text)
+    return value if value <= most else None
 
 
 class Gate:
@@ -265,6 +294,9 @@ class Gate:
             return self.refuse(request, 405, f"{request.path} takes {method}", (("Allow", method),))
         if len(channel) > MAX_NAME_LENGTH:
             return self.refuse(request, 400, f"a channel is 1 to {MAX_NAME_LENGTH} characters")
+        wait = query_of(request.target).get("wait", [""])[-1] or "0"
+        if action == "stream" and seconds_of(wait, MAX_WAIT_SECONDS) is None:
+            return self.refuse(request, 400, f"?wait= must be seconds, 0 to {MAX_WAIT_SECONDS:g}")
         decision = self._decide(Role.SUBSCRIBE, request)
         if not isinstance(decision, Grant):
             status, reason = decision
@@ -375,8 +407,11 @@ class Gate:
                     f"?channel= must be 1 to {MAX_NAME_LENGTH} characters",
                 )
         rewind = query.get("rewind", ["1"])[-1]
-        if not rewind.isdigit() or int(rewind) < 1:
-            return HTTPStatus.BAD_REQUEST, "?rewind= must be a whole number of messages, 1 or more"
+        if whole_number(rewind) is None or int(rewind) < 1:
+            return (
+                HTTPStatus.BAD_REQUEST,
+                f"?rewind= must be a whole number of messages, 1 to {MAX_QUERY_NUMBER}",
+            )
         if self.settings.open_access:
             return OPEN
         token = query.get("token", [""])[-1] or _bearer(request)

@@ -1,0 +1,69 @@
+"""A peer's bad request over real sockets: a clear 400 for any numeric query argument that is
+not one, and a log that a flood of refusals can't flood."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from ..conftest import recv_json, start_relay
+
+
+async def _ask(port: int, request: bytes, source: str = "127.0.0.1") -> tuple[int, bytes]:
+    """Send one request; its status and body (the relay closes after a refusal)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    try:
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        body = b""
+        with contextlib.suppress(ConnectionError):
+            body = await asyncio.wait_for(reader.read(), 5)
+        return int(head.split()[1]), body
+    finally:
+        writer.close()
+
+
+def _get(target: str, *headers: str) -> bytes:
+    lines = [f"GET {target} HTTP/1.1", "Host: relay", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+UPGRADE = (
+    "Upgrade: websocket",
+    "Connection: Upgrade",
+    "Sec-WebSocket-Version: 13",
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+)
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("/subscribe?channel=c&rewind=%C2%B2", b"?rewind= must be a whole number"),
+        ("/subscribe?channel=c&rewind=" + "9" * 5000, b"?rewind= must be a whole number"),
+        ("/subscribe?channel=c&rewind=%D9%A3", b"?rewind= must be a whole number"),
+        ("/sse?channel=c&rewind=%C2%B2", b"?rewind= must be a whole number"),
+        ("/sse?channel=c&rewind=" + "1" * 5000, b"?rewind= must be a whole number"),
+        ("/ai-sdk/c/stream?rewind=%C2%B2", b"?rewind= must be a whole number"),
+        ("/ai-sdk/c/stream?wait=nan", b"?wait= must be seconds, 0 to 30"),
+        ("/ai-sdk/c/stream?wait=inf", b"?wait= must be seconds, 0 to 30"),
+        ("/ai-sdk/c/stream?wait=1e3", b"?wait= must be seconds, 0 to 30"),
+        ("/ai-sdk/c/stream?wait=%D9%A3", b"?wait= must be seconds, 0 to 30"),
+        ("/ai-sdk/c/stream?wait=" + "1" * 5000, b"?wait= must be seconds, 0 to 30"),
+    ],
+)
+async def test_a_numeric_query_argument_that_is_not_one_gets_400_and_nothing_breaks(
+    target: str, reason: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    running, relay = await start_relay()
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        upgrade = UPGRADE if target.startswith("/subscribe") else ()
+        status, body = await _ask(port, _get(target, *upgrade))
+        assert (status, body.startswith(reason)) == (400, True), body
+        # The relay goes on serving: the same argument, well formed, gets in.
+        async with running.connect("/subscribe?channel=c&rewind=2") as ws:
+            assert (await recv_json(ws))["type"] == "subscribed"
+    assert [record.getMessage() for record in caplog.records if record.exc_info] == []
