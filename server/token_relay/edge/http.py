@@ -320,7 +320,7 @@ class Gate:
             return self.refuse(request, status, reason)
         token = request.header("last-event-id") or query.get("since", [""])[-1]
         try:
-            positions = decode_positions(token) if token else {}
+            positions = decode_positions(token, set(query["channel"])) if token else {}
         except FrameRejected as exc:
             return self.refuse(request, 400, exc.message)
         return Admit(request, Role.SUBSCRIBE, decision, positions, "sse")
