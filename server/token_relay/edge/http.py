@@ -429,12 +429,19 @@ class Gate:
 
     def admit(self, connection: Peer) -> None:
         """Count an open connection against its client address."""
-        address = connection.client
-        self.per_address[address] = self.per_address.get(address, 0) + 1
+        self.count(connection.client)
 
     def release(self, connection: Peer) -> None:
         """Uncount a connection that closed."""
-        address = connection.client
+        self.uncount(connection.client)
+
+    def count(self, address: str) -> None:
+        """Count a connection of ``address``: a WebSocket, a stream, or a request whose body
+        is read (an HTTP producer's, as long as it streams)."""
+        self.per_address[address] = self.per_address.get(address, 0) + 1
+
+    def uncount(self, address: str) -> None:
+        """Uncount what :meth:`count` counted."""
         left = self.per_address.get(address, 1) - 1
         if left > 0:
             self.per_address[address] = left
