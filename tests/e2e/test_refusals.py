@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 
 import pytest
+from token_relay.edge.http import HttpRequest
 
 from ..conftest import recv_json, start_relay
 
@@ -67,3 +70,71 @@ async def test_a_numeric_query_argument_that_is_not_one_gets_400_and_nothing_bre
         async with running.connect("/subscribe?channel=c&rewind=2") as ws:
             assert (await recv_json(ws))["type"] == "subscribed"
     assert [record.getMessage() for record in caplog.records if record.exc_info] == []
+
+
+def _refusal_lines(caplog: pytest.LogCaptureFixture, peer: str) -> list[logging.LogRecord]:
+    return [
+        record
+        for record in caplog.records
+        if getattr(record, "event", None) in ("refused", "failed")
+        and getattr(record, "peer", None) == peer
+    ]
+
+
+async def test_a_flood_of_bad_requests_writes_a_bounded_number_of_log_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="token_relay")
+    running, relay = await start_relay()
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        started = time.monotonic()
+        statuses = []
+        for _ in range(10):
+            statuses += await asyncio.gather(
+                *(_ask(port, _get("/nowhere")) for _ in range(30)),
+                *(_ask(port, _get("/subscribe?channel=c&rewind=x", *UPGRADE)) for _ in range(10)),
+            )
+        seconds = time.monotonic() - started
+        assert sorted({status for status, _ in statuses}) == [400, 404] and len(statuses) == 400
+        flood = _refusal_lines(caplog, "127.0.0.1")
+        # A burst of 10, then a line a second: never one per request.
+        assert 10 <= len(flood) <= 10 + seconds + 1
+        # Another address's refusal is still logged, at once.
+        status, _ = await _ask(port, _get("/elsewhere"), source="127.0.0.2")
+        assert status == 404
+        [other] = _refusal_lines(caplog, "127.0.0.2")
+        assert other.getMessage() == (
+            "refused GET /elsewhere from 127.0.0.2: 404 no endpoint at /elsewhere; "
+            "use /produce or /subscribe"
+        )
+        # Every refusal is still counted.
+        metrics = relay.metrics.render().decode()
+        assert 'relay_http_refusals_total{status="404"} 301.0' in metrics
+    assert [record for record in caplog.records if record.exc_info] == []
+
+
+async def test_a_bug_tripped_again_and_again_answers_500_and_logs_a_bounded_number_of_tracebacks(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, relay = await start_relay()
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        plain = relay.gate.route
+
+        def route(request: HttpRequest) -> object:
+            if request.path == "/bug":
+                raise RuntimeError("a bug of the relay's")
+            return plain(request)
+
+        monkeypatch.setattr(relay.gate, "route", route)
+        started = time.monotonic()
+        statuses = [status for status, _ in [await _ask(port, _get("/bug")) for _ in range(100)]]
+        seconds = time.monotonic() - started
+        assert statuses == [500] * 100
+        tracebacks = [record for record in _refusal_lines(caplog, "127.0.0.1") if record.exc_info]
+        assert 10 <= len(tracebacks) <= 10 + seconds + 1
+        assert "RuntimeError: a bug of the relay's" in caplog.text
+        # The relay goes on serving everyone.
+        async with running.connect("/subscribe?channel=c") as ws:
+            assert (await recv_json(ws))["type"] == "subscribed"

@@ -41,6 +41,7 @@ from ..core.protocol import MAX_NAME_LENGTH
 from ..core.resume import decode_positions
 from ..core.settings import Settings
 from .aisdk import MAX_WAIT_SECONDS
+from .logs import RefusalLog
 from .metrics import Metrics
 from .peer import Peer
 from .tokens import verify
@@ -204,6 +205,8 @@ class Gate:
         self.ready = ready
         self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
         self.per_address: dict[str, int] = {}
+        self.refusal_log = RefusalLog()
+        """The budget of refusal lines, per client address (the socket refusals' too)."""
 
     def route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         """The response to a request, the admission of its WebSocket handshake or SSE
@@ -348,22 +351,20 @@ class Gate:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> Reply:
         """Log a refusal (the client, the path and the reason; never the query, which may
-        hold a token) and build its response."""
-        log.info(
+        hold a token), within the client's budget of lines (:class:`RefusalLog`), and build
+        its response."""
+        self.refusal_log.log(
+            request.client,
             "refused %s %s from %s: %d %s",
             request.method,
             request.path,
             request.client,
             status,
             reason,
-            extra={
-                "event": "refused",
-                "peer": request.client,
-                "method": request.method,
-                "path": request.path,
-                "status": status,
-                "reason": reason,
-            },
+            method=request.method,
+            path=request.path,
+            status=status,
+            reason=reason,
         )
         self.metrics.refusals.labels(str(status)).inc()
         return Reply.text(status, reason, headers)

@@ -45,7 +45,6 @@ import dataclasses
 import logging
 import resource
 import socket
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, cast
@@ -141,7 +140,6 @@ class HttpServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self._refusals: dict[str, tuple[float, int]] = {}
         self.cork = Cork(asyncio.get_running_loop())
         """Write coalescing for every WebSocket of this server."""
 
@@ -335,22 +333,11 @@ class HttpServer:
         return True
 
     def refused(self, peer: str, reason: str) -> None:
-        """Count a socket refused before its request, logging at most once a second per
-        reason (a flood would otherwise be a flood of log lines)."""
+        """Count a socket refused before its request, and log it within its address's
+        budget of lines (a flood would otherwise be a flood of log lines)."""
         self.metrics.sockets_refused.labels(reason).inc()
-        now = time.monotonic()
-        since, count = self._refusals.get(reason, (0.0, 0))
-        if now - since < 1.0:
-            self._refusals[reason] = (since, count + 1)
-            return
-        self._refusals[reason] = (now, 0)
-        more = f" (and {count} more in the last second)" if count else ""
-        log.warning(
-            "refused a socket from %s: %s%s",
-            peer,
-            reason,
-            more,
-            extra={"event": "refused", "peer": peer, "reason": reason, "more": count},
+        self.gate.refusal_log.log(
+            peer, "refused a socket from %s: %s", peer, reason, level=logging.WARNING, reason=reason
         )
 
     def upgraded(self, ws: Streamed) -> None:
@@ -454,7 +441,7 @@ class HttpConnection(asyncio.Protocol):
         if self.lingering:
             return
         self.h11.receive_data(data)
-        self._next_events()
+        self._serve()
 
     def eof_received(self) -> bool | None:
         if self.ws is not None:
@@ -462,8 +449,28 @@ class HttpConnection(asyncio.Protocol):
             return True
         if not self.lingering:
             self.h11.receive_data(b"")
-            self._next_events()
+            self._serve()
         return None
+
+    def _serve(self) -> None:
+        """Handle the requests h11 has read. A bug of the relay's answers 500 and closes the
+        socket; its traceback is logged within the client's budget of lines, so that no
+        client can flood the log by repeating a request that trips it."""
+        try:
+            self._next_events()
+        except Exception:
+            self.server.gate.refusal_log.log(
+                self.peer,
+                "a request from %s failed: 500 internal error",
+                self.peer,
+                level=logging.ERROR,
+                exc_info=True,
+                event="failed",
+                status=500,
+            )
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(_raw_response(500, "internal error"))
+                self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
