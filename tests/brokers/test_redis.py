@@ -15,6 +15,7 @@ from token_relay.core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from token_relay.core.settings import Settings
 from token_relay.testing import RedisServer, eventually
 
+from ..conftest import recv_json, send_json, start_relay
 from .test_contract import Recorder, message_body, until
 
 
@@ -273,3 +274,38 @@ async def test_a_final_after_other_writes_were_queued_waits_its_turn(
     await until(lambda: len(beta_seen.frames) == 3)
     kinds = [(kind.value, json.loads(text)["id"]) for _, kind, _, text in beta_seen.frames]
     assert kinds == [("d", "n"), ("t", "m"), ("t", "n")]
+
+
+async def test_junk_subscribe_churn_over_a_real_socket_creates_no_key_per_channel(
+    redis_server: RedisServer,
+) -> None:
+    running, relay = await start_relay(broker=redis_server.url, max_subscribes_per_second=1000)
+    async with relay, _client(redis_server.url) as redis:
+        async with running.connect("/subscribe?channel=early") as early:
+            first = await recv_json(early)
+            keys_before = {key async for key in redis.scan_iter("tr:*")}
+            async with running.connect("/subscribe") as junk:
+                for n in range(100):
+                    await send_json(junk, {"type": "subscribe", "channel": f"junk-{n}"})
+                    assert (await recv_json(junk))["type"] == "subscribed"
+                    await send_json(junk, {"type": "unsubscribe", "channel": f"junk-{n}"})
+                    assert (await recv_json(junk))["type"] == "unsubscribed"
+            keys_after = {key async for key in redis.scan_iter("tr:*")}
+            # No key per junk channel: their reserved epochs share one bounded hash.
+            assert {key for key in keys_after - keys_before if b"junk" in key} == set()
+            assert len(keys_after) <= len(keys_before) + 2
+            assert await redis.hlen("tr:reserved") == 101
+            # The epoch reserved for a channel before its first message is the one it keeps.
+            async with running.connect("/produce?channel=early") as producer:
+                await send_json(producer, {"id": "m", "delta": "hi", "final": True})
+                assert (await recv_json(producer))["type"] == "ack"
+            message = await recv_json(early)
+            assert (message["epoch"], message["offset"]) == (first["epoch"], 1)
+            assert await redis.hlen("tr:reserved") == 100
+        # A subscriber that joined before it resumes with nothing missed.
+        async with running.connect("/subscribe") as again:
+            since = {"offset": 0, "epoch": first["epoch"]}
+            await send_json(again, {"type": "subscribe", "channel": "early", "since": since})
+            resumed = await recv_json(again)
+            assert resumed["recovered"] is True
+            assert (await recv_json(again))["text"] == "hi"

@@ -113,7 +113,10 @@ redis.call('EXPIRE', done, ARGV[7])
 redis.call('EXPIRE', order, ARGV[7])
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
-  epoch = ARGV[2]
+  -- The first terminal frame keeps the epoch a subscribe may have reserved, for good.
+  epoch = redis.call('HGET', 'tr:reserved', ARGV[14]) or ARGV[2]
+  redis.call('HDEL', 'tr:reserved', ARGV[14])
+  redis.call('ZREM', 'tr:reserved:at', ARGV[14])
   redis.call('DEL', KEYS[2], KEYS[4])
 end
 redis.call('SET', KEYS[1], epoch, 'EX', ARGV[7])
@@ -266,10 +269,28 @@ late writes lands. False if there is no such session, or the grant differs."""
 CATCH_UP = """
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
-  -- Only reserve the epoch, for a while: the first terminal frame keeps it for good.
-  epoch = ARGV[2]
-  redis.call('SET', KEYS[1], epoch, 'EX', ARGV[6])
-  redis.call('DEL', KEYS[2], KEYS[4])
+  -- Nobody published here: only reserve the epoch, in the one bounded map of reservations
+  -- (tr:reserved, oldest first in tr:reserved:at), for a while. The first terminal frame
+  -- keeps it for good.
+  local now, ttl = tonumber(ARGV[9]), tonumber(ARGV[6]) * 1000
+  epoch = redis.call('HGET', 'tr:reserved', ARGV[8])
+  if not epoch then
+    epoch = ARGV[2]
+    redis.call('HSET', 'tr:reserved', ARGV[8], epoch)
+    redis.call('DEL', KEYS[2], KEYS[4])
+  end
+  redis.call('ZADD', 'tr:reserved:at', now, ARGV[8])
+  local stale = redis.call('ZRANGEBYSCORE', 'tr:reserved:at', '-inf', now - ttl)
+  local over = redis.call('ZCARD', 'tr:reserved:at') - #stale - tonumber(ARGV[10])
+  if over > 0 then
+    stale = redis.call('ZRANGE', 'tr:reserved:at', 0, #stale + over - 1)
+  end
+  for _, old in ipairs(stale) do
+    redis.call('HDEL', 'tr:reserved', old)
+    redis.call('ZREM', 'tr:reserved:at', old)
+  end
+  redis.call('PEXPIRE', 'tr:reserved', ttl)
+  redis.call('PEXPIRE', 'tr:reserved:at', ttl)
 end
 local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
 local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
