@@ -309,3 +309,21 @@ async def test_junk_subscribe_churn_over_a_real_socket_creates_no_key_per_channe
             resumed = await recv_json(again)
             assert resumed["recovered"] is True
             assert (await recv_json(again))["text"] == "hi"
+
+
+async def test_reserved_epochs_are_bounded_and_the_least_recently_subscribed_goes_first(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alpha, _ = two_brokers
+    monkeypatch.setattr(redis_broker, "MAX_RESERVED_EPOCHS", 5)
+    epochs = {n: (await alpha.catch_up(f"junk-{n}", None, False)).epoch for n in range(5)}
+    await alpha.catch_up("junk-0", None, False)  # junk-0 is the most recent now
+    for n in range(5, 8):
+        await alpha.catch_up(f"junk-{n}", None, False)
+    async with _client(redis_server.url) as redis:
+        kept = sorted(key.decode() for key in await redis.hkeys("tr:reserved"))
+        assert kept == ["junk-0", "junk-4", "junk-5", "junk-6", "junk-7"]
+        order = [key.decode() for key in await redis.zrange("tr:reserved:at", 0, -1)]
+        assert order == ["junk-4", "junk-0", "junk-5", "junk-6", "junk-7"]
+    assert (await alpha.catch_up("junk-0", None, False)).epoch == epochs[0]
+    assert (await alpha.catch_up("junk-1", None, False)).epoch != epochs[1]  # a new one

@@ -876,7 +876,7 @@ class RedisBroker:
                 RESERVED_EPOCH_TTL,
                 rewind if since is None else 0,
                 channel,
-                int(time.time() * 1000),
+                time.time_ns() // 1000,
                 MAX_RESERVED_EPOCHS,
             ],
         )

@@ -272,15 +272,22 @@ if not epoch then
   -- Nobody published here: only reserve the epoch, in the one bounded map of reservations
   -- (tr:reserved, oldest first in tr:reserved:at), for a while. The first terminal frame
   -- keeps it for good.
-  local now, ttl = tonumber(ARGV[9]), tonumber(ARGV[6]) * 1000
+  -- Microseconds, later than every reservation before: the order is the order of subscribes.
+  local now, ttl = tonumber(ARGV[9]), tonumber(ARGV[6]) * 1000000
+  local last = redis.call('ZRANGE', 'tr:reserved:at', -1, -1, 'WITHSCORES')[2]
+  if last and tonumber(last) >= now then
+    now = tonumber(last) + 1
+  end
   epoch = redis.call('HGET', 'tr:reserved', ARGV[8])
   if not epoch then
     epoch = ARGV[2]
     redis.call('HSET', 'tr:reserved', ARGV[8], epoch)
     redis.call('DEL', KEYS[2], KEYS[4])
   end
-  redis.call('ZADD', 'tr:reserved:at', now, ARGV[8])
-  local stale = redis.call('ZRANGEBYSCORE', 'tr:reserved:at', '-inf', now - ttl)
+  -- (as strings: Redis would write a number this big with 14 digits)
+  redis.call('ZADD', 'tr:reserved:at', string.format('%.0f', now), ARGV[8])
+  local oldest = string.format('%.0f', now - ttl)
+  local stale = redis.call('ZRANGEBYSCORE', 'tr:reserved:at', '-inf', oldest)
   local over = redis.call('ZCARD', 'tr:reserved:at') - #stale - tonumber(ARGV[10])
   if over > 0 then
     stale = redis.call('ZRANGE', 'tr:reserved:at', 0, #stale + over - 1)
@@ -289,8 +296,8 @@ if not epoch then
     redis.call('HDEL', 'tr:reserved', old)
     redis.call('ZREM', 'tr:reserved:at', old)
   end
-  redis.call('PEXPIRE', 'tr:reserved', ttl)
-  redis.call('PEXPIRE', 'tr:reserved:at', ttl)
+  redis.call('EXPIRE', 'tr:reserved', ARGV[6])
+  redis.call('EXPIRE', 'tr:reserved:at', ARGV[6])
 end
 local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
 local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
