@@ -10,6 +10,7 @@ import time
 
 import pytest
 from token_relay.edge.http import HttpRequest
+from token_relay.testing import eventually
 
 from ..conftest import recv_json, start_relay
 
@@ -138,3 +139,23 @@ async def test_a_bug_tripped_again_and_again_answers_500_and_logs_a_bounded_numb
         # The relay goes on serving everyone.
         async with running.connect("/subscribe?channel=c") as ws:
             assert (await recv_json(ws))["type"] == "subscribed"
+
+
+async def test_a_body_cut_mid_chunk_logs_no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    running, relay = await start_relay()
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        for _ in range(20):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
+                b"Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab"
+            )
+            await writer.drain()
+            writer.close()  # gone mid-chunk: the relay's answer meets a closed socket
+            await writer.wait_closed()
+        async with running.connect("/subscribe?channel=c") as ws:
+            assert (await recv_json(ws))["type"] == "subscribed"
+        await eventually(lambda: relay.server is not None and not relay.server.open, 5)
+    assert [record.getMessage() for record in caplog.records if record.exc_info] == []
+    assert "Fatal error" not in caplog.text

@@ -468,9 +468,12 @@ class HttpConnection(asyncio.Protocol):
                 event="failed",
                 status=500,
             )
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.write(_raw_response(500, "internal error"))
-                self.transport.close()
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                # Unless our side is shut already (a response was sent).
+                with contextlib.suppress(RuntimeError, OSError):
+                    transport.write(_raw_response(500, "internal error"))
+                transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
@@ -776,7 +779,11 @@ class HttpConnection(asyncio.Protocol):
         self.lingering = True
         self._head_done()
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is gone already (it reset the response it was sent)
+                transport.abort()
+                return
         asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)
 
     def transport_close(self) -> None:
