@@ -13,6 +13,23 @@ tracebacks it logged, is reported for every case.
   while a canary opens a real subscriber every 0.2 s, both from the attacker's address and from
   another one (127.0.0.2). Figures: what became of the attack sockets, the canaries' success
   rate, and the seconds from closing every attack socket until a canary gets in again.
+* ``held_posts``: the relay runs with a soft ``RLIMIT_NOFILE`` of 1,024 and
+  ``--max-connections-per-ip 20``; 1,000 streaming ``POST /produce`` requests from 127.0.0.1
+  send their heads and hold their bodies open, each opened again 0.1 s after the relay ends it,
+  from a process of their own, while a canary subscriber from 127.0.0.2 tries every 0.2 s for
+  10 s. Figures: what became of the requests, the relay's open descriptors, its CPU seconds,
+  and the canaries' success rate and latency (median and worst of the successes).
+* ``bad_requests``: 2,100 requests a peer gets wrong from 127.0.0.1, 30 at a time
+  (``?rewind=²`` on a handshake, ``?rewind=`` of 5,000 digits on ``/sse``, a path that does not
+  exist), while a canary subscribes from 127.0.0.2 every 0.2 s. Figures: what each got, the
+  log lines, bytes and tracebacks the relay wrote meanwhile, its CPU seconds, and the canaries.
+* ``forged_resume``: an SSE stream of channel ``s`` resumed with a ``Last-Event-ID`` that also
+  names 200 channels it doesn't follow (about 11,000 characters), then one message on ``s``.
+  Figures: the status, and the bytes of each event's ``id:`` line.
+* ``junk_channel_keys``: a relay on a redis-server; one subscriber subscribes to and
+  unsubscribes from 100 junk channels (as fast as ``--max-subscribes-per-second`` lets it).
+  Figures: how many subscribes were confirmed, the keys in Redis before and after, how many
+  name a junk channel, and the TTL of one of them.
 * ``ping_flood``: one WebSocket peer that never reads writes up to 2,000,000 pings (for 10 s at
   most). Figures: whether the relay cut it (or stopped reading, or was still reading when the
   10 s were over), how many pings it had written, the relay's CPU seconds meanwhile, and
@@ -82,10 +99,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import contextlib
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -543,6 +562,280 @@ async def slowloris(inst: Installation, out: Figures) -> None:
         out["canary_failures"] = tally([o for o in during[None] if o != "ok"])
         out["time_to_serve_again_s"] = (await time_to_serve(relay.url, 15.0)).first_success_s
         await watch.settled()
+
+
+# ------------------------------------------------------------------ 1b. held requests
+
+HELD_POST = (
+    b"POST /produce?channel=held HTTP/1.1\r\nHost: r\r\nContent-Type: application/x-ndjson\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+HELD_POSTS = 1000
+
+
+async def timed_subscribe(url: str, source: str) -> tuple[str, float]:
+    """:func:`try_subscribe`, and the seconds it took."""
+    started = time.monotonic()
+    outcome = await try_subscribe(url, source)
+    return outcome, time.monotonic() - started
+
+
+async def hold_posts(port: int, count: int, seconds: float) -> dict[str, int]:
+    """``count`` streaming ``POST /produce`` requests held open for ``seconds``, each opened
+    again 0.1 s after the relay ends it: what became of them."""
+    stop = asyncio.Event()
+    fates: collections.Counter[str] = collections.Counter()
+
+    async def hold() -> None:
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", port), 3
+                )
+            except (OSError, TimeoutError):
+                fates["connect failed"] += 1
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                writer.write(HELD_POST)
+                reading = asyncio.ensure_future(reader.read(256))
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait([reading, stopping], return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if not reading.done():
+                    reading.cancel()
+                    fates["held to the end"] += 1
+                    return
+                data = b"" if reading.exception() else reading.result()
+                status = re.match(rb"HTTP/1\.[01] (\d{3})", data)
+                fates[f"answered {status.group(1).decode()}" if status else "cut"] += 1
+                await asyncio.sleep(0.1)  # then try again
+            finally:
+                writer.transport.abort()
+
+    attack = [asyncio.create_task(hold()) for _ in range(count)]
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*attack)
+    return dict(fates.most_common())
+
+
+def _hold_posts_process(port: int, count: int, seconds: float, results: Any) -> None:
+    """:func:`hold_posts` in a process of its own, so that its work does not slow the
+    canaries' own clock; what became of the requests goes to ``results``."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    results.put(asyncio.run(hold_posts(port, count, seconds)))
+
+
+async def held_posts(inst: Installation, out: Figures) -> None:
+    """Streaming request bodies held open from one address against a relay with 1,024 file
+    descriptors and ``--max-connections-per-ip 20``, reopened as the relay ends them."""
+    flags = inst.only_known(("--max-connections-per-ip", "20"), ("--idle-timeout", "60"))
+    async with relays(inst, out, flags, nofile=1024) as (relay,):
+        watch = RssWatch([relay], out)
+        cpu = cpu_seconds(relay.pid)
+        spawn = multiprocessing.get_context("spawn")
+        results = spawn.Queue()
+        attacker = spawn.Process(
+            target=_hold_posts_process, args=(relay.port, HELD_POSTS, 14.0, results)
+        )
+        attacker.start()
+        try:
+            await asyncio.sleep(2.0)  # the connects are under way
+            tries: list[asyncio.Task[tuple[str, float]]] = []
+            for _ in range(50):
+                tries.append(asyncio.create_task(timed_subscribe(relay.url, "127.0.0.2")))
+                await asyncio.sleep(0.2)
+            out["relay_open_fds_at_end"] = len(os.listdir(f"/proc/{relay.pid}/fd"))
+            canaries_done = await asyncio.gather(*tries)
+            out["attack_requests"] = await asyncio.to_thread(results.get, True, 30)
+        finally:
+            await asyncio.to_thread(attacker.join, 10)
+            if attacker.is_alive():
+                attacker.kill()
+        out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+        canary_figures(canaries_done, out)
+        await watch.settled()
+
+
+def canary_figures(canaries_done: Sequence[tuple[str, float]], out: Figures) -> None:
+    """The canaries' success rate, failures, and the median and worst latency of successes."""
+    outcomes = [outcome for outcome, _ in canaries_done]
+    out["canary_success_other_addr"] = rate(outcomes)
+    out["canary_failures"] = tally([o for o in outcomes if o != "ok"])
+    seconds = sorted(took for outcome, took in canaries_done if outcome == "ok")
+    if seconds:
+        out["canary_p50_ms"] = round(1000 * seconds[len(seconds) // 2], 1)
+        out["canary_max_ms"] = round(1000 * seconds[-1], 1)
+
+
+# ------------------------------------------------------------------ 1c. bad requests
+
+BAD_REQUESTS = (
+    b"GET /subscribe?channel=c&rewind=%C2%B2 HTTP/1.1\r\nHost: r\r\nUpgrade: websocket\r\n"
+    b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    b"GET /sse?channel=c&rewind=" + b"9" * 5000 + b" HTTP/1.1\r\nHost: r\r\n\r\n",
+    b"GET /nowhere HTTP/1.1\r\nHost: r\r\n\r\n",
+)
+BAD_ROUNDS = 700
+
+
+async def bad_request(port: int, request: bytes) -> str:
+    """Send one request; the status it got, ``no answer`` or ``cut``."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 3)
+    except (OSError, TimeoutError):
+        return "connect failed"
+    try:
+        writer.write(request)
+        line = await asyncio.wait_for(reader.readline(), 3)
+        status = re.match(rb"HTTP/1\.[01] (\d{3})", line)
+        return status.group(1).decode() if status else "no answer"
+    except TimeoutError:
+        return "no answer (timeout)"
+    except OSError:
+        return "cut"
+    finally:
+        writer.transport.abort()
+
+
+async def bad_requests(inst: Installation, out: Figures) -> None:
+    """Requests a peer gets wrong, 2,100 from one address, 30 at a time, while a canary
+    subscribes from another address every 0.2 s."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        cpu = cpu_seconds(relay.pid)
+        lines, size, tracebacks = relay.log_lines, relay.log_bytes, relay.tracebacks
+        stop = asyncio.Event()
+
+        async def canary() -> list[tuple[str, float]]:
+            done = []
+            while not stop.is_set():
+                done.append(await timed_subscribe(relay.url, "127.0.0.2"))
+                await asyncio.sleep(0.2)
+            return done
+
+        canaries = asyncio.create_task(canary())
+        requests = [request for _ in range(BAD_ROUNDS) for request in BAD_REQUESTS]
+        statuses: list[str] = []
+        for start in range(0, len(requests), 30):
+            batch = requests[start : start + 30]
+            statuses += await asyncio.gather(*(bad_request(relay.port, r) for r in batch))
+        stop.set()
+        canary_figures(await canaries, out)
+        out["relay_cpu_s"] = round(cpu_seconds(relay.pid) - cpu, 2)
+        out["answers"] = tally(statuses)
+        await asyncio.sleep(0.5)  # the log is read as it comes
+        out["log_lines_written"] = relay.log_lines - lines
+        out["log_bytes_written"] = relay.log_bytes - size
+        out["tracebacks_logged"] = relay.tracebacks - tracebacks
+        await watch.settled()
+
+
+# ------------------------------------------------------------------ 1d. a forged resume token
+
+
+async def sse_event_ids(port: int, token: str) -> tuple[str, list[int]]:
+    """``GET /sse?channel=s`` with ``Last-Event-ID: token``: the status, and the size of the
+    ``id:`` line of each event up to the first ``message``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            f"GET /sse?channel=s HTTP/1.1\r\nHost: r\r\nLast-Event-ID: {token}\r\n\r\n".encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status = head.split()[1].decode()
+        if status != "200":
+            return status, []
+        sizes: list[int] = []
+        while True:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            if line.startswith(b"id: "):
+                sizes.append(len(line))
+            if line.startswith(b"event: message"):
+                line = await asyncio.wait_for(reader.readline(), 5)
+                if line.startswith(b"id: "):
+                    sizes.append(len(line))
+                return status, sizes
+    finally:
+        writer.transport.abort()
+
+
+async def forged_resume(inst: Installation, out: Figures) -> None:
+    """A resume token naming 200 channels the stream doesn't follow, besides its own."""
+    async with relays(inst, out, []) as (relay,):
+        watch = RssWatch([relay], out)
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        writer.write(b"GET /sse?channel=s HTTP/1.1\r\nHost: r\r\n\r\n")
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        while not (line := await asyncio.wait_for(reader.readline(), 5)).startswith(b"id: "):
+            pass
+        writer.transport.abort()
+        own = json.loads(base64url_decode(line[4:].strip().decode()))
+        forged = {"s": own["s"], **{f"junk-{n:03d}": [n, "e" * 20] for n in range(200)}}
+        token = base64url_encode(json.dumps(forged, separators=(",", ":")))
+        out["forged_token_chars"] = len(token)
+        watching = asyncio.create_task(sse_event_ids(relay.port, token))
+        await asyncio.sleep(0.5)  # it has joined, or been refused
+        producer_ws = await producer(relay.url, "s")
+        await producer_ws.send(json.dumps({"id": "m", "delta": "hi", "final": True}))
+        status, sizes = await watching
+        await producer_ws.close()
+        out["status"] = status
+        out["event_id_bytes"] = sizes
+        await watch.settled()
+
+
+def base64url_decode(text: str) -> bytes:
+    """Base64url without padding, decoded."""
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def base64url_encode(text: str) -> str:
+    """Base64url of ``text`` without padding."""
+    return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+
+
+# ------------------------------------------------------------------ 1e. junk channels' keys
+
+JUNK_CHANNELS = 100
+
+
+async def junk_channel_keys(inst: Installation, out: Figures) -> None:
+    """100 junk channels subscribed and unsubscribed on a relay on a redis-server: the keys
+    they leave behind."""
+    with tempfile.TemporaryDirectory() as scratch:
+        redis = RedisServer(Path(scratch))
+        redis.start()
+        try:
+            async with relays(inst, out, ["--broker", redis.url]) as (relay,):
+                from redis.asyncio import Redis
+
+                client = Redis.from_url(redis.url)
+                try:
+                    before = await client.dbsize()
+                    ws = await _client(f"{relay.url}/subscribe")
+                    subscribed = 0
+                    for n in range(JUNK_CHANNELS):
+                        channel = f"junk-{n}"
+                        await ws.send(json.dumps({"type": "subscribe", "channel": channel}))
+                        subscribed += json.loads(await ws.recv())["type"] == "subscribed"
+                        await ws.send(json.dumps({"type": "unsubscribe", "channel": channel}))
+                        await ws.recv()
+                    await ws.close()
+                    out["junk_channels_subscribed"] = subscribed
+                    keys = [key async for key in client.scan_iter("tr:*junk-*")]
+                    out["keys_before"] = before
+                    out["keys_after"] = await client.dbsize()
+                    out["keys_naming_a_junk_channel"] = len(keys)
+                    ttls = [await client.ttl(key) for key in keys[:1]]
+                    out["their_ttl_s"] = ttls[0] if ttls else None
+                finally:
+                    await client.aclose()
+        finally:
+            redis.kill()
 
 
 # ------------------------------------------------------------------ 2. ping flood
@@ -1301,6 +1594,10 @@ async def dead_letters(inst: Installation, out: Figures) -> None:
 
 CASES: dict[str, tuple[Callable[[Installation, Figures], Awaitable[None]], float]] = {
     "slowloris": (slowloris, 75),
+    "held_posts": (held_posts, 60),
+    "bad_requests": (bad_requests, 90),
+    "forged_resume": (forged_resume, 30),
+    "junk_channel_keys": (junk_channel_keys, 45),
     "ping_flood": (ping_flood, 45),
     "junk_subscribes": (junk_subscribes, 45),
     "cancel_flood": (cancel_flood, 60),

@@ -353,6 +353,12 @@ class ServiceProcess:
         self.process: asyncio.subprocess.Process | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
         self.warnings: list[str] = []
+        self.log_lines = 0
+        """Lines logged in all, kept or not."""
+        self.log_bytes = 0
+        """Bytes logged in all."""
+        self.tracebacks = 0
+        """Tracebacks logged in all."""
         """Log lines at WARNING or above, and tracebacks, without their line ends."""
         self._reader: asyncio.Task[None] | None = None
 
@@ -411,6 +417,9 @@ class ServiceProcess:
     def _keep(self, line: bytes) -> None:
         text = line.decode(errors="replace")
         self.lines.append(text)
+        self.log_lines += 1
+        self.log_bytes += len(line)
+        self.tracebacks += text.startswith("Traceback")
         if WARNING.search(text) and len(self.warnings) < LOG_LINES_KEPT:
             self.warnings.append(text.rstrip())
 

@@ -15,6 +15,7 @@ from token_relay.core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from token_relay.core.settings import Settings
 from token_relay.testing import RedisServer, eventually
 
+from ..conftest import recv_json, send_json, start_relay
 from .test_contract import Recorder, message_body, until
 
 
@@ -294,3 +295,56 @@ async def test_only_a_refused_claim_keeps_a_message_that_opened_from_being_publi
     with pytest.raises(FrameRejected) as refused:
         await alpha.terminal("c", "alpha.1", "k", message_body("c", "k", "no"), claimed=True)
     assert refused.value.code is ErrorCode.ID_IN_USE
+
+
+async def test_junk_subscribe_churn_over_a_real_socket_creates_no_key_per_channel(
+    redis_server: RedisServer,
+) -> None:
+    running, relay = await start_relay(broker=redis_server.url, max_subscribes_per_second=1000)
+    async with relay, _client(redis_server.url) as redis:
+        async with running.connect("/subscribe?channel=early") as early:
+            first = await recv_json(early)
+            keys_before = {key async for key in redis.scan_iter("tr:*")}
+            async with running.connect("/subscribe") as junk:
+                for n in range(100):
+                    await send_json(junk, {"type": "subscribe", "channel": f"junk-{n}"})
+                    assert (await recv_json(junk))["type"] == "subscribed"
+                    await send_json(junk, {"type": "unsubscribe", "channel": f"junk-{n}"})
+                    assert (await recv_json(junk))["type"] == "unsubscribed"
+            keys_after = {key async for key in redis.scan_iter("tr:*")}
+            # No key per junk channel: their reserved epochs share one bounded hash.
+            assert {key for key in keys_after - keys_before if b"junk" in key} == set()
+            assert len(keys_after) <= len(keys_before) + 2
+            assert await redis.hlen("tr:reserved") == 101
+            # The epoch reserved for a channel before its first message is the one it keeps.
+            async with running.connect("/produce?channel=early") as producer:
+                await send_json(producer, {"id": "m", "delta": "hi", "final": True})
+                assert (await recv_json(producer))["type"] == "ack"
+            message = await recv_json(early)
+            assert (message["epoch"], message["offset"]) == (first["epoch"], 1)
+            assert await redis.hlen("tr:reserved") == 100
+        # A subscriber that joined before it resumes with nothing missed.
+        async with running.connect("/subscribe") as again:
+            since = {"offset": 0, "epoch": first["epoch"]}
+            await send_json(again, {"type": "subscribe", "channel": "early", "since": since})
+            resumed = await recv_json(again)
+            assert resumed["recovered"] is True
+            assert (await recv_json(again))["text"] == "hi"
+
+
+async def test_reserved_epochs_are_bounded_and_the_least_recently_subscribed_goes_first(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alpha, _ = two_brokers
+    monkeypatch.setattr(redis_broker, "MAX_RESERVED_EPOCHS", 5)
+    epochs = {n: (await alpha.catch_up(f"junk-{n}", None, False)).epoch for n in range(5)}
+    await alpha.catch_up("junk-0", None, False)  # junk-0 is the most recent now
+    for n in range(5, 8):
+        await alpha.catch_up(f"junk-{n}", None, False)
+    async with _client(redis_server.url) as redis:
+        kept = sorted(key.decode() for key in await redis.hkeys("tr:reserved"))
+        assert kept == ["junk-0", "junk-4", "junk-5", "junk-6", "junk-7"]
+        order = [key.decode() for key in await redis.zrange("tr:reserved:at", 0, -1)]
+        assert order == ["junk-4", "junk-0", "junk-5", "junk-6", "junk-7"]
+    assert (await alpha.catch_up("junk-0", None, False)).epoch == epochs[0]
+    assert (await alpha.catch_up("junk-1", None, False)).epoch != epochs[1]  # a new one

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from token_relay.core.ratelimit import TokenBucket
+from token_relay.core.ratelimit import KeyedBuckets, TokenBucket
 
 
 def test_starts_full() -> None:
@@ -73,3 +73,34 @@ def test_burst_of_one() -> None:
 def test_bad_arguments_are_refused(rate: float, burst: float) -> None:
     with pytest.raises(ValueError, match="rate must be positive and burst at least 1"):
         TokenBucket(rate=rate, burst=burst, now=0.0)
+
+
+def _keyed(max_keys: int = 3, overall_burst: float = 100.0) -> KeyedBuckets:
+    overall = TokenBucket(rate=10.0, burst=overall_burst, now=0.0)
+    return KeyedBuckets(rate=1.0, burst=2.0, overall=overall, max_keys=max_keys, now=0.0)
+
+
+def test_each_key_has_its_own_bucket_and_counts_its_refusals() -> None:
+    buckets = _keyed()
+    assert [buckets.take("a", 0.0) for _ in range(5)] == [0, 0, None, None, None]
+    assert buckets.take("b", 0.0) == 0  # another key is not held back by a's flood
+    assert buckets.take("a", 0.5) is None
+    assert buckets.take("a", 1.0) == 4  # the four refused since its last success
+    assert buckets.take("a", 2.0) == 0
+
+
+def test_the_map_keeps_the_most_recently_used_keys_only() -> None:
+    buckets = _keyed(max_keys=2)
+    buckets.take("a", 0.0)
+    buckets.take("b", 0.0)
+    buckets.take("a", 0.0)
+    buckets.take("c", 0.0)  # drops b, the least recently used
+    assert len(buckets) == 2
+    assert [buckets.take("a", 0.0), buckets.take("a", 0.0)] == [None, None]
+    assert buckets.take("b", 0.0) == 0  # b starts again full
+
+
+def test_all_keys_together_are_bounded_too() -> None:
+    buckets = _keyed(max_keys=100, overall_burst=3.0)
+    assert [buckets.take(f"k{n}", 0.0) for n in range(5)] == [0, 0, 0, None, None]
+    assert buckets.take("k3", 0.1) == 1  # k3's refusal is counted for it

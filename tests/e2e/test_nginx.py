@@ -254,3 +254,33 @@ async def test_the_ai_sdk_resumes_through_nginx(
             out, _ = await asyncio.wait_for(node.communicate(), 30)
         got = json.loads(out)
         assert (got["id"], got["text"], got["states"]) == ("r", "through nginx", ["done"])
+
+
+async def test_a_client_forging_forwarded_headers_through_nginx_is_seen_as_itself(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """nginx overwrites both headers with the address it saw: eight subscribers from one
+    client, each claiming another address in both headers, share that client's limit."""
+    async with _fleet(redis_server, tmp_path, "--max-connections-per-ip", "1") as (nginx, relays):
+        outcomes: list[ClientConnection | int] = []
+        for n in range(8):
+            forged = {"Forwarded": f"for=10.0.0.{n}", "X-Forwarded-For": f"10.0.1.{n}"}
+            try:
+                ws = await connect(
+                    f"{nginx.url}/subscribe?channel=c",
+                    additional_headers=forged,
+                    local_addr=("127.0.0.7", 0),
+                )
+                assert (await recv_json(ws))["type"] == "subscribed"
+                outcomes.append(ws)
+            except InvalidStatus as exc:
+                outcomes.append(exc.response.status_code)
+        sockets = [ws for ws in outcomes if not isinstance(ws, int)]
+        try:
+            # One per relay at most (nginx spreads them over two): the rest get 429.
+            assert 1 <= len(sockets) <= 2 and set(outcomes) - set(sockets) == {429}
+            log = relays[0].log + relays[1].log
+            assert "subscriber connected from 127.0.0.7 " in log
+            assert "10.0.0." not in log and "10.0.1." not in log
+        finally:
+            await asyncio.gather(*(ws.close() for ws in sockets))

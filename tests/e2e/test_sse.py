@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from token_relay.core.grants import Role
+from token_relay.core.resume import decode_positions, encode_positions
 from token_relay.edge.tokens import mint
 from token_relay.testing import SseReader
 
@@ -346,3 +347,31 @@ async def test_a_stream_cut_before_its_first_message_resumes_from_its_confirmati
             assert (await resumed.next()).json()["recovered"] is True
             ids = [(await resumed.next()).json()["id"] for _ in range(3)]
             assert ids == ["old2", "during", "after"]
+
+
+async def test_a_forged_token_resumes_only_the_streams_channels_and_is_bounded() -> None:
+    running, relay = await start_relay()
+    port = _port(running)
+    async with relay:
+        async with SseReader(port, "/sse?channel=s") as first:
+            confirmation = await first.next()
+        assert confirmation.id is not None
+        offset, epoch = confirmation.json()["offset"], confirmation.json()["epoch"]
+        # A token naming 200 channels the stream doesn't follow, besides its own: ~11 KB.
+        junk = {f"junk-{n:03d}": (n, "e" * 20) for n in range(200)}
+        forged = encode_positions({"s": (offset, epoch), **junk})
+        small = encode_positions({"s": (offset, epoch), "junk-1": (1, "e"), "junk-2": (2, "e")})
+        async with SseReader(port, "/sse?channel=s", [("Last-Event-ID", small)]) as resumed:
+            subscribed = await resumed.next()
+            assert subscribed.json()["recovered"] is True
+            await _produce(running, "s", {"id": "m", "delta": "hi", "final": True})
+            message = await resumed.next()
+            assert message.json()["text"] == "hi"
+            # Every id holds the stream's own channel, and nothing else.
+            for event in (subscribed, message):
+                assert event.id is not None
+                assert set(decode_positions(event.id)) == {"s"}
+        async with SseReader(port, "/sse?channel=s", [("Last-Event-ID", forged)]) as refused:
+            assert refused.status == 400
+        async with SseReader(port, f"/sse?channel=s&since={forged}") as refused:
+            assert refused.status == 400

@@ -5,7 +5,11 @@ Theory of operation
 Per channel ``C``, Redis holds:
 
 * ``tr:epoch:C`` the epoch, ``tr:offset:C`` the last offset and ``tr:seq:C``
-  the last event number, all refreshed on use and kept for ``KEY_TTL``;
+  the last event number, all refreshed on use and kept for ``KEY_TTL``, from the
+  channel's first terminal frame on (before it, a subscribe only reserves the
+  epoch, in ``tr:reserved``, one hash for every channel, bounded by
+  ``MAX_RESERVED_EPOCHS`` and ``RESERVED_EPOCH_TTL``: junk channel names create no
+  key of their own);
 * ``tr:history:C`` a Stream of terminal frames with ids ``<offset>-0``, capped
   at ``--history-size`` and expiring ``--history-ttl`` after the last one;
 * ``tr:live:C`` the set of messages in progress (``owner|id``), and for each
@@ -100,6 +104,9 @@ CLAIMED = 2
 """Seconds an idle channel's epoch and offset are kept."""
 RESERVED_EPOCH_TTL = 600
 """Seconds the epoch a subscribe reserved for a channel nobody published to is kept."""
+MAX_RESERVED_EPOCHS = 10_000
+"""Epochs reserved for channels nobody published to, at most: past it the least recently
+subscribed one is dropped (a subscriber that resumes it gets ``recovered: false``)."""
 MAX_QUEUE = 100_000
 """Writes waiting for Redis, at most."""
 MAX_BATCH = 1000
@@ -885,6 +892,9 @@ class RedisBroker:
                 _key("text", ""),
                 RESERVED_EPOCH_TTL,
                 rewind if since is None else 0,
+                channel,
+                time.time_ns() // 1000,
+                MAX_RESERVED_EPOCHS,
             ],
         )
 

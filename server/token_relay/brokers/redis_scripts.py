@@ -119,7 +119,10 @@ redis.call('EXPIRE', done, ARGV[7])
 redis.call('EXPIRE', order, ARGV[7])
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
-  epoch = ARGV[2]
+  -- The first terminal frame keeps the epoch a subscribe may have reserved, for good.
+  epoch = redis.call('HGET', 'tr:reserved', ARGV[14]) or ARGV[2]
+  redis.call('HDEL', 'tr:reserved', ARGV[14])
+  redis.call('ZREM', 'tr:reserved:at', ARGV[14])
   redis.call('DEL', KEYS[2], KEYS[4])
 end
 redis.call('SET', KEYS[1], epoch, 'EX', ARGV[7])
@@ -295,10 +298,35 @@ late writes lands. False if there is no such session, or the grant differs."""
 CATCH_UP = """
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
-  -- Only reserve the epoch, for a while: the first terminal frame keeps it for good.
-  epoch = ARGV[2]
-  redis.call('SET', KEYS[1], epoch, 'EX', ARGV[6])
-  redis.call('DEL', KEYS[2], KEYS[4])
+  -- Nobody published here: only reserve the epoch, in the one bounded map of reservations
+  -- (tr:reserved, oldest first in tr:reserved:at), for a while. The first terminal frame
+  -- keeps it for good.
+  -- Microseconds, later than every reservation before: the order is the order of subscribes.
+  local now, ttl = tonumber(ARGV[9]), tonumber(ARGV[6]) * 1000000
+  local last = redis.call('ZRANGE', 'tr:reserved:at', -1, -1, 'WITHSCORES')[2]
+  if last and tonumber(last) >= now then
+    now = tonumber(last) + 1
+  end
+  epoch = redis.call('HGET', 'tr:reserved', ARGV[8])
+  if not epoch then
+    epoch = ARGV[2]
+    redis.call('HSET', 'tr:reserved', ARGV[8], epoch)
+    redis.call('DEL', KEYS[2], KEYS[4])
+  end
+  -- (as strings: Redis would write a number this big with 14 digits)
+  redis.call('ZADD', 'tr:reserved:at', string.format('%.0f', now), ARGV[8])
+  local oldest = string.format('%.0f', now - ttl)
+  local stale = redis.call('ZRANGEBYSCORE', 'tr:reserved:at', '-inf', oldest)
+  local over = redis.call('ZCARD', 'tr:reserved:at') - #stale - tonumber(ARGV[10])
+  if over > 0 then
+    stale = redis.call('ZRANGE', 'tr:reserved:at', 0, #stale + over - 1)
+  end
+  for _, old in ipairs(stale) do
+    redis.call('HDEL', 'tr:reserved', old)
+    redis.call('ZREM', 'tr:reserved:at', old)
+  end
+  redis.call('EXPIRE', 'tr:reserved', ARGV[6])
+  redis.call('EXPIRE', 'tr:reserved:at', ARGV[6])
 end
 local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
 local seq = tonumber(redis.call('GET', KEYS[3]) or '0')

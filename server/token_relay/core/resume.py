@@ -7,6 +7,11 @@ JSON object ``{"channel": [offset, "epoch"], ...}``, without padding. A resume w
 subscribes to each channel ``since`` that position, exactly as a WebSocket subscriber
 would.
 
+A stream resumes only the channels it follows: positions a token holds for other channels
+are dropped (they would otherwise be echoed in every event id of the stream), and a token
+longer than the relay could have made for the channels followed
+(:func:`max_token_chars`) is refused.
+
 Pure: no I/O.
 """
 
@@ -15,17 +20,21 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from .errors import ErrorCode, FrameRejected
 from .protocol import MAX_NAME_LENGTH
 
 MAX_EPOCH_LENGTH = 64
 
-__all__ = ["MAX_TOKEN_CHARS", "decode_positions", "encode_positions"]
+__all__ = ["MAX_TOKEN_CHARS", "decode_positions", "encode_positions", "max_token_chars"]
 
 MAX_TOKEN_CHARS = 64 * 1024
 """A longer token is refused (a stream holds at most ``--max-channels-per-subscriber``)."""
+
+MAX_POSITION_BYTES = 4 * MAX_NAME_LENGTH + MAX_EPOCH_LENGTH + 32
+"""The most one channel's entry takes in a token's JSON: its name in UTF-8 (4 bytes a
+character at most), quoted, its offset (20 digits at most), its epoch and the punctuation."""
 
 Positions = Mapping[str, tuple[int, str]]
 
@@ -40,11 +49,20 @@ def encode_positions(positions: Positions) -> str:
     return base64.urlsafe_b64encode(compact.encode()).rstrip(b"=").decode("ascii")
 
 
-def decode_positions(token: str) -> dict[str, tuple[int, str]]:
-    """The positions a token holds; raises :class:`FrameRejected` (``invalid_frame``) for a
-    token this relay did not make."""
-    if len(token) > MAX_TOKEN_CHARS:
-        raise _bad("too long")
+def max_token_chars(channels: int) -> int:
+    """The longest token this relay makes for a stream of ``channels`` channels."""
+    return min(MAX_TOKEN_CHARS, -(-4 * (channels * MAX_POSITION_BYTES + 2) // 3))
+
+
+def decode_positions(
+    token: str, follows: Collection[str] | None = None
+) -> dict[str, tuple[int, str]]:
+    """The positions a token holds, only for the channels it ``follows`` if given; raises
+    :class:`FrameRejected` (``invalid_frame``) for a token this relay did not make, or one
+    longer than it makes for that many channels."""
+    limit = MAX_TOKEN_CHARS if follows is None else max_token_chars(len(follows))
+    if len(token) > limit:
+        raise _bad(f"over {limit} characters")
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         value = json.loads(raw)
@@ -65,7 +83,8 @@ def decode_positions(token: str) -> dict[str, tuple[int, str]]:
             or not 1 <= len(position[1]) <= MAX_EPOCH_LENGTH
         ):
             raise _bad(f"the position of {channel!r} is not [offset, epoch]")
-        positions[channel] = (position[0], position[1])
+        if follows is None or channel in follows:
+            positions[channel] = (position[0], position[1])
     return positions
 
 

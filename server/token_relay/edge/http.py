@@ -40,6 +40,8 @@ from ..core.grants import OPEN, Grant, Role
 from ..core.protocol import MAX_NAME_LENGTH
 from ..core.resume import decode_positions
 from ..core.settings import Settings
+from .aisdk import MAX_WAIT_SECONDS
+from .logs import RefusalLog
 from .metrics import Metrics
 from .peer import Peer
 from .tokens import verify
@@ -68,6 +70,10 @@ PLAIN_METHODS = frozenset({"GET", "HEAD"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 log = logging.getLogger("token_relay")
+
+MAX_QUERY_DIGITS = 9
+"""Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
+MAX_QUERY_NUMBER = 10**MAX_QUERY_DIGITS - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +172,30 @@ def query_of(path: str) -> dict[str, list[str]]:
     return parse_qs(urlsplit(path).query, keep_blank_values=True)
 
 
+def whole_number(text: str) -> int | None:
+    """A query argument as a whole number of at most :data:`MAX_QUERY_DIGITS` ASCII digits,
+    or None. ``str.isdigit`` alone would let through ``²`` (which ``int`` refuses) and
+    thousands of digits (which ``int`` refuses past its own limit, after quadratic work)."""
+    if not 1 <= len(text) <= MAX_QUERY_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def seconds_of(text: str, most: float) -> float | None:
+    """A query argument as seconds, ``0`` to ``most`` (ASCII digits, at most one ``.``), or
+    None: never ``nan``, ``inf``, an exponent or digits of another script."""
+    whole, _, fraction = text.partition(".")
+    if (
+        not text
+        or len(text) > MAX_QUERY_DIGITS
+        or not (whole + fraction).isascii()
+        or not (whole + fraction).isdigit()
+    ):
+        return None
+    value = float(text)
+    return value if value <= most else None
+
+
 class Gate:
     """Decides each request, and counts the open connections of each client address."""
 
@@ -175,6 +205,8 @@ class Gate:
         self.ready = ready
         self.web = StaticFiles(Path(settings.web_root)) if settings.web_root else None
         self.per_address: dict[str, int] = {}
+        self.refusal_log = RefusalLog()
+        """The budget of refusal lines, per client address (the socket refusals' too)."""
 
     def route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         """The response to a request, the admission of its WebSocket handshake or SSE
@@ -265,6 +297,9 @@ class Gate:
             return self.refuse(request, 405, f"{request.path} takes {method}", (("Allow", method),))
         if len(channel) > MAX_NAME_LENGTH:
             return self.refuse(request, 400, f"a channel is 1 to {MAX_NAME_LENGTH} characters")
+        wait = query_of(request.target).get("wait", [""])[-1] or "0"
+        if action == "stream" and seconds_of(wait, MAX_WAIT_SECONDS) is None:
+            return self.refuse(request, 400, f"?wait= must be seconds, 0 to {MAX_WAIT_SECONDS:g}")
         decision = self._decide(Role.SUBSCRIBE, request)
         if not isinstance(decision, Grant):
             status, reason = decision
@@ -288,7 +323,7 @@ class Gate:
             return self.refuse(request, status, reason)
         token = request.header("last-event-id") or query.get("since", [""])[-1]
         try:
-            positions = decode_positions(token) if token else {}
+            positions = decode_positions(token, set(query["channel"])) if token else {}
         except FrameRejected as exc:
             return self.refuse(request, 400, exc.message)
         return Admit(request, Role.SUBSCRIBE, decision, positions, "sse")
@@ -316,22 +351,20 @@ class Gate:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> Reply:
         """Log a refusal (the client, the path and the reason; never the query, which may
-        hold a token) and build its response."""
-        log.info(
+        hold a token), within the client's budget of lines (:class:`RefusalLog`), and build
+        its response."""
+        self.refusal_log.log(
+            request.client,
             "refused %s %s from %s: %d %s",
             request.method,
             request.path,
             request.client,
             status,
             reason,
-            extra={
-                "event": "refused",
-                "peer": request.client,
-                "method": request.method,
-                "path": request.path,
-                "status": status,
-                "reason": reason,
-            },
+            method=request.method,
+            path=request.path,
+            status=status,
+            reason=reason,
         )
         self.metrics.refusals.labels(str(status)).inc()
         return Reply.text(status, reason, headers)
@@ -375,8 +408,11 @@ class Gate:
                     f"?channel= must be 1 to {MAX_NAME_LENGTH} characters",
                 )
         rewind = query.get("rewind", ["1"])[-1]
-        if not rewind.isdigit() or int(rewind) < 1:
-            return HTTPStatus.BAD_REQUEST, "?rewind= must be a whole number of messages, 1 or more"
+        if whole_number(rewind) is None or int(rewind) < 1:
+            return (
+                HTTPStatus.BAD_REQUEST,
+                f"?rewind= must be a whole number of messages, 1 to {MAX_QUERY_NUMBER}",
+            )
         if self.settings.open_access:
             return OPEN
         token = query.get("token", [""])[-1] or _bearer(request)
@@ -394,12 +430,19 @@ class Gate:
 
     def admit(self, connection: Peer) -> None:
         """Count an open connection against its client address."""
-        address = connection.client
-        self.per_address[address] = self.per_address.get(address, 0) + 1
+        self.count(connection.client)
 
     def release(self, connection: Peer) -> None:
         """Uncount a connection that closed."""
-        address = connection.client
+        self.uncount(connection.client)
+
+    def count(self, address: str) -> None:
+        """Count a connection of ``address``: a WebSocket, a stream, or a request whose body
+        is read (an HTTP producer's, as long as it streams)."""
+        self.per_address[address] = self.per_address.get(address, 0) + 1
+
+    def uncount(self, address: str) -> None:
+        """Uncount what :meth:`count` counted."""
         left = self.per_address.get(address, 1) - 1
         if left > 0:
             self.per_address[address] = left

@@ -32,9 +32,16 @@ A socket is *handshaking* from its accept until its request head is complete
 * ``--max-handshakes-per-ip``: one client address past this many gets 429 at
   once. A ``--trusted-proxy`` peer is exempt: it sends whole heads.
 * File descriptors: when open sockets come within :data:`FD_RESERVE` of the
-  process's limit (``ulimit -n``), the oldest handshake is cut to make room, or,
-  if there is none, the new socket gets 503 at once; the listening socket never
-  runs into ``EMFILE``.
+  process's limit (``ulimit -n``), a new socket is let in only by cutting one of
+  the address holding the most sockets (by peer address: a trusted proxy's
+  sockets are all its own): its oldest handshake, or if it has none, its oldest
+  socket, unless the newcomer is from that address itself (or one holding about
+  as many); otherwise the newcomer gets 503 at once. One address never shuts
+  out another, and the listening socket never runs into ``EMFILE``.
+
+A request whose body is read (an HTTP producer's, as long as it streams) counts
+against ``--max-connections-per-ip`` as a WebSocket does, from its head until it
+is answered.
 """
 
 from __future__ import annotations
@@ -45,7 +52,6 @@ import dataclasses
 import logging
 import resource
 import socket
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, cast
@@ -125,6 +131,8 @@ class HttpServer:
         self.handshaking: dict[HttpConnection, None] = {}
         """Sockets whose request head is not complete yet, oldest first."""
         self.handshaking_per_address: dict[str, int] = {}
+        self.by_address: dict[str, dict[HttpConnection, None]] = {}
+        """Open sockets by peer address, oldest first: whom the descriptor guard cuts."""
         self.connections: set[Streamed] = set()
         """Open WebSocket connections and SSE streams."""
         self._slices: list[set[Streamed]] = [set() for _ in range(SWEEP_SLICES)]
@@ -139,7 +147,6 @@ class HttpServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self._refusals: dict[str, tuple[float, int]] = {}
         self.cork = Cork(asyncio.get_running_loop())
         """Write coalescing for every WebSocket of this server."""
 
@@ -215,11 +222,9 @@ class HttpServer:
         """Accept what is waiting, a few at a time, never past the descriptors left."""
         loop = asyncio.get_running_loop()
         for _ in range(ACCEPT_BURST):
+            # Near the limit a socket is still accepted (from the reserve) to see whose it
+            # is: room is made for it from the address holding the most, or it gets 503.
             low = self.sockets_open + FD_RESERVE >= self.fd_limit
-            if low and self._cut_oldest_handshake("file descriptors low"):
-                # Its descriptor is freed on the loop's next turn: accept again after it.
-                self._pause(sock, 0.0)
-                return
             try:
                 conn, address = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -228,7 +233,7 @@ class HttpServer:
                 log.warning("cannot accept a connection: %s; trying again in 1 s", exc)
                 self._pause(sock, 1.0)
                 return
-            if low:
+            if low and not self._make_room(str(address[0])):
                 self.refused(str(address[0]), "file descriptors low")
                 with contextlib.suppress(OSError):
                     conn.send(_raw_response(503, "out of file descriptors; try again later"))
@@ -239,6 +244,10 @@ class HttpServer:
             task = loop.create_task(self._connect(conn))
             self._accepting.add(task)
             task.add_done_callback(self._accepting.discard)
+            if low:
+                # The cut socket's descriptor is freed on the loop's next turn.
+                self._pause(sock, 0.0)
+                return
 
     async def _connect(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -274,6 +283,7 @@ class HttpServer:
         if len(self.handshaking) >= self.settings.max_handshakes:
             self._cut_oldest_handshake("too many handshakes in flight")
         self.open.add(connection)
+        self.by_address.setdefault(peer, {})[connection] = None
         return None
 
     def handshake_started(self, connection: HttpConnection) -> None:
@@ -296,6 +306,30 @@ class HttpServer:
                 self.handshaking_per_address.pop(peer, None)
             self.metrics.handshakes.set(len(self.handshaking))
 
+    def _make_room(self, newcomer: str) -> bool:
+        """Out of descriptors: cut a socket of the address holding the most, its oldest
+        handshake if it has one in flight, else (for a ``newcomer`` from an address that
+        holds fewer) its oldest socket. False if there is nothing to cut."""
+        top = max(self.by_address, key=lambda address: len(self.by_address[address]), default="")
+        held = self.by_address.get(top, {})
+        victim = next((c for c in held if c in self.handshaking), None)
+        if victim is not None:
+            self.refused(top, "file descriptors low")
+            self.handshake_ended(victim)
+        elif held and top != newcomer and len(held) > len(self.by_address.get(newcomer, {})) + 1:
+            victim = next(iter(held))
+            self.refused(top, "file descriptors low: cut the address holding the most")
+        else:
+            return False
+        self._forget(victim)
+        victim.abort()
+        return True
+
+    def _forget(self, connection: HttpConnection) -> None:
+        held = self.by_address.get(connection.peer)
+        if held is not None and held.pop(connection, 0) is None and not held:
+            del self.by_address[connection.peer]
+
     def _cut_oldest_handshake(self, reason: str) -> bool:
         oldest = next(iter(self.handshaking), None)
         if oldest is None:
@@ -306,22 +340,11 @@ class HttpServer:
         return True
 
     def refused(self, peer: str, reason: str) -> None:
-        """Count a socket refused before its request, logging at most once a second per
-        reason (a flood would otherwise be a flood of log lines)."""
+        """Count a socket refused before its request, and log it within its address's
+        budget of lines (a flood would otherwise be a flood of log lines)."""
         self.metrics.sockets_refused.labels(reason).inc()
-        now = time.monotonic()
-        since, count = self._refusals.get(reason, (0.0, 0))
-        if now - since < 1.0:
-            self._refusals[reason] = (since, count + 1)
-            return
-        self._refusals[reason] = (now, 0)
-        more = f" (and {count} more in the last second)" if count else ""
-        log.warning(
-            "refused a socket from %s: %s%s",
-            peer,
-            reason,
-            more,
-            extra={"event": "refused", "peer": peer, "reason": reason, "more": count},
+        self.gate.refusal_log.log(
+            peer, "refused a socket from %s: %s", peer, reason, level=logging.WARNING, reason=reason
         )
 
     def upgraded(self, ws: Streamed) -> None:
@@ -340,6 +363,7 @@ class HttpServer:
         """The socket is gone."""
         self.sockets_open -= 1
         self.open.discard(connection)
+        self._forget(connection)
         self.handshake_ended(connection)
         if connection.ws is not None:
             self.stream_ended(connection.ws)
@@ -405,6 +429,8 @@ class HttpConnection(asyncio.Protocol):
         """The body is refused: what still comes is dropped until the answer has gone."""
         self._timer: asyncio.TimerHandle | None = None
         self._heard = 0.0
+        self._counted: str | None = None
+        """The client address this request counts against, while its body is read."""
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -430,7 +456,7 @@ class HttpConnection(asyncio.Protocol):
         if self.lingering or self._dropping:
             return
         self.h11.receive_data(data)
-        self._next_events()
+        self._serve()
 
     def eof_received(self) -> bool | None:
         if self.ws is not None:
@@ -440,14 +466,38 @@ class HttpConnection(asyncio.Protocol):
             return True  # the answer to the refused body is still to be written
         if not self.lingering:
             self.h11.receive_data(b"")
-            self._next_events()
+            self._serve()
         return None
+
+    def _serve(self) -> None:
+        """Handle the requests h11 has read. A bug of the relay's answers 500 and closes the
+        socket; its traceback is logged within the client's budget of lines, so that no
+        client can flood the log by repeating a request that trips it."""
+        try:
+            self._next_events()
+        except Exception:
+            self.server.gate.refusal_log.log(
+                self.peer,
+                "a request from %s failed: 500 internal error",
+                self.peer,
+                level=logging.ERROR,
+                exc_info=True,
+                event="failed",
+                status=500,
+            )
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                # Unless our side is shut already (a response was sent).
+                with contextlib.suppress(RuntimeError, OSError):
+                    transport.write(_raw_response(500, "internal error"))
+                transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self.server.closed(self)
         self._body_lost()
+        self._uncount()
         if self.ws is not None:
             self.server.gate.release(self.ws)
             self.ws.lost()
@@ -535,6 +585,7 @@ class HttpConnection(asyncio.Protocol):
                         # The client holds its body back until it is asked for it.
                         go_on = h11.InformationalResponse(status_code=100, headers=[])
                         self._write(conn.send(go_on))
+                    self._count(decision.request.client)
                     if decision.stream:
                         self._produce(event, decision)
                         # A producer's body that sends nothing for --idle-timeout is cut
@@ -600,6 +651,8 @@ class HttpConnection(asyncio.Protocol):
 
     def _answer(self, request: h11.Request) -> None:
         decision = self.server.gate.route(self._view(request))
+        if isinstance(decision, ReadBody):
+            self._count(decision.request.client)
         if isinstance(decision, ReadBody) and decision.stream:
             self._produce(request, decision)
             if self._producer is not None:
@@ -613,6 +666,17 @@ class HttpConnection(asyncio.Protocol):
             self._stream(decision)
         else:
             self._upgrade(request, decision)
+
+    def _count(self, client: str) -> None:
+        """Count this request against its client's address until it is answered."""
+        if self._counted is None:
+            self._counted = client
+            self.server.gate.count(client)
+
+    def _uncount(self) -> None:
+        if self._counted is not None:
+            self.server.gate.uncount(self._counted)
+            self._counted = None
 
     def _body_route(self, request: h11.Request) -> Reply | ReadBody:
         """A request with a body: read it for a route that takes one, else refuse it
@@ -664,7 +728,7 @@ class HttpConnection(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
             self._dropping = False
-            self._next_events()  # a request pipelined behind this one
+            self._serve()  # a request pipelined behind this one
 
         self.server.spawn(answer())
 
@@ -737,6 +801,7 @@ class HttpConnection(asyncio.Protocol):
         """Send a plain HTTP response; keep the connection for the next one, or close it."""
         transport = self.transport
         assert transport is not None
+        self._uncount()
         keep = reply.status < 400 and request is not None and (read or not _has_body(request))
         headers = [("Server", "token-relay"), *reply.headers]
         if reply.status != 204:  # a 204 has neither a body nor a length
@@ -792,7 +857,7 @@ class HttpConnection(asyncio.Protocol):
         self.server.gate.release(stream)
         if self.server.is_serving() and self._next_cycle():
             # Not now: the stream may have ended inside a fan-out, or in its handler.
-            asyncio.get_running_loop().call_soon(self._next_events)
+            asyncio.get_running_loop().call_soon(self._serve)
         else:
             self.transport_close()
 
@@ -808,7 +873,11 @@ class HttpConnection(asyncio.Protocol):
         self._head_done()
         transport.resume_reading()  # held while it was answered: now read and dropped
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is gone already (it reset the response it was sent)
+                transport.abort()
+                return
         asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)
 
     def transport_close(self) -> None:
