@@ -1,8 +1,9 @@
-"""The AI SDK's UI message stream, driven by the real ``ai`` npm package in Node
-(``DefaultChatTransport.reconnectToStream`` and ``readUIMessageStream``) against a running
-relay: from the start, resumed in the middle, a reply that completed before it was asked for
-(by ``?id=``, or the newest within ``--ai-sdk-replay-window``), 204 when there is none,
-Stop, an abort, and Node's pooled sockets reused after each stream."""
+"""The AI SDK's UI message stream, driven by the real ``ai`` npm package in Node, at its
+current major and the one before (``DefaultChatTransport.reconnectToStream`` and
+``readUIMessageStream``), against a running relay: from the start, resumed in the middle, a
+reply that completed before it was asked for (by ``?id=``, or the newest within
+``--ai-sdk-replay-window``), 204 when there is none, Stop, an abort, and Node's pooled sockets
+reused after each stream."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +30,37 @@ from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
-
-@pytest.fixture(scope="session")
-def ai_sdk(js_clients: Path) -> Path:
-    """The AI SDK's own resume, in Node."""
-    return js_clients / "ai_sdk_resume.mjs"
+AI_MAJORS = ("ai", "ai-v6")
+"""The AI SDK's packages in tests/js: its current major, and the one before."""
 
 
-async def _resume(script: Path, running: RunningRelay, chat: str, query: str = "") -> Any:
+@dataclass(frozen=True)
+class NodeScript:
+    """A script of tests/js, run by Node with one of the AI SDK's majors."""
+
+    path: Path
+    package: str
+
+    async def run(self, *args: str) -> bytes:
+        """Run it to its end; what it printed."""
+        node = await asyncio.create_subprocess_exec(
+            "node", str(self.path), *args,
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, "AI_PACKAGE": self.package},
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(node.communicate(), 60)
+        assert node.returncode == 0
+        return out
+
+
+@pytest.fixture(scope="session", params=AI_MAJORS)
+def ai_sdk(js_clients: Path, request: pytest.FixtureRequest) -> NodeScript:
+    """The AI SDK's own resume, in Node, at each major."""
+    return NodeScript(js_clients / "ai_sdk_resume.mjs", request.param)
+
+
+async def _resume(script: NodeScript, running: RunningRelay, chat: str, query: str = "") -> Any:
     base = running.url.replace("ws://", "http://")
-    node = await asyncio.create_subprocess_exec(
-        "node", str(script), base, chat, query, stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await asyncio.wait_for(node.communicate(), 30)
-    assert node.returncode == 0
-    return json.loads(out)
+    return json.loads(await script.run(base, chat, query))
 
 
 async def _post(running: RunningRelay, path: str) -> int:
@@ -54,7 +72,7 @@ async def _post(running: RunningRelay, path: str) -> int:
     return int(line.split()[1])
 
 
-async def test_a_stream_read_from_its_start_and_whole_once_it_is_done(ai_sdk: Path) -> None:
+async def test_a_stream_read_from_its_start_and_whole_once_it_is_done(ai_sdk: NodeScript) -> None:
     running, relay = await start_relay()
     async with relay:
         assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
@@ -80,7 +98,7 @@ async def test_a_stream_read_from_its_start_and_whole_once_it_is_done(ai_sdk: Pa
 
 
 async def _resume_mid_reply(
-    ai_sdk: Path, producer: Any, reader: RunningRelay, chat: str, pieces: list[str]
+    ai_sdk: NodeScript, producer: Any, reader: RunningRelay, chat: str, pieces: list[str]
 ) -> Any:
     """Stream the first half of a reply, resume it through ``reader``'s AI SDK stream once
     ``reader`` holds that half, stream the rest and the final; what the AI SDK read."""
@@ -105,7 +123,9 @@ async def _resume_mid_reply(
     return await reading
 
 
-async def test_a_resume_in_the_middle_replays_from_start_under_the_same_id(ai_sdk: Path) -> None:
+async def test_a_resume_in_the_middle_replays_from_start_under_the_same_id(
+    ai_sdk: NodeScript,
+) -> None:
     running, relay = await start_relay()
     async with relay, running.connect("/produce?channel=chat-2") as producer:
         pieces = [f"{n} " for n in range(40)]
@@ -115,7 +135,7 @@ async def test_a_resume_in_the_middle_replays_from_start_under_the_same_id(ai_sd
         assert got["parts"].count("start") == 1 and got["parts"].count("text-start") == 1
 
 
-async def test_stop_reaches_the_producer_and_an_abort_ends_the_stream(ai_sdk: Path) -> None:
+async def test_stop_reaches_the_producer_and_an_abort_ends_the_stream(ai_sdk: NodeScript) -> None:
     running, relay = await start_relay(session_grace=0)
     async with relay:
         assert await _post(running, "/ai-sdk/chat-3/stop") == 404
@@ -138,7 +158,7 @@ async def test_stop_reaches_the_producer_and_an_abort_ends_the_stream(ai_sdk: Pa
 
 
 async def test_a_resume_on_another_process_through_redis(
-    ai_sdk: Path, redis_server: RedisServer
+    ai_sdk: NodeScript, redis_server: RedisServer
 ) -> None:
     flags = ("--broker", redis_server.url)
     a, b = relay_process(*flags), relay_process(*flags)
@@ -381,35 +401,38 @@ class _Counting(Proxy):
 
 
 async def _rounds(
-    js_clients: Path, running: RunningRelay, chat: str, query: str = ""
+    script: NodeScript, running: RunningRelay, chat: str, query: str = ""
 ) -> tuple[Any, int]:
     """Ten rounds of Node's keep_alive.mjs; what each got, and the sockets Node opened."""
     async with _Counting(int(running.url.rsplit(":", 1)[1])) as proxy:
-        node = await asyncio.create_subprocess_exec(
-            "node", str(js_clients / "keep_alive.mjs"), f"http://127.0.0.1:{proxy.port}",
-            chat, "10", query, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(node.communicate(), 60)
-        assert node.returncode == 0
+        out = await script.run(f"http://127.0.0.1:{proxy.port}", chat, "10", query)
         return json.loads(out), proxy.accepted
 
 
-async def test_node_fetch_reuses_its_pooled_socket_after_a_204(js_clients: Path) -> None:
+@pytest.fixture(scope="session", params=AI_MAJORS)
+def keep_alive(js_clients: Path, request: pytest.FixtureRequest) -> NodeScript:
+    """Node's fetch reusing its pool after the AI SDK's reconnectToStream, at each major."""
+    return NodeScript(js_clients / "keep_alive.mjs", request.param)
+
+
+async def test_node_fetch_reuses_its_pooled_socket_after_a_204(keep_alive: NodeScript) -> None:
     running, relay = await start_relay()
     async with relay:
-        rounds, sockets = await _rounds(js_clients, running, "nothing-here")
+        rounds, sockets = await _rounds(keep_alive, running, "nothing-here")
     assert rounds == [{"resumed": False, "health": "200 ok"}] * 10
     # 20 requests on the sockets kept alive: Node may open a second while the first is
     # not back in its pool yet, but none is closed under it (each would be a new one).
     assert sockets <= 2, sockets
 
 
-async def test_node_fetch_reuses_its_pooled_socket_after_a_whole_stream(js_clients: Path) -> None:
+async def test_node_fetch_reuses_its_pooled_socket_after_a_whole_stream(
+    keep_alive: NodeScript,
+) -> None:
     running, relay = await start_relay()
     async with relay:
         await _complete(running, "pooled", "p1", "served ten times")
-        newest = await _rounds(js_clients, running, "pooled")
-        by_id = await _rounds(js_clients, running, "pooled", "?id=p1")
+        newest = await _rounds(keep_alive, running, "pooled")
+        by_id = await _rounds(keep_alive, running, "pooled", "?id=p1")
     expected = {"resumed": True, "text": "served ten times", "health": "200 ok"}
     assert newest[0] == by_id[0] == [expected] * 10
     assert newest[1] <= 2 and by_id[1] <= 2, (newest[1], by_id[1])  # as after a 204

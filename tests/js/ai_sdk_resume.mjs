@@ -1,7 +1,9 @@
 // Resume a chat's stream with the AI SDK's own DefaultChatTransport and readUIMessageStream,
 // as useChat({ resume: true }) does on mount, and print what the app would hold, as JSON.
 // Usage: node ai_sdk_resume.mjs BASE_URL CHAT_ID [QUERY]
-import { DefaultChatTransport, readUIMessageStream } from "ai";
+// The AI SDK at its current major ("ai"), or the package AI_PACKAGE names ("ai-v6": the one
+// before).
+const { DefaultChatTransport, readUIMessageStream } = await import(process.env.AI_PACKAGE ?? "ai");
 
 const [base, chatId, query = ""] = process.argv.slice(2);
 const transport = new DefaultChatTransport({

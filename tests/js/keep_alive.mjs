@@ -4,7 +4,9 @@
 // pool. Prints each round's outcome as JSON; a socket the relay closed after promising to
 // keep it fails the next fetch ("fetch failed").
 // Usage: node keep_alive.mjs BASE_URL CHAT_ID ROUNDS [QUERY]
-import { DefaultChatTransport, readUIMessageStream } from "ai";
+// The AI SDK at its current major ("ai"), or the package AI_PACKAGE names ("ai-v6": the one
+// before).
+const { DefaultChatTransport, readUIMessageStream } = await import(process.env.AI_PACKAGE ?? "ai");
 
 const [base, chatId, rounds, query = ""] = process.argv.slice(2);
 const transport = new DefaultChatTransport({

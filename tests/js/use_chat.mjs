@@ -2,7 +2,9 @@
 // answer with readUIMessageStream. The app is either a Next.js route module (compiled),
 // called in this process, or a running server's chat endpoint URL.
 // Usage: RELAY_URL=http://127.0.0.1:PORT node use_chat.mjs ROUTE_MODULE.js|http://…/api/chat CHAT_ID
-import { DefaultChatTransport, readUIMessageStream } from "ai";
+// The AI SDK at its current major ("ai"), or the package AI_PACKAGE names ("ai-v6": the one
+// before).
+const { DefaultChatTransport, readUIMessageStream } = await import(process.env.AI_PACKAGE ?? "ai");
 
 const [app, chatId] = process.argv.slice(2);
 let transport;
