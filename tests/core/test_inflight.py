@@ -323,6 +323,20 @@ def test_holds_are_pruned_in_time_and_capped_in_count_oldest_first() -> None:
     assert (index.held_count, index.held("c", "z", now=12.0)) == (1, "a")
 
 
+def test_holds_are_capped_in_characters_oldest_first() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=10.0, max_held_chars=10)
+    for message_id in ("aaaa", "bbbb"):  # 1 + 4 characters each, with the channel's name
+        index.end("c", "a", message_id, now=0.0)
+    assert (index.held_count, index.held_chars) == (2, 10)
+    index.end("c", "a", "bbbb", now=1.0)  # ended again: counted once
+    assert (index.held_count, index.held_chars) == (2, 10)
+    index.end("c", "a", "x", now=1.0)  # 2 more: past 10, the oldest (aaaa) ends early
+    assert [index.held("c", i, now=1.0) for i in ("aaaa", "bbbb", "x")] == [None, "a", "a"]
+    assert index.held_chars == 7
+    assert index.held("c", "x", now=11.0) is None
+    assert (index.held_count, index.held_chars) == (0, 0)  # all pruned by time
+
+
 def test_an_id_ended_again_moves_to_the_end_of_the_hold_order() -> None:
     index: InflightIndex[str] = InflightIndex(hold=10.0, max_held=2)
     for message_id, now in (("x", 0.0), ("y", 1.0), ("x", 2.0), ("z", 3.0)):

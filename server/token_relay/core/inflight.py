@@ -21,8 +21,8 @@ one-shot message, as if the message were still in progress; the owner itself may
 the id again. So two producers that each send one message under one id deliver one
 message, whether the second starts while the first is in progress or just after it
 ended. The held ids are one map in the order they ended, pruned by ``now`` (the caller's
-monotonic clock) at each call, at most ``max_held`` of them: past it the oldest hold ends
-early. An entry holds a channel name and an id (each at most 256 characters) and an owner.
+monotonic clock) at each call, at most ``max_held`` of them and ``max_held_chars``
+characters of ids and channel names: past either the oldest hold ends early.
 ``hold`` 0 holds nothing: an id is free once its message ended.
 
 Entries are added when a message opens and removed when it completes or is
@@ -36,10 +36,13 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["MAX_HELD_IDS", "InflightIndex"]
+__all__ = ["MAX_HELD_CHARS", "MAX_HELD_IDS", "InflightIndex"]
 
 MAX_HELD_IDS = 100_000
 """Ids held after their message ended, at most; past it the oldest hold ends early."""
+MAX_HELD_CHARS = 8 * 1024 * 1024
+"""Characters of the held ids and their channels' names together, at most; past it the
+oldest hold ends early."""
 
 OwnerT = TypeVar("OwnerT", bound=Hashable)
 
@@ -47,12 +50,26 @@ OwnerT = TypeVar("OwnerT", bound=Hashable)
 class InflightIndex(Generic[OwnerT]):
     """Messages in progress, by channel, in the order they opened."""
 
-    __slots__ = ("_by_channel", "_held", "_holders", "hold", "max_held")
+    __slots__ = (
+        "_by_channel",
+        "_held",
+        "_held_chars",
+        "_holders",
+        "hold",
+        "max_held",
+        "max_held_chars",
+    )
 
-    def __init__(self, hold: float = 0.0, max_held: int = MAX_HELD_IDS) -> None:
+    def __init__(
+        self,
+        hold: float = 0.0,
+        max_held: int = MAX_HELD_IDS,
+        max_held_chars: int = MAX_HELD_CHARS,
+    ) -> None:
         self._by_channel: dict[str, dict[tuple[OwnerT, str], None]] = {}
         self._holders: dict[tuple[str, str], OwnerT] = {}
-        self.hold, self.max_held = hold, max_held
+        self.hold, self.max_held, self.max_held_chars = hold, max_held, max_held_chars
+        self._held_chars = 0
         # (channel, id) -> (owner, until), in the order the holds end.
         self._held: OrderedDict[tuple[str, str], tuple[OwnerT, float]] = OrderedDict()
 
@@ -94,10 +111,12 @@ class InflightIndex(Generic[OwnerT]):
             return
         self._prune(now)
         key = (channel, message_id)
-        self._held.pop(key, None)
+        if self._held.pop(key, None) is None:
+            self._held_chars += len(channel) + len(message_id)
         self._held[key] = (owner, now + self.hold)
-        while len(self._held) > self.max_held:
-            self._held.popitem(last=False)
+        while len(self._held) > self.max_held or self._held_chars > self.max_held_chars:
+            (old_channel, old_id), _ = self._held.popitem(last=False)
+            self._held_chars -= len(old_channel) + len(old_id)
 
     def held(self, channel: str, message_id: str, now: float) -> OwnerT | None:
         """The owner whose message under ``message_id`` ended on ``channel`` less than
@@ -111,6 +130,11 @@ class InflightIndex(Generic[OwnerT]):
         """Ids held after their message ended (some may have expired since the last call)."""
         return len(self._held)
 
+    @property
+    def held_chars(self) -> int:
+        """Characters of the held ids and their channels' names."""
+        return self._held_chars
+
     def _held_by_another(self, channel: str, owner: OwnerT, message_id: str, now: float) -> bool:
         held = self.held(channel, message_id, now)
         return held is not None and held != owner
@@ -122,6 +146,7 @@ class InflightIndex(Generic[OwnerT]):
             if until > now:
                 return
             del held[key]
+            self._held_chars -= len(key[0]) + len(key[1])
 
     def remove(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Forget a message that completed or was aborted."""
