@@ -73,7 +73,9 @@ async def broker(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator
         redis = RedisServer(tmp_path)
         redis.start()
         url = redis.url
-    instance = open_broker(Settings(broker=url, history_size=3), "inst")
+    marker = request.node.get_closest_marker("id_hold")
+    hold = Settings().id_hold if marker is None else marker.args[0]
+    instance = open_broker(Settings(broker=url, history_size=3, id_hold=hold), "inst")
     recorder = Recorder()
     await instance.start(recorder)
     instance.recorder = recorder  # type: ignore[attr-defined]
@@ -278,6 +280,7 @@ async def test_broker_is_healthy_and_ready(broker: Broker) -> None:
     assert await broker.ready() is True
 
 
+@pytest.mark.id_hold(0)
 async def test_one_live_owner_per_id_in_a_channel(broker: Broker) -> None:
     recorder = recorder_of(broker)
     await broker.listen("c", True, True)
@@ -302,6 +305,7 @@ async def test_one_live_owner_per_id_in_a_channel(broker: Broker) -> None:
     assert broker.open("c", "inst.2", "m") is True
 
 
+@pytest.mark.id_hold(0)
 async def test_a_refused_claim_publishes_nothing_even_once_the_holder_is_done(
     broker: Broker,
 ) -> None:
@@ -332,6 +336,76 @@ async def test_a_refused_claim_publishes_nothing_even_once_the_holder_is_done(
         for _, _, _, frame in recorder.frames
     ]
     assert texts == ["mine", "mine", "shot", "shot"]
+
+
+def terminal_texts(recorder: Recorder) -> list[tuple[str, str, str]]:
+    """(channel, id, text or abort reason) of every terminal frame the listener got."""
+    frames = [json.loads(f) for _, kind, _, f in recorder.frames if kind is FrameKind.TERMINAL]
+    return [(f["channel"], f["id"], f.get("reason", f["text"])) for f in frames]
+
+
+async def test_an_ended_id_is_held_for_its_owner(broker: Broker) -> None:
+    """Within --id-hold after a message under an id ended (completed or aborted), another
+    owner's message under it is refused whole; its owner's and another channel's are not."""
+    recorder = recorder_of(broker)
+    for channel in ("c", "d"):
+        await broker.listen(channel, True, True)
+    broker.open("c", "inst.1", "m")
+    broker.delta("c", "inst.1", "m", "mine")
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "mine"), claimed=True)
+    # Another owner opens the id after the end: refused, and nothing of its message lands.
+    if broker.open("c", "inst.2", "m"):  # settled later, in order with the deltas (Redis)
+        await until(lambda: recorder.refused == [("c", "inst.2", "m")])
+    broker.delta("c", "inst.2", "m", "theirs")
+    with pytest.raises(FrameRejected) as refused:
+        await broker.terminal("c", "inst.2", "m", message_body("c", "m", "theirs"), claimed=True)
+    assert refused.value.code is ErrorCode.ID_IN_USE
+    # A one-shot message of a third owner (its delta and final at once): refused too.
+    broker.delta("c", "inst.3", "m", "shot", claimed=False)
+    with pytest.raises(FrameRejected) as refused:
+        await broker.terminal("c", "inst.3", "m", message_body("c", "m", "shot"))
+    assert refused.value.code is ErrorCode.ID_IN_USE
+    # The same id on another channel is another message.
+    assert broker.open("d", "inst.2", "m") is True
+    await broker.terminal("d", "inst.2", "m", message_body("d", "m", "other"), claimed=True)
+    # An aborted message's id is held the same way.
+    broker.open("c", "inst.1", "n")
+    abort = encode_unpositioned(
+        Aborted(channel="c", id="n", reason=AbortReason.IDLE_TIMEOUT, text="", offset=0, epoch="")
+    )
+    await broker.terminal("c", "inst.1", "n", abort, aborted=True, claimed=True)
+    broker.open("c", "inst.2", "n")
+    with pytest.raises(FrameRejected):
+        await broker.terminal("c", "inst.2", "n", message_body("c", "n", "late"), claimed=True)
+    # Its owner may use the id again: nothing of its own is refused.
+    assert broker.open("c", "inst.1", "m") is True
+    broker.delta("c", "inst.1", "m", "again")
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "again"), claimed=True)
+    await broker.flush()
+    await until(lambda: len(terminal_texts(recorder)) == 4)
+    assert terminal_texts(recorder) == [
+        ("c", "m", "mine"),
+        ("d", "m", "other"),
+        ("c", "n", "idle_timeout"),
+        ("c", "m", "again"),
+    ]
+    deltas = [json.loads(f) for _, kind, _, f in recorder.frames if kind is FrameKind.DELTA]
+    assert [(d["channel"], d["delta"]) for d in deltas] == [("c", "mine"), ("c", "again")]
+    refusals = [("c", "inst.2", "m"), ("c", "inst.2", "n")]
+    assert recorder.refused in ([], refusals)  # Redis reports them; memory answers at once
+
+
+@pytest.mark.id_hold(0.2)
+async def test_a_held_id_is_free_once_the_hold_ends(broker: Broker) -> None:
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "first"))
+    await asyncio.sleep(0.3)  # the rule under test is a time: the hold has ended
+    assert broker.open("c", "inst.2", "m") is True
+    await broker.terminal("c", "inst.2", "m", message_body("c", "m", "second"), claimed=True)
+    await until(lambda: len(terminal_texts(recorder)) == 2)
+    assert terminal_texts(recorder) == [("c", "m", "first"), ("c", "m", "second")]
+    assert recorder.refused == []
 
 
 async def test_subscribing_creates_no_durable_channel_state(broker: Broker) -> None:

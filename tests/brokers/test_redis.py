@@ -348,3 +348,39 @@ async def test_reserved_epochs_are_bounded_and_the_least_recently_subscribed_goe
         assert order == ["junk-4", "junk-0", "junk-5", "junk-6", "junk-7"]
     assert (await alpha.catch_up("junk-0", None, False)).epoch == epochs[0]
     assert (await alpha.catch_up("junk-1", None, False)).epoch != epochs[1]  # a new one
+
+
+async def test_held_ids_are_one_hash_per_channel_bounded_in_count_and_time(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alpha, beta = two_brokers
+    monkeypatch.setattr(redis_broker, "MAX_HELD_PER_CHANNEL", 3)
+    for message_id in ("w", "x", "y"):
+        await alpha.terminal("c", "alpha.1", message_id, message_body("c", message_id, ""))
+    async with _client(redis_server.url) as redis:
+        held = await redis.hgetall("tr:held:c")
+        ttl = await redis.pttl("tr:held:c")
+        assert sorted(held) == [b"w", b"x", b"y"]
+        assert {value.partition(b"|")[2] for value in held.values()} == {b"alpha.1"}
+        assert 0 < ttl <= Settings().id_hold * 1000
+        # A fourth id: past the cap, the channel's holds start again.
+        await alpha.terminal("c", "alpha.1", "z", message_body("c", "z", ""))
+        assert sorted(await redis.hkeys("tr:held:c")) == [b"z"]
+    frame = await beta.terminal("c", "beta.1", "w", message_body("c", "w", "free"))
+    assert json.loads(frame)["text"] == "free"
+    with pytest.raises(FrameRejected):
+        await beta.terminal("c", "beta.1", "z", message_body("c", "z", "held"))
+
+
+async def test_a_session_taken_over_keeps_the_holds_of_the_ids_it_ended(
+    two_brokers: tuple[Broker, Broker],
+) -> None:
+    alpha, beta = two_brokers
+    await alpha.save_session("token", "alpha.1", "grant")
+    await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "mine"))
+    assert await beta.take_session("token", "grant", "beta.1") is not None
+    # The session's new owner may use its id; another owner may not.
+    frame = await beta.terminal("c", "beta.1", "m", message_body("c", "m", "again"))
+    assert json.loads(frame)["text"] == "again"
+    with pytest.raises(FrameRejected):
+        await alpha.terminal("c", "alpha.2", "m", message_body("c", "m", "not yours"))

@@ -185,11 +185,12 @@ class _Producer:
     """A producer's side of the rule, as the edge plays it: its streams, refused at once
     when the index refuses its claim or its publication."""
 
-    def __init__(self, name: str, index: InflightIndex[str]) -> None:
-        self.name, self.index = name, index
+    def __init__(self, name: str, index: InflightIndex[str], clock: list[float] | None = None):
+        self.name, self.index, self.clock = name, index, clock or [0.0]
         self.streams = MessageStreams("c")
         self.delivered: list[str] = []
         self.refused: list[str] = []
+        self.acked_again: list[str] = []
 
     def send(self, delta: str, final: bool = False) -> None:
         try:
@@ -199,17 +200,25 @@ class _Producer:
             self.refused.append("final" if final else "delta")
             return
         assert isinstance(applied, Applied)
-        if applied.opened and applied.text is None and not self.index.claim("c", self.name, "m"):
+        now = self.clock[0]
+        if (
+            applied.opened
+            and applied.text is None
+            and not self.index.claim("c", self.name, "m", now)
+        ):
             self.streams.refuse("m")
             self.refused.append("delta")
             return
         if applied.text is None:
             return
-        if not self.index.may_publish("c", self.name, "m", claimed=not applied.opened):
+        if not applied.first_completion:
+            self.acked_again.append(applied.text)  # a repeated final: acked, not published
+            return
+        if not self.index.may_publish("c", self.name, "m", not applied.opened, now):
             self.streams.refuse("m")
             self.refused.append("final")
             return
-        self.index.remove("c", self.name, "m")
+        self.index.end("c", self.name, "m", now)
         self.delivered.append(applied.text)
 
 
@@ -245,3 +254,135 @@ def test_a_one_shot_message_is_refused_while_another_producer_holds_its_id(
     shot.send("y", final=True)  # sent again: refused, even once the id is free
     assert (shot.delivered, shot.refused) == ([], ["final", "final"])
     assert holder.delivered == (["x"] if holder_ends else [])
+
+
+# ------------------------------------------------------------------------ holds after the end
+
+
+def test_an_ended_id_is_held_for_its_owner_until_the_hold_ends() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    assert index.claim("c", "a", "m", now=100.0)
+    index.end("c", "a", "m", now=110.0)
+    assert (len(index), index.holder("c", "m"), index.held("c", "m", 110.0)) == (0, None, "a")
+    assert not index.claim("c", "b", "m", now=110.0)
+    assert not index.claim("c", "b", "m", now=169.999)
+    assert not index.may_publish("c", "b", "m", claimed=False, now=169.999)
+    assert index.in_channel("c") == []  # a refused claim lists nothing
+    assert index.held("c", "m", 170.0) is None  # ended 60 s ago: free
+    assert index.may_publish("c", "b", "m", claimed=False, now=170.0)
+    assert index.claim("c", "b", "m", now=170.0)
+    assert (index.holder("c", "m"), index.held_count) == ("b", 0)
+
+
+def test_an_aborted_id_is_held_too() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    index.claim("c", "a", "m", now=0.0)
+    index.end("c", "a", "m", now=5.0)  # an abort ends a message as a completion does
+    assert not index.claim("c", "b", "m", now=6.0)
+    assert index.claim("c", "b", "m", now=65.0)
+
+
+def test_the_owner_of_a_held_id_may_publish_and_open_it_again() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    index.claim("c", "a", "m", now=0.0)
+    index.end("c", "a", "m", now=1.0)
+    assert index.may_publish("c", "a", "m", claimed=False, now=2.0)  # a final sent again
+    assert index.claim("c", "a", "m", now=2.0)
+    assert not index.claim("c", "b", "m", now=2.0)  # in progress again
+    index.end("c", "a", "m", now=30.0)  # the hold starts again from its new end
+    assert not index.claim("c", "b", "m", now=89.0)
+    assert index.claim("c", "b", "m", now=90.0)
+
+
+def test_a_held_id_is_free_on_another_channel() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    index.claim("c", "a", "m", now=0.0)
+    index.end("c", "a", "m", now=0.0)
+    assert index.claim("d", "b", "m", now=1.0)
+    assert index.may_publish("e", "b", "m", claimed=False, now=1.0)
+    assert not index.claim("c", "b", "m", now=1.0)
+
+
+def test_a_hold_of_zero_frees_the_id_at_once() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=0.0)
+    index.claim("c", "a", "m", now=0.0)
+    index.end("c", "a", "m", now=0.0)
+    assert (index.held_count, index.claim("c", "b", "m", now=0.0)) == (0, True)
+
+
+def test_holds_are_pruned_in_time_and_capped_in_count_oldest_first() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=10.0, max_held=3)
+    for n, message_id in enumerate("wxyz"):
+        index.claim("c", "a", message_id, now=float(n))
+        index.end("c", "a", message_id, now=float(n))
+    # Four holds, three kept: the oldest (w, ended at 0) ended early.
+    assert index.held_count == 3
+    assert index.claim("c", "b", "w", now=4.0)
+    assert [index.claim("c", "b", i, now=4.0) for i in "xyz"] == [False, False, False]
+    assert index.held("c", "y", now=12.0) is None  # x and y ended at 1 and 2: pruned
+    assert (index.held_count, index.held("c", "z", now=12.0)) == (1, "a")
+
+
+def test_holds_are_capped_in_characters_oldest_first() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=10.0, max_held_chars=10)
+    for message_id in ("aaaa", "bbbb"):  # 1 + 4 characters each, with the channel's name
+        index.end("c", "a", message_id, now=0.0)
+    assert (index.held_count, index.held_chars) == (2, 10)
+    index.end("c", "a", "bbbb", now=1.0)  # ended again: counted once
+    assert (index.held_count, index.held_chars) == (2, 10)
+    index.end("c", "a", "x", now=1.0)  # 2 more: past 10, the oldest (aaaa) ends early
+    assert [index.held("c", i, now=1.0) for i in ("aaaa", "bbbb", "x")] == [None, "a", "a"]
+    assert index.held_chars == 7
+    assert index.held("c", "x", now=11.0) is None
+    assert (index.held_count, index.held_chars) == (0, 0)  # all pruned by time
+
+
+def test_an_id_ended_again_moves_to_the_end_of_the_hold_order() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=10.0, max_held=2)
+    for message_id, now in (("x", 0.0), ("y", 1.0), ("x", 2.0), ("z", 3.0)):
+        index.claim("c", "a", message_id, now=now)
+        index.end("c", "a", message_id, now=now)
+    assert [index.held("c", i, now=3.0) for i in "xyz"] == ["a", None, "a"]
+
+
+@pytest.mark.parametrize("order", ["ab", "ba"])
+@pytest.mark.parametrize("gap", ["overlapping", "after the end", "after the hold"])
+def test_two_producers_each_send_a_delta_and_a_final_under_one_id(order: str, gap: str) -> None:
+    """The attack, step by step: both producers send a delta, then a final, for one id."""
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    clock = [0.0]
+    producers = {name: _Producer(name, index, clock) for name in "ab"}
+    first, second = (producers[name] for name in order)
+    if gap == "overlapping":
+        first.send("1")
+        second.send("2")
+        first.send("!", final=True)
+        second.send("?", final=True)
+    else:
+        first.send("1")
+        first.send("!", final=True)
+        clock[0] = 59.0 if gap == "after the end" else 60.0
+        second.send("2")
+        second.send("?", final=True)
+    first.send("!", final=True)  # the winner's final sent again: acked, not refused
+    assert (first.delivered, first.refused, first.acked_again) == (["1!"], [], ["1!"])
+    # Its final retried after the broker was down is published as a one-shot: not refused,
+    # unless the id is the other producer's now.
+    retried = index.may_publish("c", first.name, "m", claimed=False, now=clock[0])
+    assert retried is (gap != "after the hold")
+    if gap == "after the hold":
+        assert (second.delivered, second.refused) == (["2?"], [])
+    else:
+        assert (second.delivered, second.refused) == ([], ["delta", "final"])
+
+
+@pytest.mark.parametrize("gap", [59.0, 60.0])
+def test_a_one_shot_message_under_a_held_id(gap: float) -> None:
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    clock = [0.0]
+    holder, shot = _Producer("a", index, clock), _Producer("b", index, clock)
+    holder.send("x", final=True)
+    clock[0] = gap
+    shot.send("y", final=True)
+    assert holder.delivered == ["x"]
+    assert (shot.delivered, shot.refused) == ((["y"], []) if gap == 60.0 else ([], ["final"]))

@@ -155,6 +155,7 @@ def test_settings_come_from_flags_then_environment() -> None:
         ([], {"RELAY_PORT": "x"}),
         (["--host", "0.0.0.0"], {}),
         (["--log-format", "xml"], {}),
+        (["--id-hold", "-1"], {}),
     ],
 )
 def test_invalid_settings_are_refused(argv: list[str], env: dict[str, str]) -> None:

@@ -24,7 +24,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
-from .test_ownership import ROUNDS, race
+from .test_ownership import ROUNDS, one_after_the_other, race
 
 # The relay processes live in this module's event loop, so that a pair can outlive a test.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -306,12 +306,18 @@ async def test_one_live_owner_per_id_across_processes(
             # The refused producer's later events stay refused, even now that the id is free.
             await send_json(second, {"id": "m", "delta": "mine now", "final": True})
             assert (await recv_json(second))["code"] == "id_in_use"
-            # The id is free again for another producer once its message ended.
-            async with open_producer(f"{b.url}/produce?channel=owned") as third:
-                await send_json(third, {"id": "m", "delta": "mine now", "final": True})
-                assert (await recv_json(third))["type"] == "ack"
-            assert (await recv_json(watcher))["delta"] == "mine now"
-            assert (await recv_json(watcher))["text"] == "mine now"
+            # Another producer, on either process, finds the id still held (--id-hold) once
+            # its message ended: refused, and nothing of it is delivered.
+            for relay in (b, a):
+                async with open_producer(f"{relay.url}/produce?channel=owned") as third:
+                    await send_json(third, {"id": "m", "delta": "mine now"})
+                    await send_json(third, {"id": "m", "final": True})
+                    for _ in range(2):
+                        assert (await recv_json(third))["code"] == "id_in_use"
+            await send_json(first, {"id": "end", "final": True})
+            assert (await recv_json(first))["type"] == "ack"
+            end = await recv_json(watcher)
+            assert (end["type"], end["id"], end["text"]) == ("message", "end", "")
     finally:
         await watcher.close()
 
@@ -327,6 +333,21 @@ async def test_two_producers_on_two_processes_racing_for_one_id_deliver_one_mess
             open_producer(f"{b.url}/produce?channel=raced") as second,
         ):
             await race((first, second), watcher, ROUNDS)
+    finally:
+        await watcher.close()
+
+
+async def test_a_producer_on_another_process_after_the_first_one_ended_delivers_nothing(
+    pair: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = pair
+    watcher = await _subscribed(b.url, "channel=held&deltas=1")
+    try:
+        async with (
+            open_producer(f"{a.url}/produce?channel=held") as first,
+            open_producer(f"{b.url}/produce?channel=held") as second,
+        ):
+            await one_after_the_other((first, second), watcher, ROUNDS)
     finally:
         await watcher.close()
 

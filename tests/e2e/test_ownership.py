@@ -1,6 +1,8 @@
 """One owner per id, over real sockets: two producers racing for one id on one channel get
 exactly one message delivered, and the loser gets ``id_in_use`` for its delta and its final,
-whichever final comes first; an HTTP producer and a WebSocket one, both ways round."""
+whichever final comes first; an HTTP producer and a WebSocket one, both ways round. The same
+when the second producer starts only once the first one's message ended: within
+``--id-hold`` the id is still the first one's."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from ..conftest import RunningRelay, open_producer, recv_json, send_json
+from ..conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json
 
 ROUNDS = 50
 
@@ -69,6 +71,50 @@ async def race(
     assert deltas == {**winners, "end": "end"}
 
 
+async def one_after_the_other(
+    producers: tuple[ClientConnection, ClientConnection], watcher: ClientConnection, rounds: int
+) -> None:
+    """Per round, one producer sends a delta, then a final, for one id, and once its final
+    is acked the other sends a delta, then a final, for that id (who goes first alternates):
+    the watcher gets exactly one message per id, the first producer's, and the second gets
+    ``id_in_use`` for both its events."""
+    firsts: dict[str, str] = {}
+    for n in range(rounds):
+        message_id = f"s{n}"
+        first, second = producers if n % 2 == 0 else producers[::-1]
+        letter = "a" if first is producers[0] else "b"
+        await send_json(first, {"id": message_id, "delta": letter})
+        await send_json(first, {"id": message_id, "delta": "!", "final": True})
+        assert (await recv_json(first))["type"] == "ack"
+        firsts[message_id] = letter + "!"
+        await send_json(second, {"id": message_id, "delta": "late"})
+        await send_json(second, {"id": message_id, "delta": "?", "final": True})
+        for _ in range(2):
+            refused = await recv_json(second)
+            assert (refused["type"], refused["code"], refused["id"]) == (
+                "error",
+                "id_in_use",
+                message_id,
+            )
+    await send_json(producers[0], {"id": "end", "delta": "end", "final": True})
+    assert (await recv_json(producers[0]))["type"] == "ack"
+    messages: dict[str, list[str]] = {}
+    deltas: dict[str, str] = {}
+    while True:
+        frame = await recv_json(watcher)
+        assert frame["type"] in ("delta", "message"), frame
+        if frame["type"] == "delta":
+            deltas[frame["id"]] = deltas.get(frame["id"], "") + frame["delta"]
+        elif frame["id"] == "end":
+            break
+        else:
+            messages.setdefault(frame["id"], []).append(frame["text"])
+    assert messages == {message_id: [text] for message_id, text in firsts.items()}
+    assert deltas == {**firsts, "end": "end"}
+    for ws in producers:
+        await assert_silent(ws)
+
+
 async def test_two_websocket_producers_racing_for_one_id_deliver_one_message(
     relay: RunningRelay,
 ) -> None:
@@ -79,6 +125,18 @@ async def test_two_websocket_producers_racing_for_one_id_deliver_one_message(
     ):
         await recv_json(watcher)
         await race((a, b), watcher, ROUNDS)
+
+
+async def test_a_second_producer_after_the_first_one_ended_delivers_nothing(
+    relay: RunningRelay,
+) -> None:
+    async with (
+        relay.connect("/subscribe?channel=c&deltas=1") as watcher,
+        relay.connect("/produce?channel=c") as a,
+        relay.connect("/produce?channel=c") as b,
+    ):
+        await recv_json(watcher)
+        await one_after_the_other((a, b), watcher, ROUNDS)
 
 
 async def _open_ndjson(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

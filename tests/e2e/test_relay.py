@@ -134,11 +134,16 @@ async def test_empty_and_absent_deltas(relay: RunningRelay) -> None:
         assert await recv_core(sub) == {"type": "message", "channel": "c", "id": "f", "text": "x"}
 
 
-async def test_same_id_on_two_producers_never_mixes(relay: RunningRelay) -> None:
+async def test_same_id_on_two_producers_never_mixes() -> None:
+    # Each producer delivers its own text under one id: the second one's events are applied
+    # after the first one's message ended (else they would be refused), which only
+    # --id-hold 0 lets through.
+    running, server = await start_relay(id_hold=0)
     async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as p1,
-        relay.connect("/produce?channel=c") as p2,
+        server,
+        running.connect("/subscribe?channel=c") as sub,
+        running.connect("/produce?channel=c") as p1,
+        running.connect("/produce?channel=c") as p2,
     ):
         await recv_core(sub)
         for i in range(10):
@@ -152,10 +157,12 @@ async def test_same_id_on_two_producers_never_mixes(relay: RunningRelay) -> None
         assert texts == ["".join(f"A{i}" for i in range(10)), "".join(f"B{i}" for i in range(10))]
 
 
-async def test_producer_close_frees_its_state(relay: RunningRelay) -> None:
-    async with relay.connect("/subscribe?channel=c") as sub:
+async def test_producer_close_frees_its_state() -> None:
+    # The closed producer's id is taken by the next one: with --id-hold 0, nothing holds it.
+    running, server = await start_relay(id_hold=0)
+    async with server, running.connect("/subscribe?channel=c") as sub:
         await recv_core(sub)
-        async with relay.connect("/produce?channel=c") as producer:
+        async with running.connect("/produce?channel=c") as producer:
             await send_json(producer, {"id": "m", "delta": "lost"})
         assert await recv_core(sub) == {
             "type": "aborted",
@@ -164,7 +171,7 @@ async def test_producer_close_frees_its_state(relay: RunningRelay) -> None:
             "text": "lost",
             "reason": "producer_disconnected",
         }
-        async with relay.connect("/produce?channel=c") as producer:
+        async with running.connect("/produce?channel=c") as producer:
             await send_json(producer, {"id": "m", "delta": "fresh", "final": True})
             await recv_core(producer)
         assert await recv_core(sub) == {

@@ -153,7 +153,7 @@ class MemoryBroker:
             ttl=settings.history_ttl,
             max_channels=settings.max_history_channels,
         )
-        self.inflight: InflightIndex[str] = InflightIndex()
+        self.inflight: InflightIndex[str] = InflightIndex(hold=settings.id_hold)
         self._seq = 0
         self._listener: BrokerListener | None = None
         self.webhooks: WebhookStore | None = MemoryWebhooks(settings) if settings.webhooks else None
@@ -186,7 +186,7 @@ class MemoryBroker:
 
     def open(self, channel: str, owner: str, message_id: str, seq: int = 0) -> bool:
         """Claim the id and index the message for snapshots and cancel."""
-        return self.inflight.claim(channel, owner, message_id)
+        return self.inflight.claim(channel, owner, message_id, time.monotonic())
 
     def delta(
         self,
@@ -198,7 +198,7 @@ class MemoryBroker:
         claimed: bool = True,
     ) -> None:
         """Hand the delta frame straight to the listener, built only if someone wants it."""
-        if not self.inflight.may_publish(channel, owner, message_id, claimed):
+        if not self.inflight.may_publish(channel, owner, message_id, claimed, time.monotonic()):
             return  # another owner holds the id: nothing of this message is published
         self._seq += 1
         listener = self._listener
@@ -267,11 +267,12 @@ class MemoryBroker:
         producer: str = "",
         claimed: bool = False,
     ) -> str:
-        if not self.inflight.may_publish(channel, owner, message_id, claimed):
+        now = time.monotonic()
+        if not self.inflight.may_publish(channel, owner, message_id, claimed, now):
             raise id_in_use(channel, message_id)
-        self.inflight.remove(channel, owner, message_id)
+        self.inflight.end(channel, owner, message_id, now)
         payload = self.history.record(
-            channel, time.monotonic(), lambda offset, epoch: with_position(body, offset, epoch)
+            channel, now, lambda offset, epoch: with_position(body, offset, epoch)
         )
         webhooks = self.webhooks
         if isinstance(webhooks, MemoryWebhooks) and self._wants_webhook(channel):

@@ -104,6 +104,9 @@ CLAIMED = 2
 """Seconds an idle channel's epoch and offset are kept."""
 RESERVED_EPOCH_TTL = 600
 """Seconds the epoch a subscribe reserved for a channel nobody published to is kept."""
+MAX_HELD_PER_CHANNEL = 10_000
+"""Ids held after their message ended (``--id-hold``) per channel in ``tr:held:C``, at most:
+past it the channel's holds start again (the ones before end early)."""
 MAX_RESERVED_EPOCHS = 10_000
 """Epochs reserved for channels nobody published to, at most: past it the least recently
 subscribed one is dropped (a subscriber that resumes it gets ``recovered: false``)."""
@@ -533,6 +536,8 @@ class RedisBroker:
                 producer,
                 self.settings.webhook_max_pending,
                 self.settings.webhook_max_pending_bytes,
+                int(self.settings.id_hold * 1000),
+                MAX_HELD_PER_CHANNEL,
             ],
             done,
             webhook=(channel, message_id) if webhook else None,

@@ -1,15 +1,37 @@
 """The Lua scripts of the Redis broker: each change to Redis is one of them, so it is atomic.
 
 Keys per channel ``C`` are described in :mod:`token_relay.brokers.redis`; ``tr:own:C``
-maps each id in progress on ``C`` to the one owner (producer session) that holds it.
+maps each id in progress on ``C`` to the one owner (producer session) that holds it, and
+``tr:held:C`` each id whose message ended there within ``--id-hold`` to ``UNTIL|OWNER``
+(``UNTIL`` in milliseconds of Redis's clock): until then another owner may not open it.
 """
 
-OPEN = """
+_HELD = """
+local function held_by_another(channel, id, owner)
+  local held = redis.call('HGET', 'tr:held:' .. channel, id)
+  if not held then
+    return false
+  end
+  local sep = string.find(held, '|', 1, true)
+  local now = redis.call('TIME')
+  if tonumber(string.sub(held, 1, sep - 1)) <= now[1] * 1000 + math.floor(now[2] / 1000) then
+    return false
+  end
+  return string.sub(held, sep + 1) ~= owner
+end
+"""
+"""A Lua function: whether another owner's message under the id ended on the channel within
+the hold (the value's ``UNTIL`` is still ahead of Redis's clock)."""
+
+OPEN = (
+    _HELD
+    + """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
   return 0
 end
 local holder = redis.call('HGET', KEYS[5], ARGV[2])
-if holder and holder ~= ARGV[5] then
+if (holder and holder ~= ARGV[5])
+    or (not holder and held_by_another(ARGV[7], ARGV[2], ARGV[5])) then
   redis.call('SET', 'tr:refused:' .. ARGV[8], '1', 'EX', ARGV[3])
   return 0
 end
@@ -29,20 +51,25 @@ local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
 redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
-"""Claim the id in the channel for this owner (0 if another owner holds it, or the owner's
+)
+"""Claim the id in the channel for this owner (0 if another owner holds it, in progress or
+within its hold, or the owner's
 session moved to another process; a refused claim is noted in ``tr:refused:OWNER|ID`` for as
 long as a message's text lives, so that nothing of the message is published later), note
 the message and its seq in the owner's session, and list it as in progress with the text of
 the deltas that joined the open in the queue (published as one delta), if any. Its arguments
 are those of DELTA, and its member."""
 
-DELTA = """
+DELTA = (
+    _HELD
+    + """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[5]) == 1 then
   return 0
 end
 local holder = redis.call('HGET', KEYS[5], ARGV[2])
 if holder ~= ARGV[5] and (holder or (ARGV[8] == '1'
-    and redis.call('EXISTS', 'tr:refused:' .. ARGV[5] .. '|' .. ARGV[2]) == 1)) then
+    and redis.call('EXISTS', 'tr:refused:' .. ARGV[5] .. '|' .. ARGV[2]) == 1)
+    or held_by_another(ARGV[7], ARGV[2], ARGV[5])) then
   return 0
 end
 if ARGV[6] ~= '0' then
@@ -56,9 +83,10 @@ local head = 'd|' .. seq .. '|' .. string.len(ARGV[2]) .. '|'
 redis.call('PUBLISH', KEYS[4], head .. ARGV[2] .. ARGV[1])
 return seq
 """
+)
 """Append a delta to the text in Redis, note its seq, and publish it, unless another owner
-holds the id, the owner's session moved, or (``claimed``, ARGV[8]: the message opened
-before) its claim was refused."""
+holds the id (in progress or within its hold), the owner's session moved, or (``claimed``,
+ARGV[8]: the message opened before) its claim was refused."""
 
 PROGRESS = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[1]) == 1 then
@@ -88,13 +116,18 @@ return seq
 """
 """Rewrite a message's whole text (after an outage) and publish it as a snapshot."""
 
-TERMINAL = """
+TERMINAL = (
+    _HELD
+    + """
 local owner = ARGV[9]
 if redis.call('EXISTS', 'tr:gone:' .. owner) == 1 then
   return 0
 end
 local holder = redis.call('HGET', KEYS[8], ARGV[8])
 if holder and holder ~= owner then
+  return 0
+end
+if not holder and held_by_another(ARGV[14], ARGV[8], owner) then
   return 0
 end
 if holder ~= owner and (ARGV[13] == '1' or (ARGV[13] == '2'
@@ -117,6 +150,20 @@ while redis.call('LLEN', order) > tonumber(ARGV[12]) do
 end
 redis.call('EXPIRE', done, ARGV[7])
 redis.call('EXPIRE', order, ARGV[7])
+local hold = tonumber(ARGV[19])
+if hold > 0 then
+  -- Held for its owner until the hold ends; one hash per channel, at most ARGV[20] ids
+  -- (past it, the hash starts again: the oldest holds end early), gone once all ended.
+  local held = 'tr:held:' .. ARGV[14]
+  if redis.call('HEXISTS', held, ARGV[8]) == 0
+      and redis.call('HLEN', held) >= tonumber(ARGV[20]) then
+    redis.call('DEL', held)
+  end
+  local now = redis.call('TIME')
+  local expiry = now[1] * 1000 + math.floor(now[2] / 1000) + hold
+  redis.call('HSET', held, ARGV[8], string.format('%.0f', expiry) .. '|' .. owner)
+  redis.call('PEXPIRE', held, hold)
+end
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   -- The first terminal frame keeps the epoch a subscribe may have reserved, for good.
@@ -148,9 +195,12 @@ if ARGV[15] == '1' then
 end
 return {frame, queued}
 """
-"""Give a terminal frame its offset, record and publish it, release the id's claim, and
+)
+"""Give a terminal frame its offset, record and publish it, release the id's claim, hold
+the id for its owner for ``hold`` milliseconds (ARGV[19]) in ``tr:held:C``, and
 remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
-``max_done`` of them; 0 if another owner holds the id or the session moved; with ``strict``
+``max_done`` of them; 0 if another owner holds the id (in progress or within its hold) or
+the session moved; with ``strict``
 1, also if nobody holds it (a reaper's abort happens once); with 2 (a message that opened),
 also if its claim was refused (``tr:refused:``), even once the holder is done. With a
 webhook wanted, queue the frame in the webhook outbox ``tr:wh`` in the same step, unless it
@@ -159,11 +209,11 @@ is full; returns the frame and whether it was queued."""
 _CLAIMED = TERMINAL.index("if holder ~= owner and (ARGV[13]")
 WHOLE = (
     TERMINAL[:_CLAIMED]
-    + """if ARGV[19] ~= '' then
+    + """if ARGV[21] ~= '' then
   local seq = redis.call('INCR', KEYS[3])
   redis.call('EXPIRE', KEYS[3], ARGV[7])
   local head = 'd|' .. seq .. '|' .. string.len(ARGV[8]) .. '|'
-  redis.call('PUBLISH', KEYS[11], head .. ARGV[8] .. ARGV[19])
+  redis.call('PUBLISH', KEYS[11], head .. ARGV[8] .. ARGV[21])
 end
 """
     + TERMINAL[_CLAIMED:]
@@ -289,11 +339,24 @@ if old_instance then
 end
 redis.call('SADD', 'tr:sessions:' .. ARGV[2], ARGV[6])
 local done = redis.call('HGETALL', 'tr:done:' .. new)
+for i = 1, #done, 2 do
+  -- An id the session ended is still held for it, under its new owner.
+  local value = done[i + 1]
+  local sep = string.find(value, '|', string.find(value, '|', 1, true) + 1, true)
+  local held = 'tr:held:' .. string.sub(value, sep + 1)
+  local entry = redis.call('HGET', held, done[i])
+  if entry then
+    local bar = string.find(entry, '|', 1, true)
+    if string.sub(entry, bar + 1) == old then
+      redis.call('HSET', held, done[i], string.sub(entry, 1, bar) .. new)
+    end
+  end
+end
 return {old, old_instance or '', out, done}
 """
 """Move a producer session to a new owner on this process: its messages in progress (with
-their texts and claims) and its completed ids; fence the old owner off, so that none of its
-late writes lands. False if there is no such session, or the grant differs."""
+their texts and claims) and its completed ids (with their holds); fence the old owner off,
+so that none of its late writes lands. False if there is no such session, or the grant differs."""
 
 CATCH_UP = """
 local epoch = redis.call('GET', KEYS[1])

@@ -15,6 +15,16 @@ have landed (a write failed in an outage): there a refused claim is noted, and a
 message that opened is refused only if its claim was refused or another owner
 holds the id. Here a claim either holds until its terminal frame or was refused.
 
+Holds. An id stays its owner's for ``hold`` seconds after its message ends (completes or
+is aborted) on a channel: in that time another owner's claim is refused, and so is its
+one-shot message, as if the message were still in progress; the owner itself may open
+the id again. So two producers that each send one message under one id deliver one
+message, whether the second starts while the first is in progress or just after it
+ended. The held ids are one map in the order they ended, pruned by ``now`` (the caller's
+monotonic clock) at each call, at most ``max_held`` of them and ``max_held_chars``
+characters of ids and channel names: past either the oldest hold ends early.
+``hold`` 0 holds nothing: an id is free once its message ended.
+
 Entries are added when a message opens and removed when it completes or is
 aborted, so the index never outgrows the producers' own limits on unfinished
 messages. Empty channels are removed at once. Pure; an owner is any hashable.
@@ -22,10 +32,17 @@ messages. Empty channels are removed at once. Pure; an owner is any hashable.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["InflightIndex"]
+__all__ = ["MAX_HELD_CHARS", "MAX_HELD_IDS", "InflightIndex"]
+
+MAX_HELD_IDS = 100_000
+"""Ids held after their message ended, at most; past it the oldest hold ends early."""
+MAX_HELD_CHARS = 8 * 1024 * 1024
+"""Characters of the held ids and their channels' names together, at most; past it the
+oldest hold ends early."""
 
 OwnerT = TypeVar("OwnerT", bound=Hashable)
 
@@ -33,34 +50,103 @@ OwnerT = TypeVar("OwnerT", bound=Hashable)
 class InflightIndex(Generic[OwnerT]):
     """Messages in progress, by channel, in the order they opened."""
 
-    __slots__ = ("_by_channel", "_holders")
+    __slots__ = (
+        "_by_channel",
+        "_held",
+        "_held_chars",
+        "_holders",
+        "hold",
+        "max_held",
+        "max_held_chars",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        hold: float = 0.0,
+        max_held: int = MAX_HELD_IDS,
+        max_held_chars: int = MAX_HELD_CHARS,
+    ) -> None:
         self._by_channel: dict[str, dict[tuple[OwnerT, str], None]] = {}
         self._holders: dict[tuple[str, str], OwnerT] = {}
+        self.hold, self.max_held, self.max_held_chars = hold, max_held, max_held_chars
+        self._held_chars = 0
+        # (channel, id) -> (owner, until), in the order the holds end.
+        self._held: OrderedDict[tuple[str, str], tuple[OwnerT, float]] = OrderedDict()
 
     def add(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Record that ``owner`` opened ``message_id`` on ``channel``."""
         self._by_channel.setdefault(channel, {})[(owner, message_id)] = None
         self._holders.setdefault((channel, message_id), owner)
 
-    def claim(self, channel: str, owner: OwnerT, message_id: str) -> bool:
+    def claim(self, channel: str, owner: OwnerT, message_id: str, now: float = 0.0) -> bool:
         """Open ``message_id`` on ``channel`` for ``owner``; False (nothing changed) if
-        another owner holds it."""
+        another owner holds it, in progress or ended less than ``hold`` seconds ago."""
         holder = self._holders.get((channel, message_id))
         if holder is not None and holder != owner:
+            return False
+        if holder is None and self._held_by_another(channel, owner, message_id, now):
             return False
         self.add(channel, owner, message_id)
         return True
 
-    def may_publish(self, channel: str, owner: OwnerT, message_id: str, claimed: bool) -> bool:
+    def may_publish(
+        self, channel: str, owner: OwnerT, message_id: str, claimed: bool, now: float = 0.0
+    ) -> bool:
         """Whether ``owner`` may publish a delta or the terminal frame of ``message_id``.
 
         ``claimed``: the message opened before (it claimed the id), so its owner must
-        still hold the id. Else it is a one-shot message: nobody else may hold the id.
+        still hold the id. Else it is a one-shot message: nobody else may hold the id,
+        in progress or ended less than ``hold`` seconds ago.
         """
         holder = self._holders.get((channel, message_id))
-        return holder == owner if claimed else holder is None or holder == owner
+        if claimed or holder is not None:
+            return holder == owner
+        return not self._held_by_another(channel, owner, message_id, now)
+
+    def end(self, channel: str, owner: OwnerT, message_id: str, now: float) -> None:
+        """A message completed or was aborted: forget it, and hold its id for ``owner``
+        until ``now + hold``."""
+        self.remove(channel, owner, message_id)
+        if self.hold <= 0:
+            return
+        self._prune(now)
+        key = (channel, message_id)
+        if self._held.pop(key, None) is None:
+            self._held_chars += len(channel) + len(message_id)
+        self._held[key] = (owner, now + self.hold)
+        while len(self._held) > self.max_held or self._held_chars > self.max_held_chars:
+            (old_channel, old_id), _ = self._held.popitem(last=False)
+            self._held_chars -= len(old_channel) + len(old_id)
+
+    def held(self, channel: str, message_id: str, now: float) -> OwnerT | None:
+        """The owner whose message under ``message_id`` ended on ``channel`` less than
+        ``hold`` seconds before ``now``, if any."""
+        self._prune(now)
+        entry = self._held.get((channel, message_id))
+        return None if entry is None else entry[0]
+
+    @property
+    def held_count(self) -> int:
+        """Ids held after their message ended (some may have expired since the last call)."""
+        return len(self._held)
+
+    @property
+    def held_chars(self) -> int:
+        """Characters of the held ids and their channels' names."""
+        return self._held_chars
+
+    def _held_by_another(self, channel: str, owner: OwnerT, message_id: str, now: float) -> bool:
+        held = self.held(channel, message_id, now)
+        return held is not None and held != owner
+
+    def _prune(self, now: float) -> None:
+        held = self._held
+        while held:
+            key, (_, until) = next(iter(held.items()))
+            if until > now:
+                return
+            del held[key]
+            self._held_chars -= len(key[0]) + len(key[1])
 
     def remove(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Forget a message that completed or was aborted."""

@@ -119,6 +119,9 @@ class Settings:
     ai_sdk_replay_window: float = 60.0
     """Seconds after it completed that a channel's newest reply is still served whole to an
     AI SDK stream that names no ``?id=``; 0 serves a completed reply only by its id."""
+    id_hold: float = 60.0
+    """Seconds an id stays its producer's on a channel after its message ended; meanwhile
+    another producer's event opening it gets ``id_in_use``. 0 frees it at once."""
     ping_interval: float = 20.0
     """Seconds between keepalive pings to each WebSocket peer; one silent for a whole
     interval is cut, so a half-open connection ends within two."""
@@ -215,6 +218,8 @@ class Settings:
             raise ConfigError("delta_flush_ms must not be negative")
         if self.ai_sdk_replay_window < 0:
             raise ConfigError("ai_sdk_replay_window must not be negative")
+        if self.id_hold < 0:
+            raise ConfigError("id_hold must not be negative")
         for cidr in self.trusted_proxies:
             try:
                 parse_networks([cidr])
