@@ -274,12 +274,14 @@ def test_an_ended_id_is_held_for_its_owner_until_the_hold_ends() -> None:
     assert (index.holder("c", "m"), index.held_count) == ("b", 0)
 
 
-def test_an_aborted_id_is_held_too() -> None:
+def test_an_aborted_id_is_not_held() -> None:
     index: InflightIndex[str] = InflightIndex(hold=60.0)
     index.claim("c", "a", "m", now=0.0)
-    index.end("c", "a", "m", now=5.0)  # an abort ends a message as a completion does
-    assert not index.claim("c", "b", "m", now=6.0)
-    assert index.claim("c", "b", "m", now=65.0)
+    assert not index.claim("c", "b", "m", now=1.0)  # in progress: refused
+    index.end("c", "a", "m", now=5.0, completed=False)  # aborted: nothing reached anyone
+    assert (index.held("c", "m", 6.0), index.held_count) == (None, 0)
+    assert index.may_publish("c", "b", "m", claimed=False, now=6.0)
+    assert index.claim("c", "b", "m", now=6.0)  # a new session sending it again whole
 
 
 def test_the_owner_of_a_held_id_may_publish_and_open_it_again() -> None:

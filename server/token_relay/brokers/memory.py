@@ -219,7 +219,9 @@ class MemoryBroker:
         """Number, record and deliver a terminal frame (and queue its webhook) now: the
         publication is over when this returns."""
         try:
-            return Published(self._terminal(channel, owner, message_id, body, producer, claimed))
+            return Published(
+                self._terminal(channel, owner, message_id, body, producer, claimed, aborted)
+            )
         except FrameRejected as exc:
             return Published(error=exc)
 
@@ -234,7 +236,7 @@ class MemoryBroker:
         producer: str = "",
     ) -> None:
         """Nothing to wait for: publish at once."""
-        self._terminal(channel, owner, message_id, body, producer)
+        self._terminal(channel, owner, message_id, body, producer, aborted=aborted)
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Nothing to note: sessions live in this process."""
@@ -266,11 +268,12 @@ class MemoryBroker:
         body: str,
         producer: str = "",
         claimed: bool = False,
+        aborted: bool = False,
     ) -> str:
         now = time.monotonic()
         if not self.inflight.may_publish(channel, owner, message_id, claimed, now):
             raise id_in_use(channel, message_id)
-        self.inflight.end(channel, owner, message_id, now)
+        self.inflight.end(channel, owner, message_id, now, completed=not aborted)
         payload = self.history.record(
             channel, now, lambda offset, epoch: with_position(body, offset, epoch)
         )

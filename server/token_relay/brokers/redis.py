@@ -536,7 +536,7 @@ class RedisBroker:
                 producer,
                 self.settings.webhook_max_pending,
                 self.settings.webhook_max_pending_bytes,
-                int(self.settings.id_hold * 1000),
+                0 if aborted else int(self.settings.id_hold * 1000),  # completed ids only
                 MAX_HELD_PER_CHANNEL,
             ],
             done,

@@ -15,14 +15,16 @@ have landed (a write failed in an outage): there a refused claim is noted, and a
 message that opened is refused only if its claim was refused or another owner
 holds the id. Here a claim either holds until its terminal frame or was refused.
 
-Holds. An id stays its owner's for ``hold`` seconds after its message ends (completes or
-is aborted) on a channel: in that time another owner's claim is refused, and so is its
-one-shot message, as if the message were still in progress; the owner itself may open
-the id again. So two producers that each send one message under one id deliver one
-message, whether the second starts while the first is in progress or just after it
-ended. The held ids are one map in the order they ended, pruned by ``now`` (the caller's
-monotonic clock) at each call, at most ``max_held`` of them and ``max_held_chars``
-characters of ids and channel names: past either the oldest hold ends early.
+Holds. An id stays its owner's for ``hold`` seconds after its message completes on a
+channel: in that time another owner's claim is refused, and so is its one-shot message,
+as if the message were still in progress; the owner itself may open the id again. So two
+producers that each send one message under one id deliver one message, whether the
+second starts while the first is in progress or just after it completed. An aborted
+message holds nothing: its text never reached anyone as a message, and a producer that
+lost its session sends it again whole, as a new producer, under the same id. The held
+ids are one map in the order they completed, pruned by ``now`` (the caller's monotonic
+clock) at each call, at most ``max_held`` of them and ``max_held_chars`` characters of
+ids and channel names: past either the oldest hold ends early.
 ``hold`` 0 holds nothing: an id is free once its message ended.
 
 Entries are added when a message opens and removed when it completes or is
@@ -103,11 +105,13 @@ class InflightIndex(Generic[OwnerT]):
             return holder == owner
         return not self._held_by_another(channel, owner, message_id, now)
 
-    def end(self, channel: str, owner: OwnerT, message_id: str, now: float) -> None:
-        """A message completed or was aborted: forget it, and hold its id for ``owner``
-        until ``now + hold``."""
+    def end(
+        self, channel: str, owner: OwnerT, message_id: str, now: float, *, completed: bool = True
+    ) -> None:
+        """A message completed or was aborted: forget it, and if it completed, hold its id
+        for ``owner`` until ``now + hold``."""
         self.remove(channel, owner, message_id)
-        if self.hold <= 0:
+        if self.hold <= 0 or not completed:
             return
         self._prune(now)
         key = (channel, message_id)
