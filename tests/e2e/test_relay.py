@@ -158,8 +158,8 @@ async def test_same_id_on_two_producers_never_mixes() -> None:
 
 
 async def test_producer_close_frees_its_state() -> None:
-    # The closed producer's id is taken by the next one: with --id-hold 0, nothing holds it.
-    running, server = await start_relay(id_hold=0)
+    # The closed producer's id is taken by the next one: an aborted message holds no id.
+    running, server = await start_relay()
     async with server, running.connect("/subscribe?channel=c") as sub:
         await recv_core(sub)
         async with running.connect("/produce?channel=c") as producer:
