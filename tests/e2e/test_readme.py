@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sys
 from pathlib import Path
+
+import pytest
+from token_relay.testing import eventually
 
 from ..conftest import RunningRelay, recv_json
 
@@ -20,7 +24,10 @@ def gateway_example() -> str:
     return match.group(1)
 
 
-async def test_readme_gateway_example_delivers_its_reply(relay: RunningRelay) -> None:
+async def test_readme_gateway_example_delivers_its_reply(
+    relay: RunningRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="token_relay")
     code = gateway_example()
     assert len([line for line in code.splitlines() if line.strip()]) <= 10
     async with relay.connect("/subscribe?channel=chat-42") as sub:
@@ -36,6 +43,18 @@ async def test_readme_gateway_example_delivers_its_reply(relay: RunningRelay) ->
         assert out.decode().strip() == "delivered: reply-1"
         message = await recv_json(sub)
         assert (message["type"], message["text"]) == ("message", "Hello, world")
+
+    # The gateway's clean exit is logged as the normal close it is, not as an error.
+    def closes() -> list[object]:
+        return [
+            getattr(record, "code", None)
+            for record in caplog.records
+            if (getattr(record, "event", None), getattr(record, "role", None))
+            == ("close", "producer")
+        ]
+
+    await eventually(lambda: bool(closes()), what="the producer's close logged")
+    assert closes() == [1000]
 
 
 def _table_names(heading: str) -> set[str]:
