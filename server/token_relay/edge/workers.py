@@ -80,7 +80,6 @@ async def run(relay: Relay, ready: Any = None) -> None:
     signalled = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([closed, signalled], return_when=asyncio.FIRST_COMPLETED)
     signalled.cancel()
-    log.info("token-relay stopping: aborting messages in progress, closing connections")
     await relay.stop()
     closed.cancel()
     log.info("token-relay stopped")
