@@ -3,8 +3,15 @@ and the page's URL."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
 import pytest
-from token_relay.testing import RedisServer, relay_process
+from token_relay.testing import RedisServer, eventually, relay_process
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import connect, recv_core, send_json
@@ -61,5 +68,58 @@ async def test_sigterm_logs_what_the_relay_does_with_messages_in_progress(
         stopping = [line for line in relay.log.splitlines() if "stopping" in line]
         assert len(stopping) == 1 and stopping[0].endswith(says), relay.log
         assert "Traceback" not in relay.log
+    finally:
+        await relay.stop()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["schema"],
+        ["--version"],
+        ["--help"],
+        ["token", "--help"],
+        ["token", "--role", "admin", "--secret", "a-secret-of-32-bytes-or-more-...."],
+    ],
+)
+def test_output_to_a_reader_that_went_away_is_no_traceback(argv: list[str]) -> None:
+    # As `token-relay schema | head` whose head exits before the relay writes.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "token_relay", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == b""
+    assert result.returncode in (0, 1)
+
+
+WEB_ROOT = Path(__file__).resolve().parents[2] / "client_demo" / "web"
+
+
+async def test_serving_a_web_root_logs_the_page_url() -> None:
+    relay = await relay_process("--web-root", str(WEB_ROOT)).start()
+    try:
+        url = f"http://127.0.0.1:{relay.port}/"
+        line = f"token-relay serving the page in {WEB_ROOT}: open {url}\n"
+        await eventually(lambda: line in relay.log, what="the page's URL logged")
+        page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+        assert page == (WEB_ROOT / "index.html").read_bytes()
+    finally:
+        await relay.stop()
+
+
+async def test_without_a_web_root_no_page_url_is_logged() -> None:
+    relay = await relay_process().start()
+    try:
+        assert await relay.terminate() == 0
+        assert "token-relay stopped" in relay.log
+        assert "serving the page" not in relay.log
     finally:
         await relay.stop()
