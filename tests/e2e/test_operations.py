@@ -4,13 +4,16 @@ and the page's URL."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+from token_relay.core.settings import GROUPS, Settings
 from token_relay.testing import RedisServer, eventually, relay_process
 from websockets.exceptions import ConnectionClosed
 
@@ -123,3 +126,39 @@ async def test_without_a_web_root_no_page_url_is_logged() -> None:
         assert "serving the page" not in relay.log
     finally:
         await relay.stop()
+
+
+def test_help_lists_every_flag_once_in_its_section_with_no_empty_default() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "token_relay", "--help"],
+        capture_output=True,
+        env={**environment, "COLUMNS": "100"},
+        timeout=30,
+        check=True,
+    )
+    text = result.stdout.decode()
+    sections: dict[str, list[str]] = {}
+    section = ""
+    options: dict[str, str] = {}  # each flag's help, joined
+    flag = ""
+    for line in text.splitlines():
+        if re.fullmatch(r"[a-z][^:]*:", line):
+            section = line[:-1]
+            sections[section] = []
+        elif match := re.match(r"  (?:-h, )?(--[a-z-]+)", line):
+            flag = match.group(1)
+            assert flag not in options, f"{flag} listed twice"
+            sections[section].append(flag)
+            options[flag] = line
+        elif line.startswith("   ") and flag:
+            options[flag] += " " + line.strip()
+    expected = {title: [Settings.flag(name) for name in names] for title, names in GROUPS.items()}
+    assert sections == {"options": ["--help"], **expected}
+    every = {Settings.flag(item.name) for item in dataclasses.fields(Settings)}
+    assert set(options) == every | {"--help"}
+    assert "default )" not in " ".join(text.split())
+    for flag, help_text in options.items():
+        assert help_text.lower().count("repeatable") <= 1, help_text
+        if flag != "--help":
+            assert f"(env RELAY_{flag[2:].replace('-', '_').upper()}" in help_text, help_text
