@@ -17,9 +17,9 @@ from ..core.errors import ConfigError
 from ..core.grants import Role
 from ..core.protocol import json_schema
 from ..core.settings import Settings
+from ..tokens import mint
 from .logs import configure as configure_logs
 from .relay import Relay
-from .tokens import mint
 from .workers import loop_factory, run, run_workers
 
 __all__ = ["main"]
