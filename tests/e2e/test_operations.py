@@ -10,11 +10,12 @@ import re
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from token_relay.core.settings import GROUPS, Settings
-from token_relay.testing import RedisServer, eventually, relay_process
+from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import connect, recv_core, send_json
@@ -73,6 +74,31 @@ async def test_sigterm_logs_what_the_relay_does_with_messages_in_progress(
         assert "Traceback" not in relay.log
     finally:
         await relay.stop()
+
+
+async def test_sigterm_with_redis_unreachable_logs_that_nothing_is_handed_off(
+    redis_server: RedisServer,
+) -> None:
+    relay = await relay_process("--broker", redis_server.url).start()
+    try:
+        redis_server.kill()
+        await eventually(_readyz_is(relay, 503), timeout=30, what="the relay to see Redis gone")
+        assert await relay.terminate() == 0
+        stopping = [line for line in relay.log.splitlines() if "stopping" in line]
+        assert len(stopping) == 1, relay.log
+        assert stopping[0].endswith(
+            "stopping: aborting messages in progress (reason shutdown; the broker is "
+            "unreachable, so nothing can be handed off), closing connections with 1001"
+        )
+    finally:
+        await relay.stop()
+
+
+def _readyz_is(relay: ServiceProcess, status: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await relay.http_status("/readyz") == status
+
+    return check
 
 
 @pytest.mark.parametrize(
