@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from token_relay.core.settings import Settings
 from token_relay.testing import Nginx, ServiceProcess, relay_process
 from websockets.asyncio.client import connect
 
@@ -163,6 +164,18 @@ async def test_nginx_tls_conf_serves_wss_and_https(relay: ServiceProcess, tmp_pa
     finally:
         nginx.stop()
     assert not re.search(r"\[(emerg|alert|crit)\]", nginx.errors), nginx.errors
+
+
+def test_the_systemd_units_variables_are_settings_the_relay_takes() -> None:
+    shipped = (DEPLOY / "token-relay.service").read_text()
+    (line,) = re.findall(r"(?m)^Environment=(.*)$", shipped)
+    environment = dict(pair.split("=", 1) for pair in line.split())
+    # The relay.env its comments show.
+    environment.update(re.findall(r"(?m)^#   (RELAY_[A-Z_]+)=(\S+)$", shipped))
+    assert set(environment) >= {"RELAY_HOST", "RELAY_PORT", "RELAY_SECRET", "RELAY_BROKER"}
+    settings = Settings.from_args([], environment)
+    assert (settings.host, settings.port, settings.log_format) == ("127.0.0.1", 8765, "json")
+    assert settings.broker.startswith("redis://") and settings.trusted_proxies == ("127.0.0.1",)
 
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
