@@ -371,7 +371,7 @@ class Settings:
         described = descriptions()
         sections = {title: parser.add_argument_group(title) for title in GROUPS}
         group_of = {name: sections[title] for title, names in GROUPS.items() for name in names}
-        by_name = {item.name: item for item in fields(cls)}
+        shown_order = {name: index for index, name in enumerate(group_of)}
         for name in environ:
             if name.startswith("RELAY_") and name not in known.values():
                 close = difflib.get_close_matches(name, known.values(), n=1)
@@ -379,7 +379,8 @@ class Settings:
                 raise ConfigError(
                     f"unknown environment variable {name}: every flag --NAME is RELAY_NAME{hint}"
                 )
-        for item in (by_name[name] for names in GROUPS.values() for name in names):
+        # A setting in no section is a KeyError here: every setting has its flag.
+        for item in sorted(fields(cls), key=lambda item: shown_order[item.name]):
             group = group_of[item.name]
             flag = cls.flag(item.name)
             env_name = known[item.name]
