@@ -253,7 +253,8 @@ class Nginx:
 
     The configuration's ``listen`` line becomes a free port on 127.0.0.1 and its upstream
     becomes one ``server`` line per backend, with the options of the first; everything
-    else is used as it is written. Its pid, logs and temporary files go to ``directory``.
+    else is used as it is written. nginx runs with ``directory`` as its prefix (``-p``),
+    where the configuration names its pid, logs and temporary files.
     """
 
     def __init__(self, config: Path, backends: list[int], directory: Path) -> None:
@@ -271,7 +272,9 @@ class Nginx:
     def render(self) -> str:
         """The configuration as it runs here."""
         text = self.config.read_text()
-        text, listens = re.subn(r"(?m)^(\s*)listen \d+;", rf"\1listen 127.0.0.1:{self.port};", text)
+        text, listens = re.subn(
+            r"(?m)^(\s*)listen \d+( ssl)?;", rf"\1listen 127.0.0.1:{self.port}\2;", text
+        )
         upstream = re.compile(r"(?m)^(\s*)server 127\.0\.0\.1:\d+( [^;]*)?;\n")
         servers = upstream.findall(text)
         if listens != 1 or not servers:
@@ -279,25 +282,17 @@ class Nginx:
         indent, options = servers[0]
         lines = "".join(f"{indent}server 127.0.0.1:{port}{options};\n" for port in self.backends)
         text = upstream.sub("", text, count=len(servers) - 1)
-        text = upstream.sub(lines.replace("\\", "\\\\"), text, count=1)
-        temp = self.directory / "temp"
-        temp.mkdir(exist_ok=True)
-        here = "".join(
-            f"    {kind}_temp_path {temp / kind};\n"
-            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-        )
-        text = text.replace("http {\n", f"http {{\n    access_log off;\n{here}", 1)
-        user = "user root;\n" if os.geteuid() == 0 else ""
-        pid, log = self.directory / "nginx.pid", self.directory / "error.log"
-        return f"{user}pid {pid};\nerror_log {log} warn;\n" + text
+        return upstream.sub(lines.replace("\\", "\\\\"), text, count=1)
 
     def start(self) -> None:
         """Start nginx and wait until it accepts connections."""
         path = self.directory / "nginx.conf"
         path.write_text(self.render())
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        # As root, the workers stay root: nginx's own user could not reach a private folder.
+        options = "daemon off; user root;" if os.geteuid() == 0 else "daemon off;"
         self.process = subprocess.Popen(
-            [binary, "-p", str(self.directory), "-c", str(path), "-g", "daemon off;"],
+            [binary, "-p", f"{self.directory}/", "-e", "stderr", "-c", str(path), "-g", options],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

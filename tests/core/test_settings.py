@@ -304,3 +304,10 @@ def test_help_describes_every_flag_in_a_sentence() -> None:
     helps = {action.dest: action.help or "" for action in parser._actions}
     assert "asyncio" in helps["loop"] and "uvloop" in helps["loop"]
     assert "plain" in helps["log_format"] and "json" in helps["log_format"]
+
+
+def test_every_setting_is_in_one_help_section() -> None:
+    from token_relay.core.settings import GROUPS
+
+    listed = [name for names in GROUPS.values() for name in names]
+    assert sorted(listed) == sorted(item.name for item in dataclasses.fields(Settings))

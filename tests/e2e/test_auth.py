@@ -7,10 +7,10 @@ from typing import Any
 
 import jwt
 import pytest
+from token_relay import tokens as auth
 from token_relay.core.errors import ConfigError, ErrorCode, FrameRejected, InvalidToken
 from token_relay.core.grants import OPEN, Grant, Role, refusal
-from token_relay.edge import tokens as auth
-from token_relay.edge.tokens import ALGORITHM, mint, verify
+from token_relay.tokens import ALGORITHM, mint, verify
 
 SECRET = "test-secret-" + "x" * 64
 OTHER_SECRET = "another-secret-that-is-32-bytes-or-more"

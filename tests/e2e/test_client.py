@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
 from token_relay.core.errors import HandshakeRefused
 from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
-from token_relay.testing import Proxy
+from token_relay.testing import Proxy, eventually
 
 from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
 
@@ -193,3 +194,28 @@ async def test_producer_rides_out_the_rate_limit_without_losing_or_doubling_text
         message = await recv_json(sub, 10)
         assert message["text"] == "".join(tokens)
         assert relay.metrics.errors.labels("rate_limited")._value.get() > 0
+
+
+async def test_leaving_async_with_closes_each_client_with_1000(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="token_relay")
+    running, server = await start_relay()
+    async with server:
+        async with (
+            RelaySubscriber(running.url, ["c"]),
+            RelayProducer(running.url, channel="c") as producer,
+        ):
+            await producer.send("m", "hi")
+
+        def closes() -> dict[str, list[object]]:
+            found: dict[str, list[object]] = {}
+            for record in caplog.records:
+                if getattr(record, "event", None) == "close":
+                    found.setdefault(str(getattr(record, "role", "")), []).append(
+                        getattr(record, "code", None)
+                    )
+            return found
+
+        await eventually(lambda: len(closes()) == 2, what="both closes logged")
+        assert closes() == {"producer": [1000], "subscriber": [1000]}

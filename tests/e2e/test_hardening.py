@@ -13,8 +13,8 @@ import time
 import jwt
 import pytest
 from token_relay.core.grants import Role
-from token_relay.edge.tokens import mint
 from token_relay.testing import relay_process
+from token_relay.tokens import mint
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.uri import parse_uri

@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from token_relay.core.grants import Role
-from token_relay.edge.tokens import mint
 from token_relay.testing import RedisServer, relay_process
+from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, start_relay
 

@@ -19,8 +19,8 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Page
 from token_relay.core.grants import Role
-from token_relay.edge.tokens import mint
 from token_relay.testing import Proxy
+from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 from token_relay.core.grants import Role
-from token_relay.edge.tokens import mint
 from token_relay.testing import eventually
+from token_relay.tokens import mint
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import (

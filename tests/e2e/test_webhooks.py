@@ -21,8 +21,8 @@ from standardwebhooks import Webhook
 from token_relay.brokers.memory import MemoryBroker
 from token_relay.core.grants import Role
 from token_relay.core.webhooks import DeadLetter, webhook_id
-from token_relay.edge.tokens import mint, verify
 from token_relay.testing import RedisServer, WebhookReceiver, free_port, relay_process
+from token_relay.tokens import mint, verify
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
 

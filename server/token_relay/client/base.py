@@ -76,6 +76,8 @@ class Background(ABC):
     def __init__(self) -> None:
         self._started = asyncio.Event()
         self._fatal: BaseException | None = None
+        self._connection: ClientConnection | None = None
+        self._closed = False
 
     url: str
     reconnects: int
@@ -104,13 +106,17 @@ class Background(ABC):
         A handshake refused with a status retrying can't change raises
         :class:`HandshakeRefused`.
         """
-        while not self._stopping():
+        while not self._closed and not self._stopping():
             try:
                 # No frame size limit: a completed message of --max-message-chars characters
                 # is one frame of up to 6 bytes per character (JSON escapes).
                 async with connect(self._target(), max_queue=None, max_size=None) as ws:
+                    self._connection = ws
                     self._backoff.connected()
-                    await self._serve(ws)
+                    try:
+                        await self._serve(ws)
+                    finally:
+                        self._connection = None
             except asyncio.CancelledError:
                 raise
             except InvalidStatus as exc:
@@ -118,7 +124,10 @@ class Background(ABC):
                     raise HandshakeRefused(exc.response.status_code, self.url) from None
                 log.info("%s connection refused (%s); retrying", self._role, exc)
             except (OSError, ConnectionClosed, TimeoutError) as exc:
-                log.info("%s connection lost (%s); reconnecting", self._role, exc)
+                if not self._closed:
+                    log.info("%s connection lost (%s); reconnecting", self._role, exc)
+            if self._closed:
+                break
             await self._dropped()
             self._backoff.lost()
             self.reconnects += 1
@@ -155,7 +164,15 @@ class Background(ABC):
         await self.close()
 
     async def close(self) -> None:
-        """Stop the background task and its connection."""
+        """Close the connection normally (1000), then stop the background task.
+
+        The close handshake comes first: cancelling the task inside the connection would
+        close it with 1011 (internal error), which the relay would log as one.
+        """
+        self._closed = True
+        connection = self._connection
+        if connection is not None:
+            await connection.close()
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):

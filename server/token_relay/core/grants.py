@@ -4,7 +4,7 @@ A grant names channels exactly, or by prefix: ``chat-*`` is every channel that s
 with ``chat-`` (:func:`refusal` says what may not be a grant).
 
 A :class:`Grant` is decided once, at the handshake (from a verified token, see
-:mod:`token_relay.edge.tokens`, or :data:`OPEN` when the relay runs without a
+:mod:`token_relay.tokens`, or :data:`OPEN` when the relay runs without a
 secret), and then every channel a connection names is checked against it.
 Pure: no clock, no I/O.
 """

@@ -21,13 +21,86 @@ from .forwarded import parse_networks
 from .grants import refusal
 from .webhooks import loggable_url
 
-__all__ = ["Settings"]
+__all__ = ["GROUPS", "Settings"]
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 KIB = 1024
 LOG_FORMATS = ("plain", "json")
 LOOPS = ("asyncio", "uvloop")
+
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "network and process": (
+        "host",
+        "port",
+        "workers",
+        "loop",
+        "web_root",
+        "shutdown_timeout",
+    ),
+    "access": ("secret", "insecure", "allowed_origins", "trusted_proxies"),
+    "connections": (
+        "max_connections_per_ip",
+        "handshake_timeout",
+        "max_handshakes",
+        "max_handshakes_per_ip",
+        "ping_interval",
+        "max_frame_bytes",
+        "max_body_bytes",
+    ),
+    "producers": (
+        "max_message_chars",
+        "max_meta_bytes",
+        "max_streaming_per_producer",
+        "max_completed_per_producer",
+        "max_events_per_second",
+        "idle_timeout",
+        "max_named_producers_per_ip",
+    ),
+    "producer sessions": (
+        "session_grace",
+        "max_parked_sessions",
+        "max_parked_chars",
+        "max_parked_per_ip",
+    ),
+    "subscribers": (
+        "max_subscribes_per_second",
+        "max_channels_per_subscriber",
+        "subscriber_high_water_bytes",
+        "max_subscriber_buffer_bytes",
+        "delta_flush_ms",
+        "sse_heartbeat",
+        "ai_sdk_replay_window",
+    ),
+    "memory and history": (
+        "max_memory_bytes",
+        "history_size",
+        "history_ttl",
+        "max_history_channels",
+    ),
+    "broker (Redis)": ("broker", "lease_seconds"),
+    "webhooks": (
+        "webhooks",
+        "webhook_secret",
+        "webhook_channels",
+        "webhook_timeout",
+        "webhook_backoff",
+        "webhook_max_age",
+        "webhook_max_pending",
+        "webhook_max_pending_bytes",
+        "webhook_concurrency",
+        "webhook_max_dead",
+        "webhook_max_dead_bytes",
+    ),
+    "logging": ("log_format",),
+}
+"""The sections of ``--help``, each setting in one of them, in the order shown."""
+
+USAGE = """token-relay [flags]       run the relay (the flags are below)
+       token-relay schema        print the protocol's JSON Schema
+       token-relay token ...     mint a connection token (token-relay token --help)
+       token-relay --version"""
 
 
 def _flag(name: str) -> dict[str, Any]:
@@ -290,6 +363,7 @@ class Settings:
         """The ``token-relay`` argument parser, with defaults read from ``environ``."""
         parser = argparse.ArgumentParser(
             prog="token-relay",
+            usage=USAGE,
             description="token-relay: assemble streamed model deltas and fan them out. "
             "Every flag can also be set as RELAY_<FLAG> in the environment "
             "(for example RELAY_PORT=9000; lists are comma-separated). "
@@ -300,6 +374,9 @@ class Settings:
         parser.list_defaults = list_defaults  # type: ignore[attr-defined]
         known = cls.environment_names()
         described = descriptions()
+        sections = {title: parser.add_argument_group(title) for title in GROUPS}
+        group_of = {name: sections[title] for title, names in GROUPS.items() for name in names}
+        shown_order = {name: index for index, name in enumerate(group_of)}
         for name in environ:
             if name.startswith("RELAY_") and name not in known.values():
                 close = difflib.get_close_matches(name, known.values(), n=1)
@@ -307,7 +384,9 @@ class Settings:
                 raise ConfigError(
                     f"unknown environment variable {name}: every flag --NAME is RELAY_NAME{hint}"
                 )
-        for item in fields(cls):
+        # A setting in no section is a KeyError here: every setting has its flag.
+        for item in sorted(fields(cls), key=lambda item: shown_order[item.name]):
+            group = group_of[item.name]
             flag = cls.flag(item.name)
             env_name = known[item.name]
             default: Any = item.default
@@ -315,7 +394,7 @@ class Settings:
             if isinstance(default, bool):
                 if raw is not None:
                     default = raw.strip().lower() in ("1", "true", "yes", "on")
-                parser.add_argument(
+                group.add_argument(
                     flag,
                     dest=item.name,
                     action="store_true",
@@ -328,14 +407,13 @@ class Settings:
                     default = [part.strip() for part in raw.split(",") if part.strip()]
                 # Flags replace the environment's list rather than add to it.
                 list_defaults[item.name] = list(default)
-                parser.add_argument(
+                group.add_argument(
                     flag,
                     dest=item.name,
                     action="append",
                     default=None,
                     metavar="VALUE",
-                    help=f"{described.get(item.name, '')} Repeatable "
-                    f"(env {env_name}, comma-separated).",
+                    help=f"{described.get(item.name, '')} (env {env_name}, comma-separated)",
                 )
                 continue
             kind: type[int] | type[float] | type[str] = type(default)
@@ -347,13 +425,14 @@ class Settings:
                         f"{env_name}={raw!r} is not a valid {kind.__name__}"
                     ) from None
             shown = "(set)" if item.name == "secret" and default else default
-            parser.add_argument(
+            given = f", default {shown!s}" if shown != "" else ""
+            group.add_argument(
                 flag,
                 dest=item.name,
                 type=kind,
                 default=default,
                 metavar=item.name.upper() if kind is str else "N",
-                help=f"{described.get(item.name, '')} (env {env_name}, default {shown!s})",
+                help=f"{described.get(item.name, '')} (env {env_name}{given})",
             )
         return parser
 

@@ -17,9 +17,9 @@ from ..core.errors import ConfigError
 from ..core.grants import Role
 from ..core.protocol import json_schema
 from ..core.settings import Settings
+from ..tokens import mint
 from .logs import configure as configure_logs
 from .relay import Relay
-from .tokens import mint
 from .workers import loop_factory, run, run_workers
 
 __all__ = ["main"]
@@ -53,10 +53,22 @@ def _mint(args: Sequence[str]) -> int:
         print(f"error: a {options.role} token needs at least one --channel", file=sys.stderr)
         return 2
     try:
-        print(mint(options.secret, Role(options.role), options.channel, options.ttl))
+        token = mint(options.secret, Role(options.role), options.channel, options.ttl)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _output(token)
+
+
+def _output(text: str) -> int:
+    """Print ``text`` and return the exit code: 0, or 1 if the reader went away first
+    (``token-relay schema | head``), which is not worth a traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python flushes stdout again on its way out: give it somewhere to go quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
@@ -64,11 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["--version"], ["-V"]):
-        print(f"token-relay {__version__}")
-        return 0
+        return _output(f"token-relay {__version__}")
     if args[:1] == ["schema"]:
-        print(json.dumps(json_schema(), indent=2))
-        return 0
+        return _output(json.dumps(json_schema(), indent=2))
     if args[:1] == ["token"]:
         return _mint(args[1:])
     configure_logs("plain")

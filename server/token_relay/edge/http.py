@@ -40,11 +40,11 @@ from ..core.grants import OPEN, Grant, Role
 from ..core.protocol import MAX_NAME_LENGTH
 from ..core.resume import decode_positions
 from ..core.settings import Settings
+from ..tokens import verify
 from .aisdk import MAX_WAIT_SECONDS
 from .logs import RefusalLog
 from .metrics import Metrics
 from .peer import Peer
-from .tokens import verify
 from .web import StaticFiles
 
 __all__ = [

@@ -142,6 +142,20 @@ class Relay:
         if server is not None:
             server.close()
         handing_off = self.broker.shares_sessions and self.broker.healthy
+        if handing_off:
+            log.info(
+                "token-relay stopping: handing producers off (their sessions wait in the broker "
+                "for --session-grace, to resume on another process), closing connections "
+                "with 1012"
+            )
+        else:
+            log.info(
+                "token-relay stopping: aborting messages in progress (reason shutdown%s), "
+                "closing connections with 1001",
+                "; the broker is unreachable, so nothing can be handed off"
+                if self.broker.shares_sessions
+                else "",
+            )
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 if handing_off:

@@ -45,7 +45,7 @@ RESTART_SECONDS = 1.0
 started in a tight loop."""
 
 
-def _announce(host: str, port: int, workers: int) -> None:
+def _announce(host: str, port: int, workers: int, web_root: str) -> None:
     display = f"[{host}]" if ":" in host else host
     log.info(
         "token-relay listening on port %d: producers ws://%s:%d%s, subscribers ws://%s:%d%s%s",
@@ -58,6 +58,8 @@ def _announce(host: str, port: int, workers: int) -> None:
         SUBSCRIBE_PATH,
         f" ({workers} worker processes)" if workers > 1 else "",
     )
+    if web_root:
+        log.info("token-relay serving the page in %s: open http://%s:%d/", web_root, display, port)
 
 
 async def run(relay: Relay, ready: Any = None) -> None:
@@ -73,14 +75,13 @@ async def run(relay: Relay, ready: Any = None) -> None:
         loop.add_signal_handler(signum, stopping.set)
     if ready is None:
         host, port = server.sockets[0].getsockname()[:2]
-        _announce(host, port, 1)
+        _announce(host, port, 1, relay.settings.web_root)
     else:
         ready.put(os.getpid())
     closed = asyncio.ensure_future(server.wait_closed())
     signalled = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([closed, signalled], return_when=asyncio.FIRST_COMPLETED)
     signalled.cancel()
-    log.info("token-relay stopping: aborting messages in progress, closing connections")
     await relay.stop()
     closed.cancel()
     log.info("token-relay stopped")
@@ -155,7 +156,7 @@ def run_workers(settings: Settings) -> int:
                     log.error("a worker process exited while starting")
                     stop(signal.SIGTERM, None)
         if not stopping:
-            _announce(settings.host, port, settings.workers)
+            _announce(settings.host, port, settings.workers, settings.web_root)
         while not stopping:
             multiprocessing.connection.wait([w.sentinel for w in workers], timeout=0.5)
             for number, worker in enumerate(workers):

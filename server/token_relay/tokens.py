@@ -1,8 +1,17 @@
 """Connection tokens: HS256 JWTs that grant a role on a set of channels.
 
-A token's claims are ``role`` (``produce`` or ``subscribe``), ``channels`` (exact
-names or glob patterns such as ``chat-*``) and ``exp``. The relay checks the
-token once, at the handshake, and keeps the resulting
+This is the public API for minting tokens from application code, for example a
+backend that hands each browser a token for its own chat channel::
+
+    from token_relay.tokens import Role, mint
+
+    token = mint(secret, Role.SUBSCRIBE, ["chat-42"], ttl=3600)
+
+Importing it loads the core's grant rules and PyJWT, and no part of the relay.
+
+A token's claims are ``role`` (``produce``, ``subscribe`` or ``admin``), ``channels``
+(exact names or prefixes ending in ``*`` such as ``chat-*``) and ``exp``. The relay checks
+the token once, at the handshake, and keeps the resulting
 :class:`~token_relay.core.grants.Grant` on the connection. Tokens are read from
 ``?token=`` (browsers can't set headers on a WebSocket) or ``Authorization:
 Bearer``; they are never logged.
@@ -15,10 +24,10 @@ from typing import Any
 
 import jwt
 
-from ..core.errors import ConfigError, InvalidToken
-from ..core.grants import Grant, Role, refusal
+from .core.errors import ConfigError, InvalidToken
+from .core.grants import Grant, Role, refusal
 
-__all__ = ["ALGORITHM", "mint", "verify"]
+__all__ = ["ALGORITHM", "Role", "mint", "verify"]
 
 ALGORITHM = "HS256"
 
