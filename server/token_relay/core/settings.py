@@ -56,6 +56,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_completed_per_producer",
         "max_events_per_second",
         "idle_timeout",
+        "id_hold",
         "max_named_producers_per_ip",
     ),
     "producer sessions": (
