@@ -30,30 +30,137 @@ def _tops(modules: set[str]) -> set[str]:
     return {name.split(".")[0] for name in modules}
 
 
-@pytest.mark.parametrize(
-    "statement",
-    [
-        "import token_relay.core",
-        "from token_relay import TokenAssembler",
-        "import token_relay.core.router, token_relay.core.sessions, token_relay.core.streams",
-        "import token_relay.core.merge, token_relay.core.history, token_relay.core.protocol",
-        "from token_relay.core import grants, hub, inflight, ratelimit, settings, events, errors",
-    ],
-)
-def test_the_core_loads_no_io(statement: str) -> None:
-    loaded = _loaded_after(statement)
-    assert not _tops(loaded) & set(IO), sorted(_tops(loaded) & set(IO))
-    assert not {m for m in loaded if m.startswith(("token_relay.edge", "token_relay.brokers"))}
+def _modules() -> list[str]:
+    """Every module of the package, each package's ``__init__`` included (by its
+    package's name)."""
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
 
 
-def test_the_client_loads_no_relay() -> None:
+MODULES = _modules()
+REDIS = "token_relay.brokers.redis"
+"""The brokers' modules that speak to Redis (this prefix): the only ones that load it."""
+SANS_IO = {"token_relay.edge.frames", "token_relay.edge.broadcast"}
+"""The edge's modules that read and build frames without a loop or a socket."""
+CLIENT_CORE = {
+    "token_relay",
+    "token_relay.core",
+    "token_relay.core.errors",
+    "token_relay.core.protocol",
+}
+"""All the client library loads of the package besides itself: the protocol and the errors."""
+
+
+def _import(module: str) -> str:
+    if module == "token_relay.__main__":  # the CLI runs on import: ask it only its version
+        return (
+            "import contextlib, io\n"
+            "sys.argv = ['token-relay', '--version']\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    import token_relay.__main__"
+        )
+    return f"import {module}"
+
+
+def _rule_broken(module: str, loaded: set[str]) -> list[str]:
+    """What ``module`` loaded that its layer may not: empty if it keeps to its layer."""
+    ours = {m for m in loaded if m.startswith("token_relay.")}
+    tops = _tops(loaded)
+    layer = module.split(".")[1] if "." in module else ""
+    allowed_layers = {
+        "": {"core"},  # the package itself: the errors (the rest is loaded when named)
+        "core": {"core"},
+        "brokers": {"core", "brokers"},
+        "client": {"core", "client"},
+        "edge": {"core", "brokers", "edge"},
+        "__main__": {"core", "brokers", "edge"},
+        "testing": {"core", "testing"},
+    }[layer]
+    broken = sorted(m for m in ours if m.split(".")[1] not in allowed_layers)
+    forbidden = {
+        "": set(IO) | {"argparse"},
+        "core": set(IO),
+        "brokers": {"websockets", "prometheus_client", "h11"}
+        | (set() if module.startswith(REDIS) else {"redis", "hiredis"}),
+        "client": {"redis", "hiredis", "prometheus_client", "h11", "argparse"},
+        "edge": {"redis", "hiredis"} | ({"asyncio"} if module in SANS_IO else set()),
+        "__main__": {"redis", "hiredis"},
+        "testing": {"redis", "hiredis", "websockets"},
+    }[layer]
+    broken += sorted(tops & forbidden)
+    if layer == "":
+        broken += sorted(ours - {"token_relay.core", "token_relay.core.errors"})
+    if layer == "client":
+        broken += sorted({m for m in ours if not m.startswith("token_relay.client")} - CLIENT_CORE)
+    if "websockets.asyncio.server" in loaded:  # the edge speaks WebSocket sans I/O
+        broken.append("websockets.asyncio.server")
+    return broken
+
+
+def test_every_module_is_covered() -> None:
+    # Every package __init__ and the modules the layers' rules single out are among them.
+    packages = {"token_relay", "token_relay.core", "token_relay.brokers", "token_relay.client"}
+    assert packages | {"token_relay.edge", "token_relay.core.resume"} <= set(MODULES)
+    assert {"token_relay.core.webhooks", REDIS, *SANS_IO} <= set(MODULES)
+    assert len(MODULES) > 50
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_module_loads_only_its_layer(module: str) -> None:
+    loaded = _loaded_after(_import(module))
+    # A module that exits as it is imported (the CLI's) leaves only what it imported.
+    assert module in loaded or (
+        module == "token_relay.__main__" and "token_relay.edge.cli" in loaded
+    )
+    assert _rule_broken(module, loaded) == []
+
+
+def test_the_rules_catch_what_breaks_them() -> None:
+    # The check above can fail: a core module that loads asyncio, a client that loads the
+    # settings (and argparse), a broker that loads Redis unasked, a frame reader on a loop.
+    assert _rule_broken("token_relay.core.hub", {"asyncio"}) == ["asyncio"]
+    assert _rule_broken("token_relay.client.base", {"token_relay.core.settings", "argparse"}) == [
+        "argparse",
+        "token_relay.core.settings",
+    ]
+    assert _rule_broken("token_relay.brokers.memory", {"redis.client"}) == ["redis"]
+    assert _rule_broken("token_relay.edge.frames", {"asyncio.events"}) == ["asyncio"]
+    assert _rule_broken("token_relay", {"token_relay.core.settings"}) == [
+        "token_relay.core.settings"
+    ]
+    assert _rule_broken("token_relay.core.webhooks", {"token_relay.edge.logs"}) == [
+        "token_relay.edge.logs"
+    ]
+
+
+def test_the_client_loads_the_protocol_and_the_errors_only() -> None:
     loaded = _loaded_after("import token_relay.client")
     assert "websockets.asyncio.client" in loaded
     assert "websockets.asyncio.server" not in loaded
-    assert "prometheus_client" not in _tops(loaded)
-    assert "redis" not in _tops(loaded)
-    relay = {m for m in loaded if m.startswith(("token_relay.edge", "token_relay.brokers"))}
-    assert relay == set()
+    assert not _tops(loaded) & {"prometheus_client", "redis", "h11", "argparse"}
+    ours = {m for m in loaded if m.startswith("token_relay")}
+    assert ours == CLIENT_CORE | {
+        "token_relay.client",
+        "token_relay.client.base",
+        "token_relay.client.producer",
+        "token_relay.client.subscriber",
+    }
+
+
+def test_the_package_loads_each_name_when_named() -> None:
+    loaded = _loaded_after("from token_relay import TokenAssembler")
+    assert {m for m in loaded if m.startswith("token_relay")} == {
+        "token_relay",
+        "token_relay.core",
+        "token_relay.core.assembler",
+        "token_relay.core.errors",
+    }
+    assert "token_relay.core.settings" in _loaded_after("from token_relay import Settings")
 
 
 def test_the_brokers_load_redis_only_when_asked() -> None:

@@ -5,9 +5,11 @@ The package is layered, and imports point one way only::
     core  <-  brokers  <-  edge (asyncio, websockets, the CLI)
     core  <-  client
 
-``from token_relay import TokenAssembler`` loads only the pure core. The relay
-(:class:`Relay`) and the client library (:class:`RelayProducer`,
-:class:`RelaySubscriber`) are loaded when first named.
+``import token_relay`` loads only the errors. ``from token_relay import TokenAssembler``
+loads only the pure core, and the client library (:class:`RelayProducer`,
+:class:`RelaySubscriber`) only the protocol and the errors besides itself. Every name
+but the errors is loaded when first named: :class:`Settings` (and argparse), the
+assembler, the relay (:class:`Relay`) and the client library.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from .core.assembler import TokenAssembler
 from .core.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -25,10 +26,11 @@ from .core.errors import (
     MessageFailed,
     RelayError,
 )
-from .core.settings import Settings
 
 if TYPE_CHECKING:
     from .client import RelayProducer, RelaySubscriber
+    from .core.assembler import TokenAssembler
+    from .core.settings import Settings
     from .edge.relay import Relay
 
 try:
@@ -52,6 +54,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Settings": "token_relay.core.settings",
+    "TokenAssembler": "token_relay.core.assembler",
     "Relay": "token_relay.edge.relay",
     "RelayProducer": "token_relay.client",
     "RelaySubscriber": "token_relay.client",

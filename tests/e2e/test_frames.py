@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay.core.grants import OPEN
 from token_relay.edge import websocket
-from token_relay.edge.websocket import MAX_HELD_FRAME, Cork, WebSocket, text_frame
+from token_relay.edge.frames import MAX_HELD_FRAME
+from token_relay.edge.websocket import Cork, WebSocket, text_frame
 from websockets.frames import Close, Frame, Opcode
 from websockets.protocol import CLIENT, Protocol
 from websockets.utils import apply_mask

@@ -30,7 +30,8 @@ import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .sse import SSE_HEADERS, Fields, SseStream
+from .broadcast import Fields
+from .sse import SSE_HEADERS, SseStream
 
 __all__ = ["AI_SDK_HEADERS", "MAX_WAIT_SECONDS", "AiSdkStream"]
 

@@ -27,6 +27,7 @@ from websockets import CloseCode
 
 from ..core.errors import ErrorCode, FrameRejected
 from ..core.grants import Grant
+from .broadcast import Broadcast
 from .flow import PeerBase
 
 __all__ = ["NDJSON", "HttpProducer"]
@@ -226,6 +227,10 @@ class HttpProducer(PeerBase):
         return item
 
     # ------------------------------------------------------------------ frames out
+
+    def take(self, broadcast: Broadcast) -> None:
+        """A frame sent to this producer (and maybe others), kept for the response."""
+        self.collect(broadcast.data())
 
     def collect(self, data: bytes) -> None:
         """A frame the relay sends this producer, kept for the response."""

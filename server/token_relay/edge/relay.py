@@ -54,7 +54,7 @@ from .aisdk import AiSdkStream
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, ReadBody, Reply, query_of
 from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
-from .peer import Peer, ProducerPeer
+from .peer import Peer, ProducerPeer, Streamed
 from .producers import ProducerEndpoint
 from .server import HttpServer
 from .sse import SseStream
@@ -213,7 +213,7 @@ class Relay:
 
     # ------------------------------------------------------------------ connections
 
-    async def _handle(self, connection: Peer) -> None:
+    async def _handle(self, connection: Streamed) -> None:
         grant = connection.grant
         path = urlsplit(connection.path).path
         role = "producer" if path == PRODUCE_PATH else "subscriber"

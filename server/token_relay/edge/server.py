@@ -65,12 +65,13 @@ from websockets.typing import Origin
 from ..core.forwarded import is_trusted, parse_networks
 from ..core.settings import Settings
 from .aisdk import AiSdkStream
+from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply, query_of
 from .httpproducer import NDJSON, HttpProducer
 from .metrics import Metrics
 from .peer import Streamed
 from .sse import SseStream
-from .websocket import Cork, WebSocket, frames_log
+from .websocket import Cork, WebSocket
 
 __all__ = ["FD_RESERVE", "HttpConnection", "HttpServer"]
 

@@ -27,16 +27,15 @@ socket goes back to HTTP for the next request, which may already be waiting (pip
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
 
 import h11
 from websockets import CloseCode
 
 from ..core.grants import Grant
 from ..core.resume import encode_positions
+from .broadcast import Broadcast, Fields, event_fields
 from .flow import SocketPeer
 
 __all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
@@ -54,43 +53,6 @@ SSE_HEADERS = (
     ("X-Accel-Buffering", "no"),
     ("Server", "token-relay"),
 )
-
-_IDENTIFIED = frozenset({"message", "aborted", "subscribed"})
-
-
-class Fields:
-    """What a stream needs of a frame, read once for every stream it goes to: its event
-    line, whether it carries an ``id:``, and the channel, offset and epoch it moves
-    (offset -1: the channel is dropped).
-
-    ``chunks`` keeps the bytes written for each stream's positions, when the stream
-    holds one channel: thousands of streams of one channel share one ``id:`` and so one
-    chunk, built once.
-    """
-
-    __slots__ = ("channel", "chunks", "epoch", "identified", "line", "offset")
-
-    def __init__(
-        self, line: bytes, identified: bool, channel: str | None, offset: int, epoch: str
-    ) -> None:
-        self.line, self.identified = line, identified
-        self.channel, self.offset, self.epoch = channel, offset, epoch
-        self.chunks: dict[tuple[bool, str, int, str], bytes] = {}
-
-
-def event_fields(data: bytes) -> Fields:
-    """Read a serialized frame once, for every stream it goes to."""
-    frame: dict[str, Any] = json.loads(data)
-    kind = str(frame.get("type"))
-    line = b"event: " + kind.encode() + b"\n"
-    if kind in _IDENTIFIED and "offset" in frame:
-        channel, offset, epoch = str(frame["channel"]), int(frame["offset"]), str(frame["epoch"])
-        # A confirmation's position is before what its join replays.
-        offset -= int(frame.get("replayed", 0))
-        return Fields(line, kind in _IDENTIFIED, channel, offset, epoch)
-    if kind == "unsubscribed":
-        return Fields(line, False, str(frame["channel"]), -1, "")
-    return Fields(line, False, None, 0, "")
 
 
 def _chunk(body: bytes) -> bytes:
@@ -162,6 +124,11 @@ class SseStream(SocketPeer):
             self.transport.write(head)
             self.chunked = b"transfer-encoding: chunked" in head.lower()
         self.head_sent = True
+
+    def take(self, broadcast: Broadcast) -> None:
+        """Send a frame sent to many peers as an event: its fields are read once, by the
+        first stream."""
+        broadcast.fields = self.write_event(broadcast.data(), broadcast.fields)
 
     def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
         """Send one frame as an event; returns what was read of it, for the next stream."""

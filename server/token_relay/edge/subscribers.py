@@ -44,7 +44,7 @@ from ..core.router import Action, ChannelRouter, Close, Hold, Send
 from ..core.settings import Settings
 from .aisdk import AiSdkStream
 from .metrics import Metrics
-from .peer import Peer
+from .peer import Peer, Streamed
 from .writer import Writer
 
 __all__ = ["SubscriberEndpoint"]
@@ -72,7 +72,7 @@ class SubscriberEndpoint:
             settings.max_channels_per_subscriber, window=settings.delta_flush_ms > 0
         )
 
-    async def serve(self, connection: Peer, initial: list[Subscribe], grant: Grant) -> None:
+    async def serve(self, connection: Streamed, initial: list[Subscribe], grant: Grant) -> None:
         """Serve one subscriber connection until it ends."""
         received = self.metrics.frames_in_subscriber
         loop = asyncio.get_running_loop()

@@ -2,9 +2,9 @@
 
 The HTTP edge (:mod:`token_relay.edge.server`) owns the socket. Once a handshake
 is accepted it hands every byte to a :class:`WebSocket`, which parses frames
-with websockets' own :class:`~websockets.protocol.Protocol` (masking, control
-frames, fragments, the close handshake, ``--max-frame-bytes`` and 1009 are all
-websockets'), and queues whole messages for the endpoint that serves it.
+with a :class:`~token_relay.edge.frames.FrameReader` (sans I/O: a lean parser for
+whole data frames, websockets' own :class:`~websockets.protocol.Protocol` for the rest),
+and hands whole messages to the endpoint that serves it, or queues them.
 
 Limits and policies
 -------------------
@@ -14,11 +14,9 @@ Limits and policies
 * An endpoint that keeps up is handed each message as it is read, at most
   :data:`FAIR_SHARE` in a row; the rest of that read waits unparsed, with the socket
   not read, until the loop has run other work once. Nothing is queued for it.
-* A text message that is not UTF-8 closes the connection with 1007.
-* Whole unfragmented data frames (nearly every frame a peer sends) are read by a lean
-  parser of their own, unmasked by websockets' C ``apply_mask``; any other frame (control
-  frames, fragments, reserved bits, an unmasked or oversized frame) and whatever follows
-  it until the protocol is at a frame boundary again go to websockets' ``Protocol``.
+* A text message that is not UTF-8 closes the connection with 1007, a frame or message
+  over ``--max-frame-bytes`` with 1009, any other broken rule of RFC 6455 with 1002 (see
+  :mod:`token_relay.edge.frames`).
 * Frames written to one socket within one pass of the event loop go out in one write,
   at the end of the pass, after the first (see :class:`Cork`): a burst of acks or
   messages costs one system call, and a lone frame none of waiting.
@@ -39,23 +37,15 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 
 from websockets import CloseCode, State
-from websockets.frames import Frame, Opcode
-from websockets.protocol import SERVER, Event, Protocol
-
-try:
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover - websockets without its C extension
-    from websockets.utils import apply_mask
 
 from ..core.grants import Grant
+from .broadcast import Broadcast
 from .flow import SocketPeer
+from .frames import FrameReader, text_frame
 
 __all__ = ["MAX_QUEUE", "Cork", "Handler", "WebSocket", "text_frame"]
 
 log = logging.getLogger("token_relay")
-frames_log = logging.getLogger("token_relay.frames")
-"""websockets' protocol logs each open and close at INFO; the relay logs its own."""
-frames_log.setLevel(logging.WARNING)
 
 MAX_QUEUE = 16
 """Whole incoming messages queued per connection before its socket stops being read."""
@@ -66,24 +56,9 @@ FAIR_SHARE = 128
 CLOSE_TIMEOUT = 5.0
 """Seconds a peer has to answer a close frame before its socket is cut."""
 
-MAX_HELD_FRAME = 64 * 1024
-"""The largest frame the lean parser gathers across reads; a larger one is websockets'."""
-
 
 Handler = Callable[[str | bytes], Awaitable[None] | None]
 """Takes one message; returns what to wait for before the next, if anything."""
-
-
-def text_frame(payload: bytes) -> bytes:
-    """A final, unmasked text frame carrying ``payload``, as a server sends it (RFC 6455,
-    5.2): the bytes websockets' ``Frame(Opcode.TEXT, payload).serialize(mask=False)``
-    gives, built in a fifth of the time."""
-    size = len(payload)
-    if size < 126:
-        return bytes((0x81, size)) + payload
-    if size < 1 << 16:
-        return b"\x81\x7e" + size.to_bytes(2, "big") + payload
-    return b"\x81\x7f" + size.to_bytes(8, "big") + payload
 
 
 async def _raise(exc: Exception) -> None:
@@ -138,18 +113,13 @@ class WebSocket(SocketPeer):
     """A WebSocket peer: messages in as an async iterator, frames out to its transport."""
 
     __slots__ = (
-        "_failed",
-        "_fragments",
         "_handle",
         "_handled",
         "_later",
         "_messages",
-        "_partial",
         "_paused_reading",
         "_queued_bytes",
         "_resting",
-        "_slow_left",
-        "_text",
         "_unbroken",
         "_waiter",
         "cork",
@@ -158,6 +128,7 @@ class WebSocket(SocketPeer):
         "max_size",
         "max_unsent",
         "protocol",
+        "reader",
         "written_in",
     )
 
@@ -178,22 +149,17 @@ class WebSocket(SocketPeer):
         """Frames written in this pass of the loop after its first, not yet on the socket."""
         self.written_in = -1
         """The pass of the loop (see :class:`Cork`) that last wrote to the socket at once."""
-        self._partial = b""
-        """The start of a frame the lean parser is gathering (or a frame header)."""
-        self._slow_left = 0
-        """Bytes still to come of a frame websockets is reading."""
-        self.protocol = Protocol(SERVER, state=State.OPEN, max_size=max_size, logger=frames_log)
+        self.reader = FrameReader(max_size)
+        self.protocol = self.reader.protocol
+        """websockets' protocol: its state, and the frames to send (pongs, closes)."""
         self.max_size = max_size
         self.max_unsent = max_unsent
         self.heard = True
         """Whether the peer sent anything since the last keepalive ping."""
         self._messages: collections.deque[tuple[str | bytes, int]] = collections.deque()
         self._queued_bytes = 0
-        self._fragments: list[bytes] = []
-        self._text = False
         self._waiter: asyncio.Future[None] | None = None
         self._paused_reading = False
-        self._failed = False
         self._unbroken = 0
         self._handle: Handler | None = None
         """While :meth:`dispatch` keeps up: each message is handed to it as it is read."""
@@ -203,7 +169,7 @@ class WebSocket(SocketPeer):
         """Messages handled in a row within this pass of the loop (at most
         :data:`FAIR_SHARE`)."""
         self._resting = False
-        """A fair share was handled: the rest of the read waits in ``_partial``, unparsed,
+        """A fair share was handled: the rest of the read waits in the reader, unparsed,
         for the next pass of the loop (see :meth:`_go_on`)."""
 
     # ------------------------------------------------------------------ state
@@ -232,18 +198,11 @@ class WebSocket(SocketPeer):
         """Bytes from the socket."""
         self.heard = True
         if self._resting:  # its socket is not read meanwhile; these came before it paused
-            self._partial += data
+            self.reader.partial += data
             return
         self._handled = 0
-        left = self._slow_left
-        if left:  # the rest of a frame websockets is reading
-            self._slow_left = max(0, left - len(data))
-            self._feed(data[:left])
-            data = data[left:]
-        if self._partial:
-            data, self._partial = self._partial + data, b""
-        if data:
-            self._parse(data)
+        if self.reader.receive(data, self._put):
+            self._rest()
         self._parsed()
 
     def _parsed(self) -> None:
@@ -272,69 +231,6 @@ class WebSocket(SocketPeer):
         self._wake()
         self._gone()
 
-    def _parse(self, data: bytes) -> None:
-        """Read ``data`` frame by frame: a whole unfragmented data frame here, any other
-        frame (all of it, however many reads it takes) by websockets; a partial header
-        waits for the next read, and so does a partial frame of ours up to 64 KiB.
-
-        The lean parser reads only at frame boundaries, so websockets' parser is always at
-        one when it is handed a frame, and their messages keep the order of the frames.
-        """
-        at, end, limit = 0, len(data), self.max_size
-        fits = limit >= 125  # any frame of 125 bytes or fewer is within the limit
-        lean = self._lean() and not self._failed
-        small = lean and fits
-        while end - at >= 2:
-            first, second = data[at], data[at + 1]
-            if small and (first == 0x81 or first == 0x82) and 0x80 <= second < 0xFE:
-                # Nearly every producer frame: final, text or binary, masked, under 126 bytes.
-                head, stop = 6, at + 6 + (second & 0x7F)
-                if stop > end:
-                    break
-            else:
-                length, head = second & 0x7F, 6 if second & 0x80 else 2
-                if length == 126:
-                    if end - at < 4:
-                        break
-                    length, head = int.from_bytes(data[at + 2 : at + 4]), head + 2
-                elif length == 127:
-                    if end - at < 10:
-                        break
-                    length, head = int.from_bytes(data[at + 2 : at + 10]), head + 8
-                stop = at + head + length
-                ours = (
-                    # FIN, no reserved bits, text or binary, masked (as a client must), not
-                    # too big, and no fragmented message or close under way.
-                    first & 0xF0 == 0x80
-                    and 0 < first & 0x0F < 3
-                    and head >= 6
-                    and length <= limit
-                    and (stop <= end or head + length <= MAX_HELD_FRAME)
-                    and lean
-                )
-                if not ours:
-                    # websockets reads this frame: what of it is here now, the rest as it
-                    # comes.
-                    here = min(stop, end)
-                    self._slow_left = stop - here
-                    self._feed(data[at:here])
-                    lean = self._lean() and not self._failed
-                    small = lean and fits
-                    at = here
-                    continue
-                if stop > end:
-                    break
-            if self._handled >= FAIR_SHARE and self._handle is not None and not self._messages:
-                self._rest()
-                break
-            self._put(
-                apply_mask(data[at + head : stop], data[at + head - 4 : at + head]), first == 0x81
-            )
-            at = stop
-            if self._failed:  # nothing more is read after invalid UTF-8
-                small = lean = False
-        self._partial = data[at:]
-
     def _rest(self) -> None:
         """A fair share of this read's messages was handed over: leave the rest of it
         unparsed, and the socket unread, until the loop has run other work once."""
@@ -349,8 +245,8 @@ class WebSocket(SocketPeer):
         if not self._resting:
             return  # the socket ended meanwhile: the rest was queued (see :meth:`_unrest`)
         self._resting, self._handled = False, 0
-        data, self._partial = self._partial, b""
-        self._parse(data)
+        if self.reader.resume(self._put):
+            self._rest()
         if not self._resting and self._paused_reading and not self._messages:
             self._paused_reading = False
             if not self.transport.is_closing():
@@ -362,62 +258,19 @@ class WebSocket(SocketPeer):
         message read before the end counts (the reader takes them before it stops)."""
         if self._resting:
             self._resting = False
-            data, self._partial, handle, self._handle = self._partial, b"", self._handle, None
-            self._parse(data)
+            handle, self._handle = self._handle, None
+            self.reader.resume(self._put)
             self._handle = handle
+            if self.protocol.state is not State.OPEN:
+                self._wake()  # a close frame was read: the reader stops
 
-    def _lean(self) -> bool:
-        """Whether the lean parser may read the next frame, as far as websockets' protocol
-        says: no fragmented message or close under way. Only websockets' parser (fed by
-        :meth:`_feed`) changes that within a read, so it is asked once, and after each feed."""
-        protocol = self.protocol
-        return (
-            protocol.current_size is None
-            and protocol.state is State.OPEN
-            and protocol.close_rcvd is None
-        )
+    def _put(self, message: str | bytes, payload: bytes) -> bool:
+        """One whole message from the reader (see :data:`~token_relay.edge.frames.Deliver`):
+        handled now, or queued. True once a fair share of the read was handled: the reader
+        stops before its next frame, and the rest waits for the next pass of the loop.
 
-    def _feed(self, data: bytes) -> None:
-        """Bytes of frames websockets reads; their messages are taken at once, in order."""
-        if not data:
-            return
-        protocol = self.protocol
-        protocol.receive_data(data)
-        events = protocol.events_received()
-        if events:
-            self._take(events)
-
-    def _take(self, events: list[Event]) -> None:
-        for frame in events:
-            if self._failed or not isinstance(frame, Frame):
-                continue
-            opcode, data = frame.opcode, frame.data
-            if not isinstance(data, bytes):
-                data = bytes(data)
-            if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
-                if not frame.fin:
-                    self._fragments, self._text = [data], opcode is Opcode.TEXT
-                    continue
-                self._put(data, opcode is Opcode.TEXT)
-            elif opcode is Opcode.CONT:
-                self._fragments.append(data)
-                if frame.fin:
-                    data, self._fragments = b"".join(self._fragments), []
-                    self._put(data, self._text)
-            elif opcode is Opcode.CLOSE:
-                self._wake()
-
-    def _put(self, data: bytes, text: bool) -> None:
-        # A message before the peer's close frame counts, even though the protocol has
-        # read the close already; nothing is parsed after it, or after a failure.
-        message: str | bytes = data
-        if text:
-            try:
-                message = data.decode()
-            except UnicodeDecodeError as exc:
-                self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at {exc.start}")
-                self._failed = True
-                return
+        A message before the peer's close frame counts, even though the protocol has read
+        the close already; nothing is read after it, or after a failure."""
         handle = self._handle
         if handle is not None and not self._messages and self._handled < FAIR_SHARE:
             self._handled += 1
@@ -428,9 +281,10 @@ class WebSocket(SocketPeer):
             if later is not None:
                 self._handle, self._later = None, later
                 self._wake()
-            return
-        self._messages.append((message, len(data)))
-        self._queued_bytes += len(data)
+            return self._handled >= FAIR_SHARE and self._handle is not None and not self._messages
+        size = len(payload)
+        self._messages.append((message, size))
+        self._queued_bytes += size
         if not self._paused_reading and (
             len(self._messages) >= MAX_QUEUE or self._queued_bytes >= self.max_size
         ):
@@ -438,6 +292,7 @@ class WebSocket(SocketPeer):
             self.transport.pause_reading()
         if self._waiter is not None:
             self._wake()
+        return False
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -529,6 +384,15 @@ class WebSocket(SocketPeer):
     def write_frame(self, frame: bytes) -> None:
         """Write one serialized frame, if the connection is open (and its socket not gone:
         asyncio warns of every write to a socket that failed)."""
+        if self.protocol.state is State.OPEN and not self.transport.is_closing():
+            self.cork.write(self, frame)
+
+    def take(self, broadcast: Broadcast) -> None:
+        """Write a frame sent to many peers: its bytes are built once, by the first
+        WebSocket, and written as :meth:`write_frame` writes."""
+        frame = broadcast.frame
+        if frame is None:
+            frame = broadcast.websocket_frame()
         if self.protocol.state is State.OPEN and not self.transport.is_closing():
             self.cork.write(self, frame)
 

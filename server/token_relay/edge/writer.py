@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-A frame is serialized once, Peer header included, and written to every
-ready socket without waiting. A socket whose unsent bytes pass
+A frame is serialized once per kind of receiver (a
+:class:`~token_relay.edge.broadcast.Broadcast`), and each ready peer takes it in its own
+form (:meth:`~token_relay.edge.peer.Peer.take`) without waiting. A socket whose unsent bytes pass
 ``subscriber_high_water_bytes`` is not written to directly any more: its frames
 go to a :class:`~token_relay.core.merge.Backlog`, where its pending deltas merge
 losslessly, and one task per backlog drains it at the socket's pace. When the
@@ -28,14 +29,12 @@ from typing import Any
 
 from websockets import CloseCode
 
-from ..core.events import Delta, Outgoing
+from ..core.events import Outgoing
 from ..core.merge import Backlog
 from ..core.settings import Settings
-from .httpproducer import HttpProducer
+from .broadcast import Broadcast
 from .metrics import Metrics
 from .peer import Peer
-from .sse import Fields, SseStream
-from .websocket import WebSocket, text_frame
 
 __all__ = ["SLOW_CONSUMER_REASON", "Writer"]
 
@@ -69,13 +68,13 @@ class Writer:
         over: list[Peer] = []
         high_water = self.high_water
         backlogs = self.backlogs
-        writer = _FrameWriter(payload)
+        broadcast = Broadcast(payload)
         written = 0
         for receiver in receivers:
             backlog = backlogs.get(receiver) if backlogs else None
             if backlog is None:
                 if receiver.transport.get_write_buffer_size() <= high_water:
-                    writer.write(receiver)
+                    receiver.take(broadcast)
                     written += 1
                     continue
                 backlog = self._start_backlog(receiver)
@@ -143,46 +142,6 @@ class Writer:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-class _FrameWriter:
-    """One frame, serialized once per kind of receiver, written to each receiver.
-
-    Compression is off and a server never masks, so the frame's bytes are the same
-    for every WebSocket: they are built once and handed to each socket. An SSE stream
-    gets the frame as an event, read once for all the streams. Only whole,
-    unfragmented frames are ever written, so nothing can interleave.
-    """
-
-    __slots__ = ("_data", "_fields", "_frame", "_payload")
-
-    def __init__(self, payload: Outgoing) -> None:
-        self._payload = payload
-        self._data: bytes | None = None
-        self._frame: bytes | None = None
-        self._fields: Fields | None = None
-
-    def _bytes(self) -> bytes:
-        data = self._data
-        if data is None:
-            payload = self._payload
-            if isinstance(payload, Delta):
-                data = payload.render()
-            else:
-                data = payload.encode() if isinstance(payload, str) else payload
-            self._data = data
-        return data
-
-    def write(self, receiver: Peer) -> None:
-        if type(receiver) is WebSocket:  # nearly every receiver: one check, then write
-            frame = self._frame
-            if frame is None:
-                frame = self._frame = text_frame(self._bytes())
-            receiver.write_frame(frame)
-        elif isinstance(receiver, SseStream):
-            self._fields = receiver.write_event(self._bytes(), self._fields)
-        elif isinstance(receiver, HttpProducer):
-            receiver.collect(self._bytes())
 
 
 def _unsent(connection: Peer) -> int:
