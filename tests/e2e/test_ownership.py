@@ -54,8 +54,18 @@ async def race(
             assert (await recv_json(producers[winner]))["type"] == "ack"
         refused = await recv_json(producers[loser])
         assert (refused["code"], refused["id"]) == ("id_in_use", message_id)
-    await send_json(producers[0], {"id": "end", "delta": "end", "final": True})
-    assert (await recv_json(producers[0]))["type"] == "ack"
+    messages, deltas = await _delivered(producers[0], watcher)
+    assert messages == {message_id: [text] for message_id, text in winners.items()}
+    assert deltas == {**winners, "end": "end"}
+
+
+async def _delivered(
+    producer: ClientConnection, watcher: ClientConnection
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Once ``producer`` completed a last message, ``end``: every message the watcher got
+    before it (its texts, by id) and the deltas of each id, joined."""
+    await send_json(producer, {"id": "end", "delta": "end", "final": True})
+    assert (await recv_json(producer))["type"] == "ack"
     messages: dict[str, list[str]] = {}
     deltas: dict[str, str] = {}
     while True:
@@ -64,11 +74,9 @@ async def race(
         if frame["type"] == "delta":
             deltas[frame["id"]] = deltas.get(frame["id"], "") + frame["delta"]
         elif frame["id"] == "end":
-            break
+            return messages, deltas
         else:
             messages.setdefault(frame["id"], []).append(frame["text"])
-    assert messages == {message_id: [text] for message_id, text in winners.items()}
-    assert deltas == {**winners, "end": "end"}
 
 
 async def one_after_the_other(
@@ -96,19 +104,7 @@ async def one_after_the_other(
                 "id_in_use",
                 message_id,
             )
-    await send_json(producers[0], {"id": "end", "delta": "end", "final": True})
-    assert (await recv_json(producers[0]))["type"] == "ack"
-    messages: dict[str, list[str]] = {}
-    deltas: dict[str, str] = {}
-    while True:
-        frame = await recv_json(watcher)
-        assert frame["type"] in ("delta", "message"), frame
-        if frame["type"] == "delta":
-            deltas[frame["id"]] = deltas.get(frame["id"], "") + frame["delta"]
-        elif frame["id"] == "end":
-            break
-        else:
-            messages.setdefault(frame["id"], []).append(frame["text"])
+    messages, deltas = await _delivered(producers[0], watcher)
     assert messages == {message_id: [text] for message_id, text in firsts.items()}
     assert deltas == {**firsts, "end": "end"}
     for ws in producers:
