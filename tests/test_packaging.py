@@ -120,6 +120,10 @@ def test_mypy_checks_a_gateway_against_the_installed_package(venv: Path, tmp_pat
         timeout=300,
         check=False,
     )
+    # mypy ran (it is a test dependency), and found exactly the one planted error.
+    assert result.stdout.rstrip().endswith("Found 1 error in 1 file (checked 1 source file)"), (
+        result.stdout + result.stderr
+    )
     # Without py.typed, mypy says the package has no type marker and checks no call.
     assert "py.typed" not in result.stdout, result.stdout
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
