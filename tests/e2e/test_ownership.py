@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import ClientConnection
 
 from ..conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json
@@ -111,8 +113,9 @@ async def one_after_the_other(
         await assert_silent(ws)
 
 
-async def test_two_websocket_producers_racing_for_one_id_deliver_one_message(
-    relay: RunningRelay,
+@pytest.mark.parametrize("play", [race, one_after_the_other], ids=["racing", "one_after_the_other"])
+async def test_two_websocket_producers_under_one_id_deliver_one_message(
+    relay: RunningRelay, play: Callable[..., Awaitable[None]]
 ) -> None:
     async with (
         relay.connect("/subscribe?channel=c&deltas=1") as watcher,
@@ -120,19 +123,7 @@ async def test_two_websocket_producers_racing_for_one_id_deliver_one_message(
         relay.connect("/produce?channel=c") as b,
     ):
         await recv_json(watcher)
-        await race((a, b), watcher, ROUNDS)
-
-
-async def test_a_second_producer_after_the_first_one_ended_delivers_nothing(
-    relay: RunningRelay,
-) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c&deltas=1") as watcher,
-        relay.connect("/produce?channel=c") as a,
-        relay.connect("/produce?channel=c") as b,
-    ):
-        await recv_json(watcher)
-        await one_after_the_other((a, b), watcher, ROUNDS)
+        await play((a, b), watcher, ROUNDS)
 
 
 async def _open_ndjson(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
