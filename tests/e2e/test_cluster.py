@@ -322,32 +322,26 @@ async def test_one_live_owner_per_id_across_processes(
         await watcher.close()
 
 
-async def test_two_producers_on_two_processes_racing_for_one_id_deliver_one_message(
+@pytest.mark.parametrize(
+    ("play", "watched", "channel"),
+    [(race, 0, "raced"), (one_after_the_other, 1, "held")],
+    ids=["racing", "one_after_the_other"],
+)
+async def test_two_producers_on_two_processes_under_one_id_deliver_one_message(
     pair: tuple[ServiceProcess, ServiceProcess],
+    play: Callable[..., Coroutine[Any, Any, None]],
+    watched: int,
+    channel: str,
 ) -> None:
+    # A channel of its own per play: the processes (and their Redis) serve the whole module.
     a, b = pair
-    watcher = await _subscribed(a.url, "channel=raced&deltas=1")
+    watcher = await _subscribed(pair[watched].url, f"channel={channel}&deltas=1")
     try:
         async with (
-            open_producer(f"{a.url}/produce?channel=raced") as first,
-            open_producer(f"{b.url}/produce?channel=raced") as second,
+            open_producer(f"{a.url}/produce?channel={channel}") as first,
+            open_producer(f"{b.url}/produce?channel={channel}") as second,
         ):
-            await race((first, second), watcher, ROUNDS)
-    finally:
-        await watcher.close()
-
-
-async def test_a_producer_on_another_process_after_the_first_one_ended_delivers_nothing(
-    pair: tuple[ServiceProcess, ServiceProcess],
-) -> None:
-    a, b = pair
-    watcher = await _subscribed(b.url, "channel=held&deltas=1")
-    try:
-        async with (
-            open_producer(f"{a.url}/produce?channel=held") as first,
-            open_producer(f"{b.url}/produce?channel=held") as second,
-        ):
-            await one_after_the_other((first, second), watcher, ROUNDS)
+            await play((first, second), watcher, ROUNDS)
     finally:
         await watcher.close()
 
