@@ -4,6 +4,7 @@ WSS and HTTPS with a certificate made here, and the systemd unit checked by syst
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from token_relay.core.settings import Settings
-from token_relay.testing import Nginx, ServiceProcess, relay_process
+from token_relay.testing import Nginx, ServiceProcess, free_port, relay_process
 from websockets.asyncio.client import connect
 
 from ..conftest import recv_core, send_json
@@ -43,9 +44,21 @@ def _config_lines(path: Path) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
-def test_the_tls_config_is_nginx_conf_on_https() -> None:
+REDIRECT = [
+    "    server {",
+    "        listen 8080;",
+    "        return 308 https://$host:8443$request_uri;",
+    "    }",
+]
+"""The TLS file's plain-HTTP server: a redirect to the same URL on HTTPS."""
+
+
+def test_the_tls_config_is_nginx_conf_on_https_with_a_redirect() -> None:
     plain = _config_lines(DEPLOY / "nginx.conf")
     tls = _config_lines(DEPLOY / "nginx-tls.conf")
+    start = tls.index(REDIRECT[0])
+    assert tls[start : start + len(REDIRECT)] == REDIRECT
+    del tls[start : start + len(REDIRECT)]
     assert [line for line in tls if not line.strip().startswith("ssl_")] == [
         line.replace("listen 8080;", "listen 8443 ssl;") for line in plain
     ]
@@ -134,9 +147,13 @@ async def test_nginx_tls_conf_serves_wss_and_https(relay: ServiceProcess, tmp_pa
     text = (DEPLOY / "nginx-tls.conf").read_text()
     text = text.replace("/etc/ssl/token-relay/fullchain.pem", str(certificate))
     text = text.replace("/etc/ssl/token-relay/privkey.pem", str(key))
+    # The redirect's port, here a free one; the harness gives the TLS server its own.
+    plain_port = free_port()
+    text = text.replace("listen 8080;", f"listen 127.0.0.1:{plain_port};")
     config = tmp_path / "nginx-tls.conf"
     config.write_text(text)
     nginx = Nginx(config, [relay.port], tmp_path / "prefix")
+    config.write_text(text.replace(":8443$request_uri", f":{nginx.port}$request_uri"))
     nginx.directory.mkdir()
     await asyncio.to_thread(nginx.start)
     try:
@@ -157,6 +174,29 @@ async def test_nginx_tls_conf_serves_wss_and_https(relay: ServiceProcess, tmp_pa
                 return response.status, response.read()
 
         assert await asyncio.to_thread(get, "/healthz") == (200, b"ok\n")
+
+        # Plain HTTP is redirected, path and query kept, and the redirect leads to the relay.
+        def plain(path: str) -> tuple[int, str]:
+            connection = http.client.HTTPConnection("127.0.0.1", plain_port, timeout=10)
+            try:
+                connection.request("POST", path, body=b"{}")
+                response = connection.getresponse()
+                return response.status, response.getheader("Location") or ""
+            finally:
+                connection.close()
+
+        status, location = await asyncio.to_thread(plain, "/healthz?a=1&b=%20")
+        assert (status, location) == (308, f"https://127.0.0.1:{nginx.port}/healthz?a=1&b=%20")
+
+        def follow(url: str) -> tuple[int, str, bytes]:
+            with urllib.request.urlopen(url, timeout=10, context=trust) as response:
+                return response.status, response.url, response.read()
+
+        assert await asyncio.to_thread(follow, f"http://127.0.0.1:{plain_port}/healthz") == (
+            200,
+            f"https://127.0.0.1:{nginx.port}/healthz",
+            b"ok\n",
+        )
         # A client that does not trust the certificate is refused by TLS itself.
         with pytest.raises(ssl.SSLCertVerificationError):
             async with connect(f"{base}/subscribe?channel=c", ssl=ssl.create_default_context()):
