@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from token_relay import Relay, Settings
-from token_relay.testing import RedisServer
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
+
+from .harness import RedisServer
 
 # Test clients give up on a close handshake quickly: a relay that is gone or never answers
 # would otherwise hold every ``async with`` exit for websockets' default 10 s.

@@ -6,8 +6,6 @@ import asyncio
 import json
 import signal
 
-from token_relay.testing import relay_process
-
 from ..conftest import (
     RunningRelay,
     assert_silent,
@@ -18,6 +16,7 @@ from ..conftest import (
     start_relay,
     subscribed_pair,
 )
+from ..harness import relay_process
 
 
 async def test_a_batch_is_applied_in_order_and_acked_in_one_frame(relay: RunningRelay) -> None:

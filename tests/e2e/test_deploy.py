@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from token_relay.core.settings import Settings
-from token_relay.testing import Nginx, ServiceProcess, relay_process
 from websockets.asyncio.client import connect
 
 from ..conftest import recv_core, send_json
+from ..harness import Nginx, ServiceProcess, relay_process
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NOBODY = 65534

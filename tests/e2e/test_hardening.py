@@ -13,7 +13,6 @@ import time
 import jwt
 import pytest
 from token_relay.core.grants import Role
-from token_relay.testing import relay_process
 from token_relay.tokens import mint
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -28,6 +27,7 @@ from ..conftest import (
     send_json,
     start_relay,
 )
+from ..harness import relay_process
 
 SECRET = "test-secret-of-some-length-0123456789"
 

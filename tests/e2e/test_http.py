@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from token_relay.edge.server import FD_RESERVE, SWEEP_SLICES
 from token_relay.edge.web import MAX_FILE_BYTES, MAX_FILES, StaticFiles
-from token_relay.testing import relay_process
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.frames import Frame, Opcode
 from websockets.protocol import CLIENT, Protocol
 
 from ..conftest import recv_json, send_json, start_relay
+from ..harness import relay_process
 
 
 async def _exchange(

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from token_relay.core.settings import GROUPS, Settings
-from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import connect, recv_core, send_json
+from ..harness import RedisServer, ServiceProcess, eventually, relay_process
 
 
 @pytest.mark.parametrize(

@@ -27,10 +27,10 @@ from typing import Any
 
 import h11
 from token_relay.edge.producers import MAX_PENDING_REPLIES
-from token_relay.testing import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..harness import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
 
 MESSAGES = 300
 
