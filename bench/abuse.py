@@ -120,9 +120,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from token_relay.testing import Nginx, RedisServer, ServiceProcess, cpu_seconds, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.harness import Nginx, RedisServer, ServiceProcess, cpu_seconds, rss_bytes
 
 from .wire import (
     CHUNK_BYTES,

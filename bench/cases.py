@@ -20,8 +20,9 @@ from urllib.parse import quote
 
 import socketio  # type: ignore[import-untyped]
 from token_relay import TokenAssembler
-from token_relay.testing import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
+
+from tests.harness import RedisServer, ServiceProcess, cpu_seconds, relay_process, rss_bytes
 
 from . import wire
 from .subscribers import SubscriberPool, raise_fd_limit

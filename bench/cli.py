@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from token_relay.testing import ServiceProcess
 from websockets.exceptions import ConnectionClosed
+
+from tests.harness import ServiceProcess
 
 from . import cases, durable
 from .cases import ASSEMBLERS, ROUTES, run_assembler

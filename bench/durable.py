@@ -269,7 +269,7 @@ async def relay_sse_latency(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from token_relay.testing import relay_process
+    from tests.harness import relay_process
 
     await install()
     throughput = build_messages(args.messages, args.deltas)

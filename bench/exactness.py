@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from token_relay.testing import Proxy, RedisServer, ServiceProcess
 from websockets.asyncio.client import ClientConnection, connect
+
+from tests.harness import Proxy, RedisServer, ServiceProcess
 
 TOPOLOGIES = ("memory", "redis1", "redis2", "workers2")
 

@@ -34,7 +34,8 @@ from token_relay.edge.producers import ProducerEndpoint
 from token_relay.edge.relay import Relay
 from token_relay.edge.server import HttpConnection, HttpServer
 from token_relay.edge.websocket import WebSocket
-from token_relay.testing import RedisServer
+
+from tests.harness import RedisServer
 
 from .wire import build_messages, client_frame, upgrade_request
 

@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from token_relay.edge.relay import Relay
-from token_relay.testing import RedisServer
+
+from tests.harness import RedisServer
 
 from .inprocess import connect, feed, load, settings, settle
 

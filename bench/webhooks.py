@@ -26,8 +26,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from token_relay.testing import ServiceProcess, free_port, relay_process
 from websockets.asyncio.client import connect
+
+from tests.harness import ServiceProcess, free_port, relay_process
 
 from .cases import percentile
 

@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from token_relay import Relay, Settings
-from token_relay.testing import RedisServer
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
+
+from .harness import RedisServer
 
 # Test clients give up on a close handshake quickly: a relay that is gone or never answers
 # would otherwise hold every ``async with`` exit for websockets' default 10 s.
@@ -123,21 +124,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+class Served(Protocol):
+    """Anything that serves the relay's WebSocket routes at ``url`` (``ws://host:port``): a
+    relay in this process, a relay process, nginx in front of relays."""
+
+    @property
+    def url(self) -> str: ...
+
+
 @asynccontextmanager
 async def subscribed_pair(
-    running: RunningRelay,
+    target: Served | str,
     *,
     channel: str = "c",
     deltas: bool = False,
     producer: str | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[ClientConnection, ClientConnection]]:
-    """A subscriber whose ``subscribed`` frame is already read, and a producer, on ``channel``."""
+    """A subscriber whose ``subscribed`` frame is already read, and a producer whose
+    ``session`` frame is already read, on ``channel`` of ``target`` (or a base URL).
+
+    ``producer`` is the producer's path when it is not ``/produce?channel=CHANNEL``;
+    ``options`` go to both connections (``ssl=``, ``max_size=``...).
+    """
+    base = target if isinstance(target, str) else target.url
     query = f"/subscribe?channel={channel}" + ("&deltas=1" if deltas else "")
     async with (
-        running.connect(query) as sub,
-        running.connect(producer or f"/produce?channel={channel}") as produce,
+        connect(base + query, **options) as sub,
+        open_producer(base + (producer or f"/produce?channel={channel}"), **options) as produce,
     ):
-        assert (await recv_json(sub))["type"] == "subscribed"
+        confirmation = await recv_json(sub)
+        assert (confirmation["type"], confirmation["channel"]) == ("subscribed", channel)
         yield sub, produce
 
 

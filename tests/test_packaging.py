@@ -23,15 +23,17 @@ WEB_ROOT = ROOT / "client_demo" / "web"
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``pip wheel`` of a copy of the sources (the build writes beside them)."""
+    """``pip wheel`` of a copy of the sources (the build writes beside them), the test suite
+    and its harness included, as they stand beside the package in a checkout."""
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "server" / "token_relay",
-        source / "server" / "token_relay",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    for folder in ("server/token_relay", "tests"):
+        shutil.copytree(
+            ROOT / folder,
+            source / folder,
+            ignore=shutil.ignore_patterns("__pycache__", "node_modules"),
+        )
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(source)],
@@ -92,6 +94,20 @@ def test_the_wheel_ships_the_type_marker_and_the_license(wheel: Path) -> None:
         headers = archive.read(metadata).decode().split("\n\n")[0].splitlines()
     assert "License-Expression: MIT" in headers
     assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+
+
+def test_the_wheel_ships_no_test_harness(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        shipped = {archive.read(name) for name in names}
+    version = wheel.name.split("-")[1]
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"token_relay", f"token_relay-{version}.dist-info"}
+    assert not [name for name in names if name.startswith("token_relay/testing")]
+    # Not one file of tests/ (the harness first of all) is in it, under any name.
+    suite = [path for path in (ROOT / "tests").rglob("*.py") if path.stat().st_size > 0]
+    assert ROOT / "tests" / "harness" / "processes.py" in suite
+    assert [path for path in suite if path.read_bytes() in shipped] == []
 
 
 def test_the_package_comes_from_the_wheel(venv: Path, tmp_path: Path) -> None:

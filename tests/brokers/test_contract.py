@@ -19,7 +19,8 @@ from token_relay.core.protocol import (
     encode_unpositioned,
 )
 from token_relay.core.settings import Settings
-from token_relay.testing import RedisServer
+
+from ..harness import RedisServer
 
 
 class Recorder:

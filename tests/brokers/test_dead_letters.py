@@ -13,8 +13,8 @@ from token_relay.brokers.memory import MemoryBroker
 from token_relay.brokers.redis_webhooks import DEAD, DEAD_BYTES
 from token_relay.core.settings import Settings
 from token_relay.core.webhooks import DeadLetter, WebhookPayload
-from token_relay.testing import RedisServer
 
+from ..harness import RedisServer
 from .test_contract import Recorder
 
 URL = "http://127.0.0.1:9/hook"

@@ -13,8 +13,8 @@ from token_relay.brokers import open_broker
 from token_relay.brokers import redis as redis_broker
 from token_relay.brokers.redis import PACKING
 from token_relay.core.settings import Settings
-from token_relay.testing import RedisServer
 
+from ..harness import RedisServer
 from .test_contract import Recorder, message_body
 
 ARGUMENTS = st.one_of(

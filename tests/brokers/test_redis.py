@@ -13,9 +13,9 @@ from token_relay.brokers import Broker, open_broker
 from token_relay.brokers import redis as redis_broker
 from token_relay.core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from token_relay.core.settings import Settings
-from token_relay.testing import RedisServer, eventually
 
 from ..conftest import recv_json, send_json, start_relay
+from ..harness import RedisServer, eventually
 from .test_contract import Recorder, message_body, until
 
 

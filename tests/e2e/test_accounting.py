@@ -10,11 +10,11 @@ import resource
 from collections.abc import AsyncIterator
 
 from token_relay.edge.server import FD_RESERVE
-from token_relay.testing import eventually, relay_process
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from ..conftest import recv_json, start_relay
+from ..harness import eventually, relay_process
 
 STREAMING_POST = (
     b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\nContent-Type: application/x-ndjson\r\n"

@@ -11,11 +11,11 @@ import logging
 import pytest
 from token_relay.core.grants import Role
 from token_relay.edge.websocket import WebSocket
-from token_relay.testing import eventually, relay_process
 from token_relay.tokens import mint
 from websockets.asyncio.client import connect
 
 from ..conftest import recv_json, start_relay
+from ..harness import eventually, relay_process
 
 SECRET = "admission-test-secret-of-at-least-32-bytes"
 

@@ -18,7 +18,10 @@ from typing import Any
 
 import h11
 import pytest
-from token_relay.testing import (
+from websockets.asyncio.client import connect
+
+from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..harness import (
     Proxy,
     RedisServer,
     SseReader,
@@ -26,9 +29,6 @@ from token_relay.testing import (
     free_port,
     relay_process,
 )
-from websockets.asyncio.client import connect
-
-from ..conftest import RunningRelay, recv_json, send_json, start_relay
 
 AI_MAJORS = ("ai", "ai-v6")
 """The AI SDK's packages in tests/js: its current major, and the one before."""

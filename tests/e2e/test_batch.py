@@ -6,18 +6,16 @@ import asyncio
 import json
 import signal
 
-from token_relay.testing import relay_process
-
 from ..conftest import (
     RunningRelay,
     assert_silent,
-    connect,
-    open_producer,
     recv_json,
     send_json,
     start_relay,
     subscribed_pair,
 )
+from ..harness import relay_process
+from .conftest import OpenRelay
 
 
 async def test_a_batch_is_applied_in_order_and_acked_in_one_frame(relay: RunningRelay) -> None:
@@ -88,14 +86,8 @@ async def test_a_rejected_event_in_a_batch_leaves_the_others_applied(
         assert (await recv_json(sub))["text"] == "one two"
 
 
-async def test_flush_window_merges_deltas_per_message_losslessly() -> None:
-    running, relay = await start_relay(delta_flush_ms=50)
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c&deltas=1") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_flush_window_merges_deltas_per_message_losslessly(open_relay: OpenRelay) -> None:
+    async with open_relay(delta_flush_ms=50, deltas=True) as (_, sub, producer):
         await send_json(
             producer,
             [{"id": "a", "delta": f"a{i} "} for i in range(50)]
@@ -136,11 +128,7 @@ async def test_flush_window_keeps_snapshot_plus_deltas_exact_for_joiners() -> No
 async def test_relay_runs_on_uvloop() -> None:
     relay = await relay_process("--loop", "uvloop").start()
     try:
-        async with (
-            connect(f"{relay.url}/subscribe?channel=c") as sub,
-            open_producer(f"{relay.url}/produce?channel=c") as producer,
-        ):
-            await recv_json(sub)
+        async with subscribed_pair(relay) as (sub, producer):
             await producer.send(json.dumps({"id": "m", "delta": "fast", "final": True}))
             assert (await recv_json(sub))["text"] == "fast"
         assert relay.process is not None

@@ -15,7 +15,7 @@ import pytest
 from token_relay import ConfigError, Settings
 from websockets.exceptions import ConnectionClosedOK
 
-from ..conftest import connect, recv_core, send_json
+from ..conftest import recv_core, send_json, subscribed_pair
 
 LISTENING = re.compile(rb"listening on port (\d+): producers (ws://\S+), subscribers (ws://\S+)")
 
@@ -57,11 +57,7 @@ async def test_port_zero_prints_real_port_and_sigterm_closes_with_1001(
 ) -> None:
     process, port = relay_process
     assert port > 0
-    async with (
-        connect(f"ws://127.0.0.1:{port}/subscribe?channel=c") as sub,
-        connect(f"ws://127.0.0.1:{port}/produce?channel=c") as producer,
-    ):
-        assert await recv_core(sub) == {"type": "subscribed", "channel": "c"}
+    async with subscribed_pair(f"ws://127.0.0.1:{port}") as (sub, producer):
         await send_json(producer, {"id": "m", "delta": "hi", "final": True})
         assert await recv_core(sub) == {"type": "message", "channel": "c", "id": "m", "text": "hi"}
         process.send_signal(signal.SIGTERM)

@@ -11,9 +11,9 @@ import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
 from token_relay.core.errors import HandshakeRefused
 from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
-from token_relay.testing import Proxy, eventually
 
 from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
+from ..harness import Proxy, eventually
 
 
 def _port(running: RunningRelay) -> int:

@@ -12,7 +12,11 @@ import pytest
 import pytest_asyncio
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame
-from token_relay.testing import (
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
+from ..harness import (
     Balancer,
     Proxy,
     RedisServer,
@@ -20,10 +24,6 @@ from token_relay.testing import (
     eventually,
     relay_process,
 )
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
-
-from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
 from .test_ownership import ROUNDS, one_after_the_other, race
 
 # The relay processes live in this module's event loop, so that a pair can outlive a test.

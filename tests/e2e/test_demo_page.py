@@ -15,12 +15,12 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Page
 from token_relay.client import RelayProducer, RelaySubscriber
-from token_relay.testing import Nginx
 
 from client_demo import WEB_ROOT
 from client_demo.gateway import DemoGateway, compose_answer
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..harness import Nginx
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

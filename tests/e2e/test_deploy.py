@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 from token_relay.core.settings import Settings
-from token_relay.testing import Nginx, ServiceProcess, free_port, relay_process
 from websockets.asyncio.client import connect
 
-from ..conftest import recv_core, send_json
+from ..conftest import recv_core, send_json, subscribed_pair
+from ..harness import Nginx, ServiceProcess, free_port, relay_process
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NOBODY = 65534
@@ -159,11 +159,7 @@ async def test_nginx_tls_conf_serves_wss_and_https(relay: ServiceProcess, tmp_pa
     try:
         trust = ssl.create_default_context(cafile=str(certificate))
         base = f"wss://127.0.0.1:{nginx.port}"
-        async with (
-            connect(f"{base}/subscribe?channel=c", ssl=trust) as sub,
-            connect(f"{base}/produce?channel=c", ssl=trust) as producer,
-        ):
-            assert await recv_core(sub) == {"type": "subscribed", "channel": "c"}
+        async with subscribed_pair(base, ssl=trust) as (sub, producer):
             await send_json(producer, {"id": "m", "delta": "over TLS", "final": True})
             message = await recv_core(sub)
             assert (message["type"], message["text"]) == ("message", "over TLS")

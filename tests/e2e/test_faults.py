@@ -10,7 +10,14 @@ import textwrap
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from ..conftest import RunningRelay, assert_silent, recv_json, send_json, start_relay
+from ..conftest import (
+    RunningRelay,
+    assert_silent,
+    recv_json,
+    send_json,
+    start_relay,
+    subscribed_pair,
+)
 
 STREAMER = textwrap.dedent(
     """
@@ -78,11 +85,7 @@ async def test_killed_producer_process_aborts_its_message_after_the_grace() -> N
 
 
 async def test_killed_subscriber_process_leaves_others_unaffected(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=c") as survivor,
-        relay.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(survivor)
+    async with subscribed_pair(relay) as (survivor, producer):
         victim = await _spawn(LISTENER, relay.url + "/subscribe?channel=c")
         hub = relay.relay.hub
         async with asyncio.timeout(10):

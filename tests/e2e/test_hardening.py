@@ -13,7 +13,6 @@ import time
 import jwt
 import pytest
 from token_relay.core.grants import Role
-from token_relay.testing import relay_process
 from token_relay.tokens import mint
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -28,6 +27,8 @@ from ..conftest import (
     send_json,
     start_relay,
 )
+from ..harness import relay_process
+from .conftest import OpenRelay
 
 SECRET = "test-secret-of-some-length-0123456789"
 
@@ -161,14 +162,10 @@ async def test_connections_per_address_are_limited() -> None:
         assert two.state.name == "OPEN"
 
 
-async def test_event_rate_is_limited_and_refused_events_are_not_applied() -> None:
-    running, relay = await start_relay(max_events_per_second=5)
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_event_rate_is_limited_and_refused_events_are_not_applied(
+    open_relay: OpenRelay,
+) -> None:
+    async with open_relay(max_events_per_second=5) as (_, sub, producer):
         for i in range(10):
             await send_json(producer, {"id": "m", "delta": str(i)})
         errors = [await recv_json(producer) for _ in range(5)]
@@ -180,14 +177,8 @@ async def test_event_rate_is_limited_and_refused_events_are_not_applied() -> Non
         assert (await recv_json(sub))["text"] == "01234"
 
 
-async def test_a_message_over_the_size_limit_is_aborted() -> None:
-    running, relay = await start_relay(max_message_chars=10)
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_a_message_over_the_size_limit_is_aborted(open_relay: OpenRelay) -> None:
+    async with open_relay(max_message_chars=10) as (_, sub, producer):
         await send_json(producer, {"id": "big", "delta": "123456"})
         await send_json(producer, {"id": "small", "delta": "fine"})
         await send_json(producer, {"id": "big", "delta": "78901"})
@@ -253,14 +244,8 @@ async def test_slow_subscriber_gets_merged_deltas_and_the_exact_text() -> None:
         assert coalesced == 2 * len(tokens) - frames - len(fast_deltas)
 
 
-async def test_metrics_endpoint_reports_the_relay() -> None:
-    running, relay = await start_relay()
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c&deltas=1") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_metrics_endpoint_reports_the_relay(open_relay: OpenRelay) -> None:
+    async with open_relay(deltas=True) as (running, _, producer):
         await send_json(producer, {"id": "m", "delta": "a"})
         await send_json(producer, {"id": "m", "delta": "b", "final": True})
         await send_json(producer, "not an event")
@@ -357,14 +342,8 @@ async def test_sigterm_during_traffic_aborts_and_exits_cleanly_with_json_logs() 
     assert all({"time", "level", "message"} <= set(e) for e in entries)
 
 
-async def test_a_batch_over_the_rate_is_refused_whole() -> None:
-    running, relay = await start_relay(max_events_per_second=10)
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_a_batch_over_the_rate_is_refused_whole(open_relay: OpenRelay) -> None:
+    async with open_relay(max_events_per_second=10) as (_, sub, producer):
         await send_json(producer, [{"id": "m", "delta": str(i)} for i in range(11)])
         error = await recv_json(producer)
         assert (error["code"], error["id"]) == ("rate_limited", None)

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 from token_relay.edge.server import FD_RESERVE, SWEEP_SLICES
 from token_relay.edge.web import MAX_FILE_BYTES, MAX_FILES, StaticFiles
-from token_relay.testing import relay_process
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.frames import Frame, Opcode
 from websockets.protocol import CLIENT, Protocol
 
-from ..conftest import recv_json, send_json, start_relay
+from ..conftest import recv_json, send_json, start_relay, subscribed_pair
+from ..harness import relay_process
+from .conftest import OpenRelay
 
 
 async def _exchange(
@@ -134,24 +135,14 @@ async def test_requests_with_bodies_never_stall_websockets() -> None:
             status, _, _, clean = await _exchange(port, _request("POST", "/produce", body=b"x"))
             assert (status, clean) == (400, True)
         started = asyncio.get_running_loop().time()
-        async with (
-            running.connect("/subscribe?channel=c") as sub,
-            running.connect("/produce?channel=c") as producer,
-        ):
-            await recv_json(sub)
+        async with subscribed_pair(running) as (sub, producer):
             await send_json(producer, {"id": "m", "delta": "fine", "final": True})
             assert (await recv_json(sub))["text"] == "fine"
         assert asyncio.get_running_loop().time() - started < 2
 
 
-async def test_fragmented_messages_are_assembled() -> None:
-    running, relay = await start_relay()
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_fragmented_messages_are_assembled(open_relay: OpenRelay) -> None:
+    async with open_relay() as (_, sub, producer):
         frame = json.dumps({"id": "m", "delta": "in three parts", "final": True})
         await producer.send([frame[:5], frame[5:17], frame[17:]])
         assert (await recv_json(sub))["text"] == "in three parts"

@@ -16,9 +16,9 @@ import pytest
 from token_relay import Relay
 from token_relay.core.grants import Grant, Role
 from token_relay.edge.httpproducer import HttpProducer
-from token_relay.testing import eventually
 
 from ..conftest import RunningRelay, recv_json, start_relay
+from ..harness import eventually
 
 NDJSON = "application/x-ndjson"
 

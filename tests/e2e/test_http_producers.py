@@ -9,10 +9,10 @@ import json
 from typing import Any
 
 from token_relay.core.grants import Role
-from token_relay.testing import RedisServer, relay_process
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, start_relay
+from ..harness import RedisServer, relay_process
 
 SECRET = "http-producer-secret-of-at-least-32-bytes"
 

@@ -19,10 +19,10 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Page
 from token_relay.core.grants import Role
-from token_relay.testing import Proxy
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..harness import Proxy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -17,6 +17,7 @@ from ..conftest import (
     start_relay,
     subscribed_pair,
 )
+from .conftest import OpenRelay
 
 
 async def _subscribe(ws: Any, channel: str, **fields: Any) -> dict[str, Any]:
@@ -229,14 +230,10 @@ async def test_recovered_false_when_the_gap_is_older_than_history() -> None:
             assert [(await recv_json(near))["offset"] for _ in range(2)] == [2, 3]
 
 
-async def test_idle_message_is_aborted_and_later_events_for_it_are_refused() -> None:
-    running, server = await start_relay(idle_timeout=0.3)
-    async with (
-        server,
-        running.connect("/subscribe?channel=c&deltas=1") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_idle_message_is_aborted_and_later_events_for_it_are_refused(
+    open_relay: OpenRelay,
+) -> None:
+    async with open_relay(idle_timeout=0.3, deltas=True) as (_, sub, producer):
         await send_json(producer, {"id": "slow", "delta": "thinking"})
         assert (await recv_json(sub))["delta"] == "thinking"
         aborted = await recv_json(sub, 5)
@@ -258,14 +255,8 @@ async def test_idle_message_is_aborted_and_later_events_for_it_are_refused() -> 
         assert (await recv_json(sub))["text"] == "fine"
 
 
-async def test_active_message_is_not_aborted_by_idle_timeout() -> None:
-    running, server = await start_relay(idle_timeout=0.4)
-    async with (
-        server,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as producer,
-    ):
-        await recv_json(sub)
+async def test_active_message_is_not_aborted_by_idle_timeout(open_relay: OpenRelay) -> None:
+    async with open_relay(idle_timeout=0.4) as (_, sub, producer):
         for _ in range(8):
             await send_json(producer, {"id": "busy", "delta": "."})
             await asyncio.sleep(0.1)
@@ -275,12 +266,10 @@ async def test_active_message_is_not_aborted_by_idle_timeout() -> None:
 
 async def test_cancel_reaches_only_the_owning_producer(relay: RunningRelay) -> None:
     async with (
-        relay.connect("/subscribe?channel=c") as sub,
-        relay.connect("/produce?channel=c") as owner,
+        subscribed_pair(relay) as (sub, owner),
         relay.connect("/produce?channel=c") as bystander,
         relay.connect("/produce?channel=d") as elsewhere,
     ):
-        await recv_json(sub)
         await send_json(owner, {"id": "mine", "delta": "x"})
         await send_json(bystander, {"id": "theirs", "delta": "y"})
         await send_json(elsewhere, {"id": "mine", "delta": "same id, other channel"})
@@ -313,11 +302,9 @@ async def test_cancel_of_unknown_finished_or_unsubscribed_id_is_an_error(
 
 async def test_an_id_in_progress_for_another_producer_is_refused(relay: RunningRelay) -> None:
     async with (
-        relay.connect("/subscribe?channel=c&deltas=1") as sub,
-        relay.connect("/produce?channel=c") as first,
+        subscribed_pair(relay, deltas=True) as (sub, first),
         relay.connect("/produce?channel=c") as second,
     ):
-        await recv_json(sub)
         await send_json(first, {"id": "m", "delta": "A0 "})
         await send_json(second, {"id": "m", "delta": "B0 "})
         refused = await recv_json(second)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from token_relay.client import RelayProducer
-from token_relay.testing import eventually
 
 from ..conftest import recv_json, send_json, start_relay
+from ..harness import eventually
 
 
 async def _metric(port: int, name: str) -> float:

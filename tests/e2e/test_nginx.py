@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame
-from token_relay.testing import (
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+
+from ..conftest import recv_json, send_json
+from ..harness import (
     Nginx,
     RedisServer,
     ServiceProcess,
@@ -22,10 +26,6 @@ from token_relay.testing import (
     eventually,
     relay_process,
 )
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidStatus
-
-from ..conftest import recv_json, send_json
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 ORIGIN = "https://chat.example"

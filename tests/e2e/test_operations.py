@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from token_relay.core.settings import GROUPS, Settings
-from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
 from websockets.exceptions import ConnectionClosed
 
-from ..conftest import connect, recv_core, send_json
+from ..conftest import recv_core, send_json, subscribed_pair
+from ..harness import RedisServer, ServiceProcess, eventually, relay_process
 
 
 @pytest.mark.parametrize(
@@ -54,12 +54,7 @@ async def test_sigterm_logs_what_the_relay_does_with_messages_in_progress(
         args = ("--broker", redis.url)
     relay = await relay_process(*args).start()
     try:
-        async with (
-            connect(f"{relay.url}/subscribe?channel=c&deltas=1") as sub,
-            connect(f"{relay.url}/produce?channel=c") as producer,
-        ):
-            assert await recv_core(sub) == {"type": "subscribed", "channel": "c"}
-            await recv_core(producer)  # the session frame
+        async with subscribed_pair(relay, deltas=True) as (sub, producer):
             await send_json(producer, {"id": "m", "delta": "half"})
             assert (await recv_core(sub))["delta"] == "half"
             assert await relay.terminate() == 0

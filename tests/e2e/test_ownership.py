@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from ..conftest import RunningRelay, assert_silent, open_producer, recv_json, send_json
+from ..conftest import (
+    RunningRelay,
+    assert_silent,
+    recv_json,
+    send_json,
+    subscribed_pair,
+)
 
 ROUNDS = 50
 
@@ -118,11 +124,9 @@ async def test_two_websocket_producers_under_one_id_deliver_one_message(
     relay: RunningRelay, play: Callable[..., Awaitable[None]]
 ) -> None:
     async with (
-        relay.connect("/subscribe?channel=c&deltas=1") as watcher,
-        relay.connect("/produce?channel=c") as a,
+        subscribed_pair(relay, deltas=True) as (watcher, a),
         relay.connect("/produce?channel=c") as b,
     ):
-        await recv_json(watcher)
         await play((a, b), watcher, ROUNDS)
 
 
@@ -148,11 +152,7 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, Any]:
 
 async def test_an_http_producer_and_a_websocket_one_race_for_one_id(relay: RunningRelay) -> None:
     port = int(relay.url.rsplit(":", 1)[1])
-    async with (
-        relay.connect("/subscribe?channel=c&deltas=1") as watcher,
-        open_producer(f"{relay.url}/produce?channel=c") as ws,
-    ):
-        await recv_json(watcher)
+    async with subscribed_pair(relay, deltas=True) as (watcher, ws):
         # The WebSocket producer holds "w"; the HTTP one's delta and final are refused,
         # its final coming once the holder's message is delivered.
         await send_json(ws, {"id": "w", "delta": "ws "})

@@ -27,10 +27,10 @@ from typing import Any
 
 import h11
 from token_relay.edge.producers import MAX_PENDING_REPLIES
-from token_relay.testing import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
 from websockets.asyncio.client import ClientConnection, connect
 
-from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..conftest import RunningRelay, recv_json, send_json, start_relay, subscribed_pair
+from ..harness import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
 
 MESSAGES = 300
 
@@ -89,12 +89,7 @@ async def _burst(
     relay: ServiceProcess, channel: str, frames: list[Any], replies: int
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Write every frame at once; the producer's replies, and what a subscriber got."""
-    async with (
-        connect(f"{relay.url}/subscribe?channel={channel}") as sub,
-        connect(f"{relay.url}/produce?channel={channel}") as producer,
-    ):
-        assert json.loads(await sub.recv())["type"] == "subscribed"
-        assert json.loads(await producer.recv())["type"] == "session"
+    async with subscribed_pair(relay, channel=channel) as (sub, producer):
         await asyncio.gather(*(producer.send(json.dumps(frame)) for frame in frames))
         got = [json.loads(await asyncio.wait_for(producer.recv(), 20)) for _ in range(replies)]
         received = await _messages(sub, len(_acked(got)))
@@ -235,11 +230,8 @@ async def test_a_final_written_to_a_redis_that_stops_answering_fails_by_its_dead
     answers again, the retried final lands, once, with the whole text."""
     async with (
         _relay("--broker", redis_server.url) as relay,
-        connect(f"{relay.url}/subscribe?channel=hung") as sub,
-        connect(f"{relay.url}/produce?channel=hung") as producer,
+        subscribed_pair(relay, channel="hung") as (sub, producer),
     ):
-        assert json.loads(await sub.recv())["type"] == "subscribed"
-        assert json.loads(await producer.recv())["type"] == "session"
         await producer.send(json.dumps({"id": "h", "delta": "all of "}))
         await producer.send(json.dumps({"id": "h", "delta": "it"}))
         await asyncio.sleep(0.3)  # the deltas are in Redis

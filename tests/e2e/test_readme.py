@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from token_relay.testing import eventually
 
 from ..conftest import RunningRelay, connect, recv_core, recv_json, send_json, start_relay
+from ..harness import eventually
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

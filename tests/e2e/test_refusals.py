@@ -10,9 +10,9 @@ import time
 
 import pytest
 from token_relay.edge.http import HttpRequest
-from token_relay.testing import eventually
 
 from ..conftest import recv_json, start_relay
+from ..harness import eventually
 
 
 async def _ask(port: int, request: bytes, source: str = "127.0.0.1") -> tuple[int, bytes]:

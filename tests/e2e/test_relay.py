@@ -17,6 +17,7 @@ from ..conftest import (
     start_relay,
     subscribed_pair,
 )
+from .conftest import OpenRelay
 
 
 async def test_interleaved_messages_reach_many_subscribers(relay: RunningRelay) -> None:
@@ -134,18 +135,14 @@ async def test_empty_and_absent_deltas(relay: RunningRelay) -> None:
         assert await recv_core(sub) == {"type": "message", "channel": "c", "id": "f", "text": "x"}
 
 
-async def test_same_id_on_two_producers_never_mixes() -> None:
+async def test_same_id_on_two_producers_never_mixes(open_relay: OpenRelay) -> None:
     # Each producer delivers its own text under one id: the second one's events are applied
     # after the first one's message ended (else they would be refused), which only
     # --id-hold 0 lets through.
-    running, server = await start_relay(id_hold=0)
     async with (
-        server,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as p1,
+        open_relay(id_hold=0) as (running, sub, p1),
         running.connect("/produce?channel=c") as p2,
     ):
-        await recv_core(sub)
         for i in range(10):
             await send_json(p1, {"id": "same", "delta": f"A{i}"})
             await send_json(p2, {"id": "same", "delta": f"B{i}"})
@@ -244,11 +241,7 @@ async def test_binary_frame_is_rejected_and_connection_stays(relay: RunningRelay
 
 
 async def test_channel_required_and_channel_mismatch(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=a") as sub,
-        relay.connect("/produce") as producer,
-    ):
-        await recv_core(sub)
+    async with subscribed_pair(relay, channel="a", producer="/produce") as (sub, producer):
         await send_json(producer, {"id": "m", "delta": "no channel"})
         assert await recv_core(producer) == {
             "type": "error",
@@ -266,11 +259,8 @@ async def test_channel_required_and_channel_mismatch(relay: RunningRelay) -> Non
 
 
 async def test_event_channel_overrides_connection_default(relay: RunningRelay) -> None:
-    async with (
-        relay.connect("/subscribe?channel=other") as sub,
-        relay.connect("/produce?channel=default") as producer,
-    ):
-        await recv_core(sub)
+    default = "/produce?channel=default"
+    async with subscribed_pair(relay, channel="other", producer=default) as (sub, producer):
         await send_json(producer, {"id": "m", "delta": "x", "final": True, "channel": "other"})
         assert await recv_core(producer) == {"type": "ack", "id": "m", "channel": "other"}
         assert (await recv_core(sub))["channel"] == "other"

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 from token_relay.core.grants import Role
-from token_relay.testing import eventually
 from token_relay.tokens import mint
 from websockets.exceptions import ConnectionClosed
 
@@ -19,6 +18,7 @@ from ..conftest import (
     start_relay,
     subscribed_pair,
 )
+from ..harness import eventually
 
 
 async def test_seq_duplicates_are_dropped_and_a_duplicate_final_is_acked_as_such(

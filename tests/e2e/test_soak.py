@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from token_relay.testing import relay_process
 from websockets.asyncio.client import ClientConnection
 
 from ..conftest import connect
+from ..harness import relay_process
 
 SMOKE_SECONDS = 1.0
 PRODUCERS = 8

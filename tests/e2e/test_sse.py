@@ -10,10 +10,10 @@ from typing import Any
 
 from token_relay.core.grants import Role
 from token_relay.core.resume import decode_positions, encode_positions
-from token_relay.testing import SseReader
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..harness import SseReader
 
 SECRET = "sse-test-secret-of-at-least-32-bytes-long"
 

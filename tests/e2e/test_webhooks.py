@@ -21,10 +21,10 @@ from standardwebhooks import Webhook
 from token_relay.brokers.memory import MemoryBroker
 from token_relay.core.grants import Role
 from token_relay.core.webhooks import DeadLetter, webhook_id
-from token_relay.testing import RedisServer, WebhookReceiver, free_port, relay_process
 from token_relay.tokens import mint, verify
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
+from ..harness import RedisServer, WebhookReceiver, free_port, relay_process
 
 SECRET = "whsec_" + base64.b64encode(b"a webhook secret of 32 bytes....").decode()
 FAST = {"webhook_backoff": 0.05, "webhook_timeout": 1.0, "session_grace": 0}

@@ -8,10 +8,10 @@ import os
 import re
 import signal
 
-from token_relay.testing import RedisServer, ServiceProcess, eventually, relay_process
 from websockets.asyncio.client import ClientConnection
 
 from ..conftest import connect, open_producer, recv_json, send_json
+from ..harness import RedisServer, ServiceProcess, eventually, relay_process
 
 CONNECTIONS = re.compile(r'^relay_connections\{role="subscriber",worker="(\d)"\} (\S+)$', re.M)
 HEALTHY = re.compile(r'^relay_broker_healthy\{worker="(\d)"\} 1\.0$', re.M)

@@ -1,0 +1,44 @@
+"""Process control shared by the test suite and the benchmarks, one module per concept.
+
+* :mod:`.machine`: :func:`free_port`, :func:`rss_bytes`, :func:`cpu_seconds`, small facts
+  about the machine; :func:`eventually`, poll a condition until it holds, or fail after a
+  timeout.
+* :mod:`.redis_server`: :class:`RedisServer`, a private ``redis-server`` on a free port, with
+  no persistence, that a test can kill and start again.
+* :mod:`.processes`: :class:`ServiceProcess`, ``python -m MODULE --port 0 ...`` as a real
+  subprocess, ready once it logs the port it listens on; :func:`relay_process` is one for
+  ``token_relay``.
+* :mod:`.sse`: :class:`SseReader`, a minimal Server-Sent Events client over one real socket.
+* :mod:`.nginx`: :class:`Nginx`, a real ``nginx`` running the repository's
+  ``deploy/nginx.conf`` in front of relays.
+* :mod:`.proxy`: :class:`Proxy`, a TCP proxy that can cut or freeze every connection at
+  once; :class:`Balancer`, one that spreads connections over backends that may change.
+* :mod:`.webhooks`: :class:`WebhookReceiver`, a real HTTP server taking webhook POSTs.
+
+None of it ships in the wheel, and the relay never uses it.
+"""
+
+from .machine import cpu_seconds, eventually, free_port, rss_bytes
+from .nginx import Nginx
+from .processes import ServiceProcess, relay_process
+from .proxy import Balancer, Proxy
+from .redis_server import RedisServer
+from .sse import SseEvent, SseReader
+from .webhooks import Received, WebhookReceiver
+
+__all__ = [
+    "Balancer",
+    "Nginx",
+    "Proxy",
+    "Received",
+    "RedisServer",
+    "ServiceProcess",
+    "SseEvent",
+    "SseReader",
+    "WebhookReceiver",
+    "cpu_seconds",
+    "eventually",
+    "free_port",
+    "relay_process",
+    "rss_bytes",
+]

@@ -1,0 +1,112 @@
+"""TCP proxies for fault tests: :class:`Proxy` can cut every connection at once, with no
+close frame, as a network failure would, or freeze them; :class:`Balancer` spreads
+connections over backends that may change (a rolling restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class Proxy:
+    """Listens on a free port and pipes each connection to ``target_port``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.cuts = 0
+        self._server: asyncio.Server | None = None
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._frozen: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        """The WebSocket base URL to give clients instead of the relay's."""
+        return f"ws://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> Proxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def cut(self) -> int:
+        """Drop every connection abruptly (no close frame, as a network failure would)."""
+        pairs = list(self._pairs)
+        for client, upstream in pairs:
+            for writer in (client, upstream):
+                writer.transport.abort()
+        self._pairs.clear()
+        self._frozen.clear()
+        self.cuts += 1
+        return len(pairs)
+
+    def freeze(self) -> int:
+        """Stop every open connection's bytes both ways, leaving it open: a network path
+        that went dead without a reset. New connections pass as before."""
+        self._frozen |= self._pairs
+        return len(self._pairs)
+
+    def _ports(self) -> list[int]:
+        """The ports to try for a new connection, in order."""
+        return [self.target_port]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for port in self._ports():
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            pair = (writer, up_writer)
+            self._pairs.add(pair)
+            for source, sink in ((reader, up_writer), (up_reader, writer)):
+                task = asyncio.create_task(self._pipe(source, sink, pair))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return
+        writer.transport.abort()  # no backend answers
+
+    async def _pipe(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+    ) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await source.read(65536):
+                if pair in self._frozen:
+                    continue  # lost on the way
+                sink.write(data)
+                await sink.drain()
+        self._pairs.discard(pair)
+        self._frozen.discard(pair)
+        with contextlib.suppress(Exception):
+            sink.close()
+
+
+class Balancer(Proxy):
+    """A load balancer for tests: each new connection goes to the next backend that answers.
+
+    ``backends`` may be changed at any time (a rolling restart replaces them one by one);
+    :meth:`cut` is inherited, so it can also drop every connection at once.
+    """
+
+    def __init__(self, backends: list[int]) -> None:
+        super().__init__(backends[0])
+        self.backends = list(backends)
+        self._next = 0
+
+    def _ports(self) -> list[int]:
+        start = self._next
+        self._next += 1  # before any await: connections arriving together spread out
+        count = len(self.backends)
+        return [self.backends[(start + attempt) % count] for attempt in range(count * 2)]
