@@ -1,0 +1,326 @@
+"""The documentation's samples run as printed, against real relays (the port substituted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from token_relay.testing import eventually, free_port
+
+from ..conftest import RunningRelay, connect, recv_core, recv_json, send_json, start_relay
+from ..docs.blocks import ROOT, docs_block
+
+
+async def test_the_gateway_example_delivers_its_reply(
+    relay: RunningRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="token_relay")
+    code = docs_block("gateway-example")
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10
+    async with relay.connect("/subscribe?channel=chat-42") as sub:
+        await recv_json(sub)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code.replace("ws://127.0.0.1:8765", relay.url),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0
+        assert out.decode().strip() == "delivered: reply-1"
+        message = await recv_json(sub)
+        assert (message["type"], message["text"]) == ("message", "Hello, world")
+
+    # The gateway's clean exit is logged as the normal close it is, not as an error.
+    def closes() -> list[object]:
+        return [
+            getattr(record, "code", None)
+            for record in caplog.records
+            if (getattr(record, "event", None), getattr(record, "role", None))
+            == ("close", "producer")
+        ]
+
+    await eventually(lambda: bool(closes()), what="the producer's close logged")
+    assert closes() == [1000]
+
+
+async def test_the_token_recipe_mints_a_token_the_relay_takes() -> None:
+    secret = "a-secret-of-32-bytes-or-more-for-the-docs-recipe"
+    running, server = await start_relay(secret=secret)
+    async with server:
+        # The recipe as printed, then a look at what it loaded.
+        code = docs_block("security-mint").replace("ws://127.0.0.1:8765", running.url) + (
+            "import sys\n"
+            "print(sorted(m for m in sys.modules if m.startswith('token_relay.edge')"
+            " or m in ('asyncio', 'websockets')))\n"
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "RELAY_SECRET": secret},
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0
+        url, loaded = out.decode().splitlines()
+        assert loaded == "[]"
+        assert url.startswith(f"{running.url}/subscribe?channel=chat-42&token=")
+        async with connect(url) as sub:
+            assert await recv_core(sub) == {"type": "subscribed", "channel": "chat-42"}
+            await send_json(sub, {"type": "subscribe", "channel": "chat-43"})
+            refused = await recv_json(sub)
+            assert (refused["type"], refused["code"]) == ("error", "forbidden")
+
+
+# Shell samples. Each runs in bash as printed, with the ports it names substituted by free
+# ones (and a private redis-server's for Redis's), from the repository's folder.
+
+
+def _substitute(text: str, ports: dict[int, int]) -> str:
+    for printed, real in ports.items():
+        text = re.sub(rf"\b{printed}\b", str(real), text)
+    return text
+
+
+def _commands(block: str) -> list[str]:
+    """The block's commands: one a line, continuations joined, comments left out."""
+    joined = block.replace("\\\n", " ")
+    lines = [re.sub(r"\s+# .*$", "", line) for line in joined.splitlines()]
+    return [line for line in lines if line.strip() and not line.startswith("#")]
+
+
+class _Started:
+    """A long-running command of a sample, started in bash, with its stderr so far."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.log: list[str] = []
+
+    async def until(self, pattern: str, wait: float = 30) -> re.Match[str]:
+        assert self.process.stderr is not None
+        while True:
+            for line in self.log:
+                if match := re.search(pattern, line):
+                    return match
+            raw = await asyncio.wait_for(self.process.stderr.readline(), wait)
+            assert raw, f"exited before {pattern!r}: {self.log}"
+            self.log.append(raw.decode().rstrip("\n"))
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            await asyncio.wait_for(self.process.wait(), 30)
+
+
+async def _start(command: str, env: dict[str, str] | None = None) -> _Started:
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        f"exec {command}",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_environment(**(env or {})),
+    )
+    return _Started(process)
+
+
+async def _run(command: str, wait: float = 120, **kwargs: Any) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        command,
+        cwd=kwargs.pop("cwd", ROOT),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_environment(),
+        **kwargs,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), wait)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    """The environment of a shell sample: this virtual environment's commands on the PATH, as
+    once it is activated, so ``token-relay`` is the relay installed here."""
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    return {**os.environ, "PATH": path, **extra}
+
+
+async def test_the_first_relay_runs_as_the_tutorial_prints_it() -> None:
+    port = free_port()
+    relay_line, demo_line = _commands(docs_block("first-relay-two-terminals"))
+    relay = await _start(_substitute(relay_line, {8765: port}) + f" --port {port}")
+    try:
+        await relay.until("serving the page")
+        # The log lines as printed, but for their time stamp and the port.
+        stamp = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+        printed = _substitute(docs_block("first-relay-relay-log"), {8765: port}).splitlines()
+        got = [re.sub(stamp, "", line) for line in relay.log]
+        assert [re.sub(stamp, "", line) for line in printed] == got[: len(printed)]
+        code, out, _ = await _run(demo_line + f" --url ws://127.0.0.1:{port}", 60)
+        assert code == 0
+    finally:
+        await relay.stop()
+    # Every line printed appears, in order; the replies complete in a varying order, so
+    # their numbers on the channel are not compared.
+    lines = [re.sub(r"#\d+", "#N", line) for line in out.splitlines()]
+    at = 0
+    for line in docs_block("first-relay-subscriber-output").splitlines():
+        if line == "...":
+            continue
+        at = lines.index(re.sub(r"#\d+", "#N", line), at) + 1
+
+
+async def test_the_flag_commands_run_as_printed(tmp_path: Path) -> None:
+    from token_relay import __version__
+    from token_relay.tokens import verify
+
+    secret = "a-secret-of-32-bytes-or-more-for-the-flags-page"
+    serve, schema, token, version = _commands(docs_block("flags-commands"))
+    port = free_port()
+    relay = await _start(_substitute(serve, {8765: port}))
+    try:
+        await relay.until(rf"listening on port {port}:")
+    finally:
+        await relay.stop()
+    code, out, _ = await _run(schema)
+    assert code == 0 and set(json.loads(out)) >= {"producer_to_relay", "relay_to_client"}
+    code, out, _ = await _run(token.replace("…", secret))
+    assert code == 0
+    assert list(verify(out.strip(), secret).channels) == ["chat-42"]
+    code, out, _ = await _run(version)
+    assert code == 0 and __version__ in out
+
+
+async def test_the_token_command_mints_what_security_prints() -> None:
+    from token_relay.tokens import Role, verify
+
+    secret = "a-secret-of-32-bytes-or-more-for-the-security-page"
+    (command,) = _commands(docs_block("security-token-cli"))
+    code, out, err = await _run(command.replace("…", secret))
+    assert code == 0, err
+    grant = verify(out.strip(), secret)
+    assert (grant.role, list(grant.channels)) == (Role.SUBSCRIBE, ["chat-*"])
+
+
+def test_the_assembler_example_holds() -> None:
+    code = docs_block("library-assembler")
+    assert "assert" in code
+    exec(compile(code, "library-assembler", "exec"), {})
+
+
+async def test_the_http_producer_curls_answer_as_printed(relay: RunningRelay) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    # The model: a stand-in printing one reply as NDJSON.
+    reply = ['{"id": "r2", "delta": "Hi"}', '{"id": "r2", "final": true}']
+    model = "model() { printf '%s\\n' " + " ".join(f"'{line}'" for line in reply) + "; }\n"
+    async with relay.connect("/subscribe?channel=chat-42") as sub:
+        await recv_json(sub)
+        code, out, err = await _run(
+            model + _substitute(docs_block("http-producer-curl"), {8765: port})
+        )
+        assert code == 0, err
+        first, second = _json_values(out)
+        assert first == json.loads(docs_block("http-producer-answer"))
+        assert second == {
+            "acks": [{"type": "ack", "id": "r2", "channel": "chat-42"}],
+            "errors": [],
+            "cancels": [],
+        }
+        texts = [(await recv_core(sub))["text"], (await recv_core(sub))["text"]]
+        assert texts == ["Hello", "Hi"]
+
+
+def _json_values(text: str) -> list[Any]:
+    decoder = json.JSONDecoder()
+    values, index = [], 0
+    while index < len(text):
+        if text[index].isspace():
+            index += 1
+            continue
+        value, index = decoder.raw_decode(text, index)
+        values.append(value)
+    return values
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    """A text/event-stream's events, their ``data`` decoded, an epoch named ``EPOCH``."""
+    events = []
+    for chunk in text.strip().split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in chunk.splitlines():
+            name, _, value = line.partition(": ")
+            fields[name] = value
+        if "data" in fields and fields["data"] != "[DONE]":
+            data = json.loads(fields["data"])
+            if "epoch" in data:
+                data["epoch"] = "EPOCH"
+            fields["data"] = data
+        if "id" in fields:
+            fields["id"] = "ID"
+        events.append(fields)
+    return events
+
+
+async def test_the_sse_curl_streams_what_is_printed(relay: RunningRelay) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    (command,) = _commands(docs_block("sse-curl"))
+    curl = await asyncio.create_subprocess_exec(
+        "bash", "-c", "exec " + _substitute(command, {8765: port}), stdout=asyncio.subprocess.PIPE
+    )
+    assert curl.stdout is not None
+    try:
+        await asyncio.wait_for(curl.stdout.readuntil(b"event: subscribed"), 10)
+        async with relay.connect("/produce?channel=chat-42") as producer:
+            await send_json(producer, {"id": "m", "delta": "Hel"})
+            await send_json(producer, {"id": "m", "delta": "lo", "final": True})
+            await recv_json(producer)
+        await asyncio.sleep(0.3)
+    finally:
+        curl.terminate()
+        out, _ = await curl.communicate()
+    got = _events("event: subscribed" + out.decode())
+    printed = _events(docs_block("sse-output"))
+    assert printed[0] == {"retry": "1000"}
+    assert got == printed[1:]
+
+
+async def test_the_cancel_curl_reaches_the_producer(relay: RunningRelay) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    async with relay.connect("/produce?channel=chat-42") as producer:
+        await send_json(producer, {"id": "m", "delta": "so far"})
+        await asyncio.sleep(0.1)
+        code, out, err = await _run(_substitute(docs_block("cancel-curl"), {8765: port}))
+        assert (code, out) == (0, ""), err
+        assert await recv_json(producer) == {"type": "cancel", "channel": "chat-42", "id": "m"}
+
+
+async def test_the_ai_sdk_curl_streams_what_is_printed(relay: RunningRelay) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    async with relay.connect("/produce?channel=chat-42") as producer:
+        await send_json(producer, {"id": "reply-1", "delta": "Hello, wo"})
+        await asyncio.sleep(0.1)
+        (command,) = _commands(docs_block("ai-sdk-curl"))
+        curl = await asyncio.create_subprocess_exec(
+            "bash",
+            "-c",
+            "exec " + _substitute(command, {8765: port}),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert curl.stdout is not None
+        await asyncio.wait_for(curl.stdout.readuntil(b'"delta":"Hello, wo"}\n\n'), 10)
+        await send_json(producer, {"id": "reply-1", "delta": "rld", "final": True})
+        rest, _ = await asyncio.wait_for(curl.communicate(), 10)
+    printed = docs_block("ai-sdk-output")
+    assert printed.endswith(rest.decode().rstrip("\n") + "\n")
+    assert printed.startswith('data: {"type":"start","messageId":"reply-1"}')
