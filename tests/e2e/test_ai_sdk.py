@@ -212,7 +212,7 @@ async def test_the_documented_nextjs_route_answers_use_chat(js_clients: Path) ->
 
 async def test_the_documented_fastapi_app_answers_use_chat(js_clients: Path) -> None:
     """The chat-app tutorial's FastAPI app, served by uvicorn, answering the AI SDK's transport."""
-    app = INTEGRATIONS / "fastapi_app.py"
+    assert (INTEGRATIONS / "fastapi_app.py").is_file()
     assert '--8<-- "client_demo/integrations/fastapi_app.py"' in CHAT_APP.read_text()
     running, relay = await start_relay()
     relay_url = running.url.replace("ws://", "http://")

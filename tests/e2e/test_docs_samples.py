@@ -7,12 +7,17 @@ import json
 import logging
 import os
 import re
+import shutil
+import signal
 import sys
+import sysconfig
+import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from token_relay.testing import eventually, free_port
+from token_relay.testing import Nginx, RedisServer, WebhookReceiver, eventually, free_port
 
 from ..conftest import RunningRelay, connect, recv_core, recv_json, send_json, start_relay
 from ..docs.blocks import ROOT, docs_block
@@ -141,7 +146,7 @@ async def _run(command: str, wait: float = 120, **kwargs: Any) -> tuple[int, str
         cwd=kwargs.pop("cwd", ROOT),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=_environment(),
+        env=kwargs.pop("env", None) or _environment(),
         **kwargs,
     )
     out, err = await asyncio.wait_for(process.communicate(), wait)
@@ -324,3 +329,241 @@ async def test_the_ai_sdk_curl_streams_what_is_printed(relay: RunningRelay) -> N
     printed = docs_block("ai-sdk-output")
     assert printed.endswith(rest.decode().rstrip("\n") + "\n")
     assert printed.startswith('data: {"type":"start","messageId":"reply-1"}')
+
+
+async def test_the_quick_start_and_the_test_command_run_as_printed() -> None:
+    # As on a fresh machine (no virtual environment active), in the checkout: the quick
+    # start's last command with a free port and --once, so that it ends after its replies.
+    (quick_start,) = _commands(docs_block("readme-quick-start"))
+    assert docs_block("first-relay-quick-start") == docs_block("readme-quick-start")
+    code, out, err = await _run(quick_start + " --port 0 --once", 300, env=dict(os.environ))
+    assert code == 0, err
+    assert re.search(r"open the chat demo: http://127\.0\.0\.1:\d+/\?channel=demo", out + err)
+    assert "3 messages received, text exact: True" in out
+    # The checkout's install, as the install page prints it.
+    code, out, err = await _run(
+        " && ".join(_commands(docs_block("install-checkout"))), 300, env=dict(os.environ)
+    )
+    assert code == 0, err
+    assert out.strip().endswith(__import__("token_relay").__version__)
+    # The test command, given one test file (extra arguments go to pytest).
+    (tests,) = _commands(docs_block("readme-tests"))
+    assert docs_block("dev-scripts-test") == docs_block("readme-tests")
+    code, out, err = await _run(
+        tests + " tests/core/test_assembler.py -q -p no:cacheprovider", 600, env=dict(os.environ)
+    )
+    assert code == 0, out + err
+    assert re.search(r"\d+ passed", out)
+
+
+async def test_the_wheel_installs_as_the_install_page_prints(tmp_path: Path) -> None:
+    from token_relay import __version__
+
+    source = tmp_path / "token-relay"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(
+        ROOT / "server" / "token_relay",
+        source / "server" / "token_relay",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    build, make_venv, install, version = _commands(docs_block("install-wheel"))
+    # `python3` is this interpreter; the new environment finds the relay's dependencies
+    # through a .pth file naming this one's, so the install needs no package index.
+    python = sys.executable
+    for command in (build, make_venv):
+        code, _, err = await _run(command.replace("python3 ", f"{python} ", 1), 300, cwd=source)
+        assert code == 0, err
+    site = next((source / "relay-env" / "lib").glob("python3*/site-packages"))
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    code, _, err = await _run(install, 300, cwd=source)
+    assert code == 0, err
+    code, out, err = await _run(version, 60, cwd=source)
+    assert (code, out.strip()) == (0, f"token-relay {__version__}"), err
+    where = "relay-env/bin/python -c 'import token_relay; print(token_relay.__file__)'"
+    code, out, err = await _run(where, 60, cwd=source)
+    assert code == 0 and str(source / "relay-env") in out, err  # the wheel's, not the checkout's
+
+
+async def test_the_npm_tarball_installs_as_the_install_page_prints(tmp_path: Path) -> None:
+    checkout = tmp_path / "token-relay"
+    shutil.copytree(
+        ROOT / "clients" / "js",
+        checkout / "clients" / "js",
+        ignore=shutil.ignore_patterns("node_modules"),
+    )
+    app = tmp_path / "your-app"
+    app.mkdir()
+    (app / "package.json").write_text('{"name": "your-app", "private": true}\n')
+    environment = {"npm_config_audit": "false", "npm_config_fund": "false"}
+    pack, install = _commands(docs_block("install-npm"))
+    code, _, err = await _run(pack, 120, cwd=checkout, env=_environment(**environment))
+    assert code == 0, err
+    install = install.replace("/path/to/token-relay", str(checkout))
+    code, _, err = await _run(install, 120, cwd=tmp_path, env=_environment(**environment))
+    assert code == 0, err
+    manifest = json.loads(
+        (app / "node_modules" / "token-relay-client" / "package.json").read_text()
+    )
+    version = json.loads((ROOT / "clients" / "js" / "package.json").read_text())["version"]
+    assert manifest["version"] == version
+    assert not (app / "node_modules" / "react").exists()  # an optional peer: not installed
+    # The browser client's page installs the folder itself, the same way.
+    (folder_install,) = _commands(docs_block("browser-client-install"))
+    folder_install = folder_install.replace("/path/to/token-relay", str(checkout))
+    code, _, err = await _run(folder_install, 120, cwd=tmp_path, env=_environment(**environment))
+    assert code == 0, err
+    assert (app / "node_modules" / "token-relay-client" / "src" / "index.js").exists()
+
+
+def _request(sample: str) -> tuple[str, dict[str, str], Any]:
+    head, _, body = sample.partition("\n\n")
+    request_line, *header_lines = head.splitlines()
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return request_line, headers, json.loads(body)
+
+
+async def test_the_webhook_posts_what_the_page_prints() -> None:
+    from standardwebhooks import Webhook
+    from token_relay.tokens import Role, mint
+
+    from ..conftest import open_producer
+
+    (command,) = _commands(docs_block("webhooks-flags"))
+    secret = "a-secret-of-32-bytes-or-more-for-the-webhooks-page"
+    webhook_secret = re.search(r"--webhook-secret (\S+)", command)
+    assert webhook_secret is not None
+    port = free_port()
+    with WebhookReceiver() as receiver:
+        relay = await _start(
+            command.replace("https://app.example/hooks/relay", receiver.url) + f" --port {port}",
+            env={"RELAY_SECRET": secret},
+        )
+        try:
+            await relay.until(rf"listening on port {port}:")
+            token = mint(secret, Role.PRODUCE, ["chat-*"], ttl=60)
+            url = f"ws://127.0.0.1:{port}/produce?channel=chat-42&token={token}"
+            async with open_producer(url) as producer:
+                await send_json(
+                    producer,
+                    {
+                        "id": "reply-9",
+                        "delta": "Hello, world",
+                        "final": True,
+                        "meta": {"model": "m1"},
+                    },
+                )
+                await recv_json(producer)
+                await send_json(producer, {"id": "other", "final": True, "channel": "other-1"})
+                await eventually(lambda: len(receiver.received) == 1, what="the webhook POST")
+        finally:
+            await relay.stop()
+    (got,) = receiver.received
+    request_line, headers, body = _request(docs_block("webhooks-request"))
+    assert request_line == "POST /hooks/relay"
+    assert {name: got.headers[name] for name in headers} != {}
+    assert got.headers["content-type"] == headers["content-type"]
+    assert got.headers["webhook-id"].startswith("msg_")
+    assert got.headers["webhook-signature"].startswith("v1,")
+    Webhook(webhook_secret.group(1)).verify(got.body, got.headers)
+    received = got.json()
+    for key in ("offset", "epoch"):
+        assert type(received.pop(key)) is type(body.pop(key))
+    assert received == body  # the other channel's message was not sent (--webhook-channel)
+
+
+async def test_the_redis_commands_run_as_printed(redis_server: RedisServer) -> None:
+    install, one, four = _commands(docs_block("redis-commands"))
+    code, _, err = await _run(install, 300)
+    assert code == 0, err
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    ports = [free_port(), free_port()]
+    relays = [
+        await _start(_substitute(line, {6379: redis_port, 8765: port}))
+        for line, port in zip((one, four), ports, strict=True)
+    ]
+    try:
+        for relay, port in zip(relays, ports, strict=True):
+            await relay.until(rf"listening on port {port}")
+        # A message from the single process reaches a subscriber of the four workers.
+        async with (
+            connect(f"ws://127.0.0.1:{ports[1]}/subscribe?channel=chat-42") as sub,
+            connect(f"ws://127.0.0.1:{ports[0]}/produce?channel=chat-42") as producer,
+        ):
+            await recv_json(sub)
+            await recv_json(producer)
+            await send_json(producer, {"id": "r", "delta": "across", "final": True})
+            assert (await recv_core(sub))["text"] == "across"
+    finally:
+        for relay in relays:
+            await relay.stop()
+
+
+async def test_the_proxy_commands_run_as_printed(redis_server: RedisServer) -> None:
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    first, second, folder_line, nginx_line = _commands(docs_block("proxy-commands"))
+    # nginx's folder: a fresh one where the page names /var/tmp/token-relay-nginx, readable by
+    # nginx's workers; the configuration as shipped, its ports made free ones.
+    folder = Path(tempfile.mkdtemp(prefix="token-relay-nginx-", dir="/var/tmp"))
+    os.chmod(folder, 0o755)
+    backends = [free_port(), free_port()]
+    nginx = Nginx(ROOT / "deploy" / "nginx.conf", backends, folder)
+    (folder / "rendered.conf").write_text(nginx.render())
+    ports = {6379: redis_port, 8765: backends[0], 8766: backends[1]}
+    relays = [await _start(_substitute(line, ports)) for line in (first, second)]
+    try:
+        for relay, port in zip(relays, backends, strict=True):
+            await relay.until(rf"listening on port {port}")
+        for line in (folder_line, nginx_line):
+            line = line.replace("/var/tmp/token-relay-nginx", str(folder))
+            line = line.replace('"$PWD/deploy/nginx.conf"', str(folder / "rendered.conf"))
+            code, _, err = await _run(line, 60)
+            assert code == 0, err
+        # nginx runs as a daemon, as the file says; clients use its port.
+        await eventually(lambda: (folder / "nginx.pid").exists(), what="nginx's pid file")
+        front = f"ws://127.0.0.1:{nginx.port}"
+
+        async def through_nginx() -> bool:
+            try:
+                async with connect(f"{front}/subscribe?channel=chat-42") as sub:
+                    return (await recv_json(sub))["type"] == "subscribed"
+            except OSError:
+                return False
+
+        await eventually(through_nginx, what="nginx in front")
+        async with (
+            connect(f"{front}/subscribe?channel=chat-42") as sub,
+            connect(f"{front}/produce?channel=chat-42") as producer,
+        ):
+            await recv_json(sub)
+            await recv_json(producer)
+            await send_json(producer, {"id": "r", "delta": "through nginx", "final": True})
+            assert (await recv_core(sub))["text"] == "through nginx"
+    finally:
+        pid_file = folder / "nginx.pid"
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGQUIT)
+            await eventually(lambda: not pid_file.exists(), what="nginx stopped")
+        for relay in relays:
+            await relay.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_the_benchmark_commands_name_real_modules_and_flags() -> None:
+    # The benchmarks take minutes and the bench extra: the suite checks each printed
+    # command against its module's own command line, and runs none of them.
+    commands = _commands(docs_block("bench-commands")) + _commands(docs_block("bench-exactness"))
+    assert commands[0] == "pip install -e '.[bench]'"
+    assert (
+        "bench"
+        in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    for command in commands[1:]:
+        module, *arguments = command.removeprefix("python -m ").split()
+        source = ROOT / (module.replace(".", "/") + ".py")
+        if not source.exists():
+            source = ROOT / module.replace(".", "/") / "cli.py"
+        text = source.read_text()
+        for flag in (argument for argument in arguments if argument.startswith("--")):
+            assert f'"{flag}"' in text, f"{module} has no {flag}"
