@@ -11,8 +11,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
 from .docs.blocks import DOCS, README, ROOT, Block, all_blocks, docs_block, pages
 
@@ -222,7 +224,7 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
         SUBSCRIBER_FRAME,
     )
 
-    adapters = {
+    adapters: dict[str, list[TypeAdapter[Any]]] = {
         "producer-events": [PRODUCER_EVENT],
         "producer-batch": [PRODUCER_BATCH, SERVER_FRAME],
         "producer-session": [SERVER_FRAME],
@@ -251,7 +253,7 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
         for value in values:
             # Strict models, no unknown keys: a sample that drifts from the models fails here.
             # Each sample validates as one of the frames its side of the protocol sends.
-            valid = []
+            valid: list[TypeAdapter[Any]] = []
             for adapter in adapters[name]:
                 try:
                     adapter.validate_json(json.dumps(value))

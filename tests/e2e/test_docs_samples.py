@@ -527,7 +527,8 @@ async def test_the_proxy_commands_run_as_printed(redis_server: RedisServer) -> N
         async def through_nginx() -> bool:
             try:
                 async with connect(f"{front}/subscribe?channel=chat-42") as sub:
-                    return (await recv_json(sub))["type"] == "subscribed"
+                    frame = await recv_json(sub)
+                    return bool(frame["type"] == "subscribed")
             except OSError:
                 return False
 
