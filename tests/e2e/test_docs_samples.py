@@ -397,6 +397,8 @@ async def test_the_npm_tarball_installs_as_the_install_page_prints(tmp_path: Pat
     app.mkdir()
     (app / "package.json").write_text('{"name": "your-app", "private": true}\n')
     environment = {"npm_config_audit": "false", "npm_config_fund": "false"}
+    # The package's own README prints the same two commands.
+    assert docs_block("install-npm") in (ROOT / "clients" / "js" / "README.md").read_text()
     pack, install = _commands(docs_block("install-npm"))
     code, _, err = await _run(pack, 120, cwd=checkout, env=_environment(**environment))
     assert code == 0, err
