@@ -570,3 +570,49 @@ async def test_the_benchmark_commands_name_real_modules_and_flags() -> None:
         text = source.read_text()
         for flag in (argument for argument in arguments if argument.startswith("--")):
             assert f'"{flag}"' in text, f"{module} has no {flag}"
+
+
+async def _follow(command: str, until: bytes) -> tuple[asyncio.subprocess.Process, bytes]:
+    """Start a ``curl -N`` sample and read its output up to ``until``."""
+    curl = await asyncio.create_subprocess_exec(
+        "bash", "-c", "exec " + command, stdout=asyncio.subprocess.PIPE
+    )
+    assert curl.stdout is not None
+    return curl, await asyncio.wait_for(curl.stdout.readuntil(until), 10)
+
+
+async def test_a_reply_of_your_own_arrives_as_the_tutorial_says(relay: RunningRelay) -> None:
+    port = int(relay.url.rsplit(":", 1)[1])
+    (follow,) = _commands(_substitute(docs_block("first-relay-follow"), {8765: port}))
+    curl, seen = await _follow(follow, b"event: subscribed")
+    try:
+        code, out, err = await _run(_substitute(docs_block("first-relay-post"), {8765: port}))
+        assert code == 0, err
+        answer = (
+            '{"acks":[{"type":"ack","id":"hello","channel":"chat-1"}],"errors":[],"cancels":[]}'
+        )
+        assert json.loads(out) == json.loads(answer)
+        assert f"`{answer}`" in (ROOT / "docs" / "tutorials" / "first-relay.md").read_text()
+        assert curl.stdout is not None
+        seen += await asyncio.wait_for(curl.stdout.readuntil(b"event: message\n"), 10)
+        seen += await asyncio.wait_for(curl.stdout.readuntil(b"\n\n"), 10)
+    finally:
+        curl.terminate()
+        await curl.wait()
+    events = _events(seen.decode().split("\n\n", 1)[1])
+    assert [(event["event"], event["data"].get("delta")) for event in events] == [
+        ("subscribed", None),
+        ("delta", "Hello, "),
+        ("delta", "world"),
+        ("message", None),
+    ]
+    assert events[-1]["data"]["text"] == "Hello, world"
+    # Again with &rewind=1: the completed message comes back from history.
+    curl, seen = await _follow(follow.replace("deltas=1", "deltas=1&rewind=1"), b"event: message\n")
+    try:
+        assert curl.stdout is not None
+        seen += await asyncio.wait_for(curl.stdout.readuntil(b"\n\n"), 10)
+    finally:
+        curl.terminate()
+        await curl.wait()
+    assert _events(seen.decode())[-1]["data"]["text"] == "Hello, world"
