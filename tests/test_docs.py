@@ -149,7 +149,7 @@ def test_the_environment_page_lists_every_variable() -> None:
     expected = [
         (variable, Settings.flag(name)) for name, variable in Settings.environment_names().items()
     ]
-    assert rows == expected
+    assert rows == expected, "the table's rows: | `RELAY_…` | `--flag` |, in the settings' order"
 
 
 def test_the_schema_page_is_what_the_relay_prints() -> None:
@@ -160,7 +160,8 @@ def test_the_schema_page_is_what_the_relay_prints() -> None:
         timeout=60,
         check=True,
     ).stdout
-    assert (DOCS / "reference" / "schema.json").read_text() == printed
+    page = DOCS / "reference" / "schema.json"
+    assert page.read_text() == printed, f"regenerate it: token-relay schema > {page}"
 
 
 def _table_names(page: str, heading: str) -> set[str]:
