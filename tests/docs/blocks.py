@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 
-_FENCE = re.compile(r"^(```+)([\w+-]*)\s*$")
+# A fence, indented or not (in a list item), of backticks or tildes.
+_FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)(?:\s.*)?$")
 _NAME = re.compile(r"^<!-- block: ([\w-]+) -->$")
 _INCLUDE = re.compile(r'^--8<-- "([^"]+)"$')
 
