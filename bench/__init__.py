@@ -13,5 +13,5 @@ stream and message in flight; the Redis paths; and HTTP publishing and SSE deliv
 ``@durable-streams/server`` reference server (:mod:`bench.durable`, Node). Producer frames
 are built before the clock starts (:mod:`bench.wire`), every message is checked, and every
 process started is stopped however the run ends. ``--markdown PATH`` writes the table and the
-targets as the README shows them.
+targets as the docs' performance page shows them.
 """

@@ -384,7 +384,7 @@ def format_targets(goals: Sequence[Target]) -> str:
 
 
 def format_markdown(rows: Sequence[Row], goals: Sequence[Target]) -> str:
-    """The table and the targets as Markdown, as the README shows them."""
+    """The table and the targets as Markdown, as the docs' performance page shows them."""
     lines = ["| case | what | median | compared |", "|---|---|---|---|"]
     lines += [f"| {' | '.join(cell.strip() or ' ' for cell in row)} |" for row in rows]
     lines += ["", "| target | measured | verdict |", "|---|---|---|"]

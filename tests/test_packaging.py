@@ -167,7 +167,7 @@ def test_tokens_are_minted_from_the_public_module_without_the_relay(
 async def test_the_installed_relay_serves_the_demo_page_of_a_checkout(
     venv: Path, tmp_path: Path
 ) -> None:
-    # As the README says: the page is not in the wheel; a relay serves it from a checkout.
+    # As docs/install.md says: the page is not in the wheel; a relay serves it from a checkout.
     process = await asyncio.create_subprocess_exec(
         str(venv / "bin" / "token-relay"),
         *("--port", "0", "--web-root", str(WEB_ROOT)),

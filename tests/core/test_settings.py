@@ -123,7 +123,7 @@ def test_allowed_origin_flag_is_repeatable() -> None:
 
 
 def test_allowed_origin_flag_wins_over_environment() -> None:
-    # README: "A flag wins over the environment."
+    # docs/reference/environment.md: "A flag wins over the environment."
     settings = _from(
         ["--allowed-origin", "https://flag.example"], RELAY_ALLOWED_ORIGIN="https://env.example"
     )

@@ -22,6 +22,7 @@ from token_relay.core.grants import Role
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..docs.blocks import docs_block
 from ..harness import Proxy
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -91,8 +92,8 @@ async def test_the_tarball_holds_the_package_and_nothing_else(tarball: Path) -> 
 @pytest.fixture(scope="module")
 def vite_app(tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh Vite React-TS app with the tarball installed and App.tsx using the hook, built
-    by its own ``npm run build`` (``tsc -b && vite build``). npm reaches the registry for
-    Vite and React only."""
+    by its own ``npm run build`` (``tsc -b && vite build``), with the documentation's React
+    sample beside it. npm reaches the registry for Vite and React only."""
     npm = _npm()
     folder = tmp_path_factory.mktemp("vite")
     _run(
@@ -104,6 +105,8 @@ def vite_app(tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], app)
     _run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error", str(tarball)], app)
     shutil.copy(APP_FILES / "App.tsx", app / "src" / "App.tsx")
+    # The browser client page's React sample, as printed, type-checked and built with the app.
+    (app / "src" / "DocsChat.tsx").write_text(docs_block("browser-client-react"))
     assert "<StrictMode>" in (app / "src" / "main.tsx").read_text()
     _run([npm, "run", "build"], app)
     return app / "dist"
