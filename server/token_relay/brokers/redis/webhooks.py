@@ -33,10 +33,10 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from ..core.errors import BrokerUnavailable
-from ..core.settings import Settings
-from ..core.webhooks import DeadLetter, WebhookEntry
-from .memory import revived_frame
+from ...core.errors import BrokerUnavailable
+from ...core.settings import Settings
+from ...core.webhooks import DeadLetter, WebhookEntry
+from ..memory import revived_frame
 
 __all__ = ["DEAD", "DEAD_BYTES", "GROUP", "LEASE", "OUTBOX", "OUTBOX_BYTES", "RedisWebhooks"]
 
