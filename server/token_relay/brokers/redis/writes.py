@@ -206,25 +206,29 @@ class Runs:
 def taken(write: Write) -> Write:
     """A write as the writer takes it: a run's parts joined into its text."""
     parts = write.parts
-    if parts is not None:
-        write.parts = None
-        text = "".join(parts)
-        if write.script == "whole":
-            write.args = (*write.args, text)  # TERMINAL's arguments, then the text
-        else:
-            args = cast("OpenArgs | DeltaArgs", write.args)
-            write.args = args._replace(text=text, seq=write.seq)
+    if parts is None:
+        return write
+    write.parts = None
+    if write.script == "whole":
+        write.args = (*write.args, "".join(parts))  # TERMINAL's arguments, then the text
+        return write
+    args = cast("OpenArgs | DeltaArgs", write.args)
+    if len(parts) > 1 or write.seq != args.seq:  # deltas joined it: one rebuild, not one each
+        write.args = args._replace(text="".join(parts), seq=write.seq)
     return write
 
 
 def _text_keys(channel: str, member: str) -> list[str]:
-    """KEYS of OPEN, DELTA and RESYNC."""
+    """KEYS of OPEN, DELTA and RESYNC.
+
+    The publish path spells its keys as f-strings, ``tr:KIND:NAME`` as :func:`.keys.key`
+    does: a call per key would cost more than the write's arguments."""
     return [
-        key("seq", channel),
-        key("live", channel),
-        key("text", member),
-        key("d", channel),
-        key("own", channel),
+        f"tr:seq:{channel}",
+        f"tr:live:{channel}",
+        f"tr:text:{member}",
+        f"tr:d:{channel}",
+        f"tr:own:{channel}",
     ]
 
 
@@ -295,14 +299,14 @@ def terminal_write(
     return Write(
         "terminal",
         [
-            key("epoch", channel),
-            key("offset", channel),
-            key("seq", channel),
-            key("history", channel),
-            key("live", channel),
-            key("text", member),
-            key("m", channel),
-            key("own", channel),
+            f"tr:epoch:{channel}",
+            f"tr:offset:{channel}",
+            f"tr:seq:{channel}",
+            f"tr:history:{channel}",
+            f"tr:live:{channel}",
+            f"tr:text:{member}",
+            f"tr:m:{channel}",
+            f"tr:own:{channel}",
             OUTBOX,
             OUTBOX_BYTES,
         ],
