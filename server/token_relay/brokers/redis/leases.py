@@ -7,8 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import MISSING
 from redis import exceptions as redis_errors
@@ -26,8 +25,21 @@ __all__ = ["Leases", "identity"]
 
 log = logging.getLogger("token_relay.redis")
 
-TerminalWrites = Callable[..., Write]
-"""Builds a TERMINAL write: (target, body, done, seq, aborted, strict=, producer=)."""
+
+class TerminalWrites(Protocol):
+    """Builds the TERMINAL write of a message's frame (the broker's, which knows which
+    channels' webhooks take it)."""
+
+    def __call__(
+        self,
+        target: Target,
+        body: str,
+        done: asyncio.Future[Any] | None,
+        seq: int = 0,
+        aborted: bool = False,
+        strict: int = 0,
+        producer: str = "",
+    ) -> Write: ...
 
 
 def identity(grant: str, settings: Settings) -> str:

@@ -45,6 +45,7 @@ class Outbox:
         return len(self._frames)
 
     def __iter__(self) -> collections.abc.Iterator[Deferred]:
+        """The frames held, oldest first."""
         return iter(self._frames)
 
     def add(self, deferred: Deferred) -> None:
