@@ -186,7 +186,8 @@ class RedisBroker:
         producer: str = "",
     ) -> Write:
         """The TERMINAL write of ``target``'s frame (its webhook queued if one takes it)."""
-        webhook = self._wants_webhook(target[0])  # False without --webhook
+        channel, _, _ = target
+        webhook = self._wants_webhook(channel)  # False without --webhook
         return terminal_write(
             self.settings, webhook, target, body, done, seq, aborted, strict, producer
         )

@@ -50,6 +50,7 @@ class CatchUps:
     async def _read(
         self, channel: str, since: tuple[int, str] | None, live: bool, rewind: int
     ) -> Any:
+        since_offset = -1 if since is None else since[0]  # the contract's (offset, epoch)
         return await self._connections.run(
             "catch_up",
             [
@@ -61,7 +62,7 @@ class CatchUps:
                 key("own", channel),
             ],
             [
-                -1 if since is None else since[0],
+                since_offset,
                 new_epoch(),
                 int(live),
                 KEY_TTL,

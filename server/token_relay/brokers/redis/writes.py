@@ -340,7 +340,8 @@ def terminal_write(
 def make_whole(opening: Write, terminal: Write, target: Target) -> None:
     """Turn a queued open (and the deltas that joined it) into WHOLE: the open, its deltas
     and the terminal frame of ``target`` as one script, in the open's place."""
+    channel, _, _ = target
     opening.script, opening.done, opening.terminal = "whole", terminal.done, target
-    opening.keys = [*terminal.keys, key("d", target[0])]
+    opening.keys = [*terminal.keys, f"tr:d:{channel}"]
     opening.args = terminal.args
     opening.webhook = terminal.webhook
