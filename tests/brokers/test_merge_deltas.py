@@ -10,9 +10,12 @@ from token_relay.brokers.redis.writes import (
     Runs,
     Write,
     delta_write,
+    make_whole,
     open_write,
     taken,
+    terminal_write,
 )
+from token_relay.core.settings import Settings
 
 
 def _target(message: str) -> tuple[str, str, str]:
@@ -112,3 +115,17 @@ def test_an_open_joins_no_delta_after_another_write() -> None:
     runs.close()  # the writer took the queue
     assert not runs.join(_target("n"), "late", 0)
     assert [write.script for write in queue] == ["open", "meta", "open"]
+
+
+def test_a_final_joined_to_its_queued_open_sends_terminals_arguments_then_the_text() -> None:
+    runs, queue = Runs(), []
+    _open(runs, queue, "m", seq=1)
+    assert runs.join(_target("m"), "Hel", 2) and runs.join(_target("m"), "lo", 3)
+    opening = runs.completes(_target("m"), queue[-1])
+    assert opening is queue[0]
+    final = terminal_write(Settings(), False, _target("m"), "{}", None, seq=4)
+    make_whole(opening, final, _target("m"))
+    (write,) = map(taken, queue)
+    assert write.script == "whole" and write.terminal == _target("m")
+    assert write.keys == [*final.keys, "tr:d:c"]
+    assert write.args == (*final.args, "Hello")
