@@ -420,7 +420,7 @@ async def test_subscribing_creates_no_durable_channel_state(broker: Broker) -> N
     if history is not None:  # memory: one log, the real channel's
         assert len(history) == 1
     else:  # Redis: a junk channel's reserved epoch expires soon, and has no key of its own
-        redis = broker._client()  # type: ignore[attr-defined]
+        redis = broker._connections.client()  # type: ignore[attr-defined]
         assert [key async for key in redis.scan_iter("tr:*junk-*")] == []
         assert await redis.hlen("tr:reserved") == 300
         assert 0 < await redis.ttl("tr:reserved") <= 600

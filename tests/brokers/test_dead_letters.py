@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import Broker, WebhookStore, open_broker
 from token_relay.brokers.memory import MemoryBroker
-from token_relay.brokers.redis_webhooks import DEAD, DEAD_BYTES
+from token_relay.brokers.redis.webhooks import DEAD, DEAD_BYTES
 from token_relay.core.settings import Settings
 from token_relay.core.webhooks import DeadLetter, WebhookPayload
 

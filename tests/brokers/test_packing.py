@@ -10,8 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from token_relay.brokers import open_broker
-from token_relay.brokers import redis as redis_broker
-from token_relay.brokers.redis import PACKING
+from token_relay.brokers.redis import PACKING, RedisBroker, packing
 from token_relay.core.settings import Settings
 
 from ..harness import RedisServer
@@ -32,7 +31,7 @@ NAMES = st.one_of(
 
 @given(NAMES, st.lists(ARGUMENTS))
 def test_commands_pack_to_the_bytes_redis_py_makes(name: str, args: list[Any]) -> None:
-    assert redis_broker.hiredis_pack is not None, "hiredis comes with the [redis] extra"
+    assert packing.hiredis_pack is not None, "hiredis comes with the [redis] extra"
     ours, theirs = PACKING[Connection](), Connection()
     assert b"".join(ours.pack_command(name, *args)) == b"".join(theirs.pack_command(name, *args))
     assert ours.pack_commands([(name, *args)] * 2) == theirs.pack_commands([(name, *args)] * 2)
@@ -45,13 +44,13 @@ def test_the_writers_scripts_pack_together_to_the_bytes_redis_py_makes(
     commands = [("EVALSHA", "f" * 40, len(args), *args) for args in batch]
     theirs = Connection()
     expected = b"".join(b"".join(theirs.pack_command(*command)) for command in commands)
-    assert redis_broker._packed_together(commands) == [expected]
+    assert packing.packed_together(commands) == [expected]
 
 
 @pytest.mark.parametrize("odd", [1.5, 1e16, True, None])
 def test_a_script_with_another_argument_is_packed_by_redis_py(odd: Any) -> None:
     commands = [("EVALSHA", "f" * 40, 1, "k"), ("EVALSHA", "f" * 40, 1, odd)]
-    assert redis_broker._packed_together(commands) is None
+    assert packing.packed_together(commands) is None
 
 
 @pytest.mark.parametrize(
@@ -64,7 +63,7 @@ def test_a_script_with_another_argument_is_packed_by_redis_py(odd: Any) -> None:
     ],
 )
 def test_commands_hiredis_would_pack_differently_go_to_redis_py(command: tuple[Any, ...]) -> None:
-    assert redis_broker._packed(command) is None
+    assert packing.packed(command) is None
     ours, theirs = PACKING[Connection](), Connection()
     assert ours.pack_command(*command) == theirs.pack_command(*command)
 
@@ -89,8 +88,8 @@ async def test_the_broker_talks_to_redis_through_the_packing_connections(
     broker = open_broker(Settings(broker=redis_server.url), "packing")
     await broker.start(Recorder())
     try:
-        assert isinstance(broker, redis_broker.RedisBroker)
-        pool = broker._pool
+        assert isinstance(broker, RedisBroker)
+        pool = broker._connections.pool
         assert pool is not None and pool.connection_class is PACKING[Connection]
         # The round trip works: a completed message is numbered and published.
         frame = json.loads(await broker.terminal("c", "owner", "m", message_body("c", "m", "tëxt")))

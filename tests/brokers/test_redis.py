@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import Broker, open_broker
-from token_relay.brokers import redis as redis_broker
+from token_relay.brokers.redis import RedisBroker, catchup, outbox, writes
 from token_relay.core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from token_relay.core.settings import Settings
 
@@ -153,26 +153,27 @@ async def test_the_outbox_is_bounded_and_drops_the_oldest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     alpha, _ = two_brokers
-    monkeypatch.setattr(redis_broker, "MAX_OUTBOX", 2)
+    monkeypatch.setattr(outbox, "MAX_OUTBOX", 2)
     redis_server.kill()
     await until(lambda: not alpha.healthy, 5)
     for n in range(3):
         alpha.defer("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", "t"))
     assert alpha.outbox == 2  # type: ignore[attr-defined]
-    assert [entry[2] for entry in alpha._outbox] == ["m1", "m2"]  # type: ignore[attr-defined]
+    assert [entry.message_id for entry in alpha._outbox] == ["m1", "m2"]  # type: ignore[attr-defined]
 
 
 def _scripts_run(broker: Broker) -> list[str]:
     """The scripts the broker's writer runs from now on, in order."""
-    assert isinstance(broker, redis_broker.RedisBroker)
+    assert isinstance(broker, RedisBroker)
     seen: list[str] = []
-    execute = broker._execute
+    pipeline = broker._pipeline
+    execute = pipeline.execute
 
-    async def counted(batch: list[redis_broker._Write]) -> list[object]:
+    async def counted(batch: list[writes.Write]) -> list[object]:
         seen.extend(write.script for write in batch)
         return await execute(batch)
 
-    broker._execute = counted  # type: ignore[method-assign]
+    pipeline.execute = counted  # type: ignore[method-assign]
     return seen
 
 
@@ -336,7 +337,7 @@ async def test_reserved_epochs_are_bounded_and_the_least_recently_subscribed_goe
     two_brokers: tuple[Broker, Broker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alpha, _ = two_brokers
-    monkeypatch.setattr(redis_broker, "MAX_RESERVED_EPOCHS", 5)
+    monkeypatch.setattr(catchup, "MAX_RESERVED_EPOCHS", 5)
     epochs = {n: (await alpha.catch_up(f"junk-{n}", None, False)).epoch for n in range(5)}
     await alpha.catch_up("junk-0", None, False)  # junk-0 is the most recent now
     for n in range(5, 8):
@@ -354,7 +355,7 @@ async def test_held_ids_are_one_hash_per_channel_bounded_in_count_and_time(
     two_brokers: tuple[Broker, Broker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alpha, beta = two_brokers
-    monkeypatch.setattr(redis_broker, "MAX_HELD_PER_CHANNEL", 3)
+    monkeypatch.setattr(writes, "MAX_HELD_PER_CHANNEL", 3)
     for message_id in ("w", "x", "y"):
         await alpha.terminal("c", "alpha.1", message_id, message_body("c", message_id, ""))
     async with _client(redis_server.url) as redis:

@@ -33,14 +33,17 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from ..core.errors import BrokerUnavailable
-from ..core.settings import Settings
-from ..core.webhooks import DeadLetter, WebhookEntry
-from .memory import revived_frame
+from ...core.errors import BrokerUnavailable
+from ...core.settings import Settings
+from ...core.webhooks import DeadLetter, WebhookEntry
+from ..memory import revived_frame
+from .connections import DOWN
+from .keys import text
 
 __all__ = ["DEAD", "DEAD_BYTES", "GROUP", "LEASE", "OUTBOX", "OUTBOX_BYTES", "RedisWebhooks"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("token_relay.brokers.redis_webhooks")
+"""Named as when this was a module of its own: JSON logs' ``logger`` and filters on it hold."""
 
 OUTBOX = "tr:wh"
 OUTBOX_BYTES = "tr:wh:bytes"
@@ -50,13 +53,7 @@ DEAD_BYTES = "tr:wh:dead:bytes"
 GROUP = "relay"
 CONSUMER = "deliverer"
 
-_DOWN = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
-
 Runner = Callable[[str, list[str], list[Any]], Awaitable[Any]]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _stream_id(key: str) -> tuple[int, int]:
@@ -88,7 +85,7 @@ class RedisWebhooks:
         then new ones, blocking up to ``wait``."""
         try:
             return await self._take(limit, wait)
-        except (*_DOWN, redis_errors.RedisError) as exc:
+        except (*DOWN, redis_errors.RedisError) as exc:
             self._lost()
             self._group_ready = False
             raise BrokerUnavailable(str(exc)) from None
@@ -137,11 +134,11 @@ class RedisWebhooks:
         stale: list[str] = []
         for _stream, items in reply or []:
             for raw_key, raw_fields in items:
-                key = _text(raw_key)
+                key = text(raw_key)
                 if not raw_fields:
                     stale.append(key)
                     continue
-                values = {_text(k): _text(v) for k, v in raw_fields.items()}
+                values = {text(k): text(v) for k, v in raw_fields.items()}
                 entries.append(
                     WebhookEntry(
                         key,
@@ -165,7 +162,7 @@ class RedisWebhooks:
             await self._run(
                 "webhook_settle", [OUTBOX, OUTBOX_BYTES], [GROUP, entry.key, entry.size]
             )
-        except (*_DOWN, redis_errors.RedisError) as exc:
+        except (*DOWN, redis_errors.RedisError) as exc:
             raise BrokerUnavailable(str(exc)) from None
 
     async def bury(self, letter: DeadLetter) -> int:
@@ -180,14 +177,14 @@ class RedisWebhooks:
                     settings.webhook_max_dead_bytes,
                 ],
             )
-        except (*_DOWN, redis_errors.RedisError) as exc:
+        except (*DOWN, redis_errors.RedisError) as exc:
             raise BrokerUnavailable(str(exc)) from None
         return int(dropped)
 
     async def dead(self) -> list[DeadLetter]:
         try:
             raw = await self._client().lrange(DEAD, 0, -1)
-        except (*_DOWN, redis_errors.RedisError) as exc:
+        except (*DOWN, redis_errors.RedisError) as exc:
             raise BrokerUnavailable(str(exc)) from None
         return [DeadLetter.model_validate_json(item) for item in raw]
 
@@ -210,13 +207,13 @@ class RedisWebhooks:
                         letter.url,
                         self.settings.webhook_max_pending,
                         self.settings.webhook_max_pending_bytes,
-                        _text(item),
+                        text(item),
                     ],
                 )
                 if not added:
                     break
                 revived += 1
-        except (*_DOWN, redis_errors.RedisError) as exc:
+        except (*DOWN, redis_errors.RedisError) as exc:
             raise BrokerUnavailable(str(exc)) from None
         return revived
 
@@ -227,7 +224,7 @@ class RedisWebhooks:
         self.active = False
         try:
             redis = self._client()
-            if _text(await redis.get(LEASE) or b"") == self.instance:
+            if text(await redis.get(LEASE) or b"") == self.instance:
                 await redis.delete(LEASE)
-        except (*_DOWN, redis_errors.RedisError, BrokerUnavailable):
+        except (*DOWN, redis_errors.RedisError, BrokerUnavailable):
             pass

@@ -1,0 +1,215 @@
+"""The write pipeline: one queue of writes, sent in order by one writer task in pipelines,
+and the resync of messages whose writes failed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio.connection import AbstractConnection
+
+from ...core.errors import BrokerUnavailable, id_in_use
+from .. import BrokerListener, WebhookStore, note_not_queued
+from .connections import COMMAND_TIMEOUT, DOWN, Connections
+from .health import Health
+from .outbox import Outbox
+from .packing import packed_together
+from .writes import Runs, Target, Write, progress_write, resync_write, taken
+
+__all__ = ["MAX_BATCH", "MAX_QUEUE", "Pipeline"]
+
+MAX_QUEUE = 100_000
+"""Writes waiting for Redis, at most."""
+MAX_BATCH = 1000
+"""Writes sent in one pipeline, at most."""
+
+
+class Pipeline:
+    """The queue of writes and the writer that sends them.
+
+    A failed write of a message marks it dirty; its next delta, or Redis coming back,
+    rewrites its whole text instead (:meth:`resync`).
+    """
+
+    def __init__(
+        self, connections: Connections, health: Health, outbox: Outbox, text_ttl: int
+    ) -> None:
+        self._connections = connections
+        self._health = health
+        self._outbox = outbox
+        self._text_ttl = text_ttl
+        self.listener: BrokerListener | None = None
+        self.webhooks: WebhookStore | None = None
+        self.queue: asyncio.Queue[Write] = asyncio.Queue(MAX_QUEUE)
+        self.runs = Runs()
+        """The queued delta writes the next deltas of their messages join."""
+        self.last: Write | None = None
+        """The write queued last, while it waits in the queue."""
+        self.dirty: set[Target] = set()
+        """Messages whose text in Redis may be behind: resynced before their next delta."""
+        self._writer: AbstractConnection | None = None
+        """The writer's connection: its pipelines are timed as a whole (see
+        :meth:`execute`), not reply by reply."""
+        self._writes_since = 0
+        """The outages the writer's connection has been renewed after."""
+
+    # ------------------------------------------------------------------ queueing
+
+    def full(self) -> bool:
+        """No write may be queued now: Redis is not healthy, or the queue is full."""
+        return not self._health.healthy or self.queue.full()
+
+    def enqueue(self, write: Write, target: Target) -> bool:
+        """Queue a write of ``target``'s; if it can't be, mark the message for a resync."""
+        if not self._health.healthy or self.queue.full():
+            self.dirty.add(target)
+            return False
+        self.put(write)
+        return True
+
+    def put(self, write: Write) -> None:
+        """Queue a write; any but a delta ends every run of deltas (see :class:`Runs`)."""
+        if write.script != "delta":
+            self.runs.close()
+        self.queue.put_nowait(write)
+        self.last = write
+
+    async def flush_writes(self) -> None:
+        """Wait until every write queued so far has been executed (or has failed)."""
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.full():
+            return
+        self.put(progress_write(("", "", ""), 0, done))
+        with contextlib.suppress(BrokerUnavailable, TimeoutError):
+            await asyncio.wait_for(done, 5)
+
+    # ------------------------------------------------------------------ resync
+
+    def resync(self, target: Target) -> None:
+        """Rewrite a message's whole text to Redis and send it as a snapshot."""
+        if self.listener is None:
+            return
+        _, owner, message_id = target
+        text = self.listener.partial(owner, message_id)
+        if text is None:
+            self.dirty.discard(target)
+            return
+        if self.full():
+            return
+        self.dirty.discard(target)
+        self.put(resync_write(target, text, self._text_ttl))
+
+    def resync_all(self) -> None:
+        """After an outage, rewrite every message in progress here (Redis may have lost them)."""
+        if self.listener is not None:
+            self.dirty.update(self.listener.owned_messages())
+        for target in list(self.dirty):
+            self.resync(target)
+
+    # ------------------------------------------------------------------ the writer
+
+    async def write_forever(self) -> None:
+        """Take the queue's writes in batches of at most :data:`MAX_BATCH`, send each batch
+        as one pipeline, and settle each write with its reply."""
+        queue = self.queue
+        while not self._health.closing:
+            batch = [await queue.get()]
+            while len(batch) < MAX_BATCH and not queue.empty():
+                batch.append(queue.get_nowait())
+            self.runs.close()  # taken: no delta joins these any more
+            self.last = None
+            batch = [taken(write) for write in batch]
+            try:
+                results = await self.execute(batch)
+            except asyncio.CancelledError:
+                raise
+            except (*DOWN, redis_errors.RedisError) as exc:
+                self._health.suspect()
+                results = [BrokerUnavailable(str(exc))] * len(batch)
+            self._settle_all(batch, results)
+
+    def _settle_all(self, batch: list[Write], results: list[Any]) -> None:
+        for write, result in reversed(list(zip(batch, results, strict=True))):
+            if isinstance(result, Exception) and write.deferred is not None:
+                self._outbox.put_back(write.deferred)  # in order, for the next try
+        for n, (write, result) in enumerate(zip(batch, results, strict=True)):
+            if write.script in ("terminal", "whole") and isinstance(result, list):
+                frame, queued = result
+                if write.webhook is not None and not queued and self.webhooks is not None:
+                    note_not_queued(self.webhooks, *write.webhook)
+                results[n] = result = frame
+            failed = isinstance(result, Exception)
+            if failed and write.message is not None:
+                self.dirty.add(write.message)
+            if write.claim is not None and result == 0 and self.listener is not None:
+                self.listener.on_claim_refused(*write.claim)
+            if write.done is not None and not write.done.done():
+                if failed:
+                    write.done.set_exception(BrokerUnavailable(str(result)))
+                elif write.terminal is not None:
+                    self._settle(write.done, write.terminal, result)
+                else:
+                    write.done.set_result(result)
+
+    def _settle(self, done: asyncio.Future[Any], target: Target, frame: bytes | int) -> None:
+        """A terminal write ran: its frame, or 0 when another owner held the id."""
+        self.dirty.discard(target)
+        if isinstance(frame, int):
+            channel, _, message_id = target
+            done.set_exception(id_in_use(channel, message_id))
+        else:
+            done.set_result(frame.decode())
+
+    async def execute(self, batch: list[Write]) -> list[Any]:
+        """Run the writes as one pipeline, under one deadline: a reply's own timeout (a
+        timer per reply) would cost more than the script that sent it.
+
+        The commands go out as one packed write on the writer's connection and the replies
+        are read in order, each error reply in its place: what redis-py's pipeline does,
+        without its Python per command and per pipeline (its command stack, response
+        callbacks, retries and observability hooks), which cost more than the relay's own
+        work per message. Nothing is retried here: a write that fails is answered
+        ``broker_unavailable`` (a final) or resynced (deltas), as the writer's loop says.
+        """
+        writes = self._connections.writes
+        if writes is None:
+            raise BrokerUnavailable("the broker is not started")
+        if self._writes_since != self._health.outages:
+            # Its connection may lead to a Redis that is gone (a restarted one does not
+            # know it): a write on it would fail once Redis is back. It reconnects on use.
+            self._writes_since = self._health.outages
+            await writes.disconnect()
+        connection = self._writer
+        if connection is None:
+            async with asyncio.timeout(COMMAND_TIMEOUT):
+                connection = self._writer = await writes.get_connection()  # type: ignore[no-untyped-call]
+        shas = self._connections.shas
+        commands = [
+            ("EVALSHA", shas[write.script], len(write.keys), *write.keys, *write.args)
+            for write in batch
+        ]
+        results: list[Any] = []
+        async with asyncio.timeout(COMMAND_TIMEOUT):
+            # On the deadline redis-py drops the connection it was reading (the replies
+            # left on it would answer the next pipeline) and the writes count as failed.
+            packed = packed_together(commands) or connection.pack_commands(commands)
+            await connection.send_packed_command(packed, check_health=False)
+            for _ in commands:
+                try:
+                    results.append(await connection.read_response())
+                except redis_errors.ResponseError as exc:
+                    results.append(exc)
+        if any(isinstance(r, redis_errors.NoScriptError) for r in results):
+            await self._connections.load_scripts()
+            retry = [
+                w
+                for w, r in zip(batch, results, strict=True)
+                if isinstance(r, redis_errors.NoScriptError)
+            ]
+            again = iter(await self.execute(retry))
+            results = [
+                next(again) if isinstance(r, redis_errors.NoScriptError) else r for r in results
+            ]
+        return results
