@@ -32,6 +32,7 @@ class Recorder:
         self.texts: dict[tuple[str, str], str] = {}
         self.restored = 0
         self.refused: list[tuple[str, str, str]] = []
+        self.moved: list[str] = []
 
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         text = payload.decode() if isinstance(payload, bytes) else payload
@@ -57,6 +58,9 @@ class Recorder:
 
     def on_restored(self) -> None:
         self.restored += 1
+
+    def on_session_moved(self, owner: str) -> None:
+        self.moved.append(owner)
 
 
 async def until(condition: Callable[[], Any], wait: float = 5.0) -> None:
