@@ -37,14 +37,13 @@ from .broadcast import Fields
 from .sse import SSE_HEADERS, SseStream
 from .statuses import JOIN_CODES, status_of
 
-__all__ = ["AI_SDK_HEADERS", "MAX_WAIT_SECONDS", "AiSdkStream"]
+__all__ = ["AI_SDK_HEADERS", "AiSdkStream"]
 
 AI_SDK_HEADERS = (
     *SSE_HEADERS,
     ("Connection", "keep-alive"),
     ("x-vercel-ai-ui-message-stream", "v1"),
 )
-MAX_WAIT_SECONDS = routes.MAX_WAIT_SECONDS
 TEXT_PART = "text-1"
 """The id of the one text part of a message."""
 
