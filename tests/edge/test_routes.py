@@ -102,8 +102,8 @@ def test_an_sse_stream() -> None:
 
 def test_the_ai_sdk_routes() -> None:
     assert route("/ai-sdk/chat-1/stream") == AiSdkStream(channel="chat-1")
-    assert route("/ai-sdk/chat-1/stream?id=m1&wait=2.5&token=t") == AiSdkStream(
-        token="t", channel="chat-1", wanted="m1", wait=2.5
+    assert route("/ai-sdk/chat-1/stream?id=m1&wait=2.5&token=t&rewind=2") == AiSdkStream(
+        token="t", channel="chat-1", wanted="m1", wait=2.5, rewind=2
     )
     assert route("/ai-sdk/chat-1/stop?id=m1", "POST") == AiSdkStop(channel="chat-1", wanted="m1")
     assert route("/ai-sdk/chat-1/stop?id=", "POST") == AiSdkStop(channel="chat-1", wanted=None)

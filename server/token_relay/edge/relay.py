@@ -76,7 +76,6 @@ except ImportError:  # pragma: no cover - depends on the installed wheel
     SPEEDUPS = False
 
 SHUTDOWN_REASON = "relay shutting down"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 class Relay:
@@ -246,7 +245,7 @@ class Relay:
                 # reply that completed before the stream was asked for: the one ?id= names,
                 # else the newest, if it is recent enough (and the reader is not waiting for
                 # a new one, with ?wait=).
-                rewind = 0
+                rewind = route.rewind
                 if route.wanted is not None:
                     rewind = self.settings.history_size
                 elif not route.wait:

@@ -170,6 +170,8 @@ class AiSdkStream(Admitted):
     """The reply ``?id=`` names, or None for the newest."""
     wait: float = 0.0
     """Seconds to wait for a reply to start (``?wait=``, 0 to :data:`MAX_WAIT_SECONDS`)."""
+    rewind: int = 0
+    """``?rewind=``, as a subscriber's; the relay sets its own unless ``?wait=`` is given."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -357,7 +359,14 @@ def _ai_sdk(method: str, path: str, query: str) -> AiSdkStream | AiSdkStop | Ref
     wait = seconds_of(_last(arguments, "wait") or "0", MAX_WAIT_SECONDS)
     if wait is None:
         return Refusal(400, "bad_wait", f"?wait= must be seconds, 0 to {MAX_WAIT_SECONDS:g}")
-    return AiSdkStream(token=token, fault=fault, channel=channel, wanted=wanted, wait=wait)
+    return AiSdkStream(
+        token=token,
+        fault=fault,
+        channel=channel,
+        wanted=wanted,
+        wait=wait,
+        rewind=_rewind(arguments),
+    )
 
 
 def _wrong_method(path: str, allowed: str) -> Refusal:
