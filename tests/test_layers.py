@@ -45,8 +45,13 @@ def _modules() -> list[str]:
 MODULES = _modules()
 REDIS = "token_relay.brokers.redis"
 """The brokers' modules that speak to Redis (this prefix): the only ones that load it."""
-SANS_IO = {"token_relay.edge.frames", "token_relay.edge.broadcast"}
-"""The edge's modules that read and build frames without a loop or a socket."""
+SANS_IO = {
+    "token_relay.edge.frames",
+    "token_relay.edge.broadcast",
+    "token_relay.edge.routes",
+    "token_relay.edge.statuses",
+}
+"""The edge's modules that work without a loop or a socket: frames, routes and statuses."""
 CLIENT_CORE = {
     "token_relay",
     "token_relay.core",

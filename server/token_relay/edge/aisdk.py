@@ -28,19 +28,22 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
+import h11
+
+from ..core.grants import Grant
+from . import routes
 from .broadcast import Fields
 from .sse import SSE_HEADERS, SseStream
+from .statuses import JOIN_CODES, status_of
 
-__all__ = ["AI_SDK_HEADERS", "MAX_WAIT_SECONDS", "AiSdkStream"]
+__all__ = ["AI_SDK_HEADERS", "AiSdkStream"]
 
 AI_SDK_HEADERS = (
     *SSE_HEADERS,
     ("Connection", "keep-alive"),
     ("x-vercel-ai-ui-message-stream", "v1"),
 )
-MAX_WAIT_SECONDS = 30.0
 TEXT_PART = "text-1"
 """The id of the one text part of a message."""
 
@@ -48,15 +51,27 @@ TEXT_PART = "text-1"
 class AiSdkStream(SseStream):
     """One UI message stream: one message of a channel, as the AI SDK's parts."""
 
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        http: h11.Connection,
+        route: routes.AiSdkStream,
+        *,
+        path: str,
+        client: str,
+        grant: Grant,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        super().__init__(
+            transport, http, path=path, client=client, grant=grant, positions={}, headers=headers
+        )
+        self.channel = route.channel
+        """The chat id, which is the channel."""
+        self.wanted = route.wanted
+        self.wait = route.wait
+
     def start(self) -> None:
         """Nothing is sent until the join says whether there is a message to serve."""
-        query = parse_qs(urlsplit(self.path).query)
-        self.wanted = query.get("id", [""])[-1] or None
-        try:
-            wait = float(query.get("wait", ["0"])[-1])
-        except ValueError:
-            wait = 0.0
-        self.wait = min(max(wait, 0.0), MAX_WAIT_SECONDS)
         self.target: str | None = None
         self.joined = False
         self.done = False
@@ -129,7 +144,7 @@ class AiSdkStream(SseStream):
     def _refuse(self, frame: dict[str, Any]) -> None:
         """The join itself was refused (a channel the token does not grant, Redis down)."""
         self.done = True
-        status = {"forbidden": 403, "broker_unavailable": 503}.get(str(frame.get("code")), 400)
+        status = status_of(str(frame.get("code")), JOIN_CODES)
         body = json.dumps(frame).encode()
         self._head(status, (("Content-Type", "application/json"), ("Server", "token-relay")))
         self._write(body)

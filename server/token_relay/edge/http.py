@@ -29,22 +29,21 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from http import HTTPStatus
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
 from ..core.errors import FrameRejected, InvalidToken
 from ..core.forwarded import Network, client_address
 from ..core.grants import OPEN, Grant, Role
-from ..core.protocol import MAX_NAME_LENGTH
 from ..core.resume import decode_positions
 from ..core.settings import Settings
 from ..tokens import verify
-from .aisdk import MAX_WAIT_SECONDS
+from . import routes
 from .logs import RefusalLog
 from .metrics import Metrics
 from .peer import Peer
+from .routes import PRODUCE_PATH, SSE_PATH, SUBSCRIBE_PATH, Refusal
 from .web import StaticFiles
 
 __all__ = [
@@ -56,24 +55,12 @@ __all__ = [
     "HttpRequest",
     "ReadBody",
     "Reply",
-    "query_of",
 ]
 
-PRODUCE_PATH = "/produce"
-SUBSCRIBE_PATH = "/subscribe"
-SSE_PATH = "/sse"
-CANCEL_PATH = "/cancel"
-DEAD_LETTERS_PATH = "/webhooks/dead"
-AI_SDK_PREFIX = "/ai-sdk/"
-ROLES = {PRODUCE_PATH: Role.PRODUCE, SUBSCRIBE_PATH: Role.SUBSCRIBE}
 PLAIN_METHODS = frozenset({"GET", "HEAD"})
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 log = logging.getLogger("token_relay")
-
-MAX_QUERY_DIGITS = 9
-"""Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
-MAX_QUERY_NUMBER = 10**MAX_QUERY_DIGITS - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +75,8 @@ class HttpRequest:
     """Names lower-cased."""
     client: str
     """The peer's address, or the one a trusted proxy forwarded for."""
+    query: str = ""
+    """The query string, after ``?``: parsed once, into the route."""
 
     @classmethod
     def of(
@@ -100,9 +89,9 @@ class HttpRequest:
     ) -> HttpRequest:
         """A request from ``peer``; the client is worked out from ``--trusted-proxy``."""
         lowered = tuple((name.lower(), value) for name, value in headers)
-        return cls(
-            method, target, urlsplit(target).path, lowered, client_address(peer, lowered, trusted)
-        )
+        parts = urlsplit(target)
+        client = client_address(peer, lowered, trusted)
+        return cls(method, target, parts.path, lowered, client, parts.query)
 
     def header(self, name: str) -> str:
         """The last value of a header, or ''."""
@@ -133,67 +122,45 @@ class Reply:
         return cls(status, (text.rstrip("\n") + "\n").encode(), headers=headers)
 
 
+Streams = routes.Produce | routes.Subscribe | routes.Sse | routes.AiSdkStream
+"""The routes an :class:`Admit` admits: a WebSocket, or a streamed response."""
+Bodies = routes.HttpProduce | routes.AiSdkStop | routes.Cancel | routes.DeadLetters
+"""The routes a :class:`ReadBody` admits: each takes a body."""
+
+
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """An admitted WebSocket handshake or SSE stream, and the grant it earned."""
+    """An admitted WebSocket handshake or streamed response, and the grant it earned."""
 
     request: HttpRequest
-    role: Role
+    route: Streams
     grant: Grant
-    positions: dict[str, tuple[int, str]] | None = None
-    """For an SSE stream: where to resume each channel (``Last-Event-ID`` or ``?since=``);
-    None for a WebSocket."""
-    stream: str = ""
-    """``sse`` or ``ai-sdk`` for a streamed response."""
-    channel: str = ""
-    """The channel named in the path (``/ai-sdk/{channel}/…``)."""
+    positions: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """For an SSE stream: where to resume each channel (``Last-Event-ID`` or ``?since=``)."""
     headers: tuple[tuple[str, str], ...] = ()
     """Headers the response carries (CORS)."""
+
+    @property
+    def streamed(self) -> bool:
+        """A streamed response (SSE, AI SDK), not a WebSocket."""
+        return isinstance(self.route, routes.Sse | routes.AiSdkStream)
 
 
 @dataclass(frozen=True, slots=True)
 class ReadBody:
-    """An admitted request whose route takes a body (``POST /cancel``, Stop)."""
+    """An admitted request whose route takes a body (``POST /produce``, ``/cancel``, Stop,
+    the dead letters)."""
 
     request: HttpRequest
+    route: Bodies
     grant: Grant
-    channel: str = ""
-    """The channel named in the path, if any."""
-    stream: bool = False
-    """The body is applied as it arrives (``POST /produce``), not read whole first."""
     headers: tuple[tuple[str, str], ...] = ()
     """Headers the response carries (CORS)."""
-    operator: bool = False
-    """An operator's request (``/webhooks/dead``), admitted as such."""
 
-
-def query_of(path: str) -> dict[str, list[str]]:
-    """The query string of a request path, as lists of values."""
-    return parse_qs(urlsplit(path).query, keep_blank_values=True)
-
-
-def whole_number(text: str) -> int | None:
-    """A query argument as a whole number of at most :data:`MAX_QUERY_DIGITS` ASCII digits,
-    or None. ``str.isdigit`` alone would let through ``²`` (which ``int`` refuses) and
-    thousands of digits (which ``int`` refuses past its own limit, after quadratic work)."""
-    if not 1 <= len(text) <= MAX_QUERY_DIGITS or not text.isascii() or not text.isdigit():
-        return None
-    return int(text)
-
-
-def seconds_of(text: str, most: float) -> float | None:
-    """A query argument as seconds, ``0`` to ``most`` (ASCII digits, at most one ``.``), or
-    None: never ``nan``, ``inf``, an exponent or digits of another script."""
-    whole, _, fraction = text.partition(".")
-    if (
-        not text
-        or len(text) > MAX_QUERY_DIGITS
-        or not (whole + fraction).isascii()
-        or not (whole + fraction).isdigit()
-    ):
-        return None
-    value = float(text)
-    return value if value <= most else None
+    @property
+    def stream(self) -> bool:
+        """The body is applied as it arrives (``POST /produce``), not read whole first."""
+        return isinstance(self.route, routes.HttpProduce)
 
 
 class Gate:
@@ -217,7 +184,7 @@ class Gate:
         every response names the request's ``Origin`` as allowed, if ``--allowed-origin``
         allows it (any, when none is given); another origin gets 403.
         """
-        if _cross_origin(request):
+        if routes.cross_origin(request.method, request.path):
             return self._cors(request)
         return self._route(request)
 
@@ -240,104 +207,61 @@ class Gate:
         return dataclasses.replace(decision, headers=headers)
 
     def _route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
-        path, method = request.path, request.method
-        if path == SSE_PATH:
-            return self._sse(request)
-        if path.startswith(AI_SDK_PREFIX):
-            return self._ai_sdk(request)
-        if path == CANCEL_PATH:
-            if method != "POST":
-                return self.refuse(request, 405, f"{path} takes POST", (("Allow", "POST"),))
-            decision = self._decide(Role.SUBSCRIBE, request)
-            if isinstance(decision, Grant):
-                return ReadBody(request, decision)
-            status, reason = decision
-            return self.refuse(request, status, reason)
-        if path == DEAD_LETTERS_PATH:
-            return self._operator(request)
-        role = ROLES.get(path)
-        if role is Role.PRODUCE and method == "POST":
-            decision = self._decide(role, request)
-            if isinstance(decision, Grant):
-                return ReadBody(request, decision, stream=True)
-            status, reason = decision
-            return self.refuse(request, status, reason)
-        if role is not None:
-            if method != "GET":
-                return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET"),))
-            if not request.upgrade:
+        """Parse the request's route (once), then decide what the relay's state says of it."""
+        route = routes.parse_route(
+            request.method,
+            request.path,
+            request.query,
+            upgrade=request.upgrade,
+            last_event_id=request.header("last-event-id"),
+        )
+        if isinstance(route, Refusal):
+            return self._refused(request, route)
+        if isinstance(route, routes.Health | routes.Ready | routes.MetricsPage | routes.Static):
+            reply = self._page(route)
+            if reply is None:
                 return self.refuse(
                     request,
-                    426,
-                    f"{path} is a WebSocket endpoint: send Upgrade: websocket",
-                    (("Upgrade", "websocket"), ("Connection", "Upgrade")),
+                    404,
+                    f"no endpoint at {request.path}; use {PRODUCE_PATH} or {SUBSCRIBE_PATH}",
                 )
-            decision = self._decide(role, request)
-            if isinstance(decision, Grant):
-                return Admit(request, role, decision)
-            status, reason = decision
-            return self.refuse(request, status, reason)
-        reply = self._plain(path)
-        if reply is None:
-            return self.refuse(
-                request, 404, f"no endpoint at {path}; use {PRODUCE_PATH} or {SUBSCRIBE_PATH}"
-            )
-        if method not in PLAIN_METHODS:
-            return self.refuse(request, 405, f"{path} takes GET", (("Allow", "GET, HEAD"),))
-        return reply
-
-    def _ai_sdk(self, request: HttpRequest) -> Reply | Admit | ReadBody:
-        """``GET /ai-sdk/{channel}/stream`` and ``POST /ai-sdk/{channel}/stop``."""
-        name, _, action = request.path.removeprefix(AI_SDK_PREFIX).partition("/")
-        channel = unquote(name)
-        if action not in ("stream", "stop") or not channel:
-            return self.refuse(request, 404, f"use {AI_SDK_PREFIX}CHANNEL/stream or /stop")
-        method = "GET" if action == "stream" else "POST"
-        if request.method != method:
-            return self.refuse(request, 405, f"{request.path} takes {method}", (("Allow", method),))
-        if len(channel) > MAX_NAME_LENGTH:
-            return self.refuse(request, 400, f"a channel is 1 to {MAX_NAME_LENGTH} characters")
-        wait = query_of(request.target).get("wait", [""])[-1] or "0"
-        if action == "stream" and seconds_of(wait, MAX_WAIT_SECONDS) is None:
-            return self.refuse(request, 400, f"?wait= must be seconds, 0 to {MAX_WAIT_SECONDS:g}")
-        decision = self._decide(Role.SUBSCRIBE, request)
-        if not isinstance(decision, Grant):
-            status, reason = decision
-            return self.refuse(request, status, reason)
-        if not decision.allows(channel):
+            if request.method not in PLAIN_METHODS:
+                return self.refuse(
+                    request, 405, f"{request.path} takes GET", (("Allow", "GET, HEAD"),)
+                )
+            return reply
+        if isinstance(route, routes.DeadLetters):
+            return self._operator(request, route)
+        produce = isinstance(route, routes.Produce | routes.HttpProduce)
+        decision = self._decide(Role.PRODUCE if produce else Role.SUBSCRIBE, request, route)
+        if isinstance(decision, Refusal):
+            return self._refused(request, decision)
+        if isinstance(route, routes.AiSdkStream | routes.AiSdkStop) and not decision.allows(
+            route.channel
+        ):
             return self.refuse(request, 403, "this token does not grant the channel")
-        if action == "stop":
-            return ReadBody(request, decision, channel)
-        return Admit(request, Role.SUBSCRIBE, decision, {}, "ai-sdk", channel)
+        if isinstance(route, routes.HttpProduce | routes.AiSdkStop | routes.Cancel):
+            return ReadBody(request, route, decision)
+        if isinstance(route, routes.Sse) and route.resume:
+            try:
+                positions = decode_positions(route.resume, set(route.channels))
+            except FrameRejected as exc:
+                return self.refuse(request, 400, exc.message)
+            return Admit(request, route, decision, positions)
+        return Admit(request, route, decision)
 
-    def _sse(self, request: HttpRequest) -> Reply | Admit:
-        """``GET /sse``: a stream of every channel named, resumed where its token says."""
-        if request.method != "GET":
-            return self.refuse(request, 405, f"{SSE_PATH} takes GET", (("Allow", "GET"),))
-        query = query_of(request.target)
-        if not query.get("channel"):
-            return self.refuse(request, 400, "give at least one ?channel=")
-        decision = self._decide(Role.SUBSCRIBE, request)
-        if not isinstance(decision, Grant):
-            status, reason = decision
-            return self.refuse(request, status, reason)
-        token = request.header("last-event-id") or query.get("since", [""])[-1]
-        try:
-            positions = decode_positions(token, set(query["channel"])) if token else {}
-        except FrameRejected as exc:
-            return self.refuse(request, 400, exc.message)
-        return Admit(request, Role.SUBSCRIBE, decision, positions, "sse")
-
-    def _plain(self, path: str) -> Reply | None:
-        if path == "/healthz":
+    def _page(
+        self, route: routes.Health | routes.Ready | routes.MetricsPage | routes.Static
+    ) -> Reply | None:
+        if isinstance(route, routes.Health):
             return Reply.text(200, "ok")
-        if path == "/readyz":
+        if isinstance(route, routes.Ready):
             if self.ready():
                 return Reply.text(200, "ready")
             return Reply.text(503, "broker unreachable")
-        if path == "/metrics":
+        if isinstance(route, routes.MetricsPage):
             return Reply(200, self.metrics.render(), METRICS_TYPE)
-        found = self.web.files.get(path) if self.web else None
+        found = self.web.files.get(route.path) if self.web else None
         if found is None:
             return None
         content_type, body = found
@@ -369,20 +293,19 @@ class Gate:
         self.metrics.refusals.labels(str(status)).inc()
         return Reply.text(status, reason, headers)
 
-    def _operator(self, request: HttpRequest) -> Reply | ReadBody:
+    def _refused(self, request: HttpRequest, refusal: Refusal) -> Reply:
+        return self.refuse(request, refusal.status, refusal.reason, refusal.headers)
+
+    def _operator(self, request: HttpRequest, route: routes.DeadLetters) -> Reply | ReadBody:
         """``GET`` (list) or ``POST`` (replay) the dead letters: with a secret, an ``admin``
         token; without one, from a loopback address only."""
-        if request.method not in ("GET", "POST"):
-            return self.refuse(
-                request, 405, f"{request.path} takes GET or POST", (("Allow", "GET, POST"),)
-            )
         if self.settings.open_access:
             if not _loopback(request.client):
                 return self.refuse(
                     request, 403, "without --secret the dead letters are for loopback only"
                 )
-            return ReadBody(request, OPEN, operator=True)
-        token = query_of(request.target).get("token", [""])[-1] or _bearer(request)
+            return ReadBody(request, route, OPEN)
+        token = route.token or _bearer(request)
         if not token:
             return self.refuse(request, 401, "an admin token is required")
         try:
@@ -391,41 +314,30 @@ class Gate:
             return self.refuse(request, 401, f"invalid token: {exc}")
         if grant.role is not Role.ADMIN:
             return self.refuse(request, 403, f"this token's role is '{grant.role}', not 'admin'")
-        return ReadBody(request, grant, operator=True)
+        return ReadBody(request, route, grant)
 
-    def _decide(self, role: Role, request: HttpRequest) -> Grant | tuple[HTTPStatus, str]:
-        """The grant of an admitted handshake, or the status and reason of its refusal."""
+    def _decide(self, role: Role, request: HttpRequest, route: routes.Admitted) -> Grant | Refusal:
+        """The grant of an admitted request, or its refusal."""
         if self.per_address.get(request.client, 0) >= self.settings.max_connections_per_ip:
-            return HTTPStatus.TOO_MANY_REQUESTS, "too many connections from this address"
-        query = query_of(request.target)
-        channels = query.get("channel", [])
-        if role is Role.PRODUCE and len(channels) > 1:
-            return HTTPStatus.BAD_REQUEST, "give at most one ?channel="
-        for channel in channels:
-            if not 1 <= len(channel) <= MAX_NAME_LENGTH:
-                return (
-                    HTTPStatus.BAD_REQUEST,
-                    f"?channel= must be 1 to {MAX_NAME_LENGTH} characters",
-                )
-        rewind = query.get("rewind", ["1"])[-1]
-        if whole_number(rewind) is None or int(rewind) < 1:
-            return (
-                HTTPStatus.BAD_REQUEST,
-                f"?rewind= must be a whole number of messages, 1 to {MAX_QUERY_NUMBER}",
-            )
+            return Refusal(429, "too_many_connections", "too many connections from this address")
+        if route.fault is not None:
+            return route.fault
         if self.settings.open_access:
             return OPEN
-        token = query.get("token", [""])[-1] or _bearer(request)
+        token = route.token or _bearer(request)
         if not token:
-            return HTTPStatus.UNAUTHORIZED, "a token is required: ?token= or Authorization: Bearer"
+            return Refusal(
+                401, "token_required", "a token is required: ?token= or Authorization: Bearer"
+            )
         try:
             grant = verify(token, self.settings.secret)
         except InvalidToken as exc:
-            return HTTPStatus.UNAUTHORIZED, f"invalid token: {exc}"
+            return Refusal(401, "invalid_token", f"invalid token: {exc}")
         if grant.role is not role:
-            return HTTPStatus.FORBIDDEN, f"this token's role is '{grant.role}', not '{role}'"
-        if role is Role.PRODUCE and channels and not grant.allows(channels[0]):
-            return HTTPStatus.FORBIDDEN, "this token does not grant the URL's channel"
+            return Refusal(403, "wrong_role", f"this token's role is '{grant.role}', not '{role}'")
+        channel = route.channel if isinstance(route, routes.Produce | routes.HttpProduce) else None
+        if channel is not None and not grant.allows(channel):
+            return Refusal(403, "forbidden", "this token does not grant the URL's channel")
         return grant
 
     def admit(self, connection: Peer) -> None:
@@ -448,16 +360,6 @@ class Gate:
             self.per_address[address] = left
         else:
             self.per_address.pop(address, None)
-
-
-def _cross_origin(request: HttpRequest) -> bool:
-    """Whether the request is for a surface a browser may call from another origin."""
-    path = request.path
-    return (
-        path in (SSE_PATH, CANCEL_PATH)
-        or path.startswith(AI_SDK_PREFIX)
-        or (path == PRODUCE_PATH and request.method in ("POST", "OPTIONS"))
-    )
 
 
 def _loopback(address: str) -> bool:

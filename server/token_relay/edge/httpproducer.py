@@ -67,9 +67,12 @@ class HttpProducer(PeerBase):
         self.named = named
         """A named producer's session outlives the request (it is parked, not ended)."""
         self.max_line = max_line
-        self.acks: list[Any] = []
-        self.errors: list[Any] = []
-        self.cancels: list[Any] = []
+        self.acks: list[bytes] = []
+        """The JSON of every ack so far (an ``acks`` frame's entries, joined), as encoded once."""
+        self.errors: list[bytes] = []
+        self.cancels: list[bytes] = []
+        self.codes: set[str] = set()
+        """The codes of the errors so far."""
         self._arriving = bytearray()
         """The line still arriving (or, for a JSON body, the body so far)."""
         self._lines = 0
@@ -233,17 +236,30 @@ class HttpProducer(PeerBase):
         self.collect(broadcast.data())
 
     def collect(self, data: bytes) -> None:
-        """A frame the relay sends this producer, kept for the response."""
+        """A frame the relay sends this producer, kept for the response as it was encoded:
+        it is read for its type (and an error's code), never encoded again."""
         frame = json.loads(data)
         kind = frame.get("type")
         if kind == "ack":
-            self.acks.append(frame)
+            self.acks.append(data)
         elif kind == "acks":
-            self.acks.extend(frame.get("acks", []))
+            entries = _entries(data, frame)
+            if entries:
+                self.acks.append(entries)
         elif kind == "error":
-            self.errors.append(frame)
+            self.errors.append(data)
+            self.codes.add(str(frame.get("code")))
         elif kind == "cancel":
-            self.cancels.append(frame)
+            self.cancels.append(data)
+
+    def answer(self) -> bytes:
+        """The response's body: ``{"acks": [...], "errors": [...], "cancels": [...]}``, the
+        frames' own JSON joined."""
+        return b'{"acks":[%b],"errors":[%b],"cancels":[%b]}' % (
+            b",".join(self.acks),
+            b",".join(self.errors),
+            b",".join(self.cancels),
+        )
 
     async def send(self, data: str | bytes) -> None:
         """Collect one frame."""
@@ -291,3 +307,16 @@ class HttpProducer(PeerBase):
     def abort(self) -> None:
         """Cut the socket."""
         self.transport.abort()
+
+
+ACKS_HEAD = b'{"type":"acks","acks":['
+"""How an ``acks`` frame starts (:func:`~token_relay.core.codec.acks_frame`)."""
+
+
+def _entries(data: bytes, frame: dict[str, Any]) -> bytes:
+    """The entries of an ``acks`` frame, their JSON joined by commas, cut from the frame."""
+    if data.startswith(ACKS_HEAD) and data.endswith(b"]}"):
+        return data[len(ACKS_HEAD) : -2]
+    # Another encoder's spacing: encode the entries (this frame only) as the answer does.
+    listed = json.dumps(frame.get("acks", []), ensure_ascii=False, separators=(",", ":"))
+    return listed[1:-1].encode()

@@ -38,7 +38,6 @@ import time
 from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from websockets import CloseCode
 
@@ -50,14 +49,16 @@ from ..core.hub import ChannelHub
 from ..core.protocol import AbortReason, Since, Subscribe, error_frame
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
+from . import routes
 from .aisdk import AiSdkStream
-from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Gate, ReadBody, Reply, query_of
+from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
 from .peer import Peer, ProducerPeer, Streamed
 from .producers import ProducerEndpoint
 from .server import HttpServer
 from .sse import SseStream
+from .statuses import produce_status
 from .subscribers import SubscriberEndpoint
 from .webhooks import WebhookDispatcher
 from .websocket import WebSocket
@@ -75,7 +76,6 @@ except ImportError:  # pragma: no cover - depends on the installed wheel
     SPEEDUPS = False
 
 SHUTDOWN_REASON = "relay shutting down"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 class Relay:
@@ -213,10 +213,11 @@ class Relay:
 
     # ------------------------------------------------------------------ connections
 
-    async def _handle(self, connection: Streamed) -> None:
-        grant = connection.grant
-        path = urlsplit(connection.path).path
-        role = "producer" if path == PRODUCE_PATH else "subscriber"
+    async def _handle(self, connection: Streamed, admit: Admit) -> None:
+        """Serve a WebSocket or a stream, as the route its request was admitted on says."""
+        grant, route = connection.grant, admit.route
+        producing = isinstance(route, routes.Produce)
+        role = "producer" if producing else "subscriber"
         gauge = self.metrics.connections.labels(role)
         gauge.inc()
         opened = time.monotonic()
@@ -231,37 +232,31 @@ class Relay:
                 "role": role,
                 "peer": peer,
                 "connection": str(connection.id),
-                "path": path,
+                "path": admit.request.path,
             },
         )
-        query = query_of(connection.path)
         try:
             # A peer that vanishes without a close frame just ends its iteration: that
             # is the world's doing, not an error of ours to log.
-            if isinstance(connection, WebSocket) and role == "producer":
-                channels = query.get("channel")
-                resume = query.get("session", [""])[-1] or None
-                await self.producers.serve(
-                    connection, channels[0] if channels else None, grant, resume
-                )
-            else:
-                deltas = query.get("deltas", ["0"])[-1].lower() in _TRUE
+            if isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
+                await self.producers.serve(connection, route.channel, grant, route.session)
+            elif isinstance(route, routes.AiSdkStream) and isinstance(connection, AiSdkStream):
+                # The chat id is the channel; the stream follows its deltas. History holds a
+                # reply that completed before the stream was asked for: the one ?id= names,
+                # else the newest, if it is recent enough (and the reader is not waiting for
+                # a new one, with ?wait=).
+                rewind = route.rewind
+                if route.wanted is not None:
+                    rewind = self.settings.history_size
+                elif not route.wait:
+                    rewind, connection.replay_window = 1, self.settings.ai_sdk_replay_window
+                initial = [_subscribe(route.channel, True, None, rewind)]
+                await self.subscribers.serve(connection, initial, grant)
+            elif isinstance(route, routes.Subscribe | routes.Sse):
                 positions = connection.positions if isinstance(connection, SseStream) else {}
-                channels = list(dict.fromkeys(query.get("channel", [])))
-                rewind = int(query.get("rewind", ["0"])[-1])
-                if isinstance(connection, AiSdkStream):
-                    # The chat id is the channel; the stream follows its deltas. History
-                    # holds a reply that completed before the stream was asked for: the
-                    # one ?id= names, else the newest, if it is recent enough (and the
-                    # reader is not waiting for a new one, with ?wait=).
-                    channels, deltas = [unquote(path.split("/")[2])], True
-                    if connection.wanted is not None:
-                        rewind = self.settings.history_size
-                    elif not connection.wait:
-                        rewind, connection.replay_window = 1, self.settings.ai_sdk_replay_window
                 initial = [
-                    _subscribe(channel, deltas, positions.get(channel), rewind)
-                    for channel in channels
+                    _subscribe(channel, route.deltas, positions.get(channel), route.rewind)
+                    for channel in route.channels
                 ]
                 await self.subscribers.serve(connection, initial, grant)
         except Exception:
@@ -293,11 +288,11 @@ class Relay:
     async def _read_body(self, request: ReadBody, body: bytes) -> Reply:
         """A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, or the
         dead letters."""
-        if request.operator:
+        route = request.route
+        if isinstance(route, routes.DeadLetters):
             return await self._dead_letters(request)
-        if request.channel:
-            wanted = query_of(request.request.target).get("id", [""])[-1] or None
-            status, error = await self.subscribers.stop_over_http(request.channel, wanted)
+        if isinstance(route, routes.AiSdkStop):
+            status, error = await self.subscribers.stop_over_http(route.channel, route.wanted)
         else:
             status, error = await self.subscribers.cancel_over_http(request.grant, body)
         if status == 204:
@@ -323,35 +318,25 @@ class Relay:
 
     async def _produce(self, request: ReadBody, producer: HttpProducer) -> Reply:
         """``POST /produce``: one request's events, and every frame it earned, as JSON."""
-        query = query_of(producer.path)
-        channels = query.get("channel")
-        name = query.get("producer", [""])[-1]
+        route = request.route
+        name = route.producer if isinstance(route, routes.HttpProduce) else ""
+        channel = route.channel if isinstance(route, routes.HttpProduce) else None
         resume = named_session(request.grant, name) if name else None
         gauge = self.metrics.connections.labels("http_producer")
         gauge.inc()
         try:
-            await self.producers.serve(
-                producer, channels[0] if channels else None, request.grant, resume
-            )
+            await self.producers.serve(producer, channel, request.grant, resume)
         finally:
             gauge.dec()
         if producer.displaced and producer.named:
             # Another request of this producer took its session on another process: what
             # is left of this body was not applied, and the answer says from where.
-            producer.errors.append(json.loads(error_frame(_moved(name, producer.taken))))
-        body = json.dumps(
-            {"acks": producer.acks, "errors": producer.errors, "cancels": producer.cancels},
-            ensure_ascii=False,
-            separators=(",", ":"),
-        ).encode()
-        codes = {str(error.get("code")) for error in producer.errors}
-        status = 200
+            producer.collect(error_frame(_moved(name, producer.taken)).encode())
+        codes = producer.codes
         if producer.ndjson:
-            codes.discard("invalid_json")  # a bad line is one refused event, in errors
-        for code, refusal in HTTP_PRODUCER_STATUS:
-            if code in codes:
-                status = refusal
-                break
+            codes = codes - {ErrorCode.INVALID_JSON}  # a bad line is one refused event
+        status = produce_status(codes)
+        body = producer.answer()
         return Reply(status, body, "application/json")
 
     @property
@@ -427,21 +412,6 @@ class Relay:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-HTTP_PRODUCER_STATUS = (
-    ("body_too_large", 413),
-    ("too_many_producers", 429),
-    ("producer_busy", 409),
-    ("producer_moved", 409),
-    ("rate_limited", 429),
-    ("broker_unavailable", 503),
-    ("message_too_large", 413),
-    ("line_too_long", 413),
-    ("invalid_json", 400),
-)
-"""The status of a producer request whose events were refused thus, first match first; 200
-otherwise (the other refusals are in its ``errors``)."""
 
 
 def named_session(grant: Grant, name: str) -> str:

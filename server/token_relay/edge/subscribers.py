@@ -45,6 +45,7 @@ from ..core.settings import Settings
 from .aisdk import AiSdkStream
 from .metrics import Metrics
 from .peer import Peer, Streamed
+from .statuses import CANCEL_CODES, status_of
 from .writer import Writer
 
 __all__ = ["SubscriberEndpoint"]
@@ -220,7 +221,7 @@ class SubscriberEndpoint:
 
     def _http_refusal(self, exc: FrameRejected) -> tuple[int, str]:
         self.metrics.errors.labels(exc.code.value).inc()
-        return HTTP_STATUS.get(exc.code, 400), error_frame(exc)
+        return status_of(exc.code, CANCEL_CODES), error_frame(exc)
 
     # ---------------------------------------------------------------- from the broker
 
@@ -260,14 +261,6 @@ class SubscriberEndpoint:
     async def _update_interests(self, channels: list[str]) -> None:
         for channel in channels:
             await self._update_interest(channel)
-
-
-HTTP_STATUS = {
-    ErrorCode.FORBIDDEN: 403,
-    ErrorCode.UNKNOWN_MESSAGE: 404,
-    ErrorCode.BROKER_UNAVAILABLE: 503,
-}
-"""The HTTP status of a refused ``POST /cancel``, by code; any other is 400."""
 
 
 def _as_cancel(body: bytes) -> bytes:

@@ -1,0 +1,646 @@
+"""One accepted socket: HTTP/1.1 with h11, then a WebSocket or a stream after its request.
+
+Each accepted socket gets one :class:`HttpConnection` (an ``asyncio.Protocol``).
+It parses requests with h11 and asks the :class:`~token_relay.edge.http.Gate`
+what to do with each one: answer it (health, readiness, metrics, static files
+and every refusal), read its body for its route, or accept the WebSocket upgrade
+(or start the streamed response), after which every byte goes to a
+:class:`~token_relay.edge.websocket.WebSocket` (or comes from the stream). The
+gate's decision carries the request's route (:mod:`token_relay.edge.routes`),
+parsed once: what the connection and the relay do next is read from it.
+
+Every plain HTTP request gets a real response: 426 with ``Upgrade: websocket``
+on the WebSocket endpoints, 405 for a wrong method, 413 for a body over
+``--max-body-bytes``, 404 for anything else, each with ``Connection: close``.
+The socket then closes cleanly: the response is flushed, our side is shut, and
+whatever the client still sends is read and dropped for a moment, so the
+response is never lost to a reset. Successful responses keep the connection
+alive for the next request, and so does a stream that ends normally (an AI SDK
+reply, or its 204).
+
+Requests may be pipelined: h11 pauses after a request until its response is
+complete, and what arrives meanwhile waits in its buffer (the socket is not read
+until then) to be read as the next request. A body route answers ``Expect:
+100-continue`` with ``100 Continue`` once the head is accepted; a refused request
+gets its final status instead, and its body is never read.
+
+A request whose body is read (an HTTP producer's, as long as it streams) counts
+against ``--max-connections-per-ip`` as a WebSocket does, from its head until it
+is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from http import HTTPStatus
+from typing import Any, Protocol, cast
+
+import h11
+from websockets.datastructures import Headers
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
+from websockets.typing import Origin
+
+from ..core.forwarded import Network
+from ..core.settings import Settings
+from . import routes
+from .aisdk import AiSdkStream
+from .frames import frames_log
+from .http import Admit, Gate, HttpRequest, ReadBody, Reply
+from .httpproducer import NDJSON, HttpProducer
+from .peer import Streamed
+from .sse import SseStream
+from .websocket import Cork, WebSocket
+
+__all__ = ["LINGER_SECONDS", "MAX_HEAD_BYTES", "HttpConnection", "Listener", "raw_response"]
+
+LINGER_SECONDS = 1.0
+"""How long a socket closing after a refusal keeps reading (and dropping) its input."""
+
+MAX_HEAD_BYTES = 16 * 1024
+"""A bigger request line and headers get 431."""
+
+
+class Listener(Protocol):
+    """What a connection asks of the server it was accepted by
+    (:class:`~token_relay.edge.server.HttpServer`)."""
+
+    @property
+    def settings(self) -> Settings:
+        """The relay's settings."""
+
+    @property
+    def gate(self) -> Gate:
+        """Decides each request."""
+
+    @property
+    def trusted(self) -> Sequence[Network]:
+        """``--trusted-proxy``."""
+
+    @property
+    def origins(self) -> Sequence[Origin | None] | None:
+        """The origins a WebSocket handshake may come from (None: any)."""
+
+    @property
+    def cork(self) -> Cork:
+        """Write coalescing for every WebSocket."""
+
+    @property
+    def read(self) -> Callable[[ReadBody, bytes], Awaitable[Reply]]:
+        """Answers a request whose route takes a body, given the whole body."""
+
+    @property
+    def produce(self) -> Callable[[ReadBody, HttpProducer], Awaitable[Reply]]:
+        """Serves a producer request, whose body it is fed as it arrives."""
+
+    def admit_socket(self, connection: HttpConnection) -> str | None:
+        """A new socket: None to go on, or why it is refused at once."""
+
+    def handshake_started(self, connection: HttpConnection) -> None:
+        """The socket waits for a request head."""
+
+    def handshake_ended(self, connection: HttpConnection) -> None:
+        """The socket's request head is complete, or the socket is gone."""
+
+    def refused(self, peer: str, reason: str) -> None:
+        """Count and log a socket refused before its request."""
+
+    def upgraded(self, ws: Streamed, admit: Admit) -> None:
+        """A WebSocket (or a stream) is open: serve it."""
+
+    def stream_ended(self, peer: Streamed) -> None:
+        """A WebSocket or a stream is over."""
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a handler."""
+
+    def closed(self, connection: HttpConnection) -> None:
+        """The socket is gone."""
+
+    def is_serving(self) -> bool:
+        """Whether new connections are accepted."""
+
+
+class HttpConnection(asyncio.Protocol):
+    """One accepted socket: HTTP requests, then possibly a WebSocket."""
+
+    def __init__(self, server: Listener) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.peer = "unknown"
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.ws: Streamed | None = None
+        self.request: h11.Request | None = None
+        self.lingering = False
+        self._reading: ReadBody | None = None
+        self._producer: HttpProducer | None = None
+        self._body = bytearray()
+        self._received = 0
+        """Bytes of the request's body so far, whatever its framing."""
+        self._dropping = False
+        """The body is refused: what still comes is dropped until the answer has gone."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._heard = 0.0
+        self._counted: str | None = None
+        """The client address this request counts against, while its body is read."""
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        transport = self.transport
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if peername else "unknown"
+        refusal = self.server.admit_socket(self)
+        if refusal is not None:
+            status, _, reason = refusal.partition(" ")
+            self.server.refused(self.peer, reason)
+            transport.write(raw_response(int(status), reason))
+            transport.close()
+            return
+        self._waiting()
+
+    def data_received(self, data: bytes) -> None:
+        ws = self.ws
+        if ws is not None:
+            ws.receive(data)
+            return
+        if self.lingering or self._dropping:
+            return
+        self.h11.receive_data(data)
+        self._serve()
+
+    def eof_received(self) -> bool | None:
+        if self.ws is not None:
+            self.ws.receive_eof()
+            return True
+        if self._dropping:
+            return True  # the answer to the refused body is still to be written
+        if not self.lingering:
+            self.h11.receive_data(b"")
+            self._serve()
+        return None
+
+    def _serve(self) -> None:
+        """Handle the requests h11 has read. A bug of the relay's answers 500 and closes the
+        socket; its traceback is logged within the client's budget of lines, so that no
+        client can flood the log by repeating a request that trips it."""
+        try:
+            self._next_events()
+        except Exception:
+            self.server.gate.refusal_log.log(
+                self.peer,
+                "a request from %s failed: 500 internal error",
+                self.peer,
+                level=logging.ERROR,
+                exc_info=True,
+                event="failed",
+                status=500,
+            )
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                # Unless our side is shut already (a response was sent).
+                with contextlib.suppress(RuntimeError, OSError):
+                    transport.write(raw_response(500, "internal error"))
+                transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.server.closed(self)
+        self._body_lost()
+        self._uncount()
+        if self.ws is not None:
+            self.server.gate.release(self.ws)
+            self.ws.lost()
+
+    def pause_writing(self) -> None:
+        if self.ws is not None:
+            self.ws.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.ws is not None:
+            self.ws.resume_writing()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _waiting(self) -> None:
+        """Start (again) to wait for a request head, within ``--handshake-timeout``."""
+        self.server.handshake_started(self)
+        self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
+
+    def _head_done(self) -> None:
+        self.server.handshake_ended(self)
+        self._no_deadline()
+
+    def _deadline(self, seconds: float, reason: str) -> None:
+        """Cut the socket unless what it waits for comes within ``seconds``. For a
+        producer's body the deadline moves on with every chunk (:attr:`_heard`): one timer
+        per request, not one per chunk."""
+        self._no_deadline()
+        loop = asyncio.get_running_loop()
+        self._heard = loop.time()
+
+        def expire() -> None:
+            silent = loop.time() - self._heard
+            if self._producer is not None and silent < seconds:
+                self._timer = loop.call_later(seconds - silent, expire)  # it spoke since
+                return
+            self._timer = None
+            self.server.refused(self.peer, reason)
+            self.abort()
+
+        self._timer = loop.call_later(seconds, expire)
+
+    def _no_deadline(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _next_events(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        conn = self.h11
+        while self.ws is None and not self.lingering and not self._dropping:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._head_done()
+                self._body_lost()
+                self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
+                return
+            if event is h11.NEED_DATA:
+                return
+            if event is h11.PAUSED:
+                # A next request (pipelined) waits in h11's buffer until this one is
+                # answered (:meth:`_next_cycle`); the socket is not read meanwhile.
+                self._hold()
+                return
+            if isinstance(event, h11.Request):
+                self._head_done()
+                self.request = event
+                self._received = 0
+                if _head_size(event) > MAX_HEAD_BYTES:
+                    # h11 bounds a head that arrives in pieces; this, one that came whole.
+                    reply = self.server.gate.refuse(
+                        self._view(event), 431, f"request head over {MAX_HEAD_BYTES} bytes"
+                    )
+                    self._respond(reply, None)
+                    return
+                if _has_body(event):
+                    decision = self._body_route(event)
+                    if isinstance(decision, Reply):
+                        # Answered at once: the body is never read.
+                        self._respond(decision, event)
+                        return
+                    if conn.they_are_waiting_for_100_continue:
+                        # The client holds its body back until it is asked for it.
+                        go_on = h11.InformationalResponse(status_code=100, headers=[])
+                        self._write(conn.send(go_on))
+                    self._count(decision.request.client)
+                    if decision.stream:
+                        self._produce(event, decision)
+                        # A producer's body that sends nothing for --idle-timeout is cut
+                        # (its messages abort as any idle message does).
+                        self._deadline(self.server.settings.idle_timeout, "request body stalled")
+                        continue
+                    self._reading, self._body = decision, bytearray()
+                    self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
+            elif isinstance(event, h11.Data):
+                # Every body is bounded as it streams, whatever its framing.
+                limit = self.server.settings.max_body_bytes
+                room = limit - self._received
+                self._received += len(event.data)
+                if self._producer is not None:
+                    data = event.data if room >= len(event.data) else event.data[:room]
+                    self._producer.feed(bytes(data))
+                    self._heard = asyncio.get_running_loop().time()
+                elif self._reading is not None:
+                    self._body += event.data
+                if self._received > limit:
+                    self._too_large(f"request body over {limit} bytes")
+                    return
+            elif isinstance(event, h11.EndOfMessage):
+                if self._producer is not None:
+                    self._no_deadline()
+                    self._producer.end()
+                    self._producer = None
+                    return
+                request = self.request
+                reading, self._reading = self._reading, None
+                if request is not None and reading is not None:
+                    self._no_deadline()
+                    self._spawn_body(request, reading, bytes(self._body))
+                    return
+                if request is not None:
+                    self._answer(request)
+            elif isinstance(event, h11.ConnectionClosed):
+                self.transport_close()
+                return
+
+    def _body_lost(self) -> None:
+        """The body died in mid-request (its socket is gone, or its framing broke): its
+        producer ends now, not at ``--idle-timeout``."""
+        if self._producer is not None:
+            self._producer.lost()
+            self._producer = None
+
+    def _too_large(self, refusal: str) -> None:
+        """A body passed ``--max-body-bytes``: 413 at once, and nothing more of it is read."""
+        producer, reading = self._producer, self._reading
+        self._producer = self._reading = None
+        self._body = bytearray()
+        if producer is not None:
+            # Its producer answers: the lines that came whole before the limit were applied.
+            # The refusal is logged and counted as any other (its reply is the producer's).
+            if self.request is not None:
+                self.server.gate.refuse(self._view(self.request), 413, refusal)
+            self._no_deadline()
+            self._dropping = True
+            producer.refuse(f"{refusal}; the rest of it was not read")
+        elif reading is not None:
+            self._respond(self.server.gate.refuse(reading.request, 413, refusal), None)
+
+    def _answer(self, request: h11.Request) -> None:
+        decision = self.server.gate.route(self._view(request))
+        if isinstance(decision, ReadBody):
+            self._count(decision.request.client)
+        if isinstance(decision, ReadBody) and decision.stream:
+            self._produce(request, decision)
+            if self._producer is not None:
+                self._producer.end()  # a body of nothing
+                self._producer = None
+        elif isinstance(decision, ReadBody):
+            self._spawn_body(request, decision, b"")  # it takes a body, and got none
+        elif isinstance(decision, Reply):
+            self._respond(decision, request)
+        elif decision.streamed:
+            self._stream(decision)
+        else:
+            self._upgrade(request, decision)
+
+    def _count(self, client: str) -> None:
+        """Count this request against its client's address until it is answered."""
+        if self._counted is None:
+            self._counted = client
+            self.server.gate.count(client)
+
+    def _uncount(self) -> None:
+        if self._counted is not None:
+            self.server.gate.uncount(self._counted)
+            self._counted = None
+
+    def _body_route(self, request: h11.Request) -> Reply | ReadBody:
+        """A request with a body: read it for a route that takes one, else refuse it
+        (413 past ``--max-body-bytes``) without reading it."""
+        view = self._view(request)
+        length = _content_length(request)
+        limit = self.server.settings.max_body_bytes
+        gate = self.server.gate
+        if length is not None and length > limit:
+            return gate.refuse(view, 413, f"request body over {limit} bytes")
+        decision = gate.route(view)
+        if isinstance(decision, ReadBody):
+            return decision
+        if isinstance(decision, Admit):
+            return gate.refuse(view, 400, "a WebSocket handshake or stream has no body")
+        if decision.status < 400:
+            return gate.refuse(view, 405, f"{view.path} takes no body", (("Allow", "GET, HEAD"),))
+        return decision
+
+    def _produce(self, request: h11.Request, reading: ReadBody) -> None:
+        """A producer request: its body's events are applied as they arrive."""
+        assert self.transport is not None
+        settings = self.server.settings
+        content_type = reading.request.header("content-type").split(";")[0].strip().lower()
+        producer = HttpProducer(
+            self.transport,
+            path=reading.request.target,
+            client=reading.request.client,
+            grant=reading.grant,
+            ndjson=content_type == NDJSON,
+            named=isinstance(reading.route, routes.HttpProduce) and reading.route.named,
+            max_line=settings.max_frame_bytes,
+        )
+        self._producer = producer
+        self._answer_later(request, reading, self.server.produce(reading, producer))
+
+    def _spawn_body(self, request: h11.Request, reading: ReadBody, body: bytes) -> None:
+        """Hand a whole body to its route, and answer with what it returns."""
+        self._answer_later(request, reading, self.server.read(reading, body))
+
+    def _answer_later(
+        self, request: h11.Request, reading: ReadBody, replying: Awaitable[Reply]
+    ) -> None:
+        """Answer the request with its route's reply once it comes (if the socket is open)."""
+
+        async def answer() -> None:
+            reply = await replying
+            reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
+            if self.transport is not None and not self.transport.is_closing():
+                self._respond(reply, request, read=True)
+            self._dropping = False
+            self._serve()  # a request pipelined behind this one
+
+        self.server.spawn(answer())
+
+    def _view(self, request: h11.Request) -> HttpRequest:
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers]
+        return HttpRequest.of(
+            request.method.decode("latin-1"),
+            request.target.decode("latin-1"),
+            headers,
+            self.peer,
+            self.server.trusted,
+        )
+
+    def _upgrade(self, request: h11.Request, admit: Admit) -> None:
+        """websockets checks the handshake itself (key, version, ``Origin``) and answers it."""
+        assert self.transport is not None
+        headers = Headers(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in request.headers.raw_items()
+        )
+        handshake = ServerProtocol(origins=self.server.origins, logger=frames_log)
+        response = handshake.accept(Request(admit.request.target, headers))
+        if response.status_code != 101:
+            extra = tuple(
+                (k, v) for k, v in response.headers.raw_items() if k.lower() in {"upgrade", "allow"}
+            )
+            reason = (response.body or b"").decode(errors="replace").strip()
+            reply = self.server.gate.refuse(admit.request, response.status_code, reason, extra)
+            self._respond(reply, request)
+            return
+        settings = self.server.settings
+        self.ws = WebSocket(
+            self.transport,
+            path=admit.request.target,
+            client=admit.request.client,
+            grant=admit.grant,
+            max_size=settings.max_frame_bytes,
+            max_unsent=settings.max_subscriber_buffer_bytes,
+            cork=self.server.cork,
+        )
+        # Counted now, in the same step as the decision: a burst of handshakes from one
+        # address can't all pass --max-connections-per-ip before any is counted.
+        self.server.gate.admit(self.ws)
+        self.transport.write(response.serialize())
+        trailing, _ = self.h11.trailing_data
+        self.server.upgraded(self.ws, admit)
+        if trailing:
+            self.ws.receive(trailing)
+
+    def _stream(self, admit: Admit) -> None:
+        """Start an SSE response; every frame from now on is written by the stream."""
+        assert self.transport is not None
+        request, route = admit.request, admit.route
+        stream: SseStream
+        if isinstance(route, routes.AiSdkStream):
+            stream = AiSdkStream(
+                self.transport,
+                self.h11,
+                route,
+                path=request.target,
+                client=request.client,
+                grant=admit.grant,
+                headers=admit.headers,
+            )
+        else:
+            stream = SseStream(
+                self.transport,
+                self.h11,
+                path=request.target,
+                client=request.client,
+                grant=admit.grant,
+                positions=admit.positions,
+                headers=admit.headers,
+            )
+        self.ws = stream
+        stream.completed = self._stream_completed
+        self.server.gate.admit(stream)
+        stream.start()
+        self.server.upgraded(stream, admit)
+
+    def _respond(self, reply: Reply, request: h11.Request | None, *, read: bool = False) -> None:
+        """Send a plain HTTP response; keep the connection for the next one, or close it."""
+        transport = self.transport
+        assert transport is not None
+        self._uncount()
+        keep = reply.status < 400 and request is not None and (read or not _has_body(request))
+        headers = [("Server", "token-relay"), *reply.headers]
+        if reply.status != 204:  # a 204 has neither a body nor a length
+            headers += [
+                ("Content-Type", reply.content_type),
+                ("Content-Length", str(len(reply.body))),
+            ]
+        if not keep:
+            headers.append(("Connection", "close"))
+        conn = self.h11
+        try:
+            phrase = HTTPStatus(reply.status).phrase.encode()
+            data = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=phrase))
+            head_only = request is not None and request.method == b"HEAD"
+            if reply.body and not head_only:
+                data = (data or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
+            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:
+            data = raw_response(reply.status, reply.body.decode(errors="replace"))
+            keep = False
+        transport.write(data)
+        if keep and self._next_cycle():
+            return
+        self._linger()
+
+    def _next_cycle(self) -> bool:
+        """After a whole response on a connection kept alive: wait for the next request
+        (one already here is read by the next :meth:`_next_events`). False if the
+        connection can't go on."""
+        conn = self.h11
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            return False
+        conn.start_next_cycle()
+        self.request = None
+        self._waiting()
+        assert self.transport is not None
+        self.transport.resume_reading()
+        return True
+
+    def _hold(self) -> None:
+        """Stop reading while a request is being answered: what a client pipelines meanwhile
+        stays in the kernel, not in our memory."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _stream_completed(self, stream: Streamed) -> None:
+        """A streamed response is complete, and its connection was kept alive: the socket
+        is this connection's again, for the next request."""
+        if self.ws is not stream:
+            return
+        self.ws = None
+        self.server.stream_ended(stream)
+        self.server.gate.release(stream)
+        if self.server.is_serving() and self._next_cycle():
+            # Not now: the stream may have ended inside a fan-out, or in its handler.
+            asyncio.get_running_loop().call_soon(self._serve)
+        else:
+            self.transport_close()
+
+    def _write(self, data: bytes | None) -> None:
+        if data and self.transport is not None:
+            self.transport.write(data)
+
+    def _linger(self) -> None:
+        """Close after a response without losing it: shut our side, drop what comes, close."""
+        transport = self.transport
+        assert transport is not None
+        self.lingering = True
+        self._head_done()
+        transport.resume_reading()  # held while it was answered: now read and dropped
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is gone already (it reset the response it was sent)
+                transport.abort()
+                return
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)
+
+    def transport_close(self) -> None:
+        """Close the socket once what is written has gone."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Cut the socket now."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _has_body(request: h11.Request) -> bool:
+    length = _content_length(request)
+    if length:
+        return True
+    return any(name == b"transfer-encoding" for name, _ in request.headers)
+
+
+def _head_size(request: h11.Request) -> int:
+    return len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
+
+
+def _content_length(request: h11.Request) -> int | None:
+    for name, value in request.headers:
+        if name == b"content-length":
+            return int(value)
+    return None
+
+
+def raw_response(status: int, reason: str) -> bytes:
+    body = (reason + "\n").encode()
+    phrase = HTTPStatus(status).phrase
+    return (
+        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: token-relay\r\n\r\n"
+    ).encode() + body
