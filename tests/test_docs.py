@@ -262,3 +262,23 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
                 except ValueError:
                     pass
             assert valid, f"{name}: {value}"
+
+
+def _modules_table() -> str:
+    """The layers page's table of modules, from the package's files and their docstrings."""
+    package = ROOT / "server" / "token_relay"
+    rows = ["| module | what it is |", "|---|---|"]
+    for path in sorted(package.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        summary = " ".join(doc.split("\n\n", 1)[0].split()) or "runs the CLI"
+        cell = summary.replace("|", "\\|")
+        rows.append(f"| `{path.relative_to(ROOT)}` | {cell} |")
+    return "\n".join(rows)
+
+
+def test_the_layers_page_names_every_module_as_its_docstring_does() -> None:
+    page = (DOCS / "explanation" / "layers.md").read_text()
+    assert _modules_table() in page, (
+        "docs/explanation/layers.md's module table is out of date; it should read:\n"
+        + _modules_table()
+    )
