@@ -215,10 +215,7 @@ class RedisBroker:
         opening = self._runs.completes(target, pipeline.last)
         # Joined to its open (WHOLE), the claim is checked in the same script.
         strict = CLAIMED if claimed and opening is None else 0
-        webhook = self._wants_webhook(channel)  # False without --webhook
-        write = terminal_write(
-            self.settings, webhook, target, body, done, seq, aborted, strict, producer
-        )
+        write = self._terminal(target, body, done, seq, aborted, strict, producer)
         write.terminal = target
         if opening is None:
             pipeline.put(write)
