@@ -13,9 +13,17 @@ from typing import Any
 import pytest
 from token_relay.core.codec import decode_events, message_body
 from token_relay.core.errors import ErrorCode, FrameRejected
-from token_relay.core.parts import PartLimits
+from token_relay.core.parts import MessageParts, PartLimits
 from token_relay.core.protocol import ProducerEvent
 from token_relay.core.streams import Applied, MessageStreams, Overflow, Phase, Unfinished
+
+
+def with_parts(
+    channel: str, *, part_limits: PartLimits | None = None, **limits: Any
+) -> MessageStreams:
+    """Message streams given parts, as the relay's sessions give them."""
+    limited = part_limits or PartLimits()
+    return MessageStreams(channel, new_parts=lambda: MessageParts(limited), **limits)
 
 
 def chunk(message_id: str = "m", **fields: Any) -> ProducerEvent:
@@ -79,7 +87,7 @@ REPLY_PARTS: list[dict[str, Any]] = [
 
 
 def test_a_reply_of_every_kind_completes_with_its_parts_and_their_text() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     first = applied(streams.receive(chunk(**REPLY[0]), now=1.0))
     assert (first.opened, first.text, first.delta, first.parts) == (True, None, None, None)
     for fields in REPLY[1:]:
@@ -98,7 +106,7 @@ def test_the_fast_decoder_and_the_models_build_the_same_parts() -> None:
     raw = b'[{"id":"m","chunk":{"type":"text-start","id":"a"}},' + (
         b'{"id":"m","chunk":{"type":"text-delta","id":"a","delta":"hi"},"final":true}]'
     )
-    fast, models = MessageStreams("c"), MessageStreams("c")
+    fast, models = with_parts("c"), with_parts("c")
     events = decode_events(raw)
     assert isinstance(events, list)
     results = [fast.receive(event) for event in events]
@@ -115,7 +123,7 @@ def test_the_fast_decoder_and_the_models_build_the_same_parts() -> None:
 
 
 def test_the_text_before_the_first_chunk_is_the_implicit_text_part_where_it_began() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     assert applied(streams.receive(ProducerEvent(id="m", delta="Hel"))).delta == "Hel"
     assert streams.partial("m") == "Hel"
     turned = applied(streams.receive(chunk(type="reasoning-start", id="r")))
@@ -134,7 +142,7 @@ def test_the_text_before_the_first_chunk_is_the_implicit_text_part_where_it_bega
 
 
 def test_an_empty_delta_counts_and_no_delta_makes_no_text_part() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     streams.receive(ProducerEvent(id="empty", delta=""))
     streams.receive(chunk("empty", type="start-step"))
     streams.receive(ProducerEvent(id="none", meta={"model": "m1"}))
@@ -146,7 +154,7 @@ def test_an_empty_delta_counts_and_no_delta_makes_no_text_part() -> None:
 
 
 def test_a_surrogate_pair_split_across_the_turn_is_joined() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     streams.receive(ProducerEvent(id="m", delta="a\ud83d"))
     streams.receive(chunk(type="start-step"))
     done = applied(streams.receive(ProducerEvent(id="m", delta="\ude00b", final=True)))
@@ -158,7 +166,7 @@ def test_a_surrogate_pair_split_across_the_turn_is_joined() -> None:
 
 
 def test_a_one_shot_structured_message_opens_and_completes_in_one_event() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     one = applied(
         streams.receive(
             ProducerEvent(id="m", chunk={"type": "text-start", "id": "t"}, final=True), now=2.0
@@ -170,7 +178,7 @@ def test_a_one_shot_structured_message_opens_and_completes_in_one_event() -> Non
 
 
 def test_repeated_finals_are_acked_with_the_same_parts_and_later_chunks_are_ignored() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     for fields in REPLY:
         streams.receive(chunk(**fields))
     first = applied(streams.receive(ProducerEvent(id="m", final=True)))
@@ -182,7 +190,7 @@ def test_repeated_finals_are_acked_with_the_same_parts_and_later_chunks_are_igno
 
 
 def test_numbered_chunks_are_applied_once_and_a_refused_one_keeps_the_seq() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     streams.receive(ProducerEvent(id="m", seq=1, chunk={"type": "text-start", "id": "t"}))
     delta = {"type": "text-delta", "id": "t", "delta": "ab"}
     streams.receive(ProducerEvent(id="m", seq=2, chunk=delta))
@@ -225,7 +233,7 @@ REFUSALS: list[tuple[list[dict[str, Any]], dict[str, Any], ErrorCode]] = [
 def test_a_refused_chunk_gets_its_code_and_changes_nothing(
     before: list[dict[str, Any]], refused: dict[str, Any], code: ErrorCode
 ) -> None:
-    streams = MessageStreams("c", part_limits=PartLimits(max_parts=2, max_part_chars=8))
+    streams = with_parts("c", part_limits=PartLimits(max_parts=2, max_part_chars=8))
     for fields in before:
         streams.receive(chunk(**fields))
     held = streams.held_chars()
@@ -236,7 +244,7 @@ def test_a_refused_chunk_gets_its_code_and_changes_nothing(
     if before:
         assert streams.next_seq("m") is None  # seq 1 was not taken: still unnumbered
         done = applied(streams.receive(ProducerEvent(id="m", final=True)))
-        again = MessageStreams("c", part_limits=PartLimits(max_parts=2, max_part_chars=8))
+        again = with_parts("c", part_limits=PartLimits(max_parts=2, max_part_chars=8))
         for fields in before:
             again.receive(chunk(**fields))
         assert done.parts == applied(again.receive(ProducerEvent(id="m", final=True))).parts
@@ -245,7 +253,7 @@ def test_a_refused_chunk_gets_its_code_and_changes_nothing(
 
 
 def test_a_refused_first_chunk_of_a_plain_message_leaves_it_plain() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     streams.receive(ProducerEvent(id="m", delta="Hi"))
     with pytest.raises(FrameRejected) as rejected:
         streams.receive(chunk(type="text-end", id="x"))
@@ -256,7 +264,7 @@ def test_a_refused_first_chunk_of_a_plain_message_leaves_it_plain() -> None:
 
 
 def test_delta_and_chunk_in_one_event_are_refused() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     both = ProducerEvent(id="m", delta="x", chunk={"type": "start-step"})
     with pytest.raises(FrameRejected) as rejected:
         streams.receive(both)
@@ -272,7 +280,7 @@ def test_delta_and_chunk_in_one_event_are_refused() -> None:
 
 
 def test_an_error_in_one_message_leaves_another_alone() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     streams.receive(ProducerEvent(id="plain", delta="one"))
     streams.receive(chunk("parts", type="text-start", id="t"))
     with pytest.raises(FrameRejected):
@@ -284,7 +292,7 @@ def test_an_error_in_one_message_leaves_another_alone() -> None:
 
 
 def test_max_chars_counts_the_parts_and_a_delta_past_it_aborts_without_it() -> None:
-    streams = MessageStreams("c", max_chars=10)
+    streams = with_parts("c", max_chars=10)
     streams.receive(chunk(type="text-start", id="t"))
     streams.receive(chunk(type="text-delta", id="t", delta="12345678"))
     assert streams.held_chars() == 8
@@ -311,7 +319,7 @@ def test_max_chars_counts_the_parts_and_a_delta_past_it_aborts_without_it() -> N
 
 
 def test_an_unfinished_structured_message_ends_with_its_parts_as_they_were() -> None:
-    streams = MessageStreams("c")
+    streams = with_parts("c")
     streams.receive(ProducerEvent(id="m", delta="Hi", meta={"model": "m1"}), now=1.0)
     streams.receive(chunk(type="tool-input-start", toolCallId="c1", toolName="search"), now=1.0)
     streams.receive(
@@ -340,7 +348,7 @@ def test_an_unfinished_structured_message_ends_with_its_parts_as_they_were() -> 
 
 
 def test_completed_parts_are_counted_and_freed_with_their_id() -> None:
-    streams = MessageStreams("c", max_completed=1)
+    streams = with_parts("c", max_completed=1)
     streams.receive(chunk("a", type="text-start", id="t"))
     streams.receive(chunk("a", type="text-delta", id="t", delta="abcd"))
     assert (streams.held_chars(), streams.completed_chars) == (4, 0)
@@ -357,6 +365,14 @@ def test_completed_parts_are_counted_and_freed_with_their_id() -> None:
     assert streams.completed_chars == 3
     streams.refuse("d")
     assert streams.completed_chars == 0
+
+
+def test_streams_given_no_parts_take_no_chunks() -> None:
+    streams = MessageStreams("c")
+    with pytest.raises(FrameRejected) as rejected:
+        streams.receive(chunk(type="start-step"))
+    assert rejected.value.code is ErrorCode.INVALID_EVENT
+    assert streams.phase("m") is None
 
 
 def test_a_plain_message_frame_has_no_parts_key_and_a_structured_one_has_them() -> None:

@@ -35,7 +35,8 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   later event for the id is refused too (``id_in_use``), its final included, so a
   refused message never completes once the holder is done.
 * Parts: an event with a ``chunk`` (an AI SDK ``UIMessageChunk``) makes its message
-  *structured*: it gets a :class:`~token_relay.core.parts.MessageParts`, and the text
+  *structured*: it gets a :class:`~token_relay.core.parts.MessageParts` (made by the
+  ``new_parts`` the session hands in; without one, a chunk is ``invalid_event``), and the text
   it had from top-level deltas (if it had any delta, an empty one included) becomes its
   implicit text part; the chunk applies to it, and so does every later top-level delta
   (``parts.delta``). A final finalizes the parts; the message's text is then its text
@@ -68,9 +69,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 from pydantic import MISSING
@@ -79,11 +81,30 @@ from .assembler import TokenAssembler
 from .codec import Event
 from .errors import ConfigError, ErrorCode, FrameRejected, PartRejected, id_in_use
 
-if TYPE_CHECKING:
-    # Imported when first needed: parts.py takes ``mend`` from this module.
-    from .parts import MessageParts, PartLimits
+__all__ = [
+    "TRANSITIONS",
+    "Applied",
+    "MessageStreams",
+    "Overflow",
+    "Parts",
+    "Phase",
+    "Unfinished",
+]
 
-__all__ = ["TRANSITIONS", "Applied", "MessageStreams", "Overflow", "Phase", "Unfinished"]
+
+class Parts(Protocol):
+    """What a structured message's parts do here: :class:`~token_relay.core.parts.MessageParts`.
+
+    Handed in as a factory (``new_parts``) rather than imported: the parts take
+    :func:`mend` from this module.
+    """
+
+    def apply(self, chunk: Mapping[str, Any]) -> int | None: ...
+    def delta(self, text: str) -> int | None: ...
+    def finalize(self) -> None: ...
+    def parts(self) -> list[dict[str, Any]]: ...
+    def text(self) -> str: ...
+    def chars(self) -> int: ...
 
 
 class Phase(Enum):
@@ -223,7 +244,7 @@ class _Open:
         self.meta: dict[str, Any] | None = None
         self.held = ""
         """A high surrogate waiting for its low half (see :func:`mend`)."""
-        self.parts: MessageParts | None = None
+        self.parts: Parts | None = None
         """A structured message's parts (its text is then theirs, not the assembler's)."""
 
 
@@ -244,7 +265,7 @@ class MessageStreams:
         "max_completed",
         "max_meta_bytes",
         "max_streaming",
-        "part_limits",
+        "new_parts",
     )
 
     def __init__(
@@ -255,7 +276,7 @@ class MessageStreams:
         max_completed: int = 1000,
         max_chars: int = 1 << 20,
         max_meta_bytes: int = 4096,
-        part_limits: PartLimits | None = None,
+        new_parts: Callable[[], Parts] | None = None,
     ) -> None:
         if max_streaming < 1 or max_completed < 1 or max_chars < 1:
             raise ConfigError("max_streaming, max_completed and max_chars must be at least 1")
@@ -264,13 +285,13 @@ class MessageStreams:
         self.default_channel = default_channel
         self.max_streaming = max_streaming
         self.max_completed = max_completed
-        self.part_limits = part_limits
-        """The bounds of a structured message's parts (None: the defaults of
-        :class:`~token_relay.core.parts.PartLimits`)."""
+        self.new_parts = new_parts
+        """Makes a structured message's parts (``MessageParts`` with its limits); None:
+        this session takes no chunks (``invalid_event``)."""
         self.assembler = TokenAssembler()
         self._streaming: dict[str, _Open] = {}
         self._completed: dict[str, str] = {}
-        self._completed_parts: dict[str, MessageParts] = {}
+        self._completed_parts: dict[str, Parts] = {}
         """The parts of the completed structured messages in ``_completed``."""
         self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
@@ -601,7 +622,7 @@ class MessageStreams:
         parts = None if state is None else state.parts
         try:
             if parts is None:
-                parts = self._new_parts()
+                parts = self._new_parts(message_id)
                 if state is not None and self.assembler.has_deltas(message_id):
                     # Its text so far (and a high surrogate waiting) is its implicit text part.
                     parts.delta((self.assembler.get(message_id) or "") + state.held)
@@ -662,12 +683,12 @@ class MessageStreams:
         rejection = _too_large(self.max_chars, message_id, aborted=True)
         return Overflow(self._abort(message_id), rejection)
 
-    def _new_parts(self) -> MessageParts:
-        from .parts import MessageParts, PartLimits
-
-        if self.part_limits is None:
-            self.part_limits = PartLimits()
-        return MessageParts(self.part_limits)
+    def _new_parts(self, message_id: str) -> Parts:
+        if self.new_parts is None:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT, "'chunk' is not taken here: send 'delta'", message_id
+            )
+        return self.new_parts()
 
 
 def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:
