@@ -53,9 +53,9 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   At most ``max_completed`` completed ids, and as many aborted and refused ids, are
   remembered, least recently used first out. A forgotten id is unknown again:
   an event for it starts a new message. At most ``max_chars`` characters per
-  message, counted as :meth:`~token_relay.core.parts.MessageParts.chars` for a structured
-one (a delta that would pass it aborts the message before it applies; a chunk of
-another kind, once it applied).
+  message, counted as :meth:`~token_relay.core.parts.MessageParts.chars` for a
+  structured one (a delta that would pass it aborts the message before it applies; a
+  chunk of another kind, once it applied; a new message's first event is refused).
 
 Refusals follow the rule of :mod:`token_relay.core.errors`: one that changes
 nothing is raised (:class:`~token_relay.core.errors.FrameRejected`); a delta
