@@ -201,6 +201,8 @@ PROTOCOL_SAMPLES = [
     "subscriber-confirmations",
     "subscriber-receives",
     "error-frame",
+    "producer-parts",
+    "subscriber-parts",
 ]
 
 
@@ -235,6 +237,8 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
         "subscriber-confirmations": [SERVER_FRAME],
         "subscriber-receives": [SERVER_FRAME],
         "error-frame": [SERVER_FRAME],
+        "producer-parts": [PRODUCER_EVENT],
+        "subscriber-parts": [SERVER_FRAME],
     }
     assert set(adapters) == set(PROTOCOL_SAMPLES)
     samples = {
@@ -247,6 +251,8 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
         "subscriber-confirmations": docs_block("subscriber-confirmations"),
         "subscriber-receives": docs_block("subscriber-receives"),
         "error-frame": docs_block("error-frame"),
+        "producer-parts": docs_block("producer-parts"),
+        "subscriber-parts": docs_block("subscriber-parts"),
     }
     for name, text in samples.items():
         values = _json_values(text)

@@ -27,7 +27,7 @@ from token_relay.core.protocol import (
     encode_unpositioned,
 )
 
-FIELDS = ("id", "delta", "final", "channel", "seq", "meta")
+FIELDS = ("id", "delta", "chunk", "final", "channel", "seq", "meta")
 
 # Text near every limit: empty, 255-257 characters, non-BMP, control characters, quotes.
 edge_text = st.one_of(
@@ -55,12 +55,13 @@ field_values = {
     "channel": st.one_of(edge_text, json_value),
     "seq": st.one_of(st.integers(min_value=-2, max_value=2**65), json_value),
     "meta": st.one_of(st.dictionaries(edge_text, json_value, max_size=3), json_value),
+    "chunk": st.one_of(st.dictionaries(edge_text, json_value, max_size=3), json_value),
 }
 
 
 @st.composite
 def event_objects(draw: st.DrawFn) -> Any:
-    present = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=6))
+    present = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=7))
     if draw(st.integers(0, 9)):  # usually an id, since a frame without one is dull
         present = ["id", *(f for f in present if f != "id")]
     event = {name: draw(field_values[name]) for name in present}
@@ -192,20 +193,26 @@ def test_deltas_are_encoded_as_the_models_do(channel: str, message_id: str, delt
     names,
     surrogate_text,
     st.one_of(st.none(), st.dictionaries(edge_text, json_value, max_size=3)),
+    st.one_of(st.none(), st.lists(st.dictionaries(edge_text, json_value, max_size=3), max_size=3)),
 )
 def test_message_bodies_are_encoded_as_the_models_do(
-    channel: str, message_id: str, text: str, meta: dict[str, Any] | None
+    channel: str,
+    message_id: str,
+    text: str,
+    meta: dict[str, Any] | None,
+    parts: list[dict[str, Any]] | None,
 ) -> None:
     def by_models() -> str:
         frame = MessageFrame.model_construct(
             channel=channel,
             id=message_id,
             text=text,
+            parts=MISSING if parts is None else parts,
             meta=MISSING if meta is None else meta,
             offset=0,
             epoch="",
         )
         return encode_unpositioned(frame)
 
-    got = _or_error(lambda: codec.message_body(channel, message_id, text, meta))
+    got = _or_error(lambda: codec.message_body(channel, message_id, text, meta, parts))
     assert got == _or_error(by_models)

@@ -735,7 +735,15 @@ def test_json_schema_producer_event() -> None:
     assert producer["type"] == "object"
     assert producer["additionalProperties"] is False
     assert producer["required"] == ["id"]
-    assert set(producer["properties"]) == {"id", "delta", "final", "channel", "seq", "meta"}
+    assert set(producer["properties"]) == {
+        "id",
+        "delta",
+        "chunk",
+        "final",
+        "channel",
+        "seq",
+        "meta",
+    }
     assert producer["properties"]["final"]["type"] == "boolean"
     assert producer["properties"]["delta"]["type"] == "string"
     assert producer["properties"]["channel"]["minLength"] == 1

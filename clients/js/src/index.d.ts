@@ -11,6 +11,104 @@ export type AbortReason =
 /** What the model reported with a message (usage, finish_reason, model name…). */
 export type Meta = { [key: string]: unknown };
 
+// ---------------------------------------------------------------- parts
+
+/** Provider-specific metadata, as the AI SDK passes it through. */
+export type ProviderMetadata = { [provider: string]: { [key: string]: unknown } };
+
+/** A text part; a message's `text` is its text parts' texts joined. */
+export interface TextUIPart {
+  type: "text";
+  text: string;
+  state?: "streaming" | "done";
+  providerMetadata?: ProviderMetadata;
+  citations?: unknown[];
+}
+export interface ReasoningUIPart {
+  type: "reasoning";
+  text: string;
+  state?: "streaming" | "done";
+  providerMetadata?: ProviderMetadata;
+}
+/** Where a tool call is: its input streaming or given, then its output (or error, or denial). */
+export type ToolState =
+  | "input-streaming"
+  | "input-available"
+  | "approval-requested"
+  | "approval-responded"
+  | "output-available"
+  | "output-error"
+  | "output-denied";
+interface ToolCallFields {
+  toolCallId: string;
+  state: ToolState;
+  /** The parsed input (while it streams: the text so far repaired into JSON). */
+  input?: unknown;
+  /** The input text as it streamed, when it is not (yet) the parsed input. */
+  rawInput?: unknown;
+  inputEncoding?: "json" | "text";
+  output?: unknown;
+  errorText?: string;
+  preliminary?: boolean;
+  providerExecuted?: boolean;
+  title?: string;
+  toolMetadata?: { [key: string]: unknown };
+  callProviderMetadata?: ProviderMetadata;
+  resultProviderMetadata?: ProviderMetadata;
+  approval?: { id: string; approved?: boolean; reason?: string; [key: string]: unknown };
+}
+/** A call of the tool `NAME` (type `tool-NAME`). */
+export interface ToolUIPart extends ToolCallFields {
+  type: `tool-${string}`;
+}
+/** A call of a tool not known in advance (`dynamic: true` on its start). */
+export interface DynamicToolUIPart extends ToolCallFields {
+  type: "dynamic-tool";
+  toolName: string;
+}
+export interface SourceUrlUIPart {
+  type: "source-url";
+  sourceId: string;
+  url: string;
+  title?: string;
+  providerMetadata?: ProviderMetadata;
+}
+export interface SourceDocumentUIPart {
+  type: "source-document";
+  sourceId: string;
+  mediaType: string;
+  title: string;
+  filename?: string;
+  providerMetadata?: ProviderMetadata;
+}
+export interface FileUIPart {
+  type: "file";
+  mediaType: string;
+  url: string;
+  filename?: string;
+  providerMetadata?: ProviderMetadata;
+}
+/** An app-defined part (type `data-NAME`); one with an `id` is updated in place. */
+export interface DataUIPart {
+  type: `data-${string}`;
+  id?: string;
+  data: unknown;
+}
+export interface StepStartUIPart {
+  type: "step-start";
+}
+/** One part of a structured message, in the shape `readUIMessageStream` of `ai` 7 gives. */
+export type UIPart =
+  | TextUIPart
+  | ReasoningUIPart
+  | ToolUIPart
+  | DynamicToolUIPart
+  | SourceUrlUIPart
+  | SourceDocumentUIPart
+  | FileUIPart
+  | DataUIPart
+  | StepStartUIPart;
+
 // ---------------------------------------------------------------- frames from the relay
 
 export interface SubscribedFrame {
@@ -46,6 +144,8 @@ export interface MessageFrame {
   channel: string;
   id: string;
   text: string;
+  /** Present only for a structured message: every part (delivered whole). */
+  parts?: UIPart[];
   meta?: Meta;
   offset: number;
   epoch: string;
@@ -55,6 +155,8 @@ export interface AbortedFrame {
   channel: string;
   id: string;
   text: string;
+  /** Present only for a structured message: its parts as they were. */
+  parts?: UIPart[];
   reason: AbortReason;
   meta?: Meta;
   offset: number;

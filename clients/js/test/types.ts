@@ -7,6 +7,7 @@ import {
   type ChannelSnapshot,
   type RelayMessage,
   type ServerFrame,
+  type UIPart,
 } from "token-relay-client";
 import { useRelayChannel } from "token-relay-client/react";
 
@@ -17,6 +18,26 @@ const client = new RelayClient("ws://127.0.0.1:8765/subscribe", {
   rewind: 20,
   backoff: { initial: 100 },
   onMessage: (frame, message) => {
+    const parts: UIPart[] = frame.parts ?? [];
+    const shown: string[] = parts.map((part) => {
+      switch (part.type) {
+        case "text":
+        case "reasoning":
+          return part.text;
+        case "step-start":
+          return "---";
+        case "source-url":
+          return part.url;
+        case "source-document":
+        case "file":
+          return part.mediaType;
+        case "dynamic-tool":
+          return `${part.toolName}: ${part.state}`;
+        default:
+          return "toolCallId" in part ? `${part.toolCallId}: ${part.state}` : part.type;
+      }
+    });
+    void shown;
     const exact: string = frame.text;
     const offset: number = frame.offset;
     const same: boolean = message.text === exact && message.offset === offset;

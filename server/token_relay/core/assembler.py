@@ -92,6 +92,10 @@ class TokenAssembler:
         parts = self._parts.get(message_id)
         return None if parts is None else "".join(parts)
 
+    def has_deltas(self, message_id: str) -> bool:
+        """Whether a streaming message was fed a delta, an empty one included."""
+        return bool(self._parts.get(message_id))
+
     def is_completed(self, message_id: str) -> bool:
         """Whether ``message_id`` has been finalized (and not forgotten)."""
         return message_id in self._completed

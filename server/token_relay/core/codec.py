@@ -58,6 +58,7 @@ class FastEvent(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     id: _Name
     delta: str = MISSING  # type: ignore[assignment]
+    chunk: dict[str, Any] = MISSING  # type: ignore[assignment]
     final: bool = False
     channel: _Channel = MISSING  # type: ignore[assignment]
     seq: _Seq = MISSING  # type: ignore[assignment]
@@ -138,13 +139,18 @@ def encode_delta(channel: str, message_id: str, delta: str) -> str:
 
 
 def message_body(
-    channel: str, message_id: str, text: str, meta: dict[str, Any] | None = None
+    channel: str,
+    message_id: str,
+    text: str,
+    meta: dict[str, Any] | None = None,
+    parts: list[dict[str, Any]] | None = None,
 ) -> str:
-    """A ``message`` frame without its position, which the broker gives it.
+    """A ``message`` frame without its position, which the broker gives it; ``parts`` for a
+    structured message.
 
-    Metadata goes through the models: their numbers are written as serde writes them
-    (``1e+16``), not as msgspec does (``1e16``)."""
-    if meta is None:
+    Metadata and parts go through the models: their numbers are written as serde writes
+    them (``1e+16``), not as msgspec does (``1e16``)."""
+    if meta is None and parts is None:
         body = {"type": "message", "channel": channel, "id": message_id, "text": text}
         data = _dumps(body)
         if data is not None:
@@ -153,6 +159,7 @@ def message_body(
         channel=channel,
         id=message_id,
         text=text,
+        parts=MISSING if parts is None else parts,
         meta=MISSING if meta is None else meta,
         offset=0,
         epoch="",

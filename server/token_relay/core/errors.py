@@ -89,6 +89,12 @@ class ErrorCode(StrEnum):
     TOO_MANY_PRODUCERS = "too_many_producers"
     PRODUCER_BUSY = "producer_busy"
     PRODUCER_MOVED = "producer_moved"
+    INVALID_CHUNK = "invalid_chunk"
+    UNKNOWN_PART = "unknown_part"
+    PART_ENDED = "part_ended"
+    PART_EXISTS = "part_exists"
+    TOO_MANY_PARTS = "too_many_parts"
+    PART_TOO_LARGE = "part_too_large"
 
 
 class Blame(StrEnum):

@@ -34,10 +34,12 @@ __all__ = [
     "AnyServerFrame",
     "Cancel",
     "ChannelName",
+    "Chunk",
     "DeltaFrame",
     "ErrorFrame",
     "MessageFrame",
     "MessageId",
+    "Part",
     "ProducerEvent",
     "ServerFrame",
     "SessionFrame",
@@ -110,15 +112,27 @@ Meta = dict[str, JsonValue]
 """A message's metadata: what the model reported (usage, ``finish_reason``, model name)."""
 
 
-class ProducerEvent(_Frame):
-    """One delta event from a producer. Absent ``delta`` and ``channel`` stay ``MISSING``.
+Chunk = dict[str, JsonValue]
+"""One ``UIMessageChunk`` of the AI SDK (``ai`` 7) that builds a part of a message."""
 
-    ``meta`` is merged into its message's metadata, shallowly, last write wins; it is at
-    most ``--max-meta-bytes`` of JSON.
+Part = dict[str, JsonValue]
+"""One part of a structured message, in the shape ``readUIMessageStream`` of ``ai`` 7
+assembles (``{"type": "text", "text": ..., "state": "done"}``, ``tool-<name>``, ...)."""
+
+
+class ProducerEvent(_Frame):
+    """One event from a producer. Absent ``delta``, ``chunk`` and ``channel`` stay ``MISSING``.
+
+    ``delta`` extends the message's text; ``chunk`` (an AI SDK ``UIMessageChunk``: a
+    ``text-delta``, a ``tool-input-start``, a ``source-url``...) builds one of its parts,
+    and makes the message structured. An event carries one or the other, never both
+    (``invalid_event``). ``meta`` is merged into its message's metadata, shallowly, last
+    write wins; it is at most ``--max-meta-bytes`` of JSON.
     """
 
     id: MessageId
     delta: str | MISSING = MISSING
+    chunk: Chunk | MISSING = MISSING
     final: bool = False
     channel: ChannelName | MISSING = MISSING
     seq: Annotated[int, Field(ge=1)] | MISSING = MISSING
@@ -259,12 +273,18 @@ class Unsubscribed(_Frame):
 
 
 class MessageFrame(_Frame):
-    """A completed message, delivered exactly once to each subscriber of its channel."""
+    """A completed message, delivered exactly once to each subscriber of its channel.
+
+    ``parts`` is present only for a structured message (one a producer sent chunks for):
+    every part, as ``readUIMessageStream`` of ``ai`` 7 assembles them; ``text`` is then
+    its text parts' texts joined.
+    """
 
     type: Literal["message"] = "message"
     channel: str
     id: str
     text: str
+    parts: list[Part] | MISSING = MISSING
     meta: Meta | MISSING = MISSING
     offset: int
     epoch: str
@@ -294,12 +314,14 @@ class Snapshot(_Frame):
 
 
 class Aborted(_Frame):
-    """A message died unfinished; ``text`` is what it had. It takes an offset like a message."""
+    """A message died unfinished; ``text`` (and ``parts``, for a structured message) is
+    what it had. It takes an offset like a message."""
 
     type: Literal["aborted"] = "aborted"
     channel: str
     id: str
     text: str
+    parts: list[Part] | MISSING = MISSING
     reason: AbortReason
     meta: Meta | MISSING = MISSING
     offset: int

@@ -34,12 +34,28 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   :meth:`MessageStreams.refuse`. Nothing of the message was published, and every
   later event for the id is refused too (``id_in_use``), its final included, so a
   refused message never completes once the holder is done.
+* Parts: an event with a ``chunk`` (an AI SDK ``UIMessageChunk``) makes its message
+  *structured*: it gets a :class:`~token_relay.core.parts.MessageParts` (made by the
+  ``new_parts`` the session hands in; without one, a chunk is ``invalid_event``), and the text
+  it had from top-level deltas (if it had any delta, an empty one included) becomes its
+  implicit text part; the chunk applies to it, and so does every later top-level delta
+  (``parts.delta``). A final finalizes the parts; the message's text is then its text
+  parts' texts joined, and :class:`Applied` and :class:`Unfinished` carry its parts.
+  A structured message has no partial text to hand out (:meth:`MessageStreams.partial`
+  is None, and :attr:`Applied.delta` stays None): it is delivered whole. An event with
+  both ``delta`` and ``chunk`` is refused (``invalid_event``); a chunk the parts refuse
+  gets the :class:`~token_relay.core.errors.PartRejected`'s own code (``invalid_chunk``,
+  ``unknown_part``, ``part_ended``, ``part_exists``, ``too_many_parts``,
+  ``part_too_large``). Either way nothing changes, its ``seq`` included. A plain
+  message never builds a ``MessageParts``.
 * Limits: at most ``max_streaming`` unfinished messages; a non-final event that
   would open one more is rejected (``too_many_messages``) and changes nothing.
   At most ``max_completed`` completed ids, and as many aborted and refused ids, are
   remembered, least recently used first out. A forgotten id is unknown again:
   an event for it starts a new message. At most ``max_chars`` characters per
-  message.
+  message, counted as :meth:`~token_relay.core.parts.MessageParts.chars` for a
+  structured one (a delta that would pass it aborts the message before it applies; a
+  chunk of another kind, once it applied; a new message's first event is refused).
 
 Refusals follow the rule of :mod:`token_relay.core.errors`: one that changes
 nothing is raised (:class:`~token_relay.core.errors.FrameRejected`); a delta
@@ -53,18 +69,42 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 from pydantic import MISSING
 
 from .assembler import TokenAssembler
 from .codec import Event
-from .errors import ConfigError, ErrorCode, FrameRejected, id_in_use
+from .errors import ConfigError, ErrorCode, FrameRejected, PartRejected, id_in_use
 
-__all__ = ["TRANSITIONS", "Applied", "MessageStreams", "Overflow", "Phase", "Unfinished"]
+__all__ = [
+    "TRANSITIONS",
+    "Applied",
+    "MessageStreams",
+    "Overflow",
+    "Parts",
+    "Phase",
+    "Unfinished",
+]
+
+
+class Parts(Protocol):
+    """What a structured message's parts do here: :class:`~token_relay.core.parts.MessageParts`.
+
+    Handed in as a factory (``new_parts``) rather than imported: the parts take
+    :func:`mend` from this module.
+    """
+
+    def apply(self, chunk: Mapping[str, Any]) -> int | None: ...
+    def delta(self, text: str) -> int | None: ...
+    def finalize(self) -> None: ...
+    def parts(self) -> list[dict[str, Any]]: ...
+    def text(self) -> str: ...
+    def chars(self) -> int: ...
 
 
 class Phase(Enum):
@@ -120,16 +160,20 @@ class Applied(msgspec.Struct, frozen=True, gc=False):
     """True if the event's ``seq`` was already applied: nothing was done (a final is re-acked)."""
     meta: dict[str, Any] | None = None
     """On completion: the message's metadata, merged from its events' ``meta``."""
+    parts: list[dict[str, Any]] | None = None
+    """On completion of a structured message: its parts (repeated finals included)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Unfinished:
-    """A message that ended without a final, and the text it had."""
+    """A message that ended without a final, and the text (and parts) it had."""
 
     channel: str
     message_id: str
     text: str
     meta: dict[str, Any] | None = None
+    parts: list[dict[str, Any]] | None = None
+    """A structured message's parts, as they were: an abort completes none of them."""
 
 
 class Overflow(NamedTuple):
@@ -178,7 +222,17 @@ def mend(held: str, delta: str, final: bool) -> tuple[str, str]:
 
 
 class _Open:
-    __slots__ = ("channel", "chars", "held", "last_delta", "last_event", "meta", "opened", "seq")
+    __slots__ = (
+        "channel",
+        "chars",
+        "held",
+        "last_delta",
+        "last_event",
+        "meta",
+        "opened",
+        "parts",
+        "seq",
+    )
 
     def __init__(self, channel: str, now: float, seq: int) -> None:
         self.channel = channel
@@ -190,6 +244,8 @@ class _Open:
         self.meta: dict[str, Any] | None = None
         self.held = ""
         """A high surrogate waiting for its low half (see :func:`mend`)."""
+        self.parts: Parts | None = None
+        """A structured message's parts (its text is then theirs, not the assembler's)."""
 
 
 class MessageStreams:
@@ -198,6 +254,7 @@ class MessageStreams:
     __slots__ = (
         "_aborted",
         "_completed",
+        "_completed_parts",
         "_final_seq",
         "_refused",
         "_streaming",
@@ -208,6 +265,7 @@ class MessageStreams:
         "max_completed",
         "max_meta_bytes",
         "max_streaming",
+        "new_parts",
     )
 
     def __init__(
@@ -218,6 +276,7 @@ class MessageStreams:
         max_completed: int = 1000,
         max_chars: int = 1 << 20,
         max_meta_bytes: int = 4096,
+        new_parts: Callable[[], Parts] | None = None,
     ) -> None:
         if max_streaming < 1 or max_completed < 1 or max_chars < 1:
             raise ConfigError("max_streaming, max_completed and max_chars must be at least 1")
@@ -226,9 +285,14 @@ class MessageStreams:
         self.default_channel = default_channel
         self.max_streaming = max_streaming
         self.max_completed = max_completed
+        self.new_parts = new_parts
+        """Makes a structured message's parts (``MessageParts`` with its limits); None:
+        this session takes no chunks (``invalid_event``)."""
         self.assembler = TokenAssembler()
         self._streaming: dict[str, _Open] = {}
         self._completed: dict[str, str] = {}
+        self._completed_parts: dict[str, Parts] = {}
+        """The parts of the completed structured messages in ``_completed``."""
         self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
         self._refused: dict[str, str] = {}
@@ -256,6 +320,9 @@ class MessageStreams:
                     return Applied(channel, message_id, None, duplicate=True)
                 if seq != state.seq + 1:
                     raise _seq_gap(message_id, state.seq + 1, seq)
+            if state.parts is not None or event.chunk is not MISSING:
+                return self._structured(event, channel, seq, meta, now, state)
+            if seq is not None:
                 state.seq = seq
             state.last_event = now
             if meta:
@@ -296,6 +363,10 @@ class MessageStreams:
             # A repeated final refreshes the id's place in the LRU.
             del self._completed[message_id]
             self._completed[message_id] = channel
+            done = self._completed_parts.get(message_id) if self._completed_parts else None
+            if done is not None:
+                parts = done.parts()
+                return Applied(channel, message_id, done.text(), duplicate=duplicate, parts=parts)
             text = self.assembler.get(message_id)
             return Applied(channel, message_id, text, duplicate=duplicate)
 
@@ -321,6 +392,8 @@ class MessageStreams:
             )
         if seq is not None and seq != 1:
             raise _seq_gap(message_id, 1, seq)
+        if event.chunk is not MISSING:
+            return self._structured(event, channel, seq, meta, now, None)
         delta = None if event.delta is MISSING else event.delta
         held = ""
         if delta is not None and not delta.isascii():
@@ -363,8 +436,12 @@ class MessageStreams:
         return state.seq + 1 if state.seq else None
 
     def partial(self, message_id: str) -> str | None:
-        """The text so far of an unfinished message, or None."""
-        return self.assembler.get(message_id) if message_id in self._streaming else None
+        """The text so far of an unfinished plain message, or None (for a structured one
+        too: it is delivered whole)."""
+        state = self._streaming.get(message_id)
+        if state is None or state.parts is not None:
+            return None
+        return self.assembler.get(message_id)
 
     def streaming(self) -> list[tuple[str, str]]:
         """``(id, channel)`` of every unfinished message, oldest first."""
@@ -430,9 +507,19 @@ class MessageStreams:
         channel = self._completed.pop(message_id, None)
         if channel is not None:
             self._final_seq.pop(message_id, None)
-            self.completed_chars -= len(self.assembler.get(message_id) or "")
-            self.assembler.forget(message_id)
+            self._forget_completed(message_id)
             self._remember(self._refused, message_id, channel)
+
+    def completed(self, message_id: str) -> tuple[str, list[dict[str, Any]] | None] | None:
+        """The text, and parts if it is structured, of a completed message still
+        remembered; None if there is none."""
+        if message_id not in self._completed:
+            return None
+        done = self._completed_parts.get(message_id)
+        if done is not None:
+            return done.text(), done.parts()
+        text = self.assembler.get(message_id)
+        return None if text is None else (text, None)
 
     def completed_channel(self, message_id: str) -> str | None:
         """The channel of a completed message still remembered, or None."""
@@ -455,6 +542,7 @@ class MessageStreams:
         self._final_seq.clear()
         self._aborted.clear()
         self._refused.clear()
+        self._completed_parts.clear()
         self.assembler = TokenAssembler()
         self.completed_chars = 0
         return unfinished
@@ -471,6 +559,10 @@ class MessageStreams:
 
     def _abort(self, message_id: str) -> Unfinished:
         state = self._streaming.pop(message_id)
+        parts = state.parts
+        if parts is not None:
+            self._remember(self._aborted, message_id, state.channel)
+            return Unfinished(state.channel, message_id, parts.text(), state.meta, parts.parts())
         text = (self.assembler.discard(message_id) or "") + (REPLACEMENT if state.held else "")
         self._remember(self._aborted, message_id, state.channel)
         return Unfinished(state.channel, message_id, text, state.meta)
@@ -496,8 +588,107 @@ class MessageStreams:
             self._final_seq.pop(oldest, None)
             # The memories never share an id, so this frees only a completed text.
             if memory is self._completed:
-                self.completed_chars -= len(self.assembler.get(oldest) or "")
-            self.assembler.forget(oldest)
+                self._forget_completed(oldest)
+            else:
+                self.assembler.forget(oldest)
+
+    def _forget_completed(self, message_id: str) -> None:
+        """Free a completed message's text (or parts), kept for idempotent finals."""
+        done = self._completed_parts.pop(message_id, None) if self._completed_parts else None
+        if done is not None:
+            self.completed_chars -= done.chars()
+            return
+        self.completed_chars -= len(self.assembler.get(message_id) or "")
+        self.assembler.forget(message_id)
+
+    def _structured(
+        self,
+        event: Event,
+        channel: str,
+        seq: int | None,
+        meta: dict[str, Any] | None,
+        now: float,
+        state: _Open | None,
+    ) -> Applied | Overflow:
+        """Apply an event to a structured message, or one its ``chunk`` makes structured
+        (``state`` None: a new message). Raises, changing nothing, if the parts refuse it."""
+        message_id = event.id
+        if event.chunk is not MISSING and event.delta is not MISSING:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT,
+                "an event carries 'delta' or 'chunk', not both; send them as two events",
+                message_id,
+            )
+        parts = None if state is None else state.parts
+        try:
+            if parts is None:
+                parts = self._new_parts(message_id)
+                if state is not None and self.assembler.has_deltas(message_id):
+                    # Its text so far (and a high surrogate waiting) is its implicit text part.
+                    parts.delta((self.assembler.get(message_id) or "") + state.held)
+            growth = 0
+            if event.chunk is not MISSING:
+                delta = event.chunk.get("delta", event.chunk.get("inputTextDelta"))
+                growth = len(delta) if isinstance(delta, str) else 0
+            elif event.delta is not MISSING:
+                growth = len(event.delta)
+            if parts.chars() + growth > self.max_chars:
+                if state is None or state.parts is None:
+                    raise _too_large(self.max_chars, message_id, aborted=False)
+                return self._overflow(message_id, state, seq, now)
+            if event.chunk is not MISSING:
+                parts.apply(event.chunk)
+            elif event.delta is not MISSING:
+                parts.delta(event.delta)
+        except PartRejected as exc:
+            raise FrameRejected(ErrorCode(exc.code), exc.message, message_id) from None
+        opened = state is None
+        if state is None:
+            state = _Open(channel, now, seq or 0)
+        elif seq is not None:
+            state.seq = seq
+        if state.parts is None:
+            # Structured from now on: the assembler no longer holds its text.
+            self.assembler.discard(message_id)
+            state.parts, state.held = parts, ""
+        state.last_event = now
+        if meta:
+            state.meta = {**state.meta, **meta} if state.meta else meta
+        state.chars = parts.chars()
+        if state.chars > self.max_chars:
+            if opened:
+                raise _too_large(self.max_chars, message_id, aborted=False)
+            return self._overflow(message_id, state, None, now)
+        if not event.final:
+            if opened:
+                self._streaming[message_id] = state
+            return Applied(channel, message_id, None, opened=opened)
+        parts.finalize()
+        self._streaming.pop(message_id, None)
+        self._completed_parts[message_id] = parts
+        self.completed_chars += parts.chars()
+        self._remember(self._completed, message_id, channel)
+        if state.seq:
+            self._final_seq[message_id] = state.seq
+        text = parts.text()
+        return Applied(
+            channel, message_id, text, True, None, opened, meta=state.meta, parts=parts.parts()
+        )
+
+    def _overflow(self, message_id: str, state: _Open, seq: int | None, now: float) -> Overflow:
+        """A structured message passed ``max_chars``: abort it, as a plain one is."""
+        if seq is not None:
+            state.seq = seq
+        state.last_event = now
+        rejection = _too_large(self.max_chars, message_id, aborted=True)
+        return Overflow(self._abort(message_id), rejection)
+
+    def _new_parts(self, message_id: str) -> Parts:
+        if self.new_parts is None:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT, "'chunk' is not taken here: send 'delta'", message_id
+            )
+        return self.new_parts()
 
 
 def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:

@@ -66,6 +66,8 @@ class WebhookPayload(BaseModel):
     channel: str
     id: str
     text: str
+    parts: list[dict[str, JsonValue]] | None = None
+    """A structured message's parts, as its frame has them; absent for a plain one."""
     meta: dict[str, JsonValue]
     reason: str | None = None
     """Why it was aborted (``aborted`` only)."""
@@ -145,6 +147,7 @@ class WebhookEntry:
             channel=frame["channel"],
             id=frame["id"],
             text=frame["text"],
+            parts=frame.get("parts"),
             meta=frame.get("meta") or {},
             reason=frame.get("reason"),
             offset=frame["offset"],

@@ -515,7 +515,7 @@ class ProducerEndpoint:
         completion = _Completion(channel, message_id, applied.duplicate, now, index)
         if applied.first_completion or message_id in session.unpublished:
             seq = 0 if event.seq is MISSING else event.seq
-            body = message_body(channel, message_id, text, applied.meta)
+            body = message_body(channel, message_id, text, applied.meta, applied.parts)
             completion.meta = bool(applied.meta)
             # A message that opened before holds its id's claim, or is not published; a
             # one-shot one (or a final retried after the broker was down) needs nobody
@@ -577,6 +577,7 @@ class ProducerEndpoint:
             channel=unfinished.channel,
             id=unfinished.message_id,
             text=unfinished.text,
+            parts=MISSING if unfinished.parts is None else unfinished.parts,
             reason=reason,
             meta=MISSING if unfinished.meta is None else unfinished.meta,
             offset=0,
@@ -602,13 +603,14 @@ class ProducerEndpoint:
         # producer is gone): publish them once the broker can, rather than lose them.
         for message_id in session.unpublished:
             channel = session.streams.completed_channel(message_id)
-            text = session.streams.assembler.get(message_id)
-            if channel is not None and text is not None:
+            completed = session.streams.completed(message_id)
+            if channel is not None and completed is not None:
+                text, parts = completed
                 self.broker.defer(
                     channel,
                     session.owner,
                     message_id,
-                    message_body(channel, message_id, text),
+                    message_body(channel, message_id, text, parts=parts),
                     producer=self._identity(session),
                 )
         session.unpublished.clear()

@@ -33,6 +33,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.PRODUCER_MOVED: 409,
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.MESSAGE_TOO_LARGE: 413,
+    ErrorCode.PART_TOO_LARGE: 413,
     ErrorCode.LINE_TOO_LONG: 413,
     ErrorCode.TOO_MANY_PRODUCERS: 429,
     ErrorCode.RATE_LIMITED: 429,
@@ -50,6 +51,7 @@ PRODUCE_CODES = (
     ErrorCode.RATE_LIMITED,
     ErrorCode.BROKER_UNAVAILABLE,
     ErrorCode.MESSAGE_TOO_LARGE,
+    ErrorCode.PART_TOO_LARGE,
     ErrorCode.LINE_TOO_LONG,
     ErrorCode.INVALID_JSON,
 )
