@@ -8,11 +8,12 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from token_relay.core.grants import Role
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, start_relay
-from ..harness import RedisServer, relay_process
+from ..harness import Proxy, RedisServer, ServiceProcess, relay_process
 
 SECRET = "http-producer-secret-of-at-least-32-bytes"
 
@@ -158,9 +159,21 @@ async def test_refusals_have_their_statuses() -> None:
         assert 1 <= len(answer["acks"]) <= 3
 
 
-async def test_a_named_producer_continues_on_another_process(redis_server: RedisServer) -> None:
-    flags = ("--broker", redis_server.url)
-    a, b = relay_process(*flags), relay_process(*flags)
+@pytest.mark.parametrize("latency", [0.0, 0.05], ids=["near", "slow-redis"])
+async def test_a_named_producer_continues_on_another_process(
+    redis_server: RedisServer, latency: float
+) -> None:
+    # With latency, the first process reaches Redis through a slow link: its answer must
+    # still come only once what it applied is in Redis, or the other process, which reaches
+    # Redis at once, would find no message to continue.
+    async with Proxy(redis_server.port) as link:
+        link.delay = latency
+        a = relay_process("--broker", f"redis://127.0.0.1:{link.port}/0")
+        b = relay_process("--broker", redis_server.url)
+        await _continue_on_another_process(a, b)
+
+
+async def _continue_on_another_process(a: ServiceProcess, b: ServiceProcess) -> None:
     await asyncio.gather(a.start(), b.start())
     try:
         async with running_sub(b.url) as sub:
@@ -172,7 +185,7 @@ async def test_a_named_producer_continues_on_another_process(redis_server: Redis
                 {"id": "z", "delta": "from b", "seq": 2}, {"id": "z", "final": True, "seq": 3}
             )
             status, answer = await _post(b.port, path, rest, ndjson)
-            assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["z"])
+            assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["z"]), answer
             assert (await recv_json(sub))["text"] == "from a, from b"
     finally:
         await asyncio.gather(a.stop(), b.stop())

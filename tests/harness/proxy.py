@@ -15,6 +15,8 @@ class Proxy:
         self.target_port = target_port
         self.port = 0
         self.cuts = 0
+        self.delay = 0.0
+        """Seconds each chunk of bytes waits before it is passed on (latency; order kept)."""
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._frozen: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -83,6 +85,8 @@ class Proxy:
     ) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await source.read(65536):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 if pair in self._frozen:
                     continue  # lost on the way
                 sink.write(data)

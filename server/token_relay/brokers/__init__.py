@@ -312,6 +312,10 @@ class Broker(Protocol):
     async def flush(self) -> None:
         """Return once every event published so far has reached this process's listener."""
 
+    async def flush_writes(self) -> None:
+        """Return once every write queued so far has reached the store other processes read
+        (or has failed): what this process applied, another can now take over."""
+
 
 BrokerFactory = Callable[[str, Settings, str], Broker]
 

@@ -323,6 +323,9 @@ class MemoryBroker:
     async def flush(self) -> None:
         """Nothing to wait for: events are delivered inside each call."""
 
+    async def flush_writes(self) -> None:
+        """Nothing to wait for: every write is made inside its call."""
+
     def _emit(self, channel: str, kind: FrameKind, payload: str) -> None:
         self._seq += 1
         if self._listener is not None:

@@ -238,6 +238,16 @@ class ProducerEndpoint:
             replies = self._replies.get(connection)
             if replies is not None:
                 await replies.finished()
+            if (
+                isinstance(connection, HttpProducer)
+                and connection.named
+                and self.broker.shares_sessions
+                and session.streams.streaming_count
+            ):
+                # The answer says what was applied: the next request of this producer may
+                # go to another process, which must find every message in progress as it
+                # was left here, so the writes reach the broker before the answer does.
+                await self.broker.flush_writes()
             await self._detach(session, connection)
 
     async def _detach(self, session: Session, connection: ProducerPeer) -> None:
