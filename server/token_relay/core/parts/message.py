@@ -1,0 +1,257 @@
+"""The message: :class:`MessageParts`, which applies each chunk by its kind, finalizes,
+and reads the parts, their text and their catch-up.
+
+A chunk goes to its handler, one method per type, in this module (sources, files, steps,
+data) or in the mixin of its kind (``texts``, ``tools``). A plain delta for an open part
+takes a shorter way first (:meth:`MessageParts._plain_delta`): it is most of a reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from .fields import ABSENT, Fields, put
+from .partialjson import parse_json
+from .records import TextRecord, ToolRecord
+from .refusals import INVALID_CHUNK, reject
+from .texts import TextChunks
+from .tools import ToolChunks
+
+MESSAGE_CHUNKS: Final = frozenset({"start", "finish", "abort", "error", "message-metadata"})
+
+
+class MessageParts(TextChunks, ToolChunks):
+    """One message's parts, assembled from AI SDK chunks and top-level deltas."""
+
+    __slots__ = ()
+
+    # -- reading
+
+    @property
+    def finalized(self) -> bool:
+        """Whether :meth:`finalize` ran: nothing applies any more."""
+        return self._finalized
+
+    def parts(self) -> list[dict[str, Any]]:
+        """The parts, as ``readUIMessageStream`` of ``ai`` 7 assembles them: new dicts."""
+        return [
+            dict(record) if isinstance(record, dict) else record.render() for record in self._parts
+        ]
+
+    def text(self) -> str:
+        """The concatenation of the text parts' texts, in order."""
+        return "".join(
+            record.buffer.text()
+            for record in self._parts
+            if isinstance(record, TextRecord) and record.kind == "text"
+        )
+
+    def chars(self) -> int:
+        """What the message holds, for the relay's memory accounting: characters of text
+        (text, reasoning, tool input text) plus bytes of the JSON values given (data,
+        tool input and output)."""
+        return self._chars
+
+    def catch_up(self) -> list[dict[str, Any]]:
+        """The compacted chunks that rebuild :meth:`parts` after a ``start``; the chunks
+        applied after this call then apply on top of them, so no part comes twice."""
+        chunks: list[dict[str, Any]] = []
+        marks = iter(self._finish_marks)
+        mark = next(marks, None)
+        for index, record in enumerate(self._parts):
+            while mark is not None and mark <= index:
+                chunks.append({"type": "finish-step"})
+                mark = next(marks, None)
+            if isinstance(record, dict):
+                chunks.append(
+                    {"type": "start-step"} if record["type"] == "step-start" else dict(record)
+                )
+            else:
+                chunks.extend(record.replay())
+        while mark is not None:
+            chunks.append({"type": "finish-step"})
+            mark = next(marks, None)
+        return chunks
+
+    # -- writing
+
+    def apply(self, chunk: Mapping[str, Any]) -> int | None:
+        """Apply one UI message chunk of ``ai`` 7. Returns the index of the part it
+        created or changed, or ``None`` if it changed none (``finish-step``, a transient
+        data part, anything once the message is finalized). Raises
+        :class:`~token_relay.core.errors.PartRejected`, having changed nothing."""
+        if self._finalized:
+            return None
+        if type(chunk) is dict:
+            kind = chunk.get("type")
+            if kind in _DELTAS:
+                index = self._plain_delta(chunk, kind)
+                if index is not None:
+                    return index
+        else:
+            kind = chunk.get("type") if isinstance(chunk, Mapping) else None
+        if not isinstance(kind, str):
+            raise reject(INVALID_CHUNK, "a chunk must be an object with a string 'type'")
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            return handler(self, Fields(chunk, kind, self.limits))
+        if kind.startswith("data-"):
+            return self._apply_data(Fields(chunk, kind, self.limits))
+        if kind in MESSAGE_CHUNKS:
+            raise reject(INVALID_CHUNK, f"'{kind}' is a message-level chunk, not a part")
+        raise reject(INVALID_CHUNK, f"unknown chunk type '{kind}'")
+
+    def _plain_delta(self, chunk: dict[str, Any], kind: str) -> int | None:
+        """The hot path: an ASCII delta, no metadata, for an open part, within bounds.
+        ``None`` sends the chunk the checked way, which also words any refusal."""
+        if kind == "tool-input-delta":
+            delta = chunk.get("inputTextDelta")
+            part_id = chunk.get("toolCallId")
+            found = self._open_tools.get(part_id) if type(part_id) is str else None
+            if found is None:
+                return None
+            record: TextRecord | ToolRecord = found
+            limit = self.limits.max_tool_input_chars
+        else:
+            delta = chunk.get("delta")
+            texts = self._texts if kind == "text-delta" else self._reasonings
+            part_id = chunk.get("id")
+            found_text = texts.get(part_id) if type(part_id) is str else None
+            if found_text is None or "providerMetadata" in chunk:
+                return None
+            record = found_text
+            limit = self.limits.max_part_chars
+        buffer = record.buffer
+        if (
+            type(delta) is not str
+            or buffer.held
+            or not delta.isascii()
+            or buffer.chars + len(delta) > limit
+        ):
+            return None
+        self._chars += buffer.commit(delta, "")
+        if type(record) is ToolRecord:
+            record.had_delta = True
+        return record.index
+
+    def finalize(self) -> None:
+        """Complete the parts (see the module's docstring); idempotent."""
+        if self._finalized:
+            return
+        for record in self._parts:
+            if isinstance(record, TextRecord):
+                self._chars += record.buffer.flush()
+                record.state = "done"
+                record.open = False
+            elif isinstance(record, ToolRecord) and record.state == "input-streaming":
+                self._chars += record.buffer.flush()
+                raw = record.buffer.text()
+                value = raw if record.encoding == "text" else parse_json(raw)
+                if value is ABSENT:
+                    self._fail_input(
+                        record, "the message ended before this tool call's input was valid JSON"
+                    )
+                else:
+                    record.update("input-available", input=value)
+                    record.input_end = "tool-input-available"
+                record.open = False
+        self._texts.clear()
+        self._reasonings.clear()
+        self._open_tools.clear()
+        self._finalized = True
+
+    # -- sources, files, steps and data
+
+    def _source_url(self, fields: Fields) -> int:
+        part: dict[str, Any] = {"type": "source-url", "sourceId": fields.text("sourceId")}
+        part["url"] = fields.text("url")
+        put(part, "title", fields.optional_text("title"))
+        put(part, "providerMetadata", fields.metadata())
+        return self._append(part)
+
+    def _source_document(self, fields: Fields) -> int:
+        part: dict[str, Any] = {"type": "source-document", "sourceId": fields.text("sourceId")}
+        part["mediaType"] = fields.text("mediaType")
+        part["title"] = fields.text("title")
+        put(part, "filename", fields.optional_text("filename"))
+        put(part, "providerMetadata", fields.metadata())
+        return self._append(part)
+
+    def _file(self, fields: Fields) -> int:
+        part: dict[str, Any] = {"type": "file", "mediaType": fields.text("mediaType")}
+        part["url"] = fields.text("url")
+        put(part, "providerMetadata", fields.metadata())
+        return self._append(part)
+
+    def _start_step(self, fields: Fields) -> int:
+        index = self._append({"type": "step-start"})
+        for tool in self._open_tools.values():
+            # ai looks a streaming tool up in the current step only: input chunks for it
+            # from now on would make a second part, so they are refused.
+            self._chars += tool.buffer.flush()
+            tool.open = False
+        self._open_tools.clear()
+        return index
+
+    def _finish_step(self, fields: Fields) -> None:
+        if not (self._texts or self._reasonings):
+            return None
+        for record in (*self._texts.values(), *self._reasonings.values()):
+            self._chars += record.buffer.flush()
+            record.open = False
+        self._texts.clear()
+        self._reasonings.clear()
+        self._finish_marks.append(len(self._parts))
+        return None
+
+    def _apply_data(self, fields: Fields) -> int | None:
+        chunk = fields.chunk
+        extra = set(chunk) - {"type", "id", "data", "transient"}
+        if extra:
+            raise fields.bad(sorted(extra)[0], "absent: a data chunk carries id, data, transient")
+        data_id = fields.optional_text("id")
+        size = fields.size("data", fields.value("data", required=True))
+        if fields.optional_bool("transient") is True:
+            return None
+        key = (fields.kind, data_id) if isinstance(data_id, str) else None
+        found = None if key is None else self._data.get(key)
+        if found is not None:
+            index, old = found
+            part = self._parts[index]
+            assert isinstance(part, dict)
+            part["data"] = chunk["data"]
+        else:
+            index = self._append(dict(chunk))
+            old = 0
+        if key is not None:
+            self._data[key] = (index, size)
+        self._chars += size - old
+        return index
+
+
+_DELTAS: Final = frozenset({"text-delta", "reasoning-delta", "tool-input-delta"})
+
+_HANDLERS: Final[dict[str, Callable[[MessageParts, Fields], int | None]]] = {
+    "text-start": MessageParts._start_text,
+    "text-delta": MessageParts._text_delta,
+    "text-end": MessageParts._end_text,
+    "reasoning-start": MessageParts._start_text,
+    "reasoning-delta": MessageParts._text_delta,
+    "reasoning-end": MessageParts._end_text,
+    "tool-input-start": MessageParts._tool_input_start,
+    "tool-input-delta": MessageParts._tool_input_delta,
+    "tool-input-available": MessageParts._tool_input_available,
+    "tool-input-error": MessageParts._tool_input_error,
+    "tool-approval-request": MessageParts._tool_approval_request,
+    "tool-approval-response": MessageParts._tool_approval_response,
+    "tool-output-available": MessageParts._tool_output_available,
+    "tool-output-error": MessageParts._tool_output_error,
+    "tool-output-denied": MessageParts._tool_output_denied,
+    "source-url": MessageParts._source_url,
+    "source-document": MessageParts._source_document,
+    "file": MessageParts._file,
+    "start-step": MessageParts._start_step,
+    "finish-step": MessageParts._finish_step,
+}
+"""Chunk type → what applies it (``data-<name>`` aside)."""
