@@ -108,6 +108,65 @@ class Fields:
             raise self.bad("providerMetadata", "an object of objects")
         return value
 
+    def citations(self) -> list[dict[str, Any]] | Absent:
+        """``citations`` on ``text-end``, as ``ai`` 7's schema reads them: an array (never
+        ``null``) of citations, each one checked, the keys it does not know dropped (its
+        objects strip them)."""
+        if "citations" not in self.chunk:
+            return ABSENT
+        value = self.chunk["citations"]
+        if not isinstance(value, list):
+            raise self.bad("citations", "an array")
+        self.size("citations", value)
+        return [self._citation(item) for item in value]
+
+    def _citation(self, item: Any) -> dict[str, Any]:
+        bad = self.bad(
+            "citations", "an array of {source, startIndex?, endIndex?, citedText?} citations"
+        )
+        source = item.get("source") if isinstance(item, dict) else None
+        if not isinstance(source, dict) or source.get("type") != "source":
+            raise bad
+        kind = source.get("sourceType")
+        shape = CITED_SOURCES.get(kind) if isinstance(kind, str) else None
+        if shape is None:
+            raise bad
+        required, optional = shape
+        kept: dict[str, Any] = {"type": "source", "sourceType": kind}
+        for key in (*required, *optional):
+            if key in source or key in required:
+                if not isinstance(source.get(key), str):
+                    raise bad
+                kept[key] = source[key]
+        if "providerMetadata" in source:
+            metadata = source["providerMetadata"]
+            if not isinstance(metadata, dict) or not all(
+                isinstance(entry, dict) for entry in metadata.values()
+            ):
+                raise bad
+            kept["providerMetadata"] = metadata
+        citation: dict[str, Any] = {"source": kept}
+        for key in ("startIndex", "endIndex"):
+            if key in item:
+                index = item[key]
+                whole = isinstance(index, int) or (isinstance(index, float) and index.is_integer())
+                if isinstance(index, bool) or not whole or index < 0:
+                    raise bad
+                citation[key] = int(index)
+        if "citedText" in item:
+            if not isinstance(item["citedText"], str):
+                raise bad
+            citation["citedText"] = item["citedText"]
+        return citation
+
+
+CITED_SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "url": (("id", "url"), ("title",)),
+    "document": (("id", "mediaType", "title"), ("filename",)),
+}
+"""A citation's source by its ``sourceType``: the string fields it must have, then those
+it may have (``ai`` 7's citation schema)."""
+
 
 def put(target: dict[str, Any], key: str, value: Any) -> None:
     """``target[key] = value`` as JavaScript does it: assigning ``undefined`` removes it."""

@@ -82,9 +82,7 @@ class TextChunks(PartsState):
     def _end_text(self, fields: Fields) -> int:
         record = self._open_record(fields, fields.kind.partition("-")[0])
         metadata = fields.metadata()
-        citations = ABSENT if fields.kind == "reasoning-end" else fields.value("citations")
-        if citations is not ABSENT and not isinstance(citations, list):
-            raise fields.bad("citations", "an array")
+        citations = ABSENT if fields.kind == "reasoning-end" else fields.citations()
         self._chars += record.buffer.flush()
         record.metadata = fallback(metadata, record.metadata)
         if citations is not ABSENT:
