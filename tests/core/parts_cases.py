@@ -1,0 +1,578 @@
+"""Replies as the AI SDK's UI message chunks, for holding ``MessageParts`` to the real ``ai``
+package (tests/e2e/test_parts_shape.py runs each one through both and compares the parts).
+
+A case's steps are ``ai`` 7 ``UIMessageChunk``s that build parts, or :func:`delta` steps: a
+top-level delta that names no part and extends the message's implicit text part. The package
+sees a delta step as ``text-delta`` on the text part with id ``"text"``, opened by a
+``text-start`` before the first one.
+
+``finalize_as``, where given, are the chunks that complete the parts as ``finalize()`` does:
+fed to the package after the steps, they give the parts that ``finalize()`` leaves. An
+``errorText`` of :data:`ANY_ERROR_TEXT` stands for the core's own wording.
+
+Text is written with escapes where the code points matter: ``"\\ud83d"`` is half of a
+surrogate pair, sent alone in a delta as a producer cutting UTF-16 would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Step = dict[str, Any]
+"""A UIMessageChunk, or a top-level delta (:func:`delta`)."""
+
+ANY_ERROR_TEXT = "*"
+"""In ``finalize_as``: the ``errorText`` the core chooses, any non-empty string."""
+
+
+def delta(text: str) -> Step:
+    """A top-level delta: no part named, so it extends the implicit text part."""
+    return {"delta": text}
+
+
+@dataclass(frozen=True)
+class PartsCase:
+    """A reply's steps, and how ``finalize()`` completes it where that is checked."""
+
+    name: str
+    steps: list[Step]
+    finalize_as: list[Step] | None = None
+
+
+@dataclass(frozen=True)
+class RefusedCase:
+    """Steps the package accepts, then one chunk it refuses; ``code`` is the core's."""
+
+    name: str
+    steps: list[Step]
+    refused: Step
+    code: str
+    majors: tuple[str, ...] = field(default=("ai", "ai-v6"))
+
+
+def _text(part_id: str, *pieces: str, end: bool = True) -> list[Step]:
+    chunks: list[Step] = [{"type": "text-start", "id": part_id}]
+    chunks += [{"type": "text-delta", "id": part_id, "delta": piece} for piece in pieces]
+    if end:
+        chunks.append({"type": "text-end", "id": part_id})
+    return chunks
+
+
+def _reasoning(part_id: str, *pieces: str, end: bool = True) -> list[Step]:
+    chunks: list[Step] = [{"type": "reasoning-start", "id": part_id}]
+    chunks += [{"type": "reasoning-delta", "id": part_id, "delta": piece} for piece in pieces]
+    if end:
+        chunks.append({"type": "reasoning-end", "id": part_id})
+    return chunks
+
+
+def _tool_input(call: str, name: str, *pieces: str, **start: Any) -> list[Step]:
+    chunks: list[Step] = [
+        {"type": "tool-input-start", "toolCallId": call, "toolName": name, **start}
+    ]
+    chunks += [
+        {"type": "tool-input-delta", "toolCallId": call, "inputTextDelta": piece}
+        for piece in pieces
+    ]
+    return chunks
+
+
+def _available(call: str, name: str, value: Any, **more: Any) -> Step:
+    return {
+        "type": "tool-input-available",
+        "toolCallId": call,
+        "toolName": name,
+        "input": value,
+        **more,
+    }
+
+
+def _output(call: str, value: Any, **more: Any) -> Step:
+    return {"type": "tool-output-available", "toolCallId": call, "output": value, **more}
+
+
+WEATHER_INPUT = ('{"ci', 'ty": "Pa', 'ris", "days"', ": [1, 2]}")
+WEATHER = {"city": "Paris", "days": [1, 2]}
+METADATA_A = {"openai": {"itemId": "item-1"}}
+METADATA_B = {"openai": {"itemId": "item-2", "score": 0.5}}
+
+CASES: list[PartsCase] = [
+    # --- text
+    PartsCase("plain text", _text("t1", "Hel", "lo, ", "world")),
+    PartsCase(
+        "text still streaming",
+        _text("t1", "Hel", "lo", end=False),
+        finalize_as=[{"type": "text-end", "id": "t1"}],
+    ),
+    PartsCase("text part with no delta", _text("t1")),
+    PartsCase(
+        "text part opened, nothing yet",
+        _text("t1", end=False),
+        finalize_as=[{"type": "text-end", "id": "t1"}],
+    ),
+    PartsCase("empty deltas count", _text("t1", "", "a", "", "b", "")),
+    PartsCase("two text parts", _text("t1", "first") + _text("t2", "second")),
+    PartsCase(
+        "two text parts interleaved",
+        [
+            {"type": "text-start", "id": "t1"},
+            {"type": "text-start", "id": "t2"},
+            {"type": "text-delta", "id": "t1", "delta": "one "},
+            {"type": "text-delta", "id": "t2", "delta": "two"},
+            {"type": "text-end", "id": "t2"},
+            {"type": "text-delta", "id": "t1", "delta": "more"},
+        ],
+        finalize_as=[{"type": "text-end", "id": "t1"}],
+    ),
+    # --- the implicit text part: top-level deltas
+    PartsCase(
+        "implicit text",
+        [delta("Hel"), delta("lo"), delta(", world")],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    PartsCase(
+        "implicit text opened by an empty delta",
+        [delta(""), delta(""), delta("x")],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    PartsCase(
+        "implicit text that is only an empty delta",
+        [delta("")],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    PartsCase(
+        "implicit text after a reasoning part, beside an explicit text part",
+        [
+            *_reasoning("r1", "think"),
+            delta("a"),
+            *_text("t2", "b", end=False),
+            delta("c"),
+            {"type": "text-end", "id": "t2"},
+            delta("d"),
+        ],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    PartsCase(
+        'a producer\'s own text part "text", extended by top-level deltas',
+        [
+            {"type": "text-start", "id": "text"},
+            delta("a"),
+            {"type": "text-delta", "id": "text", "delta": "b"},
+            delta("c"),
+        ],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    # --- reasoning
+    PartsCase("reasoning then text", _reasoning("r1", "Let me ", "think.") + _text("t1", "Yes.")),
+    PartsCase(
+        "reasoning still streaming",
+        _reasoning("r1", "hmm", end=False),
+        finalize_as=[{"type": "reasoning-end", "id": "r1"}],
+    ),
+    PartsCase(
+        "reasoning with an empty delta and no end, then text",
+        [*_reasoning("r1", "", "a", end=False), *_text("t1", "b", end=False)],
+        finalize_as=[{"type": "reasoning-end", "id": "r1"}, {"type": "text-end", "id": "t1"}],
+    ),
+    # --- tools
+    PartsCase(
+        "a tool call: streamed input, input-available, output-available",
+        [
+            *_tool_input("call-1", "weather", *WEATHER_INPUT),
+            _available("call-1", "weather", WEATHER),
+            _output("call-1", {"temperature": 21, "unit": "C"}),
+        ],
+    ),
+    PartsCase("tool input opened, nothing yet", _tool_input("call-1", "weather")),
+    PartsCase(
+        "tool input streaming, cut inside a string (the package repairs the partial JSON)",
+        _tool_input("call-1", "weather", '{"city": "Par'),
+        finalize_as=[_available("call-1", "weather", {"city": "Par"})],
+    ),
+    PartsCase(
+        "tool input streaming, whole JSON, no input-available yet",
+        _tool_input("call-1", "weather", *WEATHER_INPUT),
+        finalize_as=[_available("call-1", "weather", WEATHER)],
+    ),
+    PartsCase(
+        "tool input streaming that never parses",
+        _tool_input("call-1", "weather", '{"city": ', "}"),
+        finalize_as=[
+            {
+                "type": "tool-input-error",
+                "toolCallId": "call-1",
+                "toolName": "weather",
+                "input": '{"city": }',
+                "errorText": ANY_ERROR_TEXT,
+            }
+        ],
+    ),
+    PartsCase(
+        "input-available with no input streamed",
+        [_available("call-1", "search", {"q": "relay"}), _output("call-1", ["a", "b"])],
+    ),
+    PartsCase(
+        "a tool error: input that did not parse",
+        [
+            *_tool_input("call-1", "weather", '{"city"'),
+            {
+                "type": "tool-input-error",
+                "toolCallId": "call-1",
+                "toolName": "weather",
+                "input": '{"city"',
+                "errorText": "Invalid JSON input",
+            },
+        ],
+    ),
+    PartsCase(
+        "tool-output-error",
+        [
+            *_tool_input("call-1", "weather", '{"city": "Oslo"}'),
+            _available("call-1", "weather", {"city": "Oslo"}),
+            {"type": "tool-output-error", "toolCallId": "call-1", "errorText": "timed out"},
+        ],
+    ),
+    PartsCase(
+        "preliminary outputs, then the final one",
+        [
+            _available("call-1", "research", {"topic": "relays"}),
+            _output("call-1", {"status": "reading"}, preliminary=True),
+            _output("call-1", {"status": "writing"}, preliminary=True),
+            _output("call-1", {"status": "done", "pages": 3}),
+        ],
+    ),
+    PartsCase(
+        "tool-output-denied",
+        [
+            _available("call-1", "delete", {"path": "/tmp/x"}),
+            {"type": "tool-output-denied", "toolCallId": "call-1"},
+        ],
+    ),
+    PartsCase(
+        "a dynamic tool with a title",
+        [
+            *_tool_input("call-9", "mcp_lookup", '{"id"', ": 7}", dynamic=True, title="Lookup"),
+            _available("call-9", "mcp_lookup", {"id": 7}, dynamic=True),
+            _output("call-9", {"name": "seven"}, dynamic=True),
+        ],
+    ),
+    PartsCase(
+        "a dynamic tool still streaming its input",
+        _tool_input("call-9", "mcp_lookup", '{"id": 7', dynamic=True),
+        finalize_as=[_available("call-9", "mcp_lookup", {"id": 7}, dynamic=True)],
+    ),
+    PartsCase(
+        "a dynamic tool's output error",
+        [
+            _available("call-9", "mcp_lookup", {"id": 7}, dynamic=True),
+            {"type": "tool-output-error", "toolCallId": "call-9", "errorText": "no such id"},
+        ],
+    ),
+    PartsCase(
+        "two tool calls in one step, outputs in the other order",
+        [
+            *_tool_input("call-1", "weather", '{"city": "Rome"}'),
+            *_tool_input("call-2", "time", '{"tz": "CET"}'),
+            _available("call-1", "weather", {"city": "Rome"}),
+            _available("call-2", "time", {"tz": "CET"}),
+            _output("call-2", "12:00"),
+            _output("call-1", {"temperature": 30}),
+        ],
+    ),
+    PartsCase(
+        "a provider-executed tool with provider metadata on call and result",
+        [
+            *_tool_input(
+                "call-1",
+                "web_search",
+                '{"q": "x"}',
+                providerExecuted=True,
+                providerMetadata=METADATA_A,
+            ),
+            _available(
+                "call-1",
+                "web_search",
+                {"q": "x"},
+                providerExecuted=True,
+                providerMetadata=METADATA_A,
+            ),
+            _output("call-1", {"hits": 2}, providerExecuted=True, providerMetadata=METADATA_B),
+        ],
+    ),
+    # --- sources, files, data
+    PartsCase(
+        "sources and a file",
+        [
+            {"type": "source-url", "sourceId": "s1", "url": "https://example.com/a", "title": "A"},
+            {"type": "source-url", "sourceId": "s2", "url": "https://example.com/b"},
+            {
+                "type": "source-document",
+                "sourceId": "s3",
+                "mediaType": "application/pdf",
+                "title": "Report",
+                "filename": "report.pdf",
+            },
+            {
+                "type": "source-document",
+                "sourceId": "s4",
+                "mediaType": "text/plain",
+                "title": "Notes",
+            },
+            {"type": "file", "url": "https://example.com/chart.png", "mediaType": "image/png"},
+            {
+                "type": "file",
+                "url": "data:text/plain;base64,aGk=",
+                "mediaType": "text/plain",
+                "providerMetadata": METADATA_A,
+            },
+        ],
+    ),
+    PartsCase(
+        "sources with provider metadata",
+        [
+            {
+                "type": "source-url",
+                "sourceId": "s1",
+                "url": "https://example.com",
+                "providerMetadata": METADATA_A,
+            },
+            {
+                "type": "source-document",
+                "sourceId": "s2",
+                "mediaType": "text/plain",
+                "title": "T",
+                "providerMetadata": METADATA_B,
+            },
+        ],
+    ),
+    PartsCase(
+        "a data part with an id, updated in place",
+        [
+            {"type": "data-weather", "id": "w1", "data": {"status": "loading"}},
+            *_text("t1", "Checking"),
+            {"type": "data-weather", "id": "w1", "data": {"status": "done", "temp": 21}},
+        ],
+    ),
+    PartsCase(
+        "data parts without an id are each a part",
+        [
+            {"type": "data-note", "data": "one"},
+            {"type": "data-note", "data": "one"},
+            {"type": "data-note", "data": {"nested": [1, None, True]}},
+        ],
+    ),
+    PartsCase(
+        "one id under two data types is two parts",
+        [
+            {"type": "data-a", "id": "x", "data": 1},
+            {"type": "data-b", "id": "x", "data": 2},
+            {"type": "data-a", "id": "x", "data": 3},
+        ],
+    ),
+    PartsCase(
+        "transient data is not a part",
+        [
+            {"type": "data-progress", "data": {"percent": 10}, "transient": True},
+            delta("a"),
+            {"type": "data-progress", "id": "p", "data": {"percent": 50}, "transient": True},
+            delta("b"),
+        ],
+    ),
+    PartsCase(
+        "data marked not transient keeps the flag",
+        [{"type": "data-status", "id": "s", "data": "ok", "transient": False}],
+    ),
+    PartsCase(
+        "data values of every JSON kind",
+        [
+            {"type": "data-n", "data": 0},
+            {"type": "data-f", "data": 1.5},
+            {"type": "data-s", "data": ""},
+            {"type": "data-b", "data": False},
+            {"type": "data-z", "data": None},
+            {"type": "data-l", "data": []},
+            {"type": "data-o", "data": {}},
+        ],
+    ),
+    # --- steps
+    PartsCase(
+        "two steps with parts in each",
+        [
+            {"type": "start-step"},
+            *_reasoning("r1", "I should look it up."),
+            *_tool_input("call-1", "weather", '{"city": "Paris"}'),
+            _available("call-1", "weather", {"city": "Paris"}),
+            _output("call-1", {"temperature": 21}),
+            {"type": "finish-step"},
+            {"type": "start-step"},
+            *_text("t1", "It is ", "21 °C."),
+            {"type": "source-url", "sourceId": "s1", "url": "https://weather.example"},
+            {"type": "finish-step"},
+        ],
+    ),
+    PartsCase(
+        "a step still streaming",
+        [
+            {"type": "start-step"},
+            *_text("t1", "done"),
+            {"type": "finish-step"},
+            {"type": "start-step"},
+            *_reasoning("r2", "still", end=False),
+            *_tool_input("call-2", "calc", '{"a": 1', dynamic=True),
+        ],
+        finalize_as=[
+            {"type": "reasoning-end", "id": "r2"},
+            _available("call-2", "calc", {"a": 1}, dynamic=True),
+        ],
+    ),
+    PartsCase(
+        "a step with nothing in it",
+        [{"type": "start-step"}, {"type": "finish-step"}, {"type": "start-step"}, delta("x")],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    # --- provider metadata on text and reasoning
+    PartsCase(
+        "provider metadata set at start, replaced by a delta and by the end",
+        [
+            {"type": "text-start", "id": "t1", "providerMetadata": METADATA_A},
+            {"type": "text-delta", "id": "t1", "delta": "a"},
+            {"type": "text-delta", "id": "t1", "delta": "b", "providerMetadata": METADATA_B},
+            {"type": "text-end", "id": "t1"},
+            {"type": "reasoning-start", "id": "r1"},
+            {"type": "reasoning-delta", "id": "r1", "delta": "c"},
+            {"type": "reasoning-end", "id": "r1", "providerMetadata": METADATA_A},
+        ],
+    ),
+    # --- unicode
+    PartsCase(
+        "astral and combining characters",
+        _text("t1", "👋🏽 ", "e\u0301", "\U0001f600", "\u200d") + _reasoning("r1", "日本語 ", "🧠"),
+    ),
+    PartsCase(
+        "a surrogate pair split across deltas of each kind of part",
+        [
+            *_text("t1", "a\ud83d", "\ude00b"),
+            *_reasoning("r1", "\ud83e", "\udde0"),
+            delta("x\ud83d"),
+            delta("\udc4b"),
+            *_tool_input("call-1", "echo", '{"s": "\ud83d', '\ude00"}'),
+        ],
+        finalize_as=[
+            {"type": "text-end", "id": "text"},
+            _available("call-1", "echo", {"s": "\U0001f600"}),
+        ],
+    ),
+    PartsCase(
+        "unicode in tool input, data and sources",
+        [
+            _available("call-1", "translate", {"text": "naïve 🍣"}),
+            _output("call-1", "ナイーブ"),
+            {"type": "data-emoji", "id": "e", "data": "🎉"},
+            {"type": "source-url", "sourceId": "s", "url": "https://例え.jp", "title": "例"},
+        ],
+    ),
+]
+
+
+REFUSED: list[RefusedCase] = [
+    RefusedCase(
+        "text-delta with no text-start",
+        [],
+        {"type": "text-delta", "id": "t1", "delta": "x"},
+        "unknown_part",
+    ),
+    RefusedCase(
+        "text-end with no text-start",
+        _text("t1", "a"),
+        {"type": "text-end", "id": "t2"},
+        "unknown_part",
+    ),
+    RefusedCase(
+        "text-delta after its text-end",
+        _text("t1", "a"),
+        {"type": "text-delta", "id": "t1", "delta": "b"},
+        "part_ended",
+    ),
+    RefusedCase(
+        "reasoning-delta with no reasoning-start",
+        _text("r1", "a", end=False),
+        {"type": "reasoning-delta", "id": "r1", "delta": "x"},
+        "unknown_part",
+    ),
+    RefusedCase(
+        "reasoning-end after its reasoning-end",
+        _reasoning("r1", "a"),
+        {"type": "reasoning-end", "id": "r1"},
+        "part_ended",
+    ),
+    RefusedCase(
+        "tool-input-delta with no tool-input-start",
+        [],
+        {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": "{"},
+        "unknown_part",
+    ),
+    RefusedCase(
+        "tool-output-available for an unknown call",
+        _tool_input("c1", "w", "{}"),
+        _output("c2", 1),
+        "unknown_part",
+    ),
+    RefusedCase(
+        "tool-output-error for an unknown call",
+        [],
+        {"type": "tool-output-error", "toolCallId": "c", "errorText": "x"},
+        "unknown_part",
+    ),
+    RefusedCase(
+        "tool-output-denied for an unknown call",
+        [delta("a")],
+        {"type": "tool-output-denied", "toolCallId": "c"},
+        "unknown_part",
+    ),
+    RefusedCase(
+        "an unknown type", [delta("a")], {"type": "text-replace", "id": "t"}, "invalid_chunk"
+    ),
+    RefusedCase("no type", _text("t1", "a"), {"id": "t1", "delta": "b"}, "invalid_chunk"),
+    RefusedCase("text-start without an id", [], {"type": "text-start"}, "invalid_chunk"),
+    RefusedCase(
+        "a text-delta whose delta is not a string",
+        _text("t1", end=False),
+        {"type": "text-delta", "id": "t1", "delta": 5},
+        "invalid_chunk",
+    ),
+    RefusedCase(
+        "a text-delta with no delta",
+        _text("t1", end=False),
+        {"type": "text-delta", "id": "t1"},
+        "invalid_chunk",
+    ),
+    RefusedCase(
+        "tool-input-start without a toolName",
+        [],
+        {"type": "tool-input-start", "toolCallId": "c"},
+        "invalid_chunk",
+    ),
+    RefusedCase(
+        "tool-input-available without an input",
+        [],
+        {"type": "tool-input-available", "toolCallId": "c", "toolName": "w"},
+        "invalid_chunk",
+    ),
+    RefusedCase("a data part without data", [], {"type": "data-x", "id": "d"}, "invalid_chunk"),
+    RefusedCase(
+        "a data part whose id is not a string",
+        [],
+        {"type": "data-x", "id": 3, "data": 1},
+        "invalid_chunk",
+    ),
+    RefusedCase(
+        "a source-url without a url", [], {"type": "source-url", "sourceId": "s"}, "invalid_chunk"
+    ),
+    RefusedCase(
+        "a file without a mediaType",
+        [],
+        {"type": "file", "url": "https://example.com/f"},
+        "invalid_chunk",
+    ),
+]

@@ -1,0 +1,337 @@
+"""``MessageParts`` held to the real ``ai`` package: the parts the core assembles are, key for
+key, the ``message.parts`` that the AI SDK's own reader assembles from the same chunks, at its
+current major and the one before.
+
+Every case of tests/core/parts_cases.py runs through the core and, in one Node process per
+major, through tests/js/ui_parts.mjs: the chunks framed as a UI message stream body, read as
+``DefaultChatTransport`` reads one (its chunk schema first) and then by
+``readUIMessageStream``. Three promises are checked:
+
+* the parts are equal (and so is the text), and ``finalize()`` completes them as the chunks
+  that end each open part would (``ai`` 7 decides, as the design says);
+* a compacted ``catch_up()`` at every cut point, followed by the chunks that come after it,
+  gives the package exactly the parts of the whole reply: never a part twice, one delta per
+  part at most;
+* a chunk the package refuses, the core refuses too, with ``PartRejected`` and nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from token_relay.core.parts import MessageParts, PartRejected
+
+from ..core.parts_cases import ANY_ERROR_TEXT, CASES, REFUSED, PartsCase, Step
+
+AI_MAJORS = ("ai", "ai-v6")
+"""The AI SDK's packages in tests/js: its current major, and the one before."""
+
+MAJOR_DIFFERENCES = {
+    ("ai-v6", "a tool error: input that did not parse"): (
+        "ai 6 keeps a tool-input-error's input as rawInput, ai 7 as input"
+    ),
+}
+"""Cases whose parts differ between the majors: the core follows ``ai`` 7, so these are
+compared with ``ai`` 7 only."""
+
+MESSAGE_CHUNKS = frozenset({"start", "finish", "abort", "error", "message-metadata"})
+DELTA_KEYS = {"text-delta": "id", "reasoning-delta": "id", "tool-input-delta": "toolCallId"}
+"""Chunks that extend a part's text, and the field that names the part."""
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """What the package made of one run: the final parts, and its refusal if it refused."""
+
+    parts: list[dict[str, Any]]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Package:
+    """One major of the AI SDK, driven by tests/js/ui_parts.mjs."""
+
+    script: Path
+    name: str
+
+    def assemble(self, runs: Sequence[list[Step]]) -> list[Assembled]:
+        """Each run's chunks through the package, all in one Node process."""
+        cases = [{"name": str(index), "chunks": chunks} for index, chunks in enumerate(runs)]
+        # ensure_ascii keeps a lone surrogate as a \\u escape, which JSON.parse reads as one
+        # UTF-16 code unit: the producer's own cut.
+        done = subprocess.run(
+            ["node", str(self.script)],
+            input=json.dumps(cases).encode(),
+            capture_output=True,
+            env=_node_environment(self.name),
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+        lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
+        assert [line["name"] for line in lines] == [case["name"] for case in cases]
+        return [Assembled(line["parts"], line.get("error")) for line in lines]
+
+
+def _node_environment(package: str) -> dict[str, str]:
+    return {**os.environ, "AI_PACKAGE": package}
+
+
+@pytest.fixture(scope="session", params=AI_MAJORS)
+def package(js_clients: Path, request: pytest.FixtureRequest) -> Package:
+    """The AI SDK at each major."""
+    return Package(js_clients / "ui_parts.mjs", request.param)
+
+
+@pytest.fixture(scope="session")
+def ai_7(js_clients: Path) -> Package:
+    """The AI SDK at its current major, which decides where the majors differ."""
+    return Package(js_clients / "ui_parts.mjs", "ai")
+
+
+# ----------------------------------------------------------------------- the two sides
+
+
+def _is_top_level(step: Step) -> bool:
+    return step.keys() == {"delta"}
+
+
+def _as_chunks(steps: Sequence[Step]) -> list[list[Step]]:
+    """Each step as the package sees it: a top-level delta is a ``text-delta`` on the part
+    ``"text"``, opened by a ``text-start`` before the first one (unless the producer opened
+    a part ``"text"`` itself)."""
+    per_step: list[list[Step]] = []
+    opened = False
+    for step in steps:
+        if _is_top_level(step):
+            chunks: list[Step] = [] if opened else [{"type": "text-start", "id": "text"}]
+            chunks.append({"type": "text-delta", "id": "text", "delta": step["delta"]})
+            opened = True
+            per_step.append(chunks)
+        else:
+            opened = opened or (step.get("type"), step.get("id")) == ("text-start", "text")
+            per_step.append([step])
+    return per_step
+
+
+def _flat(per_step: Iterable[list[Step]]) -> list[Step]:
+    return [chunk for chunks in per_step for chunk in chunks]
+
+
+def _core(steps: Iterable[Step]) -> MessageParts:
+    parts = MessageParts()
+    for step in steps:
+        if _is_top_level(step):
+            parts.delta(step["delta"])
+        else:
+            parts.apply(step)
+    return parts
+
+
+def _cases(major: str) -> list[PartsCase]:
+    return [case for case in CASES if (major, case.name) not in MAJOR_DIFFERENCES]
+
+
+def _texts(parts: list[dict[str, Any]]) -> str:
+    return "".join(part["text"] for part in parts if part["type"] == "text")
+
+
+def _mask_error_text(core: list[dict[str, Any]], package: list[dict[str, Any]]) -> None:
+    """Where the package's part holds :data:`ANY_ERROR_TEXT`, the core's own wording stands:
+    any non-empty string."""
+    for mine, theirs in zip(core, package, strict=False):
+        if theirs.get("errorText") == ANY_ERROR_TEXT:
+            assert isinstance(mine.get("errorText"), str), mine
+            assert mine["errorText"], mine
+            mine["errorText"] = ANY_ERROR_TEXT
+
+
+def _differences(
+    names: Sequence[str], core: Sequence[Any], package: Sequence[Assembled]
+) -> list[str]:
+    found = []
+    for name, mine, theirs in zip(names, core, package, strict=True):
+        if theirs.error is not None:
+            found.append(f"{name}: the package refused it: {theirs.error}")
+        elif mine != theirs.parts:
+            found.append(f"{name}:\n  core:    {mine}\n  package: {theirs.parts}")
+    return found
+
+
+# ----------------------------------------------------------------------- same parts
+
+
+def test_the_core_assembles_the_packages_parts(package: Package) -> None:
+    cases = _cases(package.name)
+    assembled = package.assemble([_flat(_as_chunks(case.steps)) for case in cases])
+    cores = [_core(case.steps) for case in cases]
+    names = [case.name for case in cases]
+    assert _differences(names, [core.parts() for core in cores], assembled) == []
+    assert [core.text() for core in cores] == [_texts(theirs.parts) for theirs in assembled]
+    assert not any(core.finalized for core in cores)
+
+
+def test_finalize_completes_the_parts_as_their_ending_chunks_would(ai_7: Package) -> None:
+    cases = [case for case in CASES if case.finalize_as is not None]
+    assert len(cases) >= 10
+    ended = [_flat(_as_chunks(case.steps)) + (case.finalize_as or []) for case in cases]
+    cores = [_core(case.steps) for case in cases]
+    for core in cores:
+        core.finalize()
+    # What a late reader of a finalized message is given rebuilds the same parts.
+    caught_up = [core.catch_up() for core in cores]
+    assembled = ai_7.assemble(ended + caught_up)
+    finalized, rebuilt = assembled[: len(cases)], assembled[len(cases) :]
+    names = [case.name for case in cases] * 2
+    for name, core, theirs in zip(names, cores * 2, finalized + rebuilt, strict=True):
+        assert theirs.error is None, (name, theirs.error)
+        mine = core.parts()
+        _mask_error_text(mine, theirs.parts)
+        assert mine == theirs.parts, name
+    for core in cores:
+        assert core.finalized
+        assert all(part.get("state") != "streaming" for part in core.parts())
+        assert all(part.get("state") != "input-streaming" for part in core.parts())
+
+
+def test_finalize_is_idempotent_and_nothing_applies_after_it() -> None:
+    for case in CASES:
+        core = _core(case.steps)
+        core.finalize()
+        once = (core.parts(), core.text(), core.catch_up(), core.chars())
+        core.finalize()
+        for late in (
+            {"delta": "late"},
+            {"type": "text-start", "id": "late"},
+            {"type": "text-delta", "id": "text", "delta": "late"},
+            {"type": "data-late", "data": 1},
+        ):
+            try:
+                if _is_top_level(late):
+                    core.delta(late["delta"])
+                else:
+                    core.apply(late)
+            except PartRejected:
+                pass
+        assert (core.parts(), core.text(), core.catch_up(), core.chars()) == once, case.name
+
+
+# ----------------------------------------------------------------------- catch-up
+
+
+def _live_after(steps: Sequence[Step], cut: int) -> list[Step]:
+    """The package's chunks for ``steps[cut:]`` as a relay forwards them live: a high
+    surrogate that the core holds at the cut (the first half of a pair split across deltas)
+    travels with the next delta of its part, which completes the pair."""
+    per_step = _as_chunks(steps)
+    held: dict[tuple[str, str], str] = {}
+    for chunk in _flat(per_step[:cut]):
+        if (key := DELTA_KEYS.get(chunk["type"])) is not None:
+            text_key = "inputTextDelta" if chunk["type"] == "tool-input-delta" else "delta"
+            part = (chunk["type"], chunk[key])
+            joined = held.get(part, "") + chunk[text_key]
+            held[part] = joined[-1] if joined and "\ud800" <= joined[-1] <= "\udbff" else ""
+    live = []
+    for chunk in _flat(per_step[cut:]):
+        if (key := DELTA_KEYS.get(chunk["type"])) is not None:
+            text_key = "inputTextDelta" if chunk["type"] == "tool-input-delta" else "delta"
+            half = held.pop((chunk["type"], chunk[key]), "")
+            chunk = {**chunk, text_key: half + chunk[text_key]}
+        live.append(chunk)
+    return live
+
+
+def _compaction_faults(catch_up: list[Step]) -> list[str]:
+    """What breaks the compaction promise: a message-level chunk, a second delta for one
+    part, a lone surrogate handed to a reader."""
+    faults = [f"message-level chunk {c}" for c in catch_up if c["type"] in MESSAGE_CHUNKS]
+    deltas = Counter(
+        (chunk["type"], chunk[key])
+        for chunk in catch_up
+        if (key := DELTA_KEYS.get(chunk["type"])) is not None
+    )
+    faults += [f"{count} deltas for {part}" for part, count in deltas.items() if count > 1]
+    for chunk in catch_up:
+        for value in chunk.values():
+            if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+                faults.append(f"a lone surrogate in {chunk}")
+    return faults
+
+
+def test_a_catch_up_at_any_cut_then_the_rest_gives_the_whole_parts(package: Package) -> None:
+    cases = _cases(package.name)
+    runs: list[list[Step]] = []
+    labels: list[str] = []
+    faults: list[str] = []
+    for case in cases:
+        runs.append(_flat(_as_chunks(case.steps)))
+        labels.append(f"{case.name} (whole)")
+        for cut in range(len(case.steps) + 1):
+            catch_up = _core(case.steps[:cut]).catch_up()
+            faults += [f"{case.name} at {cut}: {fault}" for fault in _compaction_faults(catch_up)]
+            runs.append(catch_up + _live_after(case.steps, cut))
+            labels.append(f"{case.name} at {cut}")
+    assert faults == []
+    assembled = package.assemble(runs)
+    expected: list[Any] = []
+    whole: list[dict[str, Any]] = []
+    for label, theirs in zip(labels, assembled, strict=True):
+        if label.endswith("(whole)"):
+            assert theirs.error is None, (label, theirs.error)
+            whole = theirs.parts
+        expected.append(whole)
+    assert _differences(labels, expected, assembled) == []
+
+
+def test_a_catch_up_is_one_chunk_per_part_so_far() -> None:
+    core = _core(
+        [
+            {"type": "start-step"},
+            {"type": "reasoning-start", "id": "r"},
+            *({"type": "reasoning-delta", "id": "r", "delta": c} for c in "thinking"),
+            {"type": "reasoning-end", "id": "r"},
+            {"type": "tool-input-start", "toolCallId": "c", "toolName": "w"},
+            *(
+                {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": c}
+                for c in '{"a": 1}'
+            ),
+            *({"delta": c} for c in "Hello"),
+        ]
+    )
+    assert core.catch_up() == [
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r"},
+        {"type": "reasoning-delta", "id": "r", "delta": "thinking"},
+        {"type": "reasoning-end", "id": "r"},
+        {"type": "tool-input-start", "toolCallId": "c", "toolName": "w"},
+        {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": '{"a": 1}'},
+        {"type": "text-start", "id": "text"},
+        {"type": "text-delta", "id": "text", "delta": "Hello"},
+    ]
+
+
+# ----------------------------------------------------------------------- refusals
+
+
+def test_what_the_package_refuses_the_core_refuses_changing_nothing(package: Package) -> None:
+    cases = [case for case in REFUSED if package.name in case.majors]
+    assembled = package.assemble([[*_flat(_as_chunks(case.steps)), case.refused] for case in cases])
+    codes = []
+    for case, theirs in zip(cases, assembled, strict=True):
+        assert theirs.error is not None, f"{case.name}: the package accepted it"
+        core = _core(case.steps)
+        before = (core.parts(), core.text(), core.catch_up(), core.chars())
+        assert before[0] == theirs.parts, case.name
+        with pytest.raises(PartRejected) as refused:
+            core.apply(case.refused)
+        codes.append((case.name, refused.value.code))
+        assert (core.parts(), core.text(), core.catch_up(), core.chars()) == before, case.name
+    assert codes == [(case.name, case.code) for case in cases]
