@@ -88,8 +88,19 @@ def _available(call: str, name: str, value: Any, **more: Any) -> Step:
     }
 
 
+def _input_error(call: str, name: str, text: str, **more: Any) -> Step:
+    """What ``finalize()`` makes of a tool input that does not parse: ai's own
+    ``tool-input-error``, the raw text as its input, in the core's wording."""
+    return {"type": "tool-input-error", "toolCallId": call, "toolName": name, "input": text,
+            "errorText": ANY_ERROR_TEXT, **more}  # fmt: skip
+
+
 def _output(call: str, value: Any, **more: Any) -> Step:
     return {"type": "tool-output-available", "toolCallId": call, "output": value, **more}
+
+
+def _pieces(text: str, size: int = 3) -> list[str]:
+    return [text[start : start + size] for start in range(0, len(text), size)]
 
 
 WEATHER_INPUT = ('{"ci', 'ty": "Pa', 'ris", "days"', ": [1, 2]}")
@@ -163,6 +174,11 @@ CASES: list[PartsCase] = [
         ],
         finalize_as=[{"type": "text-end", "id": "text"}],
     ),
+    PartsCase(
+        "an id used again after its part ended opens a new part",
+        [*_text("t1", "one"), *_text("t1", "two", end=False)],
+        finalize_as=[{"type": "text-end", "id": "t1"}],
+    ),
     # --- reasoning
     PartsCase("reasoning then text", _reasoning("r1", "Let me ", "think.") + _text("t1", "Yes.")),
     PartsCase(
@@ -188,7 +204,8 @@ CASES: list[PartsCase] = [
     PartsCase(
         "tool input streaming, cut inside a string (the package repairs the partial JSON)",
         _tool_input("call-1", "weather", '{"city": "Par'),
-        finalize_as=[_available("call-1", "weather", {"city": "Par"})],
+        # Finalize parses strictly, as ai's own streamText does a model's last tool call.
+        finalize_as=[_input_error("call-1", "weather", '{"city": "Par')],
     ),
     PartsCase(
         "tool input streaming, whole JSON, no input-available yet",
@@ -198,15 +215,7 @@ CASES: list[PartsCase] = [
     PartsCase(
         "tool input streaming that never parses",
         _tool_input("call-1", "weather", '{"city": ', "}"),
-        finalize_as=[
-            {
-                "type": "tool-input-error",
-                "toolCallId": "call-1",
-                "toolName": "weather",
-                "input": '{"city": }',
-                "errorText": ANY_ERROR_TEXT,
-            }
-        ],
+        finalize_as=[_input_error("call-1", "weather", '{"city": }')],
     ),
     PartsCase(
         "input-available with no input streamed",
@@ -259,7 +268,7 @@ CASES: list[PartsCase] = [
     ),
     PartsCase(
         "a dynamic tool still streaming its input",
-        _tool_input("call-9", "mcp_lookup", '{"id": 7', dynamic=True),
+        _tool_input("call-9", "mcp_lookup", '{"id": 7', "}", dynamic=True),
         finalize_as=[_available("call-9", "mcp_lookup", {"id": 7}, dynamic=True)],
     ),
     PartsCase(
@@ -423,12 +432,23 @@ CASES: list[PartsCase] = [
         ],
         finalize_as=[
             {"type": "reasoning-end", "id": "r2"},
-            _available("call-2", "calc", {"a": 1}, dynamic=True),
+            _input_error("call-2", "calc", '{"a": 1', dynamic=True),
         ],
     ),
     PartsCase(
         "a step with nothing in it",
         [{"type": "start-step"}, {"type": "finish-step"}, {"type": "start-step"}, delta("x")],
+        finalize_as=[{"type": "text-end", "id": "text"}],
+    ),
+    PartsCase(
+        "a structured reply in 3-character deltas",
+        [
+            *_reasoning("r1", *_pieces("The user wants the weather in Paris; call the tool.")),
+            *_tool_input("call-1", "weather", *_pieces('{"city": "Paris", "unit": "C"}')),
+            _available("call-1", "weather", {"city": "Paris", "unit": "C"}),
+            _output("call-1", {"temperature": 21, "sky": "clear"}),
+            *(delta(piece) for piece in _pieces("It is 21 °C and clear in Paris. 🌤️")),
+        ],
         finalize_as=[{"type": "text-end", "id": "text"}],
     ),
     # --- provider metadata on text and reasoning

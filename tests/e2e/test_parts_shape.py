@@ -154,6 +154,14 @@ def _mask_error_text(core: list[dict[str, Any]], package: list[dict[str, Any]]) 
             mine["errorText"] = ANY_ERROR_TEXT
 
 
+def _shape(part: dict[str, Any]) -> tuple[str, str | None]:
+    """A part's kind (``tool`` for ``tool-<name>``, ``data`` for ``data-<name>``) and state."""
+    kind = part["type"]
+    if kind.startswith(("tool-", "data-")):
+        kind = kind.split("-")[0]
+    return kind, part.get("state")
+
+
 def _differences(
     names: Sequence[str], core: Sequence[Any], package: Sequence[Assembled]
 ) -> list[str]:
@@ -174,9 +182,21 @@ def test_the_core_assembles_the_packages_parts(package: Package) -> None:
     assembled = package.assemble([_flat(_as_chunks(case.steps)) for case in cases])
     cores = [_core(case.steps) for case in cases]
     names = [case.name for case in cases]
-    assert _differences(names, [core.parts() for core in cores], assembled) == []
+    differences = _differences(names, [core.parts() for core in cores], assembled)
+    assert not differences, "\n".join(differences)
     assert [core.text() for core in cores] == [_texts(theirs.parts) for theirs in assembled]
     assert not any(core.finalized for core in cores)
+    # The cases reach the whole vocabulary, in every state the package gives it.
+    shapes = {_shape(part) for theirs in assembled for part in theirs.parts}
+    assert shapes >= {
+        ("step-start", None), ("text", "streaming"), ("text", "done"),
+        ("reasoning", "streaming"), ("reasoning", "done"),
+        ("tool", "input-streaming"), ("tool", "input-available"), ("tool", "output-available"),
+        ("tool", "output-error"), ("tool", "output-denied"),
+        ("dynamic-tool", "input-streaming"), ("dynamic-tool", "output-available"),
+        ("dynamic-tool", "output-error"),
+        ("source-url", None), ("source-document", None), ("file", None), ("data", None),
+    }  # fmt: skip
 
 
 def test_finalize_completes_the_parts_as_their_ending_chunks_would(ai_7: Package) -> None:
@@ -279,7 +299,7 @@ def test_a_catch_up_at_any_cut_then_the_rest_gives_the_whole_parts(package: Pack
             faults += [f"{case.name} at {cut}: {fault}" for fault in _compaction_faults(catch_up)]
             runs.append(catch_up + _live_after(case.steps, cut))
             labels.append(f"{case.name} at {cut}")
-    assert faults == []
+    assert not faults, "\n".join(faults)
     assembled = package.assemble(runs)
     expected: list[Any] = []
     whole: list[dict[str, Any]] = []
@@ -288,7 +308,8 @@ def test_a_catch_up_at_any_cut_then_the_rest_gives_the_whole_parts(package: Pack
             assert theirs.error is None, (label, theirs.error)
             whole = theirs.parts
         expected.append(whole)
-    assert _differences(labels, expected, assembled) == []
+    differences = _differences(labels, expected, assembled)
+    assert not differences, "\n".join(differences)
 
 
 def test_a_catch_up_is_one_chunk_per_part_so_far() -> None:
