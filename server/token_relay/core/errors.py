@@ -10,6 +10,8 @@ The tree::
     ├── PeerError                   PEER: the other side broke the rules
     │   ├── FrameRejected           a peer's frame or event was refused; the relay
     │   │                           answers it with an ``error`` frame and keeps serving
+    │   ├── PartRejected            a chunk for a message's parts was refused (``code``
+    │   │                           a str: ``invalid_chunk``, ``unknown_part``...)
     │   ├── InvalidToken            a connection token is missing, malformed, badly
     │   │                           signed or expired; the handshake gets 401
     │   ├── RelayProtocolError      (client) the relay sent what the protocol rules out
@@ -49,6 +51,7 @@ __all__ = [
     "HandshakeRefused",
     "InvalidToken",
     "MessageFailed",
+    "PartRejected",
     "PeerError",
     "RelayError",
     "RelayProtocolError",
@@ -146,6 +149,21 @@ class FrameRejected(PeerError):
         """For ``seq_gap``: the seq the relay expects next for that message."""
         self.line = line
         """For an NDJSON request body: the refused line's number, from 1."""
+
+
+class PartRejected(PeerError):
+    """A chunk for a message's parts was refused, and changed nothing.
+
+    ``code`` says why, as a plain string (see :data:`token_relay.core.parts.CODES`);
+    the edge maps it to an ``error`` frame.
+    """
+
+    def __init__(self, code: str, message: str, part_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.part_id = part_id
+        """The chunk id or tool call id the chunk named, if any."""
 
 
 class InvalidToken(PeerError):
