@@ -200,6 +200,13 @@ CASES: list[PartsCase] = [
             _output("call-1", {"temperature": 21, "unit": "C"}),
         ],
     ),
+    PartsCase(
+        "a tool call awaiting its output",
+        [
+            *_tool_input("call-1", "weather", *WEATHER_INPUT),
+            _available("call-1", "weather", WEATHER),
+        ],
+    ),
     PartsCase("tool input opened, nothing yet", _tool_input("call-1", "weather")),
     PartsCase(
         "tool input streaming, cut inside a string (the package repairs the partial JSON)",

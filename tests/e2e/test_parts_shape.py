@@ -45,6 +45,12 @@ compared with ``ai`` 7 only."""
 MESSAGE_CHUNKS = frozenset({"start", "finish", "abort", "error", "message-metadata"})
 DELTA_KEYS = {"text-delta": "id", "reasoning-delta": "id", "tool-input-delta": "toolCallId"}
 """Chunks that extend a part's text, and the field that names the part."""
+DELTA_STARTS = {
+    "text-delta": "text-start",
+    "reasoning-delta": "reasoning-start",
+    "tool-input-delta": "tool-input-start",
+}
+STARTS = {start: DELTA_KEYS[delta] for delta, start in DELTA_STARTS.items()}
 
 
 @dataclass(frozen=True)
@@ -286,11 +292,14 @@ def _compaction_faults(catch_up: list[Step]) -> list[str]:
     """What breaks the compaction promise: a message-level chunk, a second delta for one
     part, a lone surrogate handed to a reader."""
     faults = [f"message-level chunk {c}" for c in catch_up if c["type"] in MESSAGE_CHUNKS]
-    deltas = Counter(
-        (chunk["type"], chunk[key])
-        for chunk in catch_up
-        if (key := DELTA_KEYS.get(chunk["type"])) is not None
-    )
+    deltas: Counter[tuple[str, str, int]] = Counter()
+    opened: Counter[tuple[str, str]] = Counter()  # an id ended may open a new part
+    for chunk in catch_up:
+        if (key := STARTS.get(chunk["type"])) is not None:
+            opened[(chunk["type"], chunk[key])] += 1
+        if (key := DELTA_KEYS.get(chunk["type"])) is not None:
+            start = DELTA_STARTS[chunk["type"]]
+            deltas[(chunk["type"], chunk[key], opened[(start, chunk[key])])] += 1
     faults += [f"{count} deltas for {part}" for part, count in deltas.items() if count > 1]
     for chunk in catch_up:
         for value in chunk.values():
