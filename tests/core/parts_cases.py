@@ -42,7 +42,9 @@ class PartsCase:
 
 @dataclass(frozen=True)
 class RefusedCase:
-    """Steps the package accepts, then one chunk it refuses; ``code`` is the core's."""
+    """Steps the package accepts, then one chunk the core refuses with ``code``, changing
+    nothing; in :data:`REFUSED` the package (at ``majors``) refuses it too, in
+    :data:`STRICTER` it takes it."""
 
     name: str
     steps: list[Step]
@@ -105,6 +107,12 @@ def _pieces(text: str, size: int = 3) -> list[str]:
 
 WEATHER_INPUT = ('{"ci', 'ty": "Pa', 'ris", "days"', ": [1, 2]}")
 WEATHER = {"city": "Paris", "days": [1, 2]}
+CITATION = {
+    "source": {"type": "source", "sourceType": "url", "id": "s1", "url": "https://example.com"},
+    "startIndex": 0,
+    "endIndex": 5,
+    "citedText": "Paris",
+}
 METADATA_A = {"openai": {"itemId": "item-1"}}
 METADATA_B = {"openai": {"itemId": "item-2", "score": 0.5}}
 
@@ -458,6 +466,110 @@ CASES: list[PartsCase] = [
         ],
         finalize_as=[{"type": "text-end", "id": "text"}],
     ),
+    # --- edges the package accepts
+    PartsCase(
+        "a tool input streamed as plain text (inputEncoding text)",
+        _tool_input("call-1", "shell", "ls -", "la", inputEncoding="text"),
+    ),
+    PartsCase(
+        "tool metadata and a title given only with the input",
+        [
+            *_tool_input("call-1", "weather", "{}", toolMetadata={"version": 2}),
+            _available("call-1", "weather", {}, title="Weather"),
+            _output("call-1", 1, toolMetadata={"version": 3}),
+        ],
+    ),
+    PartsCase(
+        "a tool approval requested and granted",
+        [
+            _available("call-1", "delete", {"path": "x"}),
+            {"type": "tool-approval-request", "approvalId": "a1", "toolCallId": "call-1"},
+            {"type": "tool-approval-response", "approvalId": "a1", "approved": True},
+            _output("call-1", "deleted"),
+        ],
+    ),
+    PartsCase(
+        "a tool approval requested, then denied",
+        [
+            _available("call-1", "delete", {"path": "x"}),
+            {
+                "type": "tool-approval-request",
+                "approvalId": "a1",
+                "toolCallId": "call-1",
+                "reason": "destructive",
+            },
+            {
+                "type": "tool-approval-response",
+                "approvalId": "a1",
+                "approved": False,
+                "reason": "no",
+            },
+            {"type": "tool-output-denied", "toolCallId": "call-1"},
+        ],
+    ),
+    PartsCase(
+        "text-end with citations",
+        [
+            *_text("t1", "Paris is in France.", end=False),
+            {"type": "text-end", "id": "t1", "citations": [CITATION]},
+        ],
+    ),
+    PartsCase(
+        "a tool's output in the step after its call",
+        [
+            {"type": "start-step"},
+            _available("call-1", "weather", {"city": "Oslo"}),
+            {"type": "finish-step"},
+            {"type": "start-step"},
+            _output("call-1", {"temperature": 3}),
+            *_text("t1", "Cold."),
+        ],
+    ),
+    PartsCase(
+        "tool-input-error with no start",
+        [
+            {
+                "type": "tool-input-error",
+                "toolCallId": "call-1",
+                "toolName": "weather",
+                "input": {"city": 5},
+                "errorText": "city must be a string",
+            }
+        ],
+    ),
+    PartsCase(
+        "an output marked not preliminary, and null values",
+        [
+            _available("call-1", "noop", None),
+            _output("call-1", None, preliminary=False),
+            _available("call-2", "noop", {}, providerExecuted=False),
+        ],
+    ),
+    PartsCase(
+        "a transient update of a stored data part leaves it as it was",
+        [
+            {"type": "data-status", "id": "s", "data": "first"},
+            {"type": "data-status", "id": "s", "data": "second", "transient": True},
+        ],
+    ),
+    PartsCase(
+        "fields a chunk type does not have are dropped, as the package drops them",
+        [
+            {
+                "type": "file",
+                "url": "https://example.com/f.txt",
+                "mediaType": "text/plain",
+                "filename": "f.txt",
+            },
+            {"type": "source-url", "sourceId": "s1", "url": "https://example.com", "rank": 1},
+            {"type": "text-start", "id": "t1", "role": "assistant"},
+            {"type": "text-delta", "id": "t1", "delta": "a", "seq": 1},
+        ],
+    ),
+    PartsCase(
+        "control characters and line separators in text",
+        [*_text("t1", "a\x00b", "\u2028\u2029", "\r\n\t\x7f"), delta("\x1b[0m")],
+    ),
     # --- provider metadata on text and reasoning
     PartsCase(
         "provider metadata set at start, replaced by a delta and by the end",
@@ -597,9 +709,86 @@ REFUSED: list[RefusedCase] = [
         "a source-url without a url", [], {"type": "source-url", "sourceId": "s"}, "invalid_chunk"
     ),
     RefusedCase(
+        "a citation not in ai's shape",
+        _text("t1", "a", end=False),
+        {"type": "text-end", "id": "t1", "citations": [{"type": "source", "sourceId": "s1"}]},
+        "invalid_chunk",
+        majors=("ai",),
+    ),
+    RefusedCase(
+        "a citation with a negative index",
+        _text("t1", "a", end=False),
+        {"type": "text-end", "id": "t1", "citations": [{**CITATION, "startIndex": -1}]},
+        "invalid_chunk",
+        majors=("ai",),
+    ),
+    # An error chunk fails the package's stream; the core leaves it to the edge.
+    RefusedCase(
+        "an error chunk", [delta("a")], {"type": "error", "errorText": "x"}, "invalid_chunk"
+    ),
+    RefusedCase(
         "a file without a mediaType",
         [],
         {"type": "file", "url": "https://example.com/f"},
         "invalid_chunk",
+    ),
+]
+
+
+STRICTER: list[RefusedCase] = [
+    # Chunks the package takes that the core refuses on purpose, changing nothing: a field
+    # a data chunk does not have (the package would store it on the part), ...
+    RefusedCase(
+        "a data part with a field of its own",
+        [{"type": "data-x", "id": "d", "data": 1}],
+        {"type": "data-x", "id": "d", "data": 2, "label": "new"},
+        "invalid_chunk",
+    ),
+    # ... a call's dynamic flag changed on the way (the package starts a second part) ...
+    RefusedCase(
+        "a dynamic tool whose input-available does not say dynamic",
+        _tool_input("call-1", "lookup", "{}", dynamic=True),
+        _available("call-1", "lookup", {}),
+        "invalid_chunk",
+    ),
+    # ... a second start for a live id (the package orphans the first part) ...
+    RefusedCase(
+        "a second text-start for a live id",
+        _text("t1", "a", end=False),
+        {"type": "text-start", "id": "t1"},
+        "part_exists",
+    ),
+    RefusedCase(
+        'text-start "text" while the implicit text part streams',
+        [delta("a")],
+        {"type": "text-start", "id": "text"},
+        "part_exists",
+    ),
+    # ... a delta for a part its step's finish-step closed, as ai 5 and 6 refuse it ...
+    RefusedCase(
+        "a text-delta after finish-step",
+        [{"type": "start-step"}, *_text("t1", "a", end=False), {"type": "finish-step"}],
+        {"type": "text-delta", "id": "t1", "delta": "b"},
+        "part_ended",
+        majors=("ai",),
+    ),
+    # ... and the message-level chunks, which the edge maps, and the ai 7 chunks outside
+    # the part vocabulary.
+    *(
+        RefusedCase(f"a {kind} chunk", [delta("a")], chunk, "invalid_chunk")
+        for kind, chunk in [
+            ("start", {"type": "start", "messageId": "m"}),
+            ("finish", {"type": "finish"}),
+            ("abort", {"type": "abort"}),
+            ("message-metadata", {"type": "message-metadata", "messageMetadata": {}}),
+        ]
+    ),
+    *(
+        RefusedCase(f"a {kind} chunk", [delta("a")], chunk, "invalid_chunk", majors=("ai",))
+        for kind, chunk in [
+            ("reasoning-file", {"type": "reasoning-file", "url": "u", "mediaType": "image/png"}),
+            ("custom", {"type": "custom", "kind": "acme.note"}),
+            ("reset-step", {"type": "reset-step"}),
+        ]
     ),
 ]
