@@ -252,8 +252,12 @@ def _fallback(value: Any, current: Any) -> Any:
 # -- JSON as ai parses it ------------------------------------------------------------
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(name)
+_NOT_JSON: Final = object()
+"""What Python's parser makes of ``NaN`` and ``Infinity``, which ``JSON.parse`` refuses."""
+
+
+def _not_json(name: str) -> Any:
+    return _NOT_JSON
 
 
 def _double(literal: str) -> float | None:
@@ -267,12 +271,14 @@ def _parse_json(text: str) -> Any:
     """``JSON.parse`` with ``secure-json-parse``'s refusals, as ``ai`` parses tool input:
     ABSENT when it fails."""
     try:
-        value = json.loads(text, parse_constant=_no_constant, parse_float=_double)
+        value = json.loads(text, parse_constant=_not_json, parse_float=_double)
     except ValueError:
         return ABSENT
     nodes = [value]
     while nodes:
         node = nodes.pop()
+        if node is _NOT_JSON:
+            return ABSENT
         if isinstance(node, dict):
             if "__proto__" in node:
                 return ABSENT
