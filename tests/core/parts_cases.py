@@ -792,3 +792,18 @@ STRICTER: list[RefusedCase] = [
         ]
     ),
 ]
+
+
+TOOL_INPUTS: list[str] = [
+    '{"city": "Paris", "days": [1, 2.5, -3e2], "ok": true, "none": null}',
+    '{"nested": {"list": [{"a": []}, {}], "s": "q\\"uote\\\\ \\u00e9\\n"}, "f": false}',
+    '[1, "two", [3], {"four": 4}]',
+    '"a plain string \\ud83d\\ude00"',
+    "-12.5e-3",
+    '{"emoji": "🧠", "combining": "e\u0301"}',
+    '  {  "spaced" :  [ 1 , 2 ]  }  ',
+    '{"__proto__": {"polluted": true}}',
+    '{"a": 1, "a": 2}',
+]
+"""Tool inputs as JSON text, fed cut at every character: while it streams, a tool's
+``input`` is the text so far repaired into JSON as ``ai`` repairs it."""

@@ -35,6 +35,7 @@ from ..core.parts_cases import (
     CASES,
     REFUSED,
     STRICTER,
+    TOOL_INPUTS,
     PartsCase,
     RefusedCase,
     Step,
@@ -217,6 +218,23 @@ def test_the_core_assembles_the_packages_parts(package: Package) -> None:
         ("dynamic-tool", "output-error"),
         ("source-url", None), ("source-document", None), ("file", None), ("data", None),
     }  # fmt: skip
+
+
+def test_a_tool_input_cut_anywhere_is_repaired_as_the_package_repairs_it(
+    package: Package,
+) -> None:
+    runs = [
+        [
+            {"type": "tool-input-start", "toolCallId": "c", "toolName": "t", **dynamic},
+            {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": text[:cut]},
+        ]
+        for text in TOOL_INPUTS
+        for cut in range(len(text) + 1)
+        for dynamic in ({}, {"dynamic": True})
+    ]
+    labels = [f"{run[1]['inputTextDelta']!r}, dynamic: {'dynamic' in run[0]}" for run in runs]
+    differences = _differences(labels, [_core(run).parts() for run in runs], package.assemble(runs))
+    assert not differences, "\n".join(differences)
 
 
 def test_finalize_completes_the_parts_as_their_ending_chunks_would(ai_7: Package) -> None:
