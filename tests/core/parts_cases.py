@@ -567,6 +567,35 @@ CASES: list[PartsCase] = [
         ],
     ),
     PartsCase(
+        "a text part and a reasoning part under one id",
+        [
+            {"type": "text-start", "id": "x"},
+            {"type": "reasoning-start", "id": "x"},
+            {"type": "reasoning-delta", "id": "x", "delta": "think"},
+            {"type": "text-delta", "id": "x", "delta": "say"},
+            {"type": "reasoning-end", "id": "x"},
+        ],
+    ),
+    PartsCase(
+        "a data part updated in place from a later step",
+        [
+            {"type": "start-step"},
+            {"type": "data-plan", "id": "p", "data": ["a"]},
+            {"type": "finish-step"},
+            {"type": "start-step"},
+            {"type": "data-plan", "id": "p", "data": ["a", "b"]},
+        ],
+    ),
+    PartsCase(
+        "an output error while the input still streams",
+        [
+            *_tool_input("call-1", "search", '{"q": "re'),
+            {"type": "tool-output-error", "toolCallId": "call-1", "errorText": "cancelled"},
+            *_tool_input("call-2", "search", '{"q"', dynamic=True),
+            {"type": "tool-output-error", "toolCallId": "call-2", "errorText": "cancelled"},
+        ],
+    ),
+    PartsCase(
         "control characters and line separators in text",
         [*_text("t1", "a\x00b", "\u2028\u2029", "\r\n\t\x7f"), delta("\x1b[0m")],
     ),
@@ -749,6 +778,27 @@ STRICTER: list[RefusedCase] = [
         "a dynamic tool whose input-available does not say dynamic",
         _tool_input("call-1", "lookup", "{}", dynamic=True),
         _available("call-1", "lookup", {}),
+        "invalid_chunk",
+    ),
+    # ... a tool input that streams on into the next step (the package starts a second
+    # part there), a second start for one call ...
+    RefusedCase(
+        "a tool input delta in the step after its start",
+        [*_tool_input("call-1", "w", '{"a"'), {"type": "start-step"}],
+        {"type": "tool-input-delta", "toolCallId": "call-1", "inputTextDelta": ": 1}"},
+        "part_ended",
+    ),
+    RefusedCase(
+        "a second tool-input-start for one call",
+        _tool_input("call-1", "w", '{"a"'),
+        {"type": "tool-input-start", "toolCallId": "call-1", "toolName": "w"},
+        "part_exists",
+    ),
+    # ... an output before the input is whole (an output error may come then) ...
+    RefusedCase(
+        "an output while the input still streams",
+        _tool_input("call-1", "search", '{"q": "re'),
+        _output("call-1", ["relay"]),
         "invalid_chunk",
     ),
     # ... a second start for a live id (the package orphans the first part) ...

@@ -1,6 +1,6 @@
 // Assemble UI message parts with the AI SDK itself, as a chat app reading a stream would.
 // Reads from stdin a JSON list of cases {"name", "chunks": [...]}; wraps each case's chunks in
-// {"type":"start","messageId":...} ... {"type":"finish"}, frames them as the SSE body of a UI
+// {"type":"start","messageId":...} ... {"type":"finish",...}, frames them as the SSE body of a UI
 // message stream, and reads that body as DefaultChatTransport does (parseJsonEventStream with
 // uiMessageChunkSchema: a chunk the schema refuses fails the stream) and then
 // readUIMessageStream. Prints one JSON line per case, in order:
@@ -36,7 +36,10 @@ async function assemble(testCase, index) {
   const chunks = [
     { type: "start", messageId: `m-${index}` },
     ...testCase.chunks,
-    { type: "finish" },
+    // A finish with metadata makes the reader yield the message once more: it yields after
+    // the chunks that write, and start-step does not, so a reply ending in a step's start
+    // would otherwise be read without it. The metadata is not a part.
+    { type: "finish", messageMetadata: {} },
   ];
   const validated = parseJsonEventStream({ stream: sseBody(chunks), schema: uiMessageChunkSchema });
   const stream = validated.pipeThrough(
