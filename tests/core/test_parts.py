@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -843,6 +844,21 @@ def test_codes_are_the_designed_ones() -> None:
 def test_invalid_chunk(chunk: Chunk) -> None:
     message = built([{"type": "text-start", "id": "t1"}, tool_start()])
     refused(message, chunk, "invalid_chunk")
+
+
+def test_a_chunk_without_its_id_is_invalid_even_when_an_empty_id_is_open() -> None:
+    message = built([{"type": "text-start", "id": ""}, tool_start("")])
+    refused(message, {"type": "text-delta", "delta": "x"}, "invalid_chunk")
+    refused(message, {"type": "tool-input-delta", "inputTextDelta": "x"}, "invalid_chunk")
+    play(message, [text_delta("x", ""), tool_delta("1", "")])
+    assert message.parts()[0]["text"] == "x"
+    assert message.parts()[1]["input"] == 1
+
+
+def test_any_mapping_is_a_chunk() -> None:
+    message = built([MappingProxyType({"type": "text-start", "id": "t1"})])
+    message.apply(MappingProxyType(text_delta("x")))
+    assert message.text() == "x"
 
 
 def test_a_chunk_that_is_not_a_mapping_is_invalid() -> None:

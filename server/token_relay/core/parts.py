@@ -19,15 +19,26 @@ Input, per part:
 * :meth:`MessageParts.delta`, a top-level delta naming no part, extends the message's
   *implicit* text part, chunk id ``"text"``. Its first delta (an empty one too) creates
   it where the message is then; ``text-start`` with id ``"text"`` opens it as well.
-* Tool calls, by ``toolCallId`` (unique in the message): ``tool-input-start``, then
-  ``tool-input-delta`` (the input as JSON text, or plain text if ``inputEncoding`` is
-  ``"text"``), then ``tool-input-available`` (the parsed ``input``; it may also come
-  without a start) or ``tool-input-error``; then ``tool-approval-request`` /
-  ``tool-approval-response``, and ``tool-output-available`` (repeated while
-  ``preliminary``), ``tool-output-error`` or ``tool-output-denied``. The part is
-  ``tool-<toolName>`` (``dynamic-tool`` if ``dynamic``), its ``state`` the last step
-  reached. While its input streams, ``input`` is the text so far repaired into JSON as
-  ``ai`` repairs it (``fixJson``), and ``rawInput`` the text itself.
+* Tool calls, by ``toolCallId`` (unique in the message). The part is
+  ``tool-<toolName>`` (``dynamic-tool`` if ``dynamic``); its ``state`` follows::
+
+      tool-input-start --> input-streaming --tool-input-delta--> input-streaming
+      input-streaming, (none) --tool-input-available--> input-available
+      input-streaming, (none) --tool-input-error--> output-error
+      input-available --tool-approval-request--> approval-requested
+      approval-requested --tool-approval-response--> approval-responded
+      input-available, approval-*, output-available (preliminary)
+          --tool-output-available--> output-available (final unless ``preliminary``)
+      input-streaming, input-available, approval-*, output-available (preliminary)
+          --tool-output-error--> output-error
+      input-available, approval-* --tool-output-denied--> output-denied
+
+  A final state takes nothing more (``part_ended``); another step out of order is
+  ``invalid_chunk``. ``ai`` is looser; these are the steps whose compacted catch-up
+  rebuilds the very same part. While the input streams (JSON text, or plain text if
+  ``inputEncoding`` is ``"text"``), ``input`` is the text so far repaired into JSON
+  as ``ai`` repairs it (``fixJson``, ported state for state; computed when the parts
+  are read, not per delta), and ``rawInput`` the text itself.
 * ``source-url``, ``source-document``, ``file``: a part each, as given.
 * ``data-<name>``: a part as given; one with an ``id`` replaces the ``data`` of the
   part of the same type and id, in place. A ``transient`` one is not stored.
@@ -36,6 +47,10 @@ Input, per part:
   deltas for them are refused), as ``ai`` 5 and 6 do; ``ai`` 7 does nothing there, so
   both accept what this core accepts. A tool whose input still streams when the next
   step starts takes no more input chunks (``ai`` would add a second part for them).
+
+One difference is ``ai``'s, not the parts': ``readUIMessageStream`` yields no new
+message for ``start-step`` alone, so if nothing follows one, its last message lacks
+the ``step-start`` part that its state (and :meth:`MessageParts.parts`) holds.
 
 Message-level chunks (``start``, ``finish``, ``abort``, ``error``,
 ``message-metadata``) are not parts: the edge maps them. ``reasoning-file``,
@@ -801,7 +816,14 @@ class MessageParts:
         :class:`~token_relay.core.errors.PartRejected`, having changed nothing."""
         if self._finalized:
             return None
-        kind = chunk.get("type") if isinstance(chunk, Mapping) else None
+        if type(chunk) is dict:
+            kind = chunk.get("type")
+            if kind in _DELTAS:
+                index = self._plain_delta(chunk, kind)
+                if index is not None:
+                    return index
+        else:
+            kind = chunk.get("type") if isinstance(chunk, Mapping) else None
         if not isinstance(kind, str):
             raise _reject(INVALID_CHUNK, "a chunk must be an object with a string 'type'")
         handler = _HANDLERS.get(kind)
@@ -812,6 +834,39 @@ class MessageParts:
         if kind in MESSAGE_CHUNKS:
             raise _reject(INVALID_CHUNK, f"'{kind}' is a message-level chunk, not a part")
         raise _reject(INVALID_CHUNK, f"unknown chunk type '{kind}'")
+
+    def _plain_delta(self, chunk: dict[str, Any], kind: str) -> int | None:
+        """The hot path: an ASCII delta, no metadata, for an open part, within bounds.
+        ``None`` sends the chunk the checked way, which also words any refusal."""
+        if kind == "tool-input-delta":
+            delta = chunk.get("inputTextDelta")
+            part_id = chunk.get("toolCallId")
+            found = self._open_tools.get(part_id) if type(part_id) is str else None
+            if found is None:
+                return None
+            record: _Text | _Tool = found
+            limit = self.limits.max_tool_input_chars
+        else:
+            delta = chunk.get("delta")
+            texts = self._texts if kind == "text-delta" else self._reasonings
+            part_id = chunk.get("id")
+            found_text = texts.get(part_id) if type(part_id) is str else None
+            if found_text is None or "providerMetadata" in chunk:
+                return None
+            record = found_text
+            limit = self.limits.max_part_chars
+        buffer = record.buffer
+        if (
+            type(delta) is not str
+            or buffer.held
+            or not delta.isascii()
+            or buffer.chars + len(delta) > limit
+        ):
+            return None
+        self._chars += buffer.commit(delta, "")
+        if type(record) is _Tool:
+            record.had_delta = True
+        return record.index
 
     def finalize(self) -> None:
         """Complete the parts (see the module's docstring); idempotent."""
@@ -1195,6 +1250,8 @@ class MessageParts:
         self._chars += size - old
         return index
 
+
+_DELTAS: Final = frozenset({"text-delta", "reasoning-delta", "tool-input-delta"})
 
 _OUTPUT_FROM: Final = (
     "input-available",
