@@ -751,6 +751,65 @@ REFUSED: list[RefusedCase] = [
         "invalid_chunk",
         majors=("ai",),
     ),
+    # An optional field is absent or of its type: null is neither.
+    *(
+        RefusedCase(f"{field} null on {chunk['type']}", [], {**chunk, field: None}, "invalid_chunk")
+        for chunk, field in [
+            ({"type": "data-x", "data": 1}, "transient"),
+            ({"type": "data-x", "data": 1}, "id"),
+            ({"type": "text-start", "id": "t"}, "providerMetadata"),
+            ({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"}, "dynamic"),
+            ({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"}, "title"),
+            ({"type": "source-url", "sourceId": "s", "url": "u"}, "title"),
+            (
+                {"type": "source-document", "sourceId": "s", "mediaType": "m", "title": "t"},
+                "filename",
+            ),
+        ]
+    ),
+    RefusedCase(
+        "provider metadata that is not an object of objects",
+        [],
+        {"type": "text-start", "id": "t", "providerMetadata": {"openai": 1}},
+        "invalid_chunk",
+    ),
+    RefusedCase(
+        "an inputEncoding ai does not know",
+        [],
+        {"type": "tool-input-start", "toolCallId": "c", "toolName": "w", "inputEncoding": "yaml"},
+        "invalid_chunk",
+        majors=("ai",),
+    ),
+    RefusedCase(
+        "a preliminary flag that is not a boolean",
+        [_available("c", "w", {})],
+        _output("c", 1, preliminary="yes"),
+        "invalid_chunk",
+    ),
+    RefusedCase(
+        "approved that is not a boolean",
+        [
+            _available("c", "w", {}),
+            {"type": "tool-approval-request", "approvalId": "a", "toolCallId": "c"},
+        ],
+        {"type": "tool-approval-response", "approvalId": "a", "approved": "yes"},
+        "invalid_chunk",
+        majors=("ai",),
+    ),
+    RefusedCase(
+        "an approval response for an unknown approval",
+        [_available("c", "w", {})],
+        {"type": "tool-approval-response", "approvalId": "nope", "approved": True},
+        "unknown_part",
+        majors=("ai",),
+    ),
+    RefusedCase(
+        "an approval request for an unknown call",
+        [],
+        {"type": "tool-approval-request", "approvalId": "a", "toolCallId": "c"},
+        "unknown_part",
+        majors=("ai",),
+    ),
     # An error chunk fails the package's stream; the core leaves it to the edge.
     RefusedCase(
         "an error chunk", [delta("a")], {"type": "error", "errorText": "x"}, "invalid_chunk"
