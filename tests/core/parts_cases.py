@@ -643,6 +643,28 @@ CASES: list[PartsCase] = [
 ]
 
 
+_NULLED: list[tuple[Step, str]] = [
+    ({"type": "data-x", "data": 1}, "transient"),
+    ({"type": "data-x", "data": 1}, "id"),
+    ({"type": "text-start", "id": "t"}, "providerMetadata"),
+    ({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"}, "dynamic"),
+    ({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"}, "title"),
+    ({"type": "source-url", "sourceId": "s", "url": "u"}, "title"),
+    (
+        {"type": "source-document", "sourceId": "s", "mediaType": "m", "title": "t"},
+        "filename",
+    ),
+]
+"""Chunks, and an optional field of theirs that is not allowed to be null."""
+
+_MESSAGE_LEVEL: list[tuple[str, Step]] = [
+    ("start", {"type": "start", "messageId": "m"}),
+    ("finish", {"type": "finish"}),
+    ("abort", {"type": "abort"}),
+    ("message-metadata", {"type": "message-metadata", "messageMetadata": {}}),
+]
+"""Message-level chunks: the edge maps them, the core refuses them."""
+
 REFUSED: list[RefusedCase] = [
     RefusedCase(
         "text-delta with no text-start",
@@ -754,18 +776,7 @@ REFUSED: list[RefusedCase] = [
     # An optional field is absent or of its type: null is neither.
     *(
         RefusedCase(f"{field} null on {chunk['type']}", [], {**chunk, field: None}, "invalid_chunk")
-        for chunk, field in [
-            ({"type": "data-x", "data": 1}, "transient"),
-            ({"type": "data-x", "data": 1}, "id"),
-            ({"type": "text-start", "id": "t"}, "providerMetadata"),
-            ({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"}, "dynamic"),
-            ({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"}, "title"),
-            ({"type": "source-url", "sourceId": "s", "url": "u"}, "title"),
-            (
-                {"type": "source-document", "sourceId": "s", "mediaType": "m", "title": "t"},
-                "filename",
-            ),
-        ]
+        for chunk, field in _NULLED
     ),
     RefusedCase(
         "provider metadata that is not an object of objects",
@@ -885,12 +896,7 @@ STRICTER: list[RefusedCase] = [
     # the part vocabulary.
     *(
         RefusedCase(f"a {kind} chunk", [delta("a")], chunk, "invalid_chunk")
-        for kind, chunk in [
-            ("start", {"type": "start", "messageId": "m"}),
-            ("finish", {"type": "finish"}),
-            ("abort", {"type": "abort"}),
-            ("message-metadata", {"type": "message-metadata", "messageMetadata": {}}),
-        ]
+        for kind, chunk in _MESSAGE_LEVEL
     ),
     *(
         RefusedCase(f"a {kind} chunk", [delta("a")], chunk, "invalid_chunk", majors=("ai",))

@@ -227,14 +227,15 @@ def test_the_core_assembles_the_packages_parts(package: Package) -> None:
 def test_a_tool_input_cut_anywhere_is_repaired_as_the_package_repairs_it(
     package: Package,
 ) -> None:
-    runs = [
+    flags: list[Step] = [{}, {"dynamic": True}]
+    runs: list[list[Step]] = [
         [
             {"type": "tool-input-start", "toolCallId": "c", "toolName": "t", **dynamic},
             {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": text[:cut]},
         ]
         for text in TOOL_INPUTS
         for cut in range(len(text) + 1)
-        for dynamic in ({}, {"dynamic": True})
+        for dynamic in flags
     ]
     labels = [f"{run[1]['inputTextDelta']!r}, dynamic: {'dynamic' in run[0]}" for run in runs]
     differences = _differences(labels, [_core(run).parts() for run in runs], package.assemble(runs))
@@ -271,12 +272,13 @@ def test_finalize_is_idempotent_and_nothing_applies_after_it() -> None:
         core.finalize()
         once = (core.parts(), core.text(), core.catch_up(), core.chars())
         core.finalize()
-        for late in (
+        late_steps: list[Step] = [
             {"delta": "late"},
             {"type": "text-start", "id": "late"},
             {"type": "text-delta", "id": "text", "delta": "late"},
             {"type": "data-late", "data": 1},
-        ):
+        ]
+        for late in late_steps:
             try:
                 if _is_top_level(late):
                     core.delta(late["delta"])
