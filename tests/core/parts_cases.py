@@ -596,6 +596,71 @@ CASES: list[PartsCase] = [
         ],
     ),
     PartsCase(
+        "a step finished with its text and reasoning never ended",
+        [
+            {"type": "start-step"},
+            *_reasoning("r1", "hm", end=False),
+            *_text("t1", "part", end=False),
+            {"type": "finish-step"},
+            {"type": "start-step"},
+            *_text("t2", "next"),
+        ],
+    ),
+    PartsCase(
+        "provider metadata on tool errors lands on the result",
+        [
+            {
+                "type": "tool-input-error",
+                "toolCallId": "call-1",
+                "toolName": "w",
+                "input": "x",
+                "errorText": "bad",
+                "providerMetadata": METADATA_A,
+            },
+            _available("call-2", "w", {}, providerMetadata=METADATA_A),
+            {
+                "type": "tool-output-error",
+                "toolCallId": "call-2",
+                "errorText": "failed",
+                "providerMetadata": METADATA_B,
+            },
+        ],
+    ),
+    PartsCase(
+        "a preliminary output, then an output error; a title replaced",
+        [
+            *_tool_input("call-1", "research", "{}", title="Research"),
+            _available("call-1", "research", {}, title="Deep research"),
+            _output("call-1", {"status": "reading"}, preliminary=True),
+            {"type": "tool-output-error", "toolCallId": "call-1", "errorText": "gave up"},
+        ],
+    ),
+    PartsCase(
+        "an approval on a dynamic tool, with every approval field",
+        [
+            _available("call-1", "mcp_rm", {"path": "x"}, dynamic=True),
+            {
+                "type": "tool-approval-request",
+                "approvalId": "a1",
+                "toolCallId": "call-1",
+                "approvalDescriptor": {"risk": "high"},
+                "inputSchemaInput": {"path": "x"},
+                "reason": "deletes",
+                "isAutomatic": True,
+                "signature": "sig",
+            },
+            {
+                "type": "tool-approval-response",
+                "approvalId": "a1",
+                "approved": True,
+                "reason": "ok",
+                "providerExecuted": True,
+                "providerMetadata": METADATA_A,
+            },
+            _output("call-1", "removed", dynamic=True),
+        ],
+    ),
+    PartsCase(
         "control characters and line separators in text",
         [*_text("t1", "a\x00b", "\u2028\u2029", "\r\n\t\x7f"), delta("\x1b[0m")],
     ),
