@@ -16,6 +16,8 @@ surrogate pair, sent alone in a delta as a producer cutting UTF-16 would.
 
 from __future__ import annotations
 
+import json
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -987,3 +989,135 @@ TOOL_INPUTS: list[str] = [
 ]
 """Tool inputs as JSON text, fed cut at every character: while it streams, a tool's
 ``input`` is the text so far repaired into JSON as ``ai`` repairs it."""
+
+
+_PIECES = ["a", "bc", " ", "", "é", "e\u0301", "🙂", "日本", "\n", '"', "\\", "ok."]
+"""Text pieces a random reply's deltas take; the astral one is sometimes sent split."""
+
+
+_WEIGHTS = [3, 6, 6, 2, 4, 2, 8, 1, 1, 1, 1, 1, 1]
+"""How often a random reply takes each of its 13 actions (see :func:`random_reply`)."""
+
+
+def random_reply(seed: int, length: int = 40) -> list[Step]:
+    """A reply of ``length`` steps, drawn from ``seed``: text, reasoning, the implicit part,
+    tool calls (static and dynamic, streamed or not, with outputs, errors and denials),
+    sources, files, data parts (some by id, some transient) and steps, interleaved. Every
+    step is one that both the package and the core take (approvals and tool-input-error,
+    where the majors differ, are left to the cases above)."""
+    draw = random.Random(seed)
+    steps: list[Step] = []
+    texts: dict[str, str] = {}  # open text and reasoning parts by id: their kind
+    tools: dict[str, tuple[str, str, bool, str, str]] = {}  # state, name, dynamic, to send, input
+    implicit = "closed" if draw.random() < 0.3 else "unopened"
+    counter = 0
+
+    def new_id(prefix: str) -> str:
+        nonlocal counter
+        counter += 1
+        return f"{prefix}{counter}"
+
+    def piece() -> list[str]:
+        text = draw.choice(_PIECES)
+        if text == "🙂" and draw.random() < 0.5:
+            return ["\ud83d", "\ude42"]  # one character, cut into its UTF-16 halves
+        return [text]
+
+    while len(steps) < length:
+        action = draw.choices(range(13), weights=_WEIGHTS)[0]
+        if action == 0:
+            kind = draw.choice(["text", "reasoning"])
+            part_id = new_id(kind[0])
+            texts[part_id] = kind
+            steps.append({"type": f"{kind}-start", "id": part_id})
+        elif action in (1, 2) and texts:
+            part_id = draw.choice(sorted(texts))
+            for text in piece():
+                steps.append({"type": f"{texts[part_id]}-delta", "id": part_id, "delta": text})
+        elif action == 3 and texts:
+            part_id = draw.choice(sorted(texts))
+            steps.append({"type": f"{texts.pop(part_id)}-end", "id": part_id})
+        elif action == 4 and implicit != "closed":
+            implicit = "open"
+            steps.extend(delta(text) for text in piece())
+        elif action == 5:
+            call, dynamic = new_id("call-"), draw.random() < 0.3
+            text = json.dumps({"n": draw.randrange(100), "s": draw.choice(_PIECES)})
+            name = draw.choice(["weather", "search"])
+            streamed = draw.random() < 0.7
+            if streamed:
+                steps.append(
+                    {
+                        "type": "tool-input-start",
+                        "toolCallId": call,
+                        "toolName": name,
+                        **({"dynamic": True} if dynamic else {}),
+                    }
+                )
+            tools[call] = ("input-streaming", name, dynamic, text, text)
+            if not streamed:
+                flag = {"dynamic": True} if dynamic else {}
+                steps.append(_available(call, name, json.loads(text), **flag))
+                tools[call] = ("input-available", name, dynamic, "", text)
+        elif action == 6 and tools:
+            call = draw.choice(sorted(tools))
+            state, name, dynamic, text, whole = tools[call]
+            flag = {"dynamic": True} if dynamic else {}
+            if state == "input-streaming" and text:
+                cut = draw.randrange(1, len(text) + 1)
+                steps.append(
+                    {"type": "tool-input-delta", "toolCallId": call, "inputTextDelta": text[:cut]}
+                )
+                tools[call] = (state, name, dynamic, text[cut:], whole)
+            elif state == "input-streaming":  # all of the input sent
+                steps.append(_available(call, name, json.loads(whole), **flag))
+                tools[call] = ("input-available", name, dynamic, "", whole)
+            else:  # input-available, or a preliminary output given (then not denied)
+                ending = draw.randrange(3 if state == "preliminary" else 4)
+                if ending == 0:
+                    steps.append(_output(call, {"r": draw.randrange(9)}, preliminary=True))
+                    tools[call] = ("preliminary", name, dynamic, "", whole)
+                elif ending == 1:
+                    steps.append(_output(call, draw.choice([1, "x", None, [1]])))
+                    del tools[call]
+                elif ending == 2:
+                    steps.append(
+                        {"type": "tool-output-error", "toolCallId": call, "errorText": "failed"}
+                    )
+                    del tools[call]
+                else:
+                    steps.append({"type": "tool-output-denied", "toolCallId": call})
+                    del tools[call]
+        elif action == 7:
+            steps.append(
+                {
+                    "type": "source-url",
+                    "sourceId": new_id("s"),
+                    "url": "https://example.com/" + draw.choice(_PIECES),
+                }
+            )
+        elif action == 8:
+            steps.append({"type": "file", "url": "https://example.com/f", "mediaType": "image/png"})
+        elif action in (9, 10):
+            chunk: Step = {"type": draw.choice(["data-a", "data-b"]), "data": draw.randrange(5)}
+            if draw.random() < 0.6:
+                chunk["id"] = draw.choice(["x", "y"])
+            if draw.random() < 0.2:
+                chunk["transient"] = True
+            steps.append(chunk)
+        elif action == 11 and not any(s[0] == "input-streaming" for s in tools.values()):
+            if draw.random() < 0.7:
+                steps.append({"type": "finish-step"})
+                texts.clear()  # a finished step's open parts take no more deltas
+                implicit = "closed" if implicit == "open" else implicit
+            steps.append({"type": "start-step"})
+        elif action == 12:
+            steps.append(
+                {
+                    "type": "source-document",
+                    "sourceId": new_id("s"),
+                    "mediaType": "text/plain",
+                    "title": draw.choice(_PIECES) or "t",
+                }
+            )
+    return steps

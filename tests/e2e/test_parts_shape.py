@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -40,6 +41,7 @@ from ..core.parts_cases import (
     RefusedCase,
     Step,
     delta,
+    random_reply,
 )
 
 AI_MAJORS = ("ai", "ai-v6")
@@ -372,6 +374,34 @@ def test_a_catch_up_at_any_cut_then_the_rest_gives_the_whole_parts(package: Pack
             whole = theirs.parts
         expected.append(whole)
     differences = _differences(labels, expected, assembled, "whole reply, read by the package")
+    assert not differences, "\n".join(differences)
+
+
+RANDOM_REPLIES = 120
+"""Random replies drawn (from seeds 0, 1, ...) for the cross-check, each cut at 6 points."""
+
+
+def test_random_replies_assemble_and_catch_up_as_the_package_reads_them(
+    package: Package,
+) -> None:
+    runs: list[list[Step]] = []
+    expected: list[Any] = []
+    labels: list[str] = []
+    faults: list[str] = []
+    for seed in range(RANDOM_REPLIES):
+        steps = random_reply(seed)
+        whole = _core(steps).parts()
+        runs.append(_flat(_as_chunks(steps)))
+        expected.append(whole)
+        labels.append(f"reply {seed}")
+        for cut in sorted({0, len(steps), *random.Random(seed).sample(range(len(steps)), 4)}):
+            catch_up = _core(steps[:cut]).catch_up()
+            faults += [f"reply {seed} at {cut}: {fault}" for fault in _compaction_faults(catch_up)]
+            runs.append(catch_up + _live_after(steps, cut))
+            expected.append(whole)
+            labels.append(f"reply {seed}, caught up at {cut}")
+    assert not faults, "\n".join(faults)
+    differences = _differences(labels, expected, package.assemble(runs), "core's whole reply")
     assert not differences, "\n".join(differences)
 
 
