@@ -2,8 +2,9 @@
 key, the ``message.parts`` that the AI SDK's own reader assembles from the same chunks, at its
 current major and the one before.
 
-Every case of tests/core/parts_cases.py runs through the core and, in one Node process per
-major, through tests/js/ui_parts.mjs: the chunks framed as a UI message stream body, read as
+The cases of tests/core/parts_cases.py (fixed replies, tool inputs cut at every character,
+and seeded random replies) run through the core and, in one Node process per test and major,
+through tests/js/ui_parts.mjs: the chunks framed as a UI message stream body, read as
 ``DefaultChatTransport`` reads one (its chunk schema first) and then by
 ``readUIMessageStream``. Three promises are checked:
 
@@ -12,8 +13,9 @@ major, through tests/js/ui_parts.mjs: the chunks framed as a UI message stream b
 * a compacted ``catch_up()`` at every cut point, followed by the chunks that come after it,
   gives the package exactly the parts of the whole reply: never a part twice, one delta per
   part at most;
-* a chunk the package refuses, the core refuses too, with ``PartRejected`` and nothing changed
-  (and where the core is stricter than the package, that is listed, case by case).
+* a chunk the package refuses, the core refuses too, with ``PartRejected`` and nothing changed;
+  where the core is stricter than the package, on purpose, each case is listed
+  (``STRICTER``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class Package:
             ["node", str(self.script)],
             input=json.dumps(cases).encode(),
             capture_output=True,
-            env=_node_environment(self.name),
+            env={**os.environ, "AI_PACKAGE": self.name},
             timeout=120,
             check=False,
         )
@@ -105,10 +107,6 @@ class Package:
         lines = [json.loads(line) for line in done.stdout.decode().split("\n") if line]
         assert [line["name"] for line in lines] == [case["name"] for case in cases]
         return [Assembled(line["parts"], line.get("error")) for line in lines]
-
-
-def _node_environment(package: str) -> dict[str, str]:
-    return {**os.environ, "AI_PACKAGE": package}
 
 
 @pytest.fixture(scope="session", params=AI_MAJORS)
