@@ -566,16 +566,14 @@ class _Tool:
         "open",
         "output_bytes",
         "part",
-        "step",
         "tool_call_id",
     )
 
-    def __init__(self, tool_call_id: str, name: str, dynamic: bool, step: int, index: int) -> None:
+    def __init__(self, tool_call_id: str, name: str, dynamic: bool, index: int) -> None:
         self.index = index
         self.tool_call_id = tool_call_id
         self.name = name
         self.dynamic = dynamic
-        self.step = step
         self.encoding: Any = ABSENT
         self.part: dict[str, Any] = (
             {"type": "dynamic-tool", "toolName": name, "toolCallId": tool_call_id}
@@ -711,7 +709,6 @@ class MessageParts:
         "_open_tools",
         "_parts",
         "_reasonings",
-        "_step",
         "_text_ids",
         "_texts",
         "_tools",
@@ -727,12 +724,14 @@ class MessageParts:
         """Open reasoning parts by chunk id."""
         self._text_ids: set[tuple[str, str]] = set()
         """(kind, chunk id) of every text and reasoning part, to tell ended from unknown."""
-        self._tools: dict[str, tuple[int, _Tool]] = {}
+        self._tools: dict[str, _Tool] = {}
+        """Every tool part, by tool call id."""
         self._open_tools: dict[str, _Tool] = {}
-        self._approvals: dict[str, tuple[int, _Tool]] = {}
+        """Tool parts whose input may still stream: started in the current step."""
+        self._approvals: dict[str, _Tool] = {}
+        """Tool parts by the approval id asked for them."""
         self._data: dict[tuple[str, str], tuple[int, int]] = {}
         """(type, id) of a data part → (its index, the bytes of its data)."""
-        self._step = 0
         self._finish_marks: list[int] = []
         """The number of parts at each ``finish-step`` that ended open parts."""
         self._chars = 0
@@ -979,9 +978,9 @@ class MessageParts:
 
     def _new_tool(self, tool_call_id: str, name: str, dynamic: bool) -> _Tool:
         self._room()
-        tool = _Tool(tool_call_id, name, dynamic, self._step, len(self._parts))
+        tool = _Tool(tool_call_id, name, dynamic, len(self._parts))
         self._parts.append(tool)
-        self._tools[tool_call_id] = (tool.index, tool)
+        self._tools[tool_call_id] = tool
         return tool
 
     def _tool(self, fields: _Fields) -> _Tool:
@@ -989,7 +988,7 @@ class MessageParts:
         found = self._tools.get(tool_call_id)
         if found is None:
             raise _reject(UNKNOWN_PART, f"no tool call '{tool_call_id}'", tool_call_id)
-        return found[1]
+        return found
 
     def _tool_input_start(self, fields: _Fields) -> int:
         tool_call_id = fields.text("toolCallId")
@@ -1034,7 +1033,7 @@ class MessageParts:
         found = self._tools.get(tool_call_id)
         if found is None:
             return None, name, dynamic, value
-        tool = found[1]
+        tool = found
         if not tool.open:
             raise _reject(
                 PART_ENDED, f"tool call '{tool_call_id}' has no input streaming", tool_call_id
@@ -1100,7 +1099,7 @@ class MessageParts:
             raise _reject(PART_EXISTS, f"approval '{approval_id}' exists", approval_id)
         tool.part["state"] = "approval-requested"
         tool.part["approval"] = approval
-        self._approvals[approval_id] = (tool.index, tool)
+        self._approvals[approval_id] = tool
         return tool.index
 
     def _tool_approval_response(self, fields: _Fields) -> int:
@@ -1114,7 +1113,7 @@ class MessageParts:
         found = self._approvals.get(approval_id)
         if found is None:
             raise _reject(UNKNOWN_PART, f"no approval '{approval_id}'", approval_id)
-        tool = found[1]
+        tool = found
         self._tool_stage(tool, ("approval-requested",), "tool-approval-response")
         approval = {**tool.part["approval"], "id": approval_id, "approved": approved}
         _put(approval, "reason", reason)
@@ -1206,7 +1205,6 @@ class MessageParts:
 
     def _start_step(self, fields: _Fields) -> int:
         index = self._append({"type": "step-start"})
-        self._step += 1
         for tool in self._open_tools.values():
             # ai looks a streaming tool up in the current step only: input chunks for it
             # from now on would make a second part, so they are refused.
