@@ -268,6 +268,16 @@ def test_finalize_completes_the_parts_as_their_ending_chunks_would(ai_7: Package
         assert all(part.get("state") != "input-streaming" for part in core.parts())
 
 
+def test_a_finalized_reply_is_rebuilt_by_its_catch_up(package: Package) -> None:
+    cores = [_core(case.steps) for case in _cases(package.name)]
+    for core in cores:
+        core.finalize()
+    assembled = package.assemble([core.catch_up() for core in cores])
+    labels = [case.name for case in _cases(package.name)]
+    differences = _differences(labels, [core.parts() for core in cores], assembled)
+    assert not differences, "\n".join(differences)
+
+
 def test_finalize_is_idempotent_and_nothing_applies_after_it() -> None:
     for case in CASES:
         core = _core(case.steps)
@@ -398,6 +408,11 @@ def test_random_replies_assemble_and_catch_up_as_the_package_reads_them(
             runs.append(catch_up + _live_after(steps, cut))
             expected.append(whole)
             labels.append(f"reply {seed}, caught up at {cut}")
+        finalized = _core(steps)
+        finalized.finalize()
+        runs.append(finalized.catch_up())
+        expected.append(finalized.parts())
+        labels.append(f"reply {seed}, finalized and caught up")
     assert not faults, "\n".join(faults)
     differences = _differences(labels, expected, package.assemble(runs), "core's whole reply")
     assert not differences, "\n".join(differences)
