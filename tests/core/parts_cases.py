@@ -12,6 +12,10 @@ fed to the package after the steps, they give the parts that ``finalize()`` leav
 
 Text is written with escapes where the code points matter: ``"\\ud83d"`` is half of a
 surrogate pair, sent alone in a delta as a producer cutting UTF-16 would.
+
+The sources of cases: :data:`CASES`, fixed replies; :data:`TOOL_INPUTS`, tool inputs to cut
+at every character; :func:`random_reply`, replies drawn from a seed; :data:`REFUSED`, chunks
+both sides refuse; :data:`STRICTER`, chunks the package takes and the core refuses on purpose.
 """
 
 from __future__ import annotations
