@@ -521,6 +521,31 @@ CASES: list[PartsCase] = [
         ],
     ),
     PartsCase(
+        "citations with keys ai does not know (dropped), a document, whole-number floats",
+        [
+            *_text("t1", "See the report.", end=False),
+            {
+                "type": "text-end",
+                "id": "t1",
+                "citations": [
+                    {**CITATION, "extra": 1, "source": {**CITATION["source"], "rank": 2}},
+                    {
+                        "source": {
+                            "type": "source",
+                            "sourceType": "document",
+                            "id": "d1",
+                            "mediaType": "application/pdf",
+                            "title": "Report",
+                            "filename": "report.pdf",
+                            "providerMetadata": METADATA_A,
+                        },
+                        "startIndex": 4.0,
+                    },
+                ],
+            },
+        ],
+    ),
+    PartsCase(
         "a tool's output in the step after its call",
         [
             {"type": "start-step"},
