@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from token_relay.core.errors import ConfigError, PartRejected, PeerError, UsageError
 from token_relay.core.parts import ABSENT, CODES, MessageParts, PartLimits, _partial_json
-from token_relay.core.streams import mend
+from token_relay.core.surrogates import mend
 
 Chunk = dict[str, Any]
 

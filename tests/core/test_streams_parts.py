@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from token_relay.core.codec import decode_events, message_body
 from token_relay.core.errors import ErrorCode, FrameRejected
-from token_relay.core.parts import MessageParts, PartLimits
+from token_relay.core.parts import PartLimits
 from token_relay.core.protocol import ProducerEvent
 from token_relay.core.streams import Applied, MessageStreams, Overflow, Phase, Unfinished
 
@@ -23,7 +23,7 @@ def with_parts(
 ) -> MessageStreams:
     """Message streams given parts, as the relay's sessions give them."""
     limited = part_limits or PartLimits()
-    return MessageStreams(channel, new_parts=lambda: MessageParts(limited), **limits)
+    return MessageStreams(channel, part_limits=limited, **limits)
 
 
 def chunk(message_id: str = "m", **fields: Any) -> ProducerEvent:
@@ -365,14 +365,6 @@ def test_completed_parts_are_counted_and_freed_with_their_id() -> None:
     assert streams.completed_chars == 3
     streams.refuse("d")
     assert streams.completed_chars == 0
-
-
-def test_streams_given_no_parts_take_no_chunks() -> None:
-    streams = MessageStreams("c")
-    with pytest.raises(FrameRejected) as rejected:
-        streams.receive(chunk(type="start-step"))
-    assert rejected.value.code is ErrorCode.INVALID_EVENT
-    assert streams.phase("m") is None
 
 
 def test_a_plain_message_frame_has_no_parts_key_and_a_structured_one_has_them() -> None:

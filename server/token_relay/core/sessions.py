@@ -40,7 +40,6 @@ from typing import Any, Generic, TypeVar
 from .errors import ErrorCode, FrameRejected
 from .events import Payload
 from .grants import Grant
-from .parts import MessageParts
 from .ratelimit import TokenBucket
 from .streams import MessageStreams, Unfinished
 
@@ -270,7 +269,6 @@ class SessionTable(Generic[C]):
             max_completed=max_completed,
             max_chars=max_chars,
             max_meta_bytes=max_meta,
-            new_parts=MessageParts,
         )
 
     def _add(

@@ -36,7 +36,7 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   refused message never completes once the holder is done.
 * Parts: an event with a ``chunk`` (an AI SDK ``UIMessageChunk``) makes its message
   *structured*: it gets a :class:`~token_relay.core.parts.MessageParts` (made by the
-  ``new_parts`` the session hands in; without one, a chunk is ``invalid_event``), and the text
+  ``part_limits``), and the text
   it had from top-level deltas (if it had any delta, an empty one included) becomes its
   implicit text part; the chunk applies to it, and so does every later top-level delta
   (``parts.delta``). A final finalizes the parts; the message's text is then its text
@@ -68,11 +68,9 @@ Pure: the caller passes the time, and the edge turns the answers into frames.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import msgspec
 from pydantic import MISSING
@@ -80,31 +78,20 @@ from pydantic import MISSING
 from .assembler import TokenAssembler
 from .codec import Event
 from .errors import ConfigError, ErrorCode, FrameRejected, PartRejected, id_in_use
+from .parts import MessageParts, PartLimits
+from .surrogates import REPLACEMENT, mend
+
+PARTS = PartLimits()
+"""The bounds of a structured message's parts, unless a session names others."""
 
 __all__ = [
     "TRANSITIONS",
     "Applied",
     "MessageStreams",
     "Overflow",
-    "Parts",
     "Phase",
     "Unfinished",
 ]
-
-
-class Parts(Protocol):
-    """What a structured message's parts do here: :class:`~token_relay.core.parts.MessageParts`.
-
-    Handed in as a factory (``new_parts``) rather than imported: the parts take
-    :func:`mend` from this module.
-    """
-
-    def apply(self, chunk: Mapping[str, Any]) -> int | None: ...
-    def delta(self, text: str) -> int | None: ...
-    def finalize(self) -> None: ...
-    def parts(self) -> list[dict[str, Any]]: ...
-    def text(self) -> str: ...
-    def chars(self) -> int: ...
 
 
 class Phase(Enum):
@@ -196,31 +183,6 @@ def _too_large(limit: int, message_id: str, aborted: bool) -> FrameRejected:
     )
 
 
-REPLACEMENT = "\ufffd"
-"""What a surrogate that never pairs becomes (U+FFFD, the replacement character)."""
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def mend(held: str, delta: str, final: bool) -> tuple[str, str]:
-    """Join UTF-16 surrogate halves split across deltas: ``(text to append, held)``.
-
-    A gateway slicing a JavaScript string may cut an emoji in two, so a delta can end
-    in a high surrogate and the next start with the low one. The high half is held
-    back until the next delta; a pair becomes its code point; a half that never pairs
-    (the message ends, or nothing fitting follows) becomes :data:`REPLACEMENT`. The
-    text handed on never holds a lone surrogate, so it always encodes to UTF-8.
-    """
-    text = held + delta
-    if text.isascii() or _SURROGATE.search(text) is None:
-        return text, ""
-    held = ""
-    if not final and "\ud800" <= text[-1] <= "\udbff":
-        held, text = text[-1], text[:-1]
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace"), held
-
-
 class _Open:
     __slots__ = (
         "channel",
@@ -244,7 +206,7 @@ class _Open:
         self.meta: dict[str, Any] | None = None
         self.held = ""
         """A high surrogate waiting for its low half (see :func:`mend`)."""
-        self.parts: Parts | None = None
+        self.parts: MessageParts | None = None
         """A structured message's parts (its text is then theirs, not the assembler's)."""
 
 
@@ -265,7 +227,7 @@ class MessageStreams:
         "max_completed",
         "max_meta_bytes",
         "max_streaming",
-        "new_parts",
+        "part_limits",
     )
 
     def __init__(
@@ -276,7 +238,7 @@ class MessageStreams:
         max_completed: int = 1000,
         max_chars: int = 1 << 20,
         max_meta_bytes: int = 4096,
-        new_parts: Callable[[], Parts] | None = None,
+        part_limits: PartLimits | None = None,
     ) -> None:
         if max_streaming < 1 or max_completed < 1 or max_chars < 1:
             raise ConfigError("max_streaming, max_completed and max_chars must be at least 1")
@@ -285,13 +247,12 @@ class MessageStreams:
         self.default_channel = default_channel
         self.max_streaming = max_streaming
         self.max_completed = max_completed
-        self.new_parts = new_parts
-        """Makes a structured message's parts (``MessageParts`` with its limits); None:
-        this session takes no chunks (``invalid_event``)."""
+        self.part_limits = part_limits or PARTS
+        """The bounds of a structured message's parts."""
         self.assembler = TokenAssembler()
         self._streaming: dict[str, _Open] = {}
         self._completed: dict[str, str] = {}
-        self._completed_parts: dict[str, Parts] = {}
+        self._completed_parts: dict[str, MessageParts] = {}
         """The parts of the completed structured messages in ``_completed``."""
         self._final_seq: dict[str, int] = {}
         self._aborted: dict[str, str] = {}
@@ -622,7 +583,7 @@ class MessageStreams:
         parts = None if state is None else state.parts
         try:
             if parts is None:
-                parts = self._new_parts(message_id)
+                parts = MessageParts(self.part_limits)
                 if state is not None and self.assembler.has_deltas(message_id):
                     # Its text so far (and a high surrogate waiting) is its implicit text part.
                     parts.delta((self.assembler.get(message_id) or "") + state.held)
@@ -682,13 +643,6 @@ class MessageStreams:
         state.last_event = now
         rejection = _too_large(self.max_chars, message_id, aborted=True)
         return Overflow(self._abort(message_id), rejection)
-
-    def _new_parts(self, message_id: str) -> Parts:
-        if self.new_parts is None:
-            raise FrameRejected(
-                ErrorCode.INVALID_EVENT, "'chunk' is not taken here: send 'delta'", message_id
-            )
-        return self.new_parts()
 
 
 def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:

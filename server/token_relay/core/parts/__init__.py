@@ -59,7 +59,7 @@ Message-level chunks (``start``, ``finish``, ``abort``, ``error``,
 The seed's rules, for every part that carries text (text, reasoning, a tool's input
 text): empty deltas count (the first creates the implicit part); a delta for an ended
 part is refused (``part_ended``) and changes nothing; a UTF-16 surrogate pair split
-across two deltas of one part is joined (:func:`~token_relay.core.streams.mend`), and
+across two deltas of one part is joined (:func:`~token_relay.core.surrogates.mend`), and
 a half that never pairs becomes U+FFFD when the part ends.
 
 Finalize (:meth:`MessageParts.finalize`, idempotent) completes the parts: every text

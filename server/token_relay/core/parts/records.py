@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ..assembler import RUN
-from ..streams import REPLACEMENT, mend
+from ..surrogates import REPLACEMENT, mend
 from .fields import ABSENT, fallback, put
 from .partialjson import partial_json
 from .refusals import PART_TOO_LARGE, reject
