@@ -7,12 +7,15 @@ waited, before it was asked for, or turned structured while its text was being r
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from token_relay.core.parts import chunks_of
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..docs.blocks import docs_block
 from ..harness import eventually
 from .test_ai_sdk import AI_MAJORS, NodeScript, _resume
 
@@ -157,3 +160,24 @@ async def test_an_aborted_structured_reply_ends_with_abort_and_keeps_its_parts(
         assert got["parts"][0] == "start" and got["parts"][-1] == "abort"
         again = await _resume(resume, running, "chat-3", "?id=reply-3")
         assert (again["message"], again["parts"]) == (got["message"], got["parts"])
+
+
+async def test_the_documented_structured_stream_is_what_curl_prints() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        ended = await _ended(running, "chat-42")
+        async with running.connect("/produce?channel=chat-42") as producer:
+            for line in docs_block("producer-parts").splitlines():
+                await send_json(producer, json.loads(line))
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        port = running.url.rsplit(":", 1)[1]
+        curl = await asyncio.create_subprocess_exec(
+            "curl", "-sN", f"http://127.0.0.1:{port}/ai-sdk/chat-42/stream?id=reply-7",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(curl.communicate(), 10)
+    printed = docs_block("ai-sdk-parts-output")
+    assert out.decode() == printed
+    chunks = [json.loads(line[6:]) for line in printed.splitlines() if line.startswith("data: {")]
+    assert chunks[1:-1] == chunks_of(frame["parts"])

@@ -18,6 +18,14 @@ channel's history (the join's rewind): the one ``?id=`` names, as long as histor
 without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
 it completed at most ``--ai-sdk-replay-window`` seconds ago and nothing is in progress.
 
+A structured message (its ``message`` or ``aborted`` frame carries ``parts``) is delivered
+whole, so it is served once it ends, on the same three occasions (completed before, by
+``?id=`` or within the replay window; completed while the stream waits): ``start`` (with
+its ``meta`` as ``messageMetadata``), the chunks that rebuild exactly its ``parts``
+(:func:`~token_relay.core.parts.chunks_of`), then ``finish``, or ``abort`` and its reason.
+One that turned structured while its text was being served goes on in the text part
+already sent, which is its implicit text part, the first.
+
 A resume replays from ``start`` under the same ``messageId``, so it replaces the client's
 partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop (see
 :mod:`token_relay.edge.relay`).

@@ -1,6 +1,5 @@
-"""The compacted chunks that rebuild a list of assembled parts: :func:`chunks_of`, and the
-one implementation under it that :meth:`~token_relay.core.parts.MessageParts.catch_up`
-shares.
+"""The compacted chunks that rebuild a list of assembled parts (:func:`chunks_of`), one
+implementation that a message's catch-up shares.
 
 Fed to ``readUIMessageStream`` after a ``start``, the chunks give back exactly the parts,
 one part at a time, in order:

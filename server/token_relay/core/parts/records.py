@@ -1,5 +1,5 @@
 """The records behind the parts (a part's text so far, text and reasoning parts, tool
-calls): each renders its part as ``ai`` holds it (``compaction`` replays it as chunks).
+calls): each renders its part as ``ai`` holds it.
 
 A record changes only through the message (:class:`~token_relay.core.parts.MessageParts`),
 which checks each chunk first; a record renders a new dict each time it is read.
