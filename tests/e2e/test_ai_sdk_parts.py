@@ -2,7 +2,8 @@
 Node at its current major and the one before (``DefaultChatTransport.reconnectToStream`` and
 ``readUIMessageStream``): the message the app ends with holds exactly the ``parts`` of the
 relay's own ``message`` (or ``aborted``) frame, whether the reply completed while the stream
-waited, before it was asked for, or turned structured while its text was being read."""
+waited, before it was asked for (on this process or, through Redis, another), or turned
+structured while its text was being read."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from token_relay.core.parts import chunks_of
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
-from ..harness import eventually
+from ..harness import RedisServer, eventually, relay_process
 from .test_ai_sdk import AI_MAJORS, NodeScript, _resume
 
 
@@ -181,3 +182,27 @@ async def test_the_documented_structured_stream_is_what_curl_prints() -> None:
     assert out.decode() == printed
     chunks = [json.loads(line[6:]) for line in printed.splitlines() if line.startswith("data: {")]
     assert chunks[1:-1] == chunks_of(frame["parts"])
+
+
+async def test_a_structured_reply_completed_on_another_process_is_read_through_redis(
+    resume: NodeScript, redis_server: RedisServer
+) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        on_a = RunningRelay(None, a.url)  # type: ignore[arg-type]
+        on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
+        ended = await _ended(on_b, "shared")
+        async with on_a.connect("/produce?channel=shared") as producer:
+            for event in _reply("s1"):
+                await send_json(producer, event)
+            await send_json(producer, {"id": "s1", "final": True, "meta": {"n": 1}})
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        assert len(frame["parts"]) == 7
+        for query in ("?id=s1", ""):
+            got = await _resume(resume, on_b, "shared", query)
+            assert (got["id"], got["message"], got["metadata"]) == ("s1", frame["parts"], {"n": 1})
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
