@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from token_relay.core.parts import MessageParts, PartRejected
+from token_relay.core.parts import MessageParts, PartRejected, chunks_of
 
 from ..core.parts_cases import (
     ANY_ERROR_TEXT,
@@ -418,6 +418,27 @@ def test_random_replies_assemble_and_catch_up_as_the_package_reads_them(
         labels.append(f"reply {seed}, finalized and caught up")
     assert not faults, "\n".join(faults)
     differences = _differences(labels, expected, package.assemble(runs), "core's whole reply")
+    assert not differences, "\n".join(differences)
+
+
+def test_the_package_rebuilds_a_list_of_parts_from_its_chunks_of(package: Package) -> None:
+    """What the AI SDK stream replays of a completed or aborted structured reply: its
+    ``parts``, as ``chunks_of`` makes them, read by the package after a ``start``."""
+    cases = _cases(package.name)
+    expected: list[Any] = []
+    labels: list[str] = []
+    for case in cases:
+        message = _core(case.steps)
+        expected.append(message.parts())  # as an aborted reply's frame carries them
+        labels.append(f"{case.name} (as it was)")
+        message.finalize()
+        expected.append(message.parts())
+        labels.append(f"{case.name} (finalized)")
+    for seed in range(RANDOM_REPLIES):
+        expected.append(_core(random_reply(seed)).parts())
+        labels.append(f"reply {seed}")
+    assembled = package.assemble([chunks_of(parts) for parts in expected])
+    differences = _differences(labels, expected, assembled, "the parts")
     assert not differences, "\n".join(differences)
 
 

@@ -1,5 +1,7 @@
 // Resume a chat's stream with the AI SDK's own DefaultChatTransport and readUIMessageStream,
-// as useChat({ resume: true }) does on mount, and print what the app would hold, as JSON.
+// as useChat({ resume: true }) does on mount, and print what the app would hold, as JSON: the
+// message's id, text, text states and metadata, the chunk types read, and (as "message") the
+// final message.parts.
 // Usage: node ai_sdk_resume.mjs BASE_URL CHAT_ID [QUERY]
 // The AI SDK at its current major ("ai"), or the package AI_PACKAGE names ("ai-v6": the one
 // before).
@@ -31,5 +33,8 @@ if (stream === null) {
   const text = last.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
   const states = last.parts.filter((p) => p.type === "text").map((p) => p.state);
   const metadata = last.metadata ?? null;
-  console.log(JSON.stringify({ resumed: true, id: last.id, text, states, updates, parts, metadata }));
+  const message = JSON.parse(JSON.stringify(last.parts)); // undefined keys dropped, as on the wire
+  console.log(
+    JSON.stringify({ resumed: true, id: last.id, text, states, updates, parts, metadata, message }),
+  );
 }

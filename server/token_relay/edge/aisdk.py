@@ -18,6 +18,14 @@ channel's history (the join's rewind): the one ``?id=`` names, as long as histor
 without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
 it completed at most ``--ai-sdk-replay-window`` seconds ago and nothing is in progress.
 
+A structured message (its ``message`` or ``aborted`` frame carries ``parts``) is delivered
+whole, so it is served once it ends, on the same three occasions (completed before, by
+``?id=`` or within the replay window; completed while the stream waits): ``start`` (with
+its ``meta`` as ``messageMetadata``), the chunks that rebuild exactly its ``parts``
+(:func:`~token_relay.core.parts.chunks_of`), then ``finish``, or ``abort`` and its reason.
+One that turned structured while its text was being served goes on in the text part
+already sent, which is its implicit text part, the first.
+
 A resume replays from ``start`` under the same ``messageId``, so it replaces the client's
 partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop (see
 :mod:`token_relay.edge.relay`).
@@ -32,6 +40,7 @@ from typing import Any
 import h11
 
 from ..core.grants import Grant
+from ..core.parts import chunks_of
 from . import routes
 from .broadcast import Fields
 from .sse import SSE_HEADERS, SseStream
@@ -78,6 +87,9 @@ class AiSdkStream(SseStream):
         self.replay_window: float | None = None
         """Without ``?id=``: how recent a completed reply must be to be served."""
         self._snapshots: dict[str, str] = {}
+        self._sent = 0
+        """Characters of text sent so far in the text part, for a message that turns
+        structured."""
         self._completed: dict[str, Any] | None = None
         """The reply that completed before the join was done (the one wanted, or the newest)."""
         self._timer: asyncio.TimerHandle | None = None
@@ -99,7 +111,12 @@ class AiSdkStream(SseStream):
                 self._snapshots.pop(str(message_id), None)
                 self._completed = frame
         elif self.target is None:
-            if kind in ("delta", "message") and self.wanted in (None, message_id):
+            wanted = self.wanted in (None, message_id)
+            if kind in ("message", "aborted") and "parts" in frame and wanted:
+                # A structured message is delivered whole, and sends nothing before: all
+                # of it comes now, aborted or not.
+                self._serve_structured(frame)
+            elif kind in ("delta", "message") and wanted:
                 # A message that started after the join: all of it is still to come (a
                 # one-shot one comes whole, as its message frame).
                 self._serve(str(message_id), str(frame["text"]) if kind == "message" else "")
@@ -125,6 +142,8 @@ class AiSdkStream(SseStream):
         elif self.wanted is None and snapshots:
             newest = list(snapshots)[-1]
             self._serve(newest, snapshots[newest])
+        elif completed is not None and "parts" in completed:
+            self._serve_structured(completed)
         elif completed is not None:
             # Whole at once: its text, then its end (finish, or abort).
             self._serve(str(completed["id"]), str(completed["text"]))
@@ -160,12 +179,60 @@ class AiSdkStream(SseStream):
         self._emit({"type": "start", "messageId": message_id})
         self._emit({"type": "text-start", "id": TEXT_PART})
         if text:
+            self._sent += len(text)
             self._emit({"type": "text-delta", "id": TEXT_PART, "delta": text})
+
+    def _serve_structured(self, frame: dict[str, Any]) -> None:
+        """A structured message, whole: ``start`` (with the message's ``meta`` as its
+        ``messageMetadata``), the chunks that rebuild its ``parts``, and its end."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self.target = str(frame["id"])
+        self._head(200, AI_SDK_HEADERS)
+        start: dict[str, Any] = {"type": "start", "messageId": self.target}
+        if "meta" in frame:
+            start["messageMetadata"] = frame["meta"]
+        self._emit(start)
+        for chunk in chunks_of(frame["parts"]):
+            self._emit(chunk)
+        self._finish(frame)
+
+    def _turned_structured(self, frame: dict[str, Any]) -> None:
+        """The message being served as text ends with parts: it turned structured after the
+        text sent so far, which is the start of its first part (its implicit text part).
+        That part goes on under the id it was sent with, and the others follow it."""
+        chunks = chunks_of(frame["parts"])
+        first = chunks[0] if chunks else {}
+        if first.get("type") == "text-start" and first.get("id") == TEXT_PART:
+            # chunks_of names the first text part TEXT_PART: it is the one already started.
+            chunks = chunks[1:]
+            if chunks and chunks[0].get("type") == "text-delta" and chunks[0]["id"] == TEXT_PART:
+                rest = str(chunks[0]["delta"])[self._sent :]
+                chunks = ([{**chunks[0], "delta": rest}] if rest else []) + chunks[1:]
+        else:
+            # Nothing of it was text before the chunks (a snapshot of ""): end the part.
+            self._emit({"type": "text-end", "id": TEXT_PART})
+        for chunk in chunks:
+            self._emit(chunk)
+        self._finish(frame)
+
+    def _finish(self, frame: dict[str, Any]) -> None:
+        if frame.get("type") == "aborted":
+            self._emit({"type": "abort", "reason": frame.get("reason", "")})
+        else:
+            finish: dict[str, Any] = {"type": "finish"}
+            if "meta" in frame:
+                finish["messageMetadata"] = frame["meta"]
+            self._emit(finish)
+        self._end()
 
     def _part(self, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
         if kind == "delta":
+            self._sent += len(frame["delta"])
             self._emit({"type": "text-delta", "id": TEXT_PART, "delta": frame["delta"]})
+        elif "parts" in frame and kind in ("message", "aborted"):
+            self._turned_structured(frame)
         elif kind == "message":
             self._emit({"type": "text-end", "id": TEXT_PART})
             finish: dict[str, Any] = {"type": "finish"}

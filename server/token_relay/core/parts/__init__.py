@@ -77,6 +77,8 @@ holding its text so far, and its end if it has ended; a tool as its start, one i
 delta, and one chunk per later stage it reached (the last output only); a step as
 ``start-step``; sources, files and data as themselves; a ``finish-step`` where one
 closed parts. The chunks that arrive later then apply on top, so no part comes twice.
+:func:`chunks_of` makes the same chunks of a list of parts alone (a completed message's
+``parts``, to replay it as a stream), naming the text parts itself.
 
 Errors and bounds. A chunk refused raises :class:`~token_relay.core.errors.PartRejected`
 and changes nothing; its ``code`` is one of :data:`CODES`. Bounds (:class:`PartLimits`),
@@ -103,6 +105,8 @@ The package, one module per concept, behind :class:`MessageParts` (``message``):
 * ``state``: what a message's parts hold;
 * ``texts``: text and reasoning chunks, and the implicit text part;
 * ``tools``: the tool state machine;
+* ``compaction``: the chunks that rebuild a list of parts (:func:`chunks_of`), under a
+  message's catch-up too;
 * ``message``: the chunks applied by kind, finalize, and the parts, text and catch-up read.
 
 This package is pure: no I/O, no asyncio, no clock.
@@ -111,6 +115,7 @@ This package is pure: no I/O, no asyncio, no clock.
 from __future__ import annotations
 
 from ..errors import PartRejected
+from .compaction import chunks_of
 from .fields import ABSENT as ABSENT
 from .message import MESSAGE_CHUNKS as MESSAGE_CHUNKS
 from .message import MessageParts
@@ -126,7 +131,7 @@ from .refusals import TOO_MANY_PARTS as TOO_MANY_PARTS
 from .refusals import UNKNOWN_PART as UNKNOWN_PART
 from .texts import IMPLICIT as IMPLICIT
 
-__all__ = ["CODES", "MessageParts", "PartLimits", "PartRejected"]
+__all__ = ["CODES", "MessageParts", "PartLimits", "PartRejected", "chunks_of"]
 
 _partial_json = partial_json
 """The repair of a tool's streamed input, under the name its tests import."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from .compaction import ToolHistory, compacted
 from .fields import ABSENT, Fields, put
 from .partialjson import parse_json
 from .records import TextRecord, ToolRecord
@@ -55,24 +56,29 @@ class MessageParts(TextChunks, ToolChunks):
 
     def catch_up(self) -> list[dict[str, Any]]:
         """The compacted chunks that rebuild :meth:`parts` after a ``start``; the chunks
-        applied after this call then apply on top of them, so no part comes twice."""
-        chunks: list[dict[str, Any]] = []
-        marks = iter(self._finish_marks)
-        mark = next(marks, None)
-        for index, record in enumerate(self._parts):
-            while mark is not None and mark <= index:
-                chunks.append({"type": "finish-step"})
-                mark = next(marks, None)
-            if isinstance(record, dict):
-                chunks.append(
-                    {"type": "start-step"} if record["type"] == "step-start" else dict(record)
-                )
+        applied after this call then apply on top of them, so no part comes twice. The
+        same chunks as :func:`~token_relay.core.parts.chunks_of` makes of the parts, but
+        under the chunk ids the producer gave, and with its ``finish-step``\\ s."""
+        views: list[dict[str, Any]] = []
+        text_ids: list[str | None] = []
+        histories: list[ToolHistory | None] = []
+        for record in self._parts:
+            if isinstance(record, TextRecord):
+                views.append(record.render())
+                text_ids.append(record.chunk_id)
+                histories.append(None)
+            elif isinstance(record, ToolRecord):
+                # The part as ai holds it, but for the repair of a streaming input, which
+                # the catch-up does not carry: its text goes as it came, in one delta.
+                views.append(record.part)
+                text_ids.append(None)
+                text = record.buffer.text() if record.had_delta else None
+                histories.append((text, record.input_end, record.encoding))
             else:
-                chunks.extend(record.replay())
-        while mark is not None:
-            chunks.append({"type": "finish-step"})
-            mark = next(marks, None)
-        return chunks
+                views.append(record)
+                text_ids.append(None)
+                histories.append(None)
+        return compacted(views, text_ids, self._finish_marks, histories)
 
     # -- writing
 

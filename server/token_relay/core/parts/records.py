@@ -1,5 +1,5 @@
 """The records behind the parts (a part's text so far, text and reasoning parts, tool
-calls): each renders its part as ``ai`` holds it, and replays it as chunks.
+calls): each renders its part as ``ai`` holds it.
 
 A record changes only through the message (:class:`~token_relay.core.parts.MessageParts`),
 which checks each chunk first; a record renders a new dict each time it is read.
@@ -94,19 +94,6 @@ class TextRecord:
         put(part, "citations", self.citations)
         return part
 
-    def replay(self) -> list[dict[str, Any]]:
-        start: dict[str, Any] = {"type": f"{self.kind}-start", "id": self.chunk_id}
-        put(start, "providerMetadata", self.metadata)
-        chunks = [start]
-        text = self.buffer.text()
-        if text:
-            chunks.append({"type": f"{self.kind}-delta", "id": self.chunk_id, "delta": text})
-        if self.state == "done":
-            end: dict[str, Any] = {"type": f"{self.kind}-end", "id": self.chunk_id}
-            put(end, "citations", self.citations)
-            chunks.append(end)
-        return chunks
-
 
 class ToolRecord:
     """A ``tool-<name>`` or ``dynamic-tool`` part: ``part`` is ``ai``'s object, but for
@@ -190,62 +177,5 @@ class ToolRecord:
             part["approval"] = dict(part["approval"])
         return part
 
-    def replay(self) -> list[dict[str, Any]]:
-        part = self.part
-        ids = {"toolCallId": self.tool_call_id}
-        named = {**ids, "toolName": self.name, **({"dynamic": True} if self.dynamic else {})}
-        start: dict[str, Any] = {"type": "tool-input-start", **named}
-        for key in ("title", "toolMetadata", "providerExecuted"):
-            if key in part:
-                start[key] = part[key]
-        put(start, "providerMetadata", part.get("callProviderMetadata", ABSENT))
-        put(start, "inputEncoding", self.encoding)
-        chunks = [start]
-        if self.had_delta:
-            text = self.buffer.text()
-            chunks.append({"type": "tool-input-delta", **ids, "inputTextDelta": text})
-        result = part.get("resultProviderMetadata", ABSENT)
-        if self.input_end == "tool-input-available":
-            chunks.append({"type": self.input_end, **named, "input": part["input"]})
-        elif self.input_end == "tool-input-error":
-            error = {"type": self.input_end, **named, "input": part["input"]}
-            error["errorText"] = part["errorText"]
-            put(error, "providerMetadata", result)
-            return [*chunks, error]
-        approval = part.get("approval")
-        if approval is not None:
-            request = {"type": "tool-approval-request", **ids, "approvalId": approval["id"]}
-            for key, chunk_key in APPROVAL_REQUEST.items():
-                if key in approval:
-                    request[chunk_key] = approval[key]
-            chunks.append(request)
-            if "approved" in approval:
-                response = {"type": "tool-approval-response", "approvalId": approval["id"]}
-                response["approved"] = approval["approved"]
-                put(response, "reason", approval.get("reason", ABSENT))
-                chunks.append(response)
-        state = self.state
-        if state == "output-available":
-            output = {"type": "tool-output-available", **ids, "output": part["output"]}
-            put(output, "preliminary", part.get("preliminary", ABSENT))
-            put(output, "providerMetadata", result)
-            chunks.append(output)
-        elif state == "output-error":
-            error = {"type": "tool-output-error", **ids, "errorText": part["errorText"]}
-            put(error, "providerMetadata", result)
-            chunks.append(error)
-        elif state == "output-denied":
-            chunks.append({"type": "tool-output-denied", **ids})
-        return chunks
-
-
-APPROVAL_REQUEST: Final = {
-    "descriptor": "approvalDescriptor",
-    "inputSchemaInput": "inputSchemaInput",
-    "requestReason": "reason",
-    "isAutomatic": "isAutomatic",
-    "signature": "signature",
-}
-"""A part's ``approval`` key → the ``tool-approval-request`` field it came from."""
 
 Part = TextRecord | ToolRecord | dict[str, Any]

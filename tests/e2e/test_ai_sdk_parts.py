@@ -1,0 +1,208 @@
+"""Structured replies on the AI SDK's UI message stream, read by the real ``ai`` package in
+Node at its current major and the one before (``DefaultChatTransport.reconnectToStream`` and
+``readUIMessageStream``): the message the app ends with holds exactly the ``parts`` of the
+relay's own ``message`` (or ``aborted``) frame, whether the reply completed while the stream
+waited, before it was asked for (on this process or, through Redis, another), or turned
+structured while its text was being read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from token_relay.core.parts import chunks_of
+
+from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..docs.blocks import docs_block
+from ..harness import RedisServer, eventually, relay_process
+from .test_ai_sdk import AI_MAJORS, NodeScript, _resume
+
+
+@pytest.fixture(scope="session", params=AI_MAJORS)
+def resume(js_clients: Path, request: pytest.FixtureRequest) -> NodeScript:
+    """The AI SDK's own resume, in Node, at each major."""
+    return NodeScript(js_clients / "ai_sdk_resume.mjs", request.param)
+
+
+def _reply(message_id: str) -> list[dict[str, Any]]:
+    """A reply of every kind of part the majors assemble alike: reasoning, a tool call whose
+    input streams and whose output follows, text in a second step, a source, a data part
+    updated in place."""
+    chunks: list[dict[str, Any]] = [
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r1"},
+        {"type": "reasoning-delta", "id": "r1", "delta": "The user wants "},
+        {"type": "reasoning-delta", "id": "r1", "delta": "the weather."},
+        {"type": "reasoning-end", "id": "r1"},
+        {"type": "tool-input-start", "toolCallId": "call-1", "toolName": "weather"},
+        {"type": "tool-input-delta", "toolCallId": "call-1", "inputTextDelta": '{"city":'},
+        {"type": "tool-input-delta", "toolCallId": "call-1", "inputTextDelta": '"Paris"}'},
+        {"type": "tool-input-available", "toolCallId": "call-1", "toolName": "weather",
+         "input": {"city": "Paris"}},
+        {"type": "data-status", "id": "s1", "data": {"phase": "calling"}},
+        {"type": "tool-output-available", "toolCallId": "call-1", "output": {"celsius": 21}},
+        {"type": "finish-step"},
+        {"type": "start-step"},
+        {"type": "text-start", "id": "t1"},
+        {"type": "text-delta", "id": "t1", "delta": "It is 21 °C "},
+        {"type": "text-delta", "id": "t1", "delta": "in Paris 🌤."},
+        {"type": "text-end", "id": "t1"},
+        {"type": "source-url", "sourceId": "src-1", "url": "https://weather.example/paris",
+         "title": "Paris weather"},
+        {"type": "data-status", "id": "s1", "data": {"phase": "done"}},
+    ]  # fmt: skip
+    return [{"id": message_id, "chunk": chunk} for chunk in chunks]
+
+
+async def _ended(running: RunningRelay, channel: str) -> Any:
+    """A subscriber of ``channel``, and how to read its next message or aborted frame."""
+    watcher = await running.connect(f"/subscribe?channel={channel}").__aenter__()
+    assert (await recv_json(watcher))["type"] == "subscribed"
+
+    async def frame() -> dict[str, Any]:
+        while True:
+            got = await recv_json(watcher, 10)
+            if got["type"] in ("message", "aborted"):
+                await watcher.close()
+                return got
+
+    return frame
+
+
+async def _stream_joined(running: RunningRelay, channel: str) -> None:
+    hub = running.relay.subscribers.router.hub
+    await eventually(lambda: len(hub.subscribers(channel)) >= 2, what="the stream joined")
+
+
+async def test_a_structured_reply_is_read_with_exactly_its_parts(resume: NodeScript) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        ended = await _ended(running, "chat-1")
+        reading = asyncio.ensure_future(_resume(resume, running, "chat-1", "?wait=20"))
+        await _stream_joined(running, "chat-1")
+        meta = {"model": "m-1", "usage": {"outputTokens": 42}}
+        async with running.connect("/produce?channel=chat-1") as producer:
+            for event in _reply("reply-1"):
+                await send_json(producer, event)
+            await send_json(producer, {"id": "reply-1", "final": True, "meta": meta})
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        assert [part["type"] for part in frame["parts"]] == [
+            "step-start", "reasoning", "tool-weather", "data-status", "step-start", "text",
+            "source-url",
+        ]  # fmt: skip
+        # Completed while the stream waited.
+        got = await reading
+        assert (got["id"], got["message"], got["metadata"]) == ("reply-1", frame["parts"], meta)
+        assert got["text"] == frame["text"] == "It is 21 °C in Paris 🌤."
+        assert got["parts"][0] == "start" and got["parts"][-1] == "finish"
+        assert got["parts"].count("start") == 1
+        assert got["parts"].count("text-delta") == got["parts"].count("reasoning-delta") == 1
+        # Completed before it was asked for: by its id, and as the channel's newest.
+        for query in ("?id=reply-1", ""):
+            again = await _resume(resume, running, "chat-1", query)
+            assert (again["id"], again["message"], again["metadata"]) == (
+                got["id"],
+                got["message"],
+                got["metadata"],
+            ), query
+            assert again["parts"] == got["parts"], query
+
+
+async def test_a_reply_that_turns_structured_while_its_text_is_read(resume: NodeScript) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        ended = await _ended(running, "chat-2")
+        reading = asyncio.ensure_future(_resume(resume, running, "chat-2", "?wait=20"))
+        await _stream_joined(running, "chat-2")
+        async with running.connect("/produce?channel=chat-2") as producer:
+            for piece in ("Let me ", "check. "):
+                await send_json(producer, {"id": "reply-2", "delta": piece})
+            await asyncio.sleep(0.2)  # the stream has sent them, as text
+            for event in _reply("reply-2"):
+                await send_json(producer, event)
+            await send_json(producer, {"id": "reply-2", "final": True})
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        assert frame["parts"][0] == {"type": "text", "text": "Let me check. ", "state": "done"}
+        got = await reading
+        assert (got["id"], got["message"]) == ("reply-2", frame["parts"])
+        assert got["parts"].count("start") == got["parts"].count("text-start") - 1 == 1
+
+
+async def test_an_aborted_structured_reply_ends_with_abort_and_keeps_its_parts(
+    resume: NodeScript,
+) -> None:
+    running, relay = await start_relay(session_grace=0)
+    async with relay:
+        ended = await _ended(running, "chat-3")
+        reading = asyncio.ensure_future(_resume(resume, running, "chat-3", "?wait=20"))
+        await _stream_joined(running, "chat-3")
+        async with running.connect("/produce?channel=chat-3") as producer:
+            for event in _reply("reply-3")[:8]:  # up to the tool's input, half streamed
+                await send_json(producer, event)
+            await send_json(producer, {"id": "reply-3", "chunk": {"type": "text-start", "id": "t"}})
+            chunk = {"type": "text-delta", "id": "t", "delta": "So far"}
+            await send_json(producer, {"id": "reply-3", "chunk": chunk})
+            await asyncio.sleep(0.2)
+        # The producer went away without a final: the reply is aborted, as it was.
+        frame = await ended()
+        assert frame["type"] == "aborted"
+        states = [(part["type"], part.get("state")) for part in frame["parts"]]
+        assert states == [
+            ("step-start", None), ("reasoning", "done"), ("tool-weather", "input-streaming"),
+            ("text", "streaming"),
+        ]  # fmt: skip
+        got = await reading
+        assert (got["id"], got["message"]) == ("reply-3", frame["parts"])
+        assert got["parts"][0] == "start" and got["parts"][-1] == "abort"
+        again = await _resume(resume, running, "chat-3", "?id=reply-3")
+        assert (again["message"], again["parts"]) == (got["message"], got["parts"])
+
+
+async def test_the_documented_structured_stream_is_what_curl_prints() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        ended = await _ended(running, "chat-42")
+        async with running.connect("/produce?channel=chat-42") as producer:
+            for line in docs_block("producer-parts").splitlines():
+                await send_json(producer, json.loads(line))
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        port = running.url.rsplit(":", 1)[1]
+        curl = await asyncio.create_subprocess_exec(
+            "curl", "-sN", f"http://127.0.0.1:{port}/ai-sdk/chat-42/stream?id=reply-7",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(curl.communicate(), 10)
+    printed = docs_block("ai-sdk-parts-output")
+    assert out.decode() == printed
+    chunks = [json.loads(line[6:]) for line in printed.splitlines() if line.startswith("data: {")]
+    assert chunks[1:-1] == chunks_of(frame["parts"])
+
+
+async def test_a_structured_reply_completed_on_another_process_is_read_through_redis(
+    resume: NodeScript, redis_server: RedisServer
+) -> None:
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        on_a = RunningRelay(None, a.url)  # type: ignore[arg-type]
+        on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
+        ended = await _ended(on_b, "shared")
+        async with on_a.connect("/produce?channel=shared") as producer:
+            for event in _reply("s1"):
+                await send_json(producer, event)
+            await send_json(producer, {"id": "s1", "final": True, "meta": {"n": 1}})
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        assert len(frame["parts"]) == 7
+        for query in ("?id=s1", ""):
+            got = await _resume(resume, on_b, "shared", query)
+            assert (got["id"], got["message"], got["metadata"]) == ("s1", frame["parts"], {"n": 1})
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
