@@ -70,8 +70,8 @@ class Pipeline:
         return True
 
     def put(self, write: Write) -> None:
-        """Queue a write; any but a delta ends every run of deltas (see :class:`Runs`)."""
-        if write.script != "delta":
+        """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`)."""
+        if write.script != "delta" and write.script != "part":
             self.runs.close()
         self.queue.put_nowait(write)
         self.last = write

@@ -1,0 +1,99 @@
+"""Structured messages across relay processes on one real redis-server: a joiner on another
+process gets no snapshot of one in progress. "Exactly" means: the frame a single process
+gives for the same events, sent under another id."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
+from ..harness import RedisServer, relay_process
+from .test_parts import ABORTED_AFTER, reply
+
+CHANNEL = "c"
+
+
+def _events(message_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A structured reply in two halves: plain text first (its implicit text part), the
+    reasoning and half a tool call's input, top-level deltas ending in half a surrogate
+    pair; then the pair's other half, the rest of the reply and the final."""
+    chunks = reply(message_id)
+    first = [
+        {"id": message_id, "delta": "Hi "},
+        *chunks[:ABORTED_AFTER],
+        {"id": message_id, "delta": "there \ud83d"},
+    ]
+    return first, [{"id": message_id, "delta": "\ude00"}, *chunks[ABORTED_AFTER:]]
+
+
+def _core(frame: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in frame.items() if k not in ("offset", "epoch", "id")}
+
+
+async def _sync(producer: Any, message_id: str) -> None:
+    """Everything sent before is applied, and in Redis: a final's ack waits for its
+    terminal write, queued after every write before it."""
+    await send_json(producer, {"id": message_id, "final": True})
+    assert (await recv_json(producer))["id"] == message_id
+
+
+async def _subscribed(url: str, query: str = "") -> Any:
+    ws = await connect(f"{url}/subscribe?channel={CHANNEL}{query}")
+    assert (await recv_json(ws))["type"] == "subscribed"
+    return ws
+
+
+async def _single_process(url: str, message_id: str, watcher: Any, final: bool) -> Any:
+    """The terminal frame one process gives for the same events (completed, or aborted by
+    a clean close after the first half)."""
+    first, rest = _events(message_id)
+    async with open_producer(f"{url}/produce?channel={CHANNEL}") as producer:
+        for event in first + (rest if final else []):
+            await send_json(producer, event)
+        if final:
+            assert (await recv_json(producer))["id"] == message_id
+        else:
+            await _sync(producer, f"{message_id}-sync")
+            assert (await recv_json(watcher))["id"] == f"{message_id}-sync"
+    return await recv_json(watcher)
+
+
+async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_message(
+    redis_server: RedisServer,
+) -> None:
+    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url)
+        async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
+            first, rest = _events("s")
+            for event in first:
+                await send_json(producer, event)
+            await send_json(producer, {"id": "p", "delta": "so far"})
+            await _sync(producer, "sync")
+            assert (await recv_json(watcher))["id"] == "sync"
+            joiner = await _subscribed(b.url, "&deltas=1")
+            # The plain message has its snapshot; the structured one none (not its text
+            # before its first chunk, nor anything of its log).
+            snapshot = await recv_json(joiner)
+            assert (snapshot["type"], snapshot["id"], snapshot["text"]) == (
+                "snapshot",
+                "p",
+                "so far",
+            )
+            await assert_silent(joiner, 0.3)
+            for event in rest:
+                await send_json(producer, event)
+            assert (await recv_json(producer))["id"] == "s"
+            whole = await recv_json(joiner)
+        expected = await _single_process(b.url, "one", watcher, final=True)
+        assert whole["type"] == "message"
+        assert _core(whole) == _core(expected)
+        assert [p["type"] for p in whole["parts"]][:2] == ["text", "step-start"]
+        assert whole["text"] == "Hi there 😀It is 21 °C in Paris."
+        await joiner.close()
+        await watcher.close()
+        assert a.tracebacks == b.tracebacks == 0, a.log + b.log
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
