@@ -1,10 +1,12 @@
 """Structured messages across relay processes on one real redis-server: a joiner on another
-process gets no snapshot of one in progress. "Exactly" means: the frame a single process
-gives for the same events, sent under another id."""
+process gets no snapshot of one in progress, a producer session taken over by another
+process continues its parts exactly. "Exactly" means: the frame a single process gives for
+the same events, sent under another id."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
@@ -95,5 +97,73 @@ async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_mess
         await joiner.close()
         await watcher.close()
         assert a.tracebacks == b.tracebacks == 0, a.log + b.log
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_websocket_session_taken_over_continues_its_parts_exactly(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url, "--session-grace", "15")
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url)
+        first_half, rest = _events("m")
+        producer = await connect(f"{a.url}/produce?channel={CHANNEL}")
+        token = (await recv_json(producer))["session"]
+        for event in first_half:
+            await send_json(producer, event)
+        await _sync(producer, "sync")
+        assert (await recv_json(watcher))["id"] == "sync"
+        assert producer.transport is not None
+        producer.transport.abort()  # vanished: its session waits to be resumed
+        async with connect(f"{b.url}/produce?channel={CHANNEL}&session={token}") as second:
+            assert (await recv_json(second))["resumed"] is True
+            for event in rest:
+                await send_json(second, event)
+            assert (await recv_json(second))["id"] == "m"
+        moved = await recv_json(watcher)
+        await assert_silent(watcher, 0.3)  # no aborted, nothing twice
+        expected = await _single_process(b.url, "one", watcher, final=True)
+        assert moved["type"] == "message"
+        assert _core(moved) == _core(expected)
+        await watcher.close()
+        assert a.tracebacks == b.tracebacks == 0, a.log + b.log
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def _post_lines(port: int, path: str, events: list[dict[str, Any]]) -> tuple[int, Any]:
+    body = b"".join(json.dumps(event).encode() + b"\n" for event in events)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Type: application/x-ndjson\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    raw = await reader.read()
+    writer.close()
+    head, _, answer = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(answer)
+
+
+async def test_a_named_producer_continues_its_parts_on_another_process(
+    redis_server: RedisServer,
+) -> None:
+    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url)
+        path = f"/produce?channel={CHANNEL}&producer=lambda-7"
+        first_half, rest = _events("n")
+        status, answer = await _post_lines(a.port, path, first_half)
+        assert (status, answer["errors"]) == (200, []), answer
+        status, answer = await _post_lines(b.port, path, rest)
+        assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["n"]), answer
+        moved = await recv_json(watcher)
+        expected = await _single_process(b.url, "one", watcher, final=True)
+        assert _core(moved) == _core(expected)
+        await watcher.close()
     finally:
         await asyncio.gather(a.stop(), b.stop())

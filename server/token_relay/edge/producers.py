@@ -59,7 +59,7 @@ from ..core.protocol import (
 )
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
-from ..core.streams import Applied, Overflow, Unfinished
+from ..core.streams import Applied, Overflow, Phase, Unfinished
 from ..core.webhooks import identity
 from .flow import loop_clock
 from .httpproducer import HttpProducer
@@ -287,6 +287,12 @@ class ProducerEndpoint:
                 adopted = sessions.adopt(
                     connection, grant, resume, owner, state, now, named=named, address=address
                 )
+                for message_id, channel, _, text in state.streaming:
+                    if message_id in state.logs and adopted.streams.phase(message_id) is (
+                        Phase.ABORTED
+                    ):  # structured, its log cut: its parts can't be continued here
+                        lost = Unfinished(channel, message_id, text, state.meta.get(message_id))
+                        await self._abort(adopted, lost, AbortReason.RELAY_LOST)
                 return adopted, True, None
         session, resumed, displaced = sessions.attach(
             connection, grant, resume, now, named=named, address=address
