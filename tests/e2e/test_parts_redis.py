@@ -1,6 +1,7 @@
 """Structured messages across relay processes on one real redis-server: a joiner on another
 process gets no snapshot of one in progress, a producer session taken over by another
-process continues its parts exactly. "Exactly" means: the frame a single process gives for
+process continues its parts exactly, and a message aborted by another process because its
+own died carries its parts so far. "Exactly" means: the frame a single process gives for
 the same events, sent under another id."""
 
 from __future__ import annotations
@@ -164,6 +165,36 @@ async def test_a_named_producer_continues_its_parts_on_another_process(
         moved = await recv_json(watcher)
         expected = await _single_process(b.url, "one", watcher, final=True)
         assert _core(moved) == _core(expected)
+        await watcher.close()
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_message_whose_process_died_is_aborted_with_its_parts(
+    redis_server: RedisServer,
+) -> None:
+    flags = ("--broker", redis_server.url, "--session-grace", "0.5", "--lease-seconds", "1")
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url)
+        async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
+            first_half, _ = _events("k")
+            for event in first_half:
+                await send_json(producer, event)
+            await _sync(producer, "sync")
+            assert (await recv_json(watcher))["id"] == "sync"
+            await a.kill()  # kill -9: no abort from A itself
+            aborted = await recv_json(watcher, 15)
+        await assert_silent(watcher, 1.0)  # exactly once
+        expected = await _single_process(b.url, "one", watcher, final=False)
+        assert (aborted["type"], aborted["reason"]) == ("aborted", "relay_lost")
+        assert (expected["type"], expected["reason"]) == ("aborted", "producer_disconnected")
+        assert _core(aborted) | {"reason": ""} == _core(expected) | {"reason": ""}
+        # The half pair still waiting for its other half is left out, as it is there.
+        assert aborted["text"] == "Hi there "
+        assert aborted["parts"][0] == {"type": "text", "text": "Hi there ", "state": "streaming"}
+        assert len(aborted["parts"]) == 4
         await watcher.close()
     finally:
         await asyncio.gather(a.stop(), b.stop())
