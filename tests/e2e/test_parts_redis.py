@@ -198,3 +198,47 @@ async def test_a_message_whose_process_died_is_aborted_with_its_parts(
         await watcher.close()
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
+    redis_server: RedisServer,
+) -> None:
+    from redis.asyncio import Redis
+
+    flags = ("--broker", redis_server.url, "--session-grace", "15")
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        watcher = await _subscribed(b.url)
+        first_half, _ = _events("m")
+        producer = await connect(f"{a.url}/produce?channel={CHANNEL}")
+        token = (await recv_json(producer))["session"]
+        for event in first_half:
+            await send_json(producer, event)
+        await _sync(producer, "sync")
+        assert (await recv_json(watcher))["id"] == "sync"
+        redis = Redis.from_url(redis_server.url)
+        try:
+            [key] = await redis.keys("tr:text:*|m")
+            await redis.setrange(key, 1, "x")  # as the script cuts a log past its bound
+        finally:
+            await redis.aclose()
+        assert producer.transport is not None
+        producer.transport.abort()
+        async with connect(f"{b.url}/produce?channel={CHANNEL}&session={token}") as second:
+            assert (await recv_json(second))["resumed"] is True
+            aborted = await recv_json(watcher)
+            # Its parts can't be continued: it is aborted, with the text it had before its
+            # first chunk and no parts, and a later event for it is refused.
+            assert (aborted["type"], aborted["id"], aborted["reason"]) == (
+                "aborted",
+                "m",
+                "relay_lost",
+            )
+            assert (aborted["text"], "parts" in aborted) == ("Hi ", False)
+            await send_json(second, {"id": "m", "delta": "more"})
+            assert (await recv_json(second))["code"] == "message_aborted"
+        await assert_silent(watcher, 0.3)
+        assert a.tracebacks == b.tracebacks == 0, a.log + b.log
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
