@@ -108,3 +108,25 @@ async def test_a_log_past_its_bound_is_cut_and_grows_no_more(
     broker.part("c", "alpha.1", "m", "more")
     await broker.flush_writes()
     assert await _value(redis_server.url, "alpha.1|m") == cut
+
+
+async def test_a_log_missing_an_entry_is_cut_by_the_next(
+    broker: RedisBroker, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.open("c", "alpha.1", "m")
+    broker.part("c", "alpha.1", "m", {"type": "start-step"}, convert="0")
+    await broker.flush_writes()
+    pipeline = broker._pipeline  # type: ignore[attr-defined]
+    with monkeypatch.context() as patched:
+        patched.setattr(pipeline, "enqueue", lambda write, target: False)  # the queue is full
+        broker.part("c", "alpha.1", "m", "lost")
+    broker.part("c", "alpha.1", "m", "after")
+    await broker.flush_writes()
+    value = await _value(redis_server.url, "alpha.1|m")
+    assert value is not None
+    assert partlog.read_value(value) == partlog.PartLog(False, "", [], cut=True)
+    # Its terminal write forgets it.
+    await broker.terminal(
+        "c", "alpha.1", "m", '{"type":"message","channel":"c","id":"m","text":""}'
+    )
+    assert pipeline.broken_logs == set()

@@ -182,15 +182,18 @@ class RedisBroker:
         published. ``convert`` (``1``, ``0``) if the message becomes structured here."""
         target = (channel, owner, message_id)
         logged = delta_entry(entry) if isinstance(entry, str) else chunk_entry(entry)
-        if target in self._dirty:
-            # A write of it failed: its log may miss entries, so it is cut, not trusted.
-            self._dirty.discard(target)
+        broken = self._pipeline.broken_logs
+        if target in broken:
+            # An entry of it failed or was not queued: its log misses it, so it is cut.
+            broken.discard(target)
             convert = "x"
         elif self._runs.join_entry(target, logged, seq):
             return
         write = part_write(target, logged, seq, True, convert, self._text_ttl)
         if self._pipeline.enqueue(write, target):
             self._runs.opened_log(target, write, logged, seq)
+        else:
+            self._pipeline.log_broken(target)
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Note the seq of an event that carried no text, so a resume elsewhere knows it."""

@@ -20,7 +20,9 @@ Bound: at most :data:`MAX_LOG_BYTES` per message, counted by the script that app
 (``STRLEN``, so the check costs nothing). The text it holds is bounded by
 ``--max-message-chars`` and the other chunks by the parts' limits, but JSON adds bytes per
 chunk, and chunks that change nothing (empty deltas) or replace (a data part updated by its
-id) repeat without end; past the bound the log is cut (``x``) and no longer grows. A message
+id) repeat without end; past the bound the log is cut (``x``) and no longer grows. So is
+a log an entry of which failed or could not be queued (Redis unreachable, the queue full):
+the next entry cuts it. A message
 whose log was cut can't be rebuilt: a process taking its session over aborts it, and a
 reaper's abort carries its text without parts, as before logs existed.
 
