@@ -117,6 +117,11 @@ async def test_a_websocket_session_taken_over_continues_its_parts_exactly(
             await send_json(producer, event)
         await _sync(producer, "sync")
         assert (await recv_json(watcher))["id"] == "sync"
+        # Late events for a message that completed change nothing, here or in Redis.
+        await send_json(producer, {"id": "sync", "delta": "late", "seq": 2})
+        await send_json(producer, {"id": "sync", "chunk": {"type": "start-step"}, "seq": 3})
+        await _sync(producer, "sync2")
+        assert (await recv_json(watcher))["id"] == "sync2"
         assert producer.transport is not None
         producer.transport.abort()  # vanished: its session waits to be resumed
         async with connect(f"{b.url}/produce?channel={CHANNEL}&session={token}") as second:

@@ -529,6 +529,7 @@ class ProducerEndpoint:
             and self.broker.shares_sessions
             and (event.chunk is not MISSING or event.delta is not MISSING)
             and applied.delta is None  # a plain message's empty delta is ""
+            and session.streams.phase(applied.message_id) is Phase.STREAMING  # not a late one
         ):
             self._log_part(session, applied, event, seq, convert)
         elif seq and not applied.opened and applied.text is None and not applied.duplicate:
