@@ -7,7 +7,7 @@ from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.grants import OPEN, Grant, Role
 from token_relay.core.protocol import ProducerEvent
 from token_relay.core.sessions import MAX_PARKED_CANCELS, MAX_REQUESTS_PER_NAME, SessionTable
-from token_relay.core.streams import Unfinished
+from token_relay.core.streams import Phase, Unfinished
 
 
 def _table(grace: float = 30.0, max_parked: int = 10) -> SessionTable[str]:
@@ -243,3 +243,57 @@ def test_one_named_producer_has_at_most_so_many_requests_at_once() -> None:
         table.attach("one-more", OPEN, "gw", 0.0, named=True, address="a")
     assert refused.value.code is ErrorCode.PRODUCER_BUSY
     assert len(session.connections()) == MAX_REQUESTS_PER_NAME
+
+
+def _structured_events() -> list[ProducerEvent]:
+    return [
+        ProducerEvent(id="m", delta="Hi ", channel="c"),
+        ProducerEvent(id="m", chunk={"type": "reasoning-start", "id": "r"}, channel="c"),
+        ProducerEvent(
+            id="m", chunk={"type": "reasoning-delta", "id": "r", "delta": "hmm"}, channel="c"
+        ),
+        ProducerEvent(id="m", delta="there \ud83d", channel="c"),
+    ]
+
+
+def _entry(event: ProducerEvent) -> dict[str, object] | str:
+    return event.chunk if isinstance(event.chunk, dict) else str(event.delta)
+
+
+def test_an_adopted_structured_message_replays_its_log_into_the_same_parts() -> None:
+    from token_relay.core.sessions import SessionState
+
+    events = _structured_events()
+    rest = [
+        ProducerEvent(id="m", delta="\ude00", channel="c"),
+        ProducerEvent(id="m", chunk={"type": "reasoning-end", "id": "r"}, channel="c", final=True),
+    ]
+    here = _table().attach("conn", OPEN, None, 0.0)[0]
+    for event in events + rest:
+        here.streams.receive(event, 0.0)
+    # What a shared broker kept: the text before the first chunk, and the log after it.
+    log = (True, [_entry(event) for event in events[1:]])
+    state = SessionState("old", "other", [("m", "c", 0, "Hi ")], [], {}, {"m": log})
+    moved = _table().adopt("conn2", OPEN, "token", "inst.9", state, 0.0)
+    assert moved.streams.partial("m") is None  # structured: no text to hand out
+    for event in rest:
+        moved.streams.receive(event, 0.0)
+    assert moved.streams.completed("m") == here.streams.completed("m")
+    assert moved.streams.completed("m") == (
+        "Hi there 😀",
+        [
+            {"type": "text", "text": "Hi there 😀", "state": "done"},
+            {"type": "reasoning", "id": "r", "text": "hmm", "state": "done"},
+        ],
+    )
+
+
+def test_an_adopted_structured_message_whose_log_was_cut_is_aborted() -> None:
+    from token_relay.core.sessions import SessionState
+
+    state = SessionState("old", "other", [("m", "c", 0, "Hi ")], [], {}, {"m": None})
+    moved = _table().adopt("conn2", OPEN, "token", "inst.9", state, 0.0)
+    assert moved.streams.phase("m") is Phase.ABORTED
+    with pytest.raises(FrameRejected) as refused:
+        moved.streams.receive(ProducerEvent(id="m", delta="more", channel="c"), 0.0)
+    assert refused.value.code is ErrorCode.MESSAGE_ABORTED

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -240,6 +240,21 @@ class Broker(Protocol):
         (``claimed``: the message opened before, with :meth:`open`) if its claim was
         refused, even once the holder is done
         (:meth:`~token_relay.core.inflight.InflightIndex.may_publish`)."""
+
+    def part(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        entry: Mapping[str, Any] | str,
+        seq: int = 0,
+        convert: str = "",
+    ) -> None:
+        """A structured message applied ``entry`` (a chunk, or a top-level delta): kept,
+        in order, where another process taking its session over (or aborting it) can
+        rebuild its parts; nothing is published. ``convert`` is ``1`` or ``0`` for the event
+        that made it structured (whether its text so far became its implicit text part), ""
+        after. Never waits."""
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """An event with a ``seq`` but no text was applied. Never waits."""

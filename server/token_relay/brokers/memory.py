@@ -13,6 +13,8 @@ import collections
 import json
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from ..core.errors import FrameRejected, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
@@ -237,6 +239,17 @@ class MemoryBroker:
     ) -> None:
         """Nothing to wait for: publish at once."""
         self._terminal(channel, owner, message_id, body, producer, aborted=aborted)
+
+    def part(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        entry: Mapping[str, Any] | str,
+        seq: int = 0,
+        convert: str = "",
+    ) -> None:
+        """Nothing to keep: sessions live in this process."""
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Nothing to note: sessions live in this process."""

@@ -37,9 +37,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .errors import ErrorCode, FrameRejected
+from .errors import ErrorCode, FrameRejected, PartRejected
 from .events import Payload
 from .grants import Grant
+from .parts import MessageParts
 from .ratelimit import TokenBucket
 from .streams import MessageStreams, Unfinished
 
@@ -49,6 +50,7 @@ __all__ = [
     "ProducerSession",
     "SessionState",
     "SessionTable",
+    "replay",
 ]
 
 C = TypeVar("C", bound=Hashable)
@@ -72,6 +74,10 @@ class SessionState:
     """``(id, channel, final seq, aborted)`` of each message that ended, latest kept."""
     meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The merged metadata of messages in progress, by id."""
+    logs: dict[str, tuple[bool, list[Any]] | None] = field(default_factory=dict)
+    """The structured messages in progress, by id: whether their text so far became their
+    implicit text part, and each chunk (a mapping) and top-level delta (a string) they
+    applied since, in order; None if that log was cut (it can't rebuild their parts)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -249,13 +255,24 @@ class SessionTable(Generic[C]):
         """A session taken over from another process, its messages restored from ``state``.
 
         A named one is counted against the limits of named sessions, never refused: it
-        has already left the other process.
+        has already left the other process. A structured message gets its parts back by
+        replaying its log (its implicit text part first, if it had one): exactly the parts
+        it had there. One whose log was cut (or doesn't replay) is restored as aborted: the
+        caller publishes its abort.
         """
         streams = self._streams()
         for message_id, channel, final_seq, aborted in reversed(state.ended):
             streams.restore_ended(message_id, channel, final_seq, aborted=aborted)
         for message_id, channel, seq, text in state.streaming:
-            streams.restore(message_id, channel, seq, text, now, state.meta.get(message_id))
+            meta = state.meta.get(message_id)
+            if message_id not in state.logs:
+                streams.restore(message_id, channel, seq, text, now, meta)
+                continue
+            parts = _replayed(streams, text, state.logs[message_id])
+            if parts is None:
+                streams.restore_ended(message_id, channel, seq, aborted=True)
+                continue
+            streams.restore(message_id, channel, seq, text, now, meta, parts)
         session = self._add(connection, grant, token, owner, streams, now)
         if named:
             self._count_named(session, address)
@@ -419,3 +436,29 @@ class SessionTable(Generic[C]):
 
     def __len__(self) -> int:
         return len(self.by_owner)
+
+
+def _replayed(
+    streams: MessageStreams, text: str, log: tuple[bool, list[Any]] | None
+) -> MessageParts | None:
+    if log is None:
+        return None
+    return replay(MessageParts(streams.part_limits), text, log)
+
+
+def replay(parts: MessageParts, text: str, log: tuple[bool, list[Any]]) -> MessageParts | None:
+    """A structured message's ``parts`` (new) rebuilt from its log kept by a shared broker:
+    its implicit text part (``text``, if it had one), then each chunk and top-level delta
+    it applied; None if one is refused (the log isn't what was applied)."""
+    implicit, entries = log
+    try:
+        if implicit:
+            parts.delta(text)
+        for entry in entries:
+            if isinstance(entry, str):
+                parts.delta(entry)
+            else:
+                parts.apply(entry)
+    except PartRejected:
+        return None
+    return parts

@@ -430,8 +430,14 @@ class MessageStreams:
         text: str,
         now: float,
         meta: dict[str, Any] | None = None,
+        parts: MessageParts | None = None,
     ) -> None:
-        """Take up a message in progress where another process left it (a session resumed)."""
+        """Take up a message in progress where another process left it (a session resumed);
+        a structured one with its ``parts``, rebuilt there (its ``text`` is theirs)."""
+        if parts is not None:
+            state = self._streaming[message_id] = _Open(channel, now, seq)
+            state.parts, state.chars, state.meta = parts, parts.chars(), meta or None
+            return
         self.assembler.feed(message_id, text, False)
         state = self._streaming[message_id] = _Open(channel, now, seq)
         state.chars = len(text)

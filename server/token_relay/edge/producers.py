@@ -59,7 +59,7 @@ from ..core.protocol import (
 )
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
-from ..core.streams import Applied, Overflow, Unfinished
+from ..core.streams import Applied, Overflow, Phase, Unfinished
 from ..core.webhooks import identity
 from .flow import loop_clock
 from .httpproducer import HttpProducer
@@ -287,6 +287,12 @@ class ProducerEndpoint:
                 adopted = sessions.adopt(
                     connection, grant, resume, owner, state, now, named=named, address=address
                 )
+                for message_id, channel, _, text in state.streaming:
+                    if message_id in state.logs and adopted.streams.phase(message_id) is (
+                        Phase.ABORTED
+                    ):  # structured, its log cut: its parts can't be continued here
+                        lost = Unfinished(channel, message_id, text, state.meta.get(message_id))
+                        await self._abort(adopted, lost, AbortReason.RELAY_LOST)
                 return adopted, True, None
         session, resumed, displaced = sessions.attach(
             connection, grant, resume, now, named=named, address=address
@@ -476,6 +482,11 @@ class ProducerEndpoint:
                 session.grant.check(event.channel, event.id)
             if self.overloaded(now) and session.streams.phase(event.id) is None:
                 raise self._overloaded(event.id)
+            convert = ""
+            if event.chunk is not MISSING and self.broker.shares_sessions:
+                assembler = session.streams.assembler
+                if assembler.is_streaming(event.id):  # plain so far: this chunk converts it
+                    convert = "1" if assembler.has_deltas(event.id) else "0"
             applied = session.streams.receive(event, now)
         except FrameRejected as exc:
             exc.index = index
@@ -512,9 +523,31 @@ class ProducerEndpoint:
                 metrics = self.metrics
                 timings = metrics.first_delta if applied.first_delta else metrics.delta_gap
                 timings.observe(applied.delta_wait)
+        elif (
+            applied.text is None
+            and not applied.duplicate
+            and self.broker.shares_sessions
+            and (event.chunk is not MISSING or event.delta is not MISSING)
+            and applied.delta is None  # a plain message's empty delta is ""
+            and session.streams.phase(applied.message_id) is Phase.STREAMING  # not a late one
+        ):
+            self._log_part(session, applied, event, seq, convert)
         elif seq and not applied.opened and applied.text is None and not applied.duplicate:
             self.broker.progress(applied.channel, session.owner, applied.message_id, seq)
         return applied
+
+    def _log_part(
+        self, session: Session, applied: Applied, event: Event, seq: int, convert: str
+    ) -> None:
+        """Keep what a structured message applied in the shared broker, so that another
+        process can rebuild its parts."""
+        channel, message_id = applied.channel, applied.message_id
+        if event.chunk is not MISSING:
+            if applied.opened:
+                convert = "0"
+            self.broker.part(channel, session.owner, message_id, event.chunk, seq, convert)
+        elif event.delta is not MISSING:  # a top-level delta of a structured message
+            self.broker.part(channel, session.owner, message_id, event.delta, seq)
 
     def _complete(
         self, session: Session, applied: Applied, now: float, event: Event, index: int | None

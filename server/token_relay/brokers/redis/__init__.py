@@ -15,7 +15,9 @@ Per channel ``C``, Redis holds:
 * ``tr:live:C`` the set of messages in progress (``owner|id``), and for each
   the text so far in ``tr:text:owner|id`` (``APPEND``ed per delta, expiring
   after twice ``--idle-timeout`` without an update, so a crashed process's
-  texts vanish).
+  texts vanish). A structured message keeps there, instead, the text it had before its
+  first chunk and what it applied since (``partlog``): a catch-up skips it (it is delivered
+  whole), and a process taking its session over, or aborting it, rebuilds its parts.
 
 Snapshots of messages in progress on other processes read those texts. Keeping
 the text in Redis costs one ``APPEND`` per delta, inside the same script that
@@ -59,6 +61,7 @@ The package, one module per concept, behind :class:`RedisBroker` (``broker``):
 * ``connections``: the pools and the scripts loaded there (``scripts``, the Lua);
 * ``health``: the probe, and the outages seen;
 * ``writes``: the writes queued, their arguments by name, and the runs of deltas;
+* ``partlog``: a structured message's log, kept where its text would be;
 * ``pipeline``: the queue, the writer task, and the resync of messages;
 * ``outbox``: terminal frames kept while Redis is down;
 * ``reader``: the pub/sub reader;

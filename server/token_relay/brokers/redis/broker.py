@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 from ...core.errors import BrokerUnavailable
@@ -18,6 +19,7 @@ from .connections import Connections
 from .health import Health
 from .leases import Leases
 from .outbox import Deferred, Outbox
+from .partlog import chunk_entry, delta_entry
 from .pipeline import Pipeline
 from .reader import Reader
 from .sessions import Sessions
@@ -30,6 +32,7 @@ from .writes import (
     make_whole,
     meta_write,
     open_write,
+    part_write,
     progress_write,
     terminal_write,
 )
@@ -165,6 +168,32 @@ class RedisBroker:
         write = delta_write(target, delta, seq, claimed, self._text_ttl)
         if self._pipeline.enqueue(write, target):
             self._runs.opened(target, write, delta, seq)
+
+    def part(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        entry: Mapping[str, Any] | str,
+        seq: int = 0,
+        convert: str = "",
+    ) -> None:
+        """Add to a structured message's log in Redis (see :mod:`.partlog`): nothing is
+        published. ``convert`` (``1``, ``0``) if the message becomes structured here."""
+        target = (channel, owner, message_id)
+        logged = delta_entry(entry) if isinstance(entry, str) else chunk_entry(entry)
+        broken = self._pipeline.broken_logs
+        if target in broken:
+            # An entry of it failed or was not queued: its log misses it, so it is cut.
+            broken.discard(target)
+            convert = "x"
+        elif self._runs.join_entry(target, logged, seq):
+            return
+        write = part_write(target, logged, seq, True, convert, self._text_ttl)
+        if self._pipeline.enqueue(write, target):
+            self._runs.opened_log(target, write, logged, seq)
+        else:
+            self._pipeline.log_broken(target)
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Note the seq of an event that carried no text, so a resume elsewhere knows it."""

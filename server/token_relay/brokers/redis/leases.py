@@ -13,11 +13,14 @@ from pydantic import MISSING
 from redis import exceptions as redis_errors
 
 from ...core.errors import BrokerUnavailable
+from ...core.parts import MessageParts
 from ...core.protocol import Aborted, AbortReason, encode_unpositioned
+from ...core.sessions import replay
 from ...core.settings import Settings
 from .connections import DOWN, Connections
 from .health import Health
 from .keys import INSTANCES, KEY_TTL, key, session_keys, text
+from .partlog import PartLog, read_value
 from .pipeline import Pipeline
 from .writes import Target, Write
 
@@ -136,12 +139,14 @@ class Leases:
             for raw_id, raw_value in messages.items():
                 message_id = text(raw_id)
                 seq, _, channel = text(raw_value).partition("|")
-                so_far = await redis.get(key("text", f"{owner}|{message_id}"))
+                kept_text = await redis.get(key("text", f"{owner}|{message_id}"))
+                so_far, parts = _so_far(kept_text)
                 body = encode_unpositioned(
                     Aborted(
                         channel=channel,
                         id=message_id,
-                        text=text(so_far) if so_far is not None else "",
+                        text=so_far,
+                        parts=MISSING if parts is None else parts,
                         reason=reason,
                         meta=json.loads(metas[message_id]) if message_id in metas else MISSING,
                         offset=0,
@@ -167,3 +172,17 @@ class Leases:
             "left" if leaving else "lease lapsed",
             aborted,
         )
+
+
+def _so_far(value: bytes | str | None) -> tuple[str, list[dict[str, Any]] | None]:
+    """The text, and parts if it is structured, of a message from its ``tr:text:`` value:
+    a structured one's parts are rebuilt from its log (none if the log was cut)."""
+    if value is None or isinstance(value, str):
+        return value or "", None
+    kept = read_value(value)
+    if not isinstance(kept, PartLog):
+        return kept, None
+    parts = None if kept.cut else replay(MessageParts(), kept.text, (kept.implicit, kept.entries))
+    if parts is None:
+        return kept.text, None
+    return parts.text(), parts.parts()

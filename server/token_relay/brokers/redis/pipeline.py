@@ -18,12 +18,14 @@ from .outbox import Outbox
 from .packing import packed_together
 from .writes import Runs, Target, Write, progress_write, resync_write, taken
 
-__all__ = ["MAX_BATCH", "MAX_QUEUE", "Pipeline"]
+__all__ = ["MAX_BATCH", "MAX_BROKEN_LOGS", "MAX_QUEUE", "Pipeline"]
 
 MAX_QUEUE = 100_000
 """Writes waiting for Redis, at most."""
 MAX_BATCH = 1000
 """Writes sent in one pipeline, at most."""
+MAX_BROKEN_LOGS = 10_000
+"""Structured messages remembered as having a broken log, at most (see ``broken_logs``)."""
 
 
 class Pipeline:
@@ -49,6 +51,10 @@ class Pipeline:
         """The write queued last, while it waits in the queue."""
         self.dirty: set[Target] = set()
         """Messages whose text in Redis may be behind: resynced before their next delta."""
+        self.broken_logs: set[Target] = set()
+        """Structured messages a log entry of which failed or was not queued: their log is
+        cut by their next entry (see :mod:`.partlog`), forgotten at their terminal write,
+        at most :data:`MAX_BROKEN_LOGS` (past it, the set starts again)."""
         self._writer: AbstractConnection | None = None
         """The writer's connection: its pipelines are timed as a whole (see
         :meth:`execute`), not reply by reply."""
@@ -70,8 +76,8 @@ class Pipeline:
         return True
 
     def put(self, write: Write) -> None:
-        """Queue a write; any but a delta ends every run of deltas (see :class:`Runs`)."""
-        if write.script != "delta":
+        """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`)."""
+        if write.script != "delta" and write.script != "part":
             self.runs.close()
         self.queue.put_nowait(write)
         self.last = write
@@ -143,6 +149,8 @@ class Pipeline:
             failed = isinstance(result, Exception)
             if failed and write.message is not None:
                 self.dirty.add(write.message)
+                if write.script == "part":
+                    self.log_broken(write.message)
             if write.claim is not None and result == 0 and self.listener is not None:
                 self.listener.on_claim_refused(*write.claim)
             if write.done is not None and not write.done.done():
@@ -153,9 +161,16 @@ class Pipeline:
                 else:
                     write.done.set_result(result)
 
+    def log_broken(self, target: Target) -> None:
+        """A structured message's log in Redis misses an entry: cut it with the next."""
+        if len(self.broken_logs) >= MAX_BROKEN_LOGS:
+            self.broken_logs.clear()
+        self.broken_logs.add(target)
+
     def _settle(self, done: asyncio.Future[Any], target: Target, frame: bytes | int) -> None:
         """A terminal write ran: its frame, or 0 when another owner held the id."""
         self.dirty.discard(target)
+        self.broken_logs.discard(target)
         if isinstance(frame, int):
             channel, _, message_id = target
             done.set_exception(id_in_use(channel, message_id))

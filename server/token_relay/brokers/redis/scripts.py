@@ -88,6 +88,45 @@ return seq
 holds the id (in progress or within its hold), the owner's session moved, or (``claimed``,
 ARGV[8]: the message opened before) its claim was refused."""
 
+_GUARD_END = DELTA.index("if ARGV[6] ~= '0' then")
+PART = (
+    DELTA[:_GUARD_END]
+    + """if ARGV[6] ~= '0' then
+  redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[2], ARGV[6] .. '|' .. ARGV[7])
+end
+local head = redis.call('GETRANGE', KEYS[3], 0, 1)
+if string.byte(head, 1) ~= 255 then
+  if ARGV[9] == '' then
+    return 1
+  end
+  local before = redis.call('GET', KEYS[3]) or ''
+  local entries = ARGV[1]
+  if ARGV[9] == 'x' then
+    entries = ''
+  end
+  redis.call('SET', KEYS[3], '\\255' .. ARGV[9] .. string.len(before) .. ':' .. before .. entries,
+    'EX', ARGV[3])
+  return 1
+end
+if string.sub(head, 2, 2) ~= 'x' then
+  if ARGV[9] == 'x' or redis.call('STRLEN', KEYS[3]) + string.len(ARGV[1]) > tonumber(ARGV[10]) then
+    redis.call('SETRANGE', KEYS[3], 1, 'x')
+  else
+    redis.call('APPEND', KEYS[3], ARGV[1])
+  end
+end
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+return 1
+"""
+)
+"""Add entries to a structured message's log in Redis (see :mod:`.partlog`) and note its seq;
+nothing is published (a structured message is delivered whole). ``convert`` (ARGV[9], ``1``
+or ``0``: whether its text so far is its implicit text part) marks the message structured
+first: its text becomes the log's head (an entry for a message not structured in Redis, its
+text lost or expired, is dropped). A log that would pass ``max_bytes`` (ARGV[10]) is cut
+(its flag becomes ``x``) and grows no more; so is one whose earlier entries may have been
+lost (``convert`` ``x``: a write of it failed). Refused as DELTA is."""
+
 PROGRESS = """
 if redis.call('EXISTS', 'tr:gone:' .. ARGV[1]) == 1 then
   return 0
@@ -405,8 +444,11 @@ if ARGV[3] == '1' then
   for _, member in ipairs(redis.call('SMEMBERS', KEYS[5])) do
     local text = redis.call('GET', ARGV[5] .. member)
     if text then
-      table.insert(live, member)
-      table.insert(live, text)
+      -- A structured message (its log starts with byte 255) has no text to hand out.
+      if string.byte(text, 1) ~= 255 then
+        table.insert(live, member)
+        table.insert(live, text)
+      end
     else
       redis.call('SREM', KEYS[5], member)
       local sep = string.find(member, '|', 1, true)
@@ -420,7 +462,8 @@ end
 return {epoch, offset, seq, entries, live}
 """
 """A joiner's consistent cut: epoch, offset, event number, missed history, texts in
-progress (dropping, with their claims, those whose text expired)."""
+progress (dropping, with their claims, those whose text expired; skipping structured
+messages, which are delivered whole)."""
 
 META = """
 if ARGV[2] == '' then
@@ -437,6 +480,7 @@ SCRIPTS = {
     "meta": META,
     "open": OPEN,
     "delta": DELTA,
+    "part": PART,
     "resync": RESYNC,
     "terminal": TERMINAL,
     "whole": WHOLE,

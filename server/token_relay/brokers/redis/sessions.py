@@ -14,6 +14,7 @@ from ...core.sessions import SessionState
 from .connections import DOWN, Connections
 from .health import Health
 from .keys import KEY_TTL, key, session_keys, text
+from .partlog import PartLog, read_value
 from .pipeline import Pipeline
 
 __all__ = ["Sessions"]
@@ -70,10 +71,15 @@ class Sessions:
         raw_owner, raw_instance, flat, ended_flat = reply
         old_owner, old_instance = text(raw_owner), text(raw_instance)
         streaming = []
+        logs: dict[str, tuple[bool, list[Any]] | None] = {}
         for index in range(0, len(flat), 3):
             message_id = text(flat[index])
             seq, _, channel = text(flat[index + 1]).partition("|")
-            streaming.append((message_id, channel, int(seq), text(flat[index + 2])))
+            so_far = read_value(flat[index + 2])
+            if isinstance(so_far, PartLog):
+                logs[message_id] = None if so_far.cut else (so_far.implicit, so_far.entries)
+                so_far = so_far.text
+            streaming.append((message_id, channel, int(seq), so_far))
         ended = []
         for index in range(0, len(ended_flat), 2):
             outcome, seq, channel = text(ended_flat[index + 1]).split("|", 2)
@@ -88,7 +94,7 @@ class Sessions:
         if old_instance and old_instance != self._instance:
             with contextlib.suppress(*DOWN, redis_errors.RedisError):
                 await client().publish(key("i", old_instance), f"x|{old_owner}|")
-        return SessionState(old_owner, old_instance, streaming, ended, meta)
+        return SessionState(old_owner, old_instance, streaming, ended, meta, logs)
 
     async def end(self, token: str, owner: str) -> None:
         """Forget a session that ended here (its aborts are already published)."""

@@ -15,6 +15,7 @@ from ...core.protocol import Snapshot, encode
 from ...core.settings import Settings
 from .keys import KEY_TTL, key
 from .outbox import Deferred
+from .partlog import MAX_LOG_BYTES
 from .webhooks import OUTBOX, OUTBOX_BYTES
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "DeltaArgs",
     "MetaArgs",
     "OpenArgs",
+    "PartArgs",
     "ProgressArgs",
     "ResyncArgs",
     "Runs",
@@ -33,6 +35,7 @@ __all__ = [
     "make_whole",
     "meta_write",
     "open_write",
+    "part_write",
     "progress_write",
     "resync_write",
     "taken",
@@ -74,6 +77,23 @@ class DeltaArgs(NamedTuple):
     channel: str
     claimed: int
     """1 if the message opened before: its deltas are dropped if its claim was refused."""
+
+
+class PartArgs(NamedTuple):
+    """ARGV of PART: DELTA's (``text``, the entries), then ``convert`` and the log's bound."""
+
+    text: bytes
+    message_id: str
+    text_ttl: int
+    key_ttl: int
+    owner: str
+    seq: int
+    channel: str
+    claimed: int
+    convert: str
+    """``1`` or ``0``: the message becomes structured here (its implicit text part is its
+    text so far, or there is none); "" once it is."""
+    max_bytes: int
 
 
 class ProgressArgs(NamedTuple):
@@ -155,6 +175,8 @@ class Write:
     text, or ``id_in_use``."""
     parts: list[str] | None = None
     """The texts of a run (see :class:`Runs`), joined into its text when the writer takes it."""
+    entries: list[bytes] | None = None
+    """The log entries of a run of a structured message's, joined as ``parts`` are."""
     seq: int = 0
     """The seq of a run's last event."""
 
@@ -178,12 +200,29 @@ class Runs:
     def join(self, target: Target, delta: str, seq: int) -> bool:
         """Add ``delta`` to the queued run of ``target``; False if there is none."""
         write = self._open.get(target)
-        if write is None or write.parts is None:
+        if write is None or write.parts is None or write.script == "part":
             return False
         write.parts.append(delta)
         if seq:
             write.seq = seq
         return True
+
+    def join_entry(self, target: Target, entry: bytes, seq: int) -> bool:
+        """Add a structured message's log ``entry`` to its queued run; False if there is
+        none (or the run is of its plain deltas)."""
+        write = self._open.get(target)
+        if write is None or write.script != "part" or write.entries is None:
+            return False
+        write.entries.append(entry)
+        if seq:
+            write.seq = seq
+        return True
+
+    def opened_log(self, target: Target, write: Write, entry: bytes, seq: int) -> None:
+        """``write``, a part write just queued with ``entry``, starts its message's run."""
+        write.entries = [entry]
+        write.seq = seq
+        self._open[target] = write
 
     def opened(self, target: Target, write: Write, text: str, seq: int) -> None:
         """``write``, a delta or an open just queued with ``text`` and ``seq``, starts its
@@ -207,6 +246,12 @@ def taken(write: Write) -> Write:
     """A write as the writer takes it: a run's parts joined into its text."""
     parts = write.parts
     if parts is None:
+        entries = write.entries
+        if entries is not None:
+            write.entries = None
+            log = cast("PartArgs", write.args)
+            if len(entries) > 1 or write.seq != log.seq:
+                write.args = log._replace(text=b"".join(entries), seq=write.seq)
         return write
     write.parts = None
     if write.script == "whole":
@@ -252,6 +297,30 @@ def delta_write(target: Target, delta: str, seq: int, claimed: bool, text_ttl: i
         "delta",
         _text_keys(channel, f"{owner}|{message_id}"),
         DeltaArgs(delta, message_id, text_ttl, KEY_TTL, owner, seq, channel, int(claimed)),
+        message=target,
+    )
+
+
+def part_write(
+    target: Target, entry: bytes, seq: int, claimed: bool, convert: str, text_ttl: int
+) -> Write:
+    """Add to a structured message's log (see :mod:`.partlog`), publishing nothing."""
+    channel, owner, message_id = target
+    return Write(
+        "part",
+        _text_keys(channel, f"{owner}|{message_id}"),
+        PartArgs(
+            entry,
+            message_id,
+            text_ttl,
+            KEY_TTL,
+            owner,
+            seq,
+            channel,
+            int(claimed),
+            convert,
+            MAX_LOG_BYTES,
+        ),
         message=target,
     )
 
