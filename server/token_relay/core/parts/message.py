@@ -3,14 +3,17 @@ and reads the parts, their text and their catch-up.
 
 A chunk goes to its handler, one method per type, in this module (sources, files, steps,
 data) or in the mixin of its kind (``texts``, ``tools``). A plain delta for an open part
-takes a shorter way first (:meth:`MessageParts._plain_delta`): it is most of a reply.
+takes a shorter way first (:meth:`MessageParts.extend`): it is most of a reply.
 """
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from ..assembler import RUN
 from .compaction import ToolHistory, compacted
 from .fields import ABSENT, Fields, put
 from .partialjson import parse_json
@@ -89,14 +92,10 @@ class MessageParts(TextChunks, ToolChunks):
         :class:`~token_relay.core.errors.PartRejected`, having changed nothing."""
         if self._finalized:
             return None
-        if type(chunk) is dict:
-            kind = chunk.get("type")
-            if kind in _DELTAS:
-                index = self._plain_delta(chunk, kind)
-                if index is not None:
-                    return index
-        else:
-            kind = chunk.get("type") if isinstance(chunk, Mapping) else None
+        index = self.extend(chunk, _UNBOUNDED)
+        if index is not None:
+            return index
+        kind = chunk.get("type") if isinstance(chunk, Mapping) else None
         if not isinstance(kind, str):
             raise reject(INVALID_CHUNK, "a chunk must be an object with a string 'type'")
         handler = _HANDLERS.get(kind)
@@ -108,35 +107,52 @@ class MessageParts(TextChunks, ToolChunks):
             raise reject(INVALID_CHUNK, f"'{kind}' is a message-level chunk, not a part")
         raise reject(INVALID_CHUNK, f"unknown chunk type '{kind}'")
 
-    def _plain_delta(self, chunk: dict[str, Any], kind: str) -> int | None:
-        """The hot path: an ASCII delta, no metadata, for an open part, within bounds.
-        ``None`` sends the chunk the checked way, which also words any refusal."""
-        if kind == "tool-input-delta":
-            delta = chunk.get("inputTextDelta")
-            part_id = chunk.get("toolCallId")
-            found = self._open_tools.get(part_id) if type(part_id) is str else None
-            if found is None:
+    def extend(self, chunk: Mapping[str, Any], budget: int) -> int | None:
+        """The hot path: apply a plain delta (``text-delta``, ``reasoning-delta`` or
+        ``tool-input-delta``: ASCII, no ``providerMetadata``) to an open part, if it keeps
+        the part within its bound and the message within ``budget`` characters. Returns
+        the part's index; ``None`` if it did nothing, for :meth:`apply` to take the chunk
+        the checked way, which also words any refusal. Nothing it does differs from
+        :meth:`apply`: it only skips checks the chunk does not need."""
+        if type(chunk) is not dict:
+            return None
+        kind = chunk.get("type")
+        record: TextRecord | ToolRecord | None
+        if kind == "text-delta" or kind == "reasoning-delta":
+            part_id = chunk.get("id")
+            if type(part_id) is not str or "providerMetadata" in chunk:
                 return None
-            record: TextRecord | ToolRecord = found
+            record = (self._texts if kind == "text-delta" else self._reasonings).get(part_id)
+            if record is None:
+                return None
+            delta = chunk.get("delta")
+            limit = self.limits.max_part_chars
+        elif kind == "tool-input-delta":
+            part_id = chunk.get("toolCallId")
+            if type(part_id) is not str:
+                return None
+            record = self._open_tools.get(part_id)
+            if record is None:
+                return None
+            delta = chunk.get("inputTextDelta")
             limit = self.limits.max_tool_input_chars
         else:
-            delta = chunk.get("delta")
-            texts = self._texts if kind == "text-delta" else self._reasonings
-            part_id = chunk.get("id")
-            found_text = texts.get(part_id) if type(part_id) is str else None
-            if found_text is None or "providerMetadata" in chunk:
-                return None
-            record = found_text
-            limit = self.limits.max_part_chars
-        buffer = record.buffer
-        if (
-            type(delta) is not str
-            or buffer.held
-            or not delta.isascii()
-            or buffer.chars + len(delta) > limit
-        ):
             return None
-        self._chars += buffer.commit(delta, "")
+        if type(delta) is not str or not delta.isascii():
+            return None
+        buffer = record.buffer
+        size = len(delta)
+        if buffer.held or buffer.chars + size > limit or self._chars + size > budget:
+            return None
+        if size:
+            # TextBuffer.commit, inlined: this runs once per delta.
+            pieces = buffer.pieces
+            pieces.append(delta)
+            buffer.chars += size
+            if len(pieces) - buffer.joined >= RUN:
+                pieces[buffer.joined :] = ["".join(pieces[buffer.joined :])]
+                buffer.joined += 1
+            self._chars += size
         if type(record) is ToolRecord:
             record.had_delta = True
         return record.index
@@ -236,7 +252,8 @@ class MessageParts(TextChunks, ToolChunks):
         return index
 
 
-_DELTAS: Final = frozenset({"text-delta", "reasoning-delta", "tool-input-delta"})
+_UNBOUNDED: Final = sys.maxsize
+"""No budget but the parts' own bounds: :meth:`MessageParts.apply` has none."""
 
 _HANDLERS: Final[dict[str, Callable[[MessageParts, Fields], int | None]]] = {
     "text-start": MessageParts._start_text,

@@ -112,6 +112,8 @@ def repair_json(text: str) -> str:
 
     for i, char in enumerate(text):
         top = stack[-1]
+        if top == "FINISH":
+            break  # the root value is whole: no character after it changes anything
         if top == "ROOT":
             value_start(char, i, "FINISH")
         elif top == "INSIDE_OBJECT_START":
