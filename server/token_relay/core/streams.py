@@ -281,22 +281,22 @@ class MessageStreams:
                     return Applied(channel, message_id, None, duplicate=True)
                 if seq != state.seq + 1:
                     raise _seq_gap(message_id, state.seq + 1, seq)
-            parts = state.parts
-            if parts is not None or event.chunk is not MISSING:
+            structured = state.parts
+            if structured is not None or event.chunk is not MISSING:
                 if (
-                    parts is not None
+                    structured is not None
                     and event.chunk is not MISSING
                     and event.delta is MISSING
                     and not event.final
                     and not meta
-                    and parts.extend(event.chunk, self.max_chars) is not None
+                    and structured.extend(event.chunk, self.max_chars) is not None
                 ):
                     # Most of a structured reply: a plain delta for an open part, which
                     # changes nothing here but the message's size and clock.
                     if seq is not None:
                         state.seq = seq
                     state.last_event = now
-                    state.chars = parts.chars()
+                    state.chars = structured.chars()
                     return Applied(channel, message_id, None)
                 return self._structured(event, channel, seq, meta, now, state)
             if seq is not None:

@@ -9,7 +9,6 @@ takes a shorter way first (:meth:`MessageParts.extend`): it is most of a reply.
 from __future__ import annotations
 
 import sys
-
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
