@@ -289,15 +289,16 @@ class MessageStreams:
                     and event.delta is MISSING
                     and not event.final
                     and not meta
-                    and structured.extend(event.chunk, self.max_chars) is not None
                 ):
                     # Most of a structured reply: a plain delta for an open part, which
                     # changes nothing here but the message's size and clock.
-                    if seq is not None:
-                        state.seq = seq
-                    state.last_event = now
-                    state.chars = structured.chars()
-                    return Applied(channel, message_id, None)
+                    chars = structured.extend(event.chunk, self.max_chars)
+                    if chars >= 0:
+                        if seq is not None:
+                            state.seq = seq
+                        state.last_event = now
+                        state.chars = chars
+                        return Applied(channel, message_id, None)
                 return self._structured(event, channel, seq, meta, now, state)
             if seq is not None:
                 state.seq = seq

@@ -91,9 +91,8 @@ class MessageParts(TextChunks, ToolChunks):
         :class:`~token_relay.core.errors.PartRejected`, having changed nothing."""
         if self._finalized:
             return None
-        index = self.extend(chunk, _UNBOUNDED)
-        if index is not None:
-            return index
+        if self.extend(chunk, _UNBOUNDED) >= 0:
+            return self._extended(chunk)
         kind = chunk.get("type") if isinstance(chunk, Mapping) else None
         if not isinstance(kind, str):
             raise reject(INVALID_CHUNK, "a chunk must be an object with a string 'type'")
@@ -106,43 +105,46 @@ class MessageParts(TextChunks, ToolChunks):
             raise reject(INVALID_CHUNK, f"'{kind}' is a message-level chunk, not a part")
         raise reject(INVALID_CHUNK, f"unknown chunk type '{kind}'")
 
-    def extend(self, chunk: Mapping[str, Any], budget: int) -> int | None:
+    def extend(self, chunk: Mapping[str, Any], budget: int) -> int:
         """The hot path: apply a plain delta (``text-delta``, ``reasoning-delta`` or
         ``tool-input-delta``: ASCII, no ``providerMetadata``) to an open part, if it keeps
         the part within its bound and the message within ``budget`` characters. Returns
-        the part's index; ``None`` if it did nothing, for :meth:`apply` to take the chunk
+        :meth:`chars` after it; -1 if it did nothing, for :meth:`apply` to take the chunk
         the checked way, which also words any refusal. Nothing it does differs from
         :meth:`apply`: it only skips checks the chunk does not need."""
         if type(chunk) is not dict:
-            return None
+            return -1
         kind = chunk.get("type")
         record: TextRecord | ToolRecord | None
-        if kind == "text-delta" or kind == "reasoning-delta":
-            part_id = chunk.get("id")
-            if type(part_id) is not str or "providerMetadata" in chunk:
-                return None
-            record = (self._texts if kind == "text-delta" else self._reasonings).get(part_id)
-            if record is None:
-                return None
-            delta = chunk.get("delta")
-            limit = self.limits.max_part_chars
-        elif kind == "tool-input-delta":
-            part_id = chunk.get("toolCallId")
-            if type(part_id) is not str:
-                return None
-            record = self._open_tools.get(part_id)
-            if record is None:
-                return None
-            delta = chunk.get("inputTextDelta")
-            limit = self.limits.max_tool_input_chars
-        else:
-            return None
-        if type(delta) is not str or not delta.isascii():
-            return None
+        try:
+            if kind == "text-delta":
+                if "providerMetadata" in chunk:
+                    return -1
+                record = self._texts.get(chunk.get("id"))  # type: ignore[arg-type]
+                delta = chunk.get("delta")
+                limit = self.limits.max_part_chars
+            elif kind == "tool-input-delta":
+                record = self._open_tools.get(chunk.get("toolCallId"))  # type: ignore[arg-type]
+                delta = chunk.get("inputTextDelta")
+                limit = self.limits.max_tool_input_chars
+            elif kind == "reasoning-delta":
+                if "providerMetadata" in chunk:
+                    return -1
+                record = self._reasonings.get(chunk.get("id"))  # type: ignore[arg-type]
+                delta = chunk.get("delta")
+                limit = self.limits.max_part_chars
+            else:
+                return -1
+        except TypeError:  # an id that is no string, nor hashable: the checked way refuses it
+            return -1
+        # Only a string equals a string key: a record found was named by a string id.
+        if record is None or type(delta) is not str or not delta.isascii():
+            return -1
         buffer = record.buffer
         size = len(delta)
-        if buffer.held or buffer.chars + size > limit or self._chars + size > budget:
-            return None
+        chars = self._chars + size
+        if buffer.held or buffer.chars + size > limit or chars > budget:
+            return -1
         if size:
             # TextBuffer.commit, inlined: this runs once per delta.
             pieces = buffer.pieces
@@ -151,10 +153,17 @@ class MessageParts(TextChunks, ToolChunks):
             if len(pieces) - buffer.joined >= RUN:
                 pieces[buffer.joined :] = ["".join(pieces[buffer.joined :])]
                 buffer.joined += 1
-            self._chars += size
+            self._chars = chars
         if type(record) is ToolRecord:
             record.had_delta = True
-        return record.index
+        return chars
+
+    def _extended(self, chunk: Mapping[str, Any]) -> int:
+        """The index of the part :meth:`extend` just extended with ``chunk``."""
+        kind = chunk["type"]
+        if kind == "tool-input-delta":
+            return self._open_tools[chunk["toolCallId"]].index
+        return (self._texts if kind == "text-delta" else self._reasonings)[chunk["id"]].index
 
     def finalize(self) -> None:
         """Complete the parts (see the module's docstring); idempotent."""

@@ -30,11 +30,17 @@ def _double(literal: str) -> float | None:
     return None if math.isinf(value) else value
 
 
+_JSON: Final = json.JSONDecoder(parse_constant=_not_json, parse_float=_double)
+"""One decoder for every parse: ``json.loads`` with these options builds one per call."""
+
+
 def parse_json(text: str) -> Any:
     """``JSON.parse`` with ``secure-json-parse``'s refusals, as ``ai`` parses tool input:
     ABSENT when it fails."""
+    if text.startswith("\ufeff"):
+        return ABSENT  # json.loads refuses a byte order mark, as JSON.parse does
     try:
-        value = json.loads(text, parse_constant=_not_json, parse_float=_double)
+        value = _JSON.decode(text)
     except ValueError:
         return ABSENT
     nodes = [value]
