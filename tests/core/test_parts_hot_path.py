@@ -94,6 +94,8 @@ def test_extend_applies_a_plain_delta_and_returns_the_message_characters() -> No
         {"type": "text-delta", "id": "t", "delta": "x" * 9},  # past the part's bound
         {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": "x" * 5},
         {"type": "text-delta", "id": "t", "delta": "x" * 6},  # past the budget
+        # A 'delta' beside the input: the streams size it by that, so the checked way.
+        {"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": "x", "delta": ""},
         {"type": "text-start", "id": "u"},  # no delta
         {"type": "data-x", "data": 1},
         {"id": "t", "delta": "x"},  # no type

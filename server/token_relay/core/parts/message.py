@@ -124,6 +124,10 @@ class MessageParts(TextChunks, ToolChunks):
                 delta = chunk.get("delta")
                 limit = self.limits.max_part_chars
             elif kind == "tool-input-delta":
+                if "delta" in chunk:
+                    # The streams size an event by its 'delta' first: the checked way
+                    # sizes this one as they do.
+                    return -1
                 record = self._open_tools.get(chunk.get("toolCallId"))  # type: ignore[arg-type]
                 delta = chunk.get("inputTextDelta")
                 limit = self.limits.max_tool_input_chars
