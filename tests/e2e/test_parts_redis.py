@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
-from ..harness import RedisServer, relay_process
+from ..harness import RedisServer, ServiceProcess, relay_process
 from .test_parts import ABORTED_AFTER, reply
 
 CHANNEL = "c"
@@ -102,6 +102,23 @@ async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_mess
         await asyncio.gather(a.stop(), b.stop())
 
 
+async def _first_half_sent(
+    a: ServiceProcess, b: ServiceProcess
+) -> tuple[Any, Any, str, list[dict[str, Any]]]:
+    """A watcher on ``b``; a producer on ``a`` that sent the first half of the reply ``m``,
+    known in Redis (a message after it reached the watcher): ``(watcher, producer, its
+    session's token, the rest of the reply)``."""
+    watcher = await _subscribed(b.url)
+    first_half, rest = _events("m")
+    producer = await connect(f"{a.url}/produce?channel={CHANNEL}")
+    token = (await recv_json(producer))["session"]
+    for event in first_half:
+        await send_json(producer, event)
+    await _sync(producer, "sync")
+    assert (await recv_json(watcher))["id"] == "sync"
+    return watcher, producer, token, rest
+
+
 async def test_a_websocket_session_taken_over_continues_its_parts_exactly(
     redis_server: RedisServer,
 ) -> None:
@@ -109,14 +126,7 @@ async def test_a_websocket_session_taken_over_continues_its_parts_exactly(
     a, b = relay_process(*flags), relay_process(*flags)
     await asyncio.gather(a.start(), b.start())
     try:
-        watcher = await _subscribed(b.url)
-        first_half, rest = _events("m")
-        producer = await connect(f"{a.url}/produce?channel={CHANNEL}")
-        token = (await recv_json(producer))["session"]
-        for event in first_half:
-            await send_json(producer, event)
-        await _sync(producer, "sync")
-        assert (await recv_json(watcher))["id"] == "sync"
+        watcher, producer, token, rest = await _first_half_sent(a, b)
         # Late events for a message that completed change nothing, here or in Redis.
         await send_json(producer, {"id": "sync", "delta": "late", "seq": 2})
         await send_json(producer, {"id": "sync", "chunk": {"type": "start-step"}, "seq": 3})
@@ -214,14 +224,7 @@ async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
     a, b = relay_process(*flags), relay_process(*flags)
     await asyncio.gather(a.start(), b.start())
     try:
-        watcher = await _subscribed(b.url)
-        first_half, _ = _events("m")
-        producer = await connect(f"{a.url}/produce?channel={CHANNEL}")
-        token = (await recv_json(producer))["session"]
-        for event in first_half:
-            await send_json(producer, event)
-        await _sync(producer, "sync")
-        assert (await recv_json(watcher))["id"] == "sync"
+        watcher, producer, token, _ = await _first_half_sent(a, b)
         redis = Redis.from_url(redis_server.url)
         try:
             [key] = await redis.keys("tr:text:*|m")
