@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from token_relay.core.parts import chunks_of
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
@@ -240,4 +241,47 @@ async def test_a_structured_reply_completed_on_another_process_is_read_through_r
             got = await _resume(resume, on_b, "shared", query)
             assert (got["id"], got["message"], got["metadata"]) == ("s1", frame["parts"], {"n": 1})
     finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_structured_reply_joined_mid_way_on_another_process_is_read_exactly(
+    resume: NodeScript, redis_server: RedisServer
+) -> None:
+    """Half the reply is produced on one process; the app's stream asks another process for
+    it mid-way (its snapshot rebuilt there from Redis, compacted), and reads the rest live."""
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    redis = Redis.from_url(redis_server.url)
+    try:
+        on_a = RunningRelay(None, a.url)  # type: ignore[arg-type]
+        on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
+        events = _reply("s2")
+        async with on_a.connect("/produce?channel=shared") as producer:
+            for event in [{"id": "s2", "delta": "Let me see. "}, *events[:8]]:
+                await send_json(producer, event)
+            await send_json(producer, {"id": "sync", "final": True})
+            assert (await recv_json(producer))["id"] == "sync"
+            ended = await _ended(on_b, "shared")
+            reading = asyncio.ensure_future(_resume(resume, on_b, "shared", "?id=s2"))
+
+            async def listening() -> bool:
+                numsub = await redis.pubsub_numsub("tr:d:shared")
+                return bool(numsub[0][1])
+
+            for _ in range(400):  # b listens for the channel's live frames: it joined
+                if await listening():
+                    break
+                await asyncio.sleep(0.05)
+            assert await listening(), "the stream never joined"
+            for event in events[8:]:
+                await send_json(producer, event)
+            await send_json(producer, {"id": "s2", "final": True, "meta": {"n": 2}})
+            assert (await recv_json(producer))["id"] == "s2"
+        frame = await ended()
+        got = await reading
+        assert (got["id"], got["message"], got["metadata"]) == ("s2", frame["parts"], {"n": 2})
+        assert frame["parts"][0] == {"type": "text", "text": "Let me see. ", "state": "done"}
+    finally:
+        await redis.aclose()
         await asyncio.gather(a.stop(), b.stop())

@@ -417,3 +417,37 @@ async def test_a_part_too_large_in_a_post_is_413_as_a_message_too_large_is() -> 
         status, answer = await _post(port, body.encode(), "application/json")
         assert status == 200
         assert [error["code"] for error in answer["errors"]] == ["unknown_part"]
+
+
+async def test_an_sse_reader_cut_mid_reply_resumes_with_the_reply_compacted() -> None:
+    """An SSE deltas reader reads half a structured reply live, is cut, and comes back with
+    Last-Event-ID: a fresh compacted snapshot replaces what it held, then the rest live; it
+    ends with exactly the message's parts."""
+    running, relay = await start_relay()
+    port = int(running.url.rsplit(":", 1)[1])
+    events = reply("r")
+    async with relay, open_producer(f"{running.url}/produce?channel={CHANNEL}") as producer:
+        view = LiveParts()
+        async with SseReader(port, f"/sse?channel={CHANNEL}&deltas=1") as first:
+            confirmation = await first.next()
+            assert confirmation.event == "subscribed"
+            for event in events[:6]:
+                await send_json(producer, event)
+            for _ in range(6):
+                got = await first.next()
+                assert got.event == "chunks"
+                view.feed(got.json())
+        for event in events[6:12]:  # while it is away
+            await send_json(producer, event)
+        resume = [("Last-Event-ID", str(confirmation.id))]
+        async with SseReader(port, f"/sse?channel={CHANNEL}&deltas=1", resume) as again:
+            assert (await again.next()).event == "subscribed"
+            snapshot = await again.next()
+            assert snapshot.event == "snapshot" and "chunks" in snapshot.json()
+            view.feed(snapshot.json())
+            for event in events[12:]:
+                await send_json(producer, event)
+            while "r" not in view.ended:
+                view.feed((await again.next()).json())
+        assert view.ended["r"]["parts"] == expected("r")["parts"]
+        assert view.parts("r", final=True) == view.ended["r"]["parts"]
