@@ -270,3 +270,52 @@ async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
         assert a.tracebacks == b.tracebacks == 0, a.log + b.log
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
+    redis_server: RedisServer,
+) -> None:
+    """Redis is killed while a structured reply streams and its events keep coming; once it
+    is back (empty), the producer's process rewrites the reply's log from its own parts and
+    sends the compacted snapshot: a deltas subscriber on the other process joining then
+    rebuilds the reply, and ends with exactly its parts."""
+    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        events = reply("m")
+        async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
+            for event in [{"id": "m", "delta": "Hi "}, *events[:4]]:
+                await send_json(producer, event)
+            await _sync(producer, "sync")
+            redis_server.kill()
+            await eventually_async(lambda: a.http_status("/readyz"), 503)
+            for event in events[4:9]:  # applied here; their writes fail
+                await send_json(producer, event)
+            redis_server.start()
+            for relay in (a, b):
+                await eventually_async(lambda relay=relay: relay.http_status("/readyz"), 200)
+            joiner = await _subscribed(b.url, "&deltas=1")
+            view = LiveParts()
+            for event in events[9:]:
+                await send_json(producer, event)
+            while "m" not in view.ended:
+                frame = await recv_json(joiner, 10)
+                assert frame["type"] in ("snapshot", "chunks", "message"), frame
+                view.feed(frame)
+            assert "m" in view.snapshots  # it joined mid-reply: compacted first
+        final = view.ended["m"]
+        assert final["type"] == "message"
+        assert view.parts("m", final=True) == final["parts"]
+        assert final["text"] == "Hi It is 21 °C in Paris."
+        await joiner.close()
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def eventually_async(probe: Any, wanted: object, timeout: float = 20.0) -> None:
+    """Poll ``probe()`` until it returns ``wanted``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (got := await probe()) != wanted:
+        assert loop.time() < deadline, f"still {got!r}, not {wanted!r}"
+        await asyncio.sleep(0.05)

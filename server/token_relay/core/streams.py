@@ -425,7 +425,7 @@ class MessageStreams:
 
     def partial(self, message_id: str) -> str | None:
         """The text so far of an unfinished plain message, or None (for a structured one
-        too: it is delivered whole)."""
+        too: see :meth:`live_parts`)."""
         state = self._streaming.get(message_id)
         if state is None or state.parts is not None:
             return None

@@ -183,6 +183,13 @@ class RedisBroker:
         ``live`` as a ``chunks`` frame, in one script. ``convert`` (``1``, ``0``) if the
         message becomes structured here."""
         target = (channel, owner, message_id)
+        if target in self._dirty and live is not None:
+            # A write of it failed: its log and its subscribers are made whole again (what
+            # this event did included), as a plain message's text is.
+            self._pipeline.resync(target)
+            if target in self._dirty:  # not queued: its log misses this entry
+                self._pipeline.log_broken(target)
+            return
         logged = delta_entry(entry) if isinstance(entry, str) else chunk_entry(entry)
         broken = self._pipeline.broken_logs
         if target in broken:

@@ -120,7 +120,7 @@ class ResyncArgs(NamedTuple):
     """ARGV of RESYNC."""
 
     member: str
-    text: str
+    text: str | bytes
     snapshot: str
     text_ttl: int
     key_ttl: int
@@ -329,7 +329,7 @@ def delta_write(target: Target, delta: str, seq: int, claimed: bool, text_ttl: i
 def part_write(
     target: Target, entry: bytes, seq: int, claimed: bool, convert: str, text_ttl: int
 ) -> Write:
-    """Add to a structured message's log (see :mod:`.partlog`), publishing nothing."""
+    """Add to a structured message's log (see :mod:`.partlog`), and publish its chunks."""
     channel, owner, message_id = target
     return Write(
         "part",
@@ -363,11 +363,19 @@ def meta_write(owner: str, message_id: str, meta: str) -> Write:
     return Write("meta", [key("meta", owner)], MetaArgs(message_id, meta, KEY_TTL))
 
 
-def resync_write(target: Target, text: str, text_ttl: int) -> Write:
-    """Rewrite a message's whole text and publish it as a snapshot."""
+def resync_write(
+    target: Target,
+    text: str | bytes,
+    text_ttl: int,
+    snapshot: str = "",
+) -> Write:
+    """Rewrite a message's whole text and publish it as a snapshot; a structured message's
+    log (``text``, its ``snapshot`` given)."""
     channel, owner, message_id = target
     member = f"{owner}|{message_id}"
-    snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))
+    if not snapshot:
+        assert isinstance(text, str)
+        snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))
     return Write(
         "resync",
         _text_keys(channel, member),
