@@ -312,10 +312,10 @@ async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
         await asyncio.gather(a.stop(), b.stop())
 
 
-async def eventually_async(probe: Any, wanted: object, timeout: float = 20.0) -> None:
+async def eventually_async(probe: Any, wanted: object, within: float = 20.0) -> None:
     """Poll ``probe()`` until it returns ``wanted``."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while (got := await probe()) != wanted:
         assert loop.time() < deadline, f"still {got!r}, not {wanted!r}"
         await asyncio.sleep(0.05)
