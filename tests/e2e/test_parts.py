@@ -18,12 +18,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from token_relay.client import RelaySubscriber
+from token_relay.core.parts import MessageParts
+from token_relay.core.protocol import MessageFrame, Snapshot, Subscribed
 from websockets.asyncio.client import ClientConnection
 
 from ..conftest import connect, open_producer, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
 from ..harness import (
     LiveParts,
+    Proxy,
     RedisServer,
     SseReader,
     WebhookReceiver,
@@ -451,3 +455,48 @@ async def test_an_sse_reader_cut_mid_reply_resumes_with_the_reply_compacted() ->
                 view.feed((await again.next()).json())
         assert view.ended["r"]["parts"] == expected("r")["parts"]
         assert view.parts("r", final=True) == view.ended["r"]["parts"]
+
+
+async def test_the_python_subscriber_holds_a_structured_reply_live_across_a_cut() -> None:
+    """RelaySubscriber rebuilds a reply's parts from its live frames: the text before its
+    first chunk as the implicit text part, the chunks, and after a dropped connection the
+    compacted snapshot in their place; mid-reply and at its end they are exact."""
+    running, relay = await start_relay()
+    events = [{"id": "r", "delta": "Hi "}, *reply("r")]
+    async with (
+        relay,
+        Proxy(int(running.url.rsplit(":", 1)[1])) as proxy,
+        open_producer(f"{running.url}/produce?channel={CHANNEL}") as producer,
+        RelaySubscriber(proxy.url, [CHANNEL], backoff=(0.05, 0.2)) as feed,
+    ):
+        frames = aiter(feed)
+        assert isinstance(await anext(frames), Subscribed)
+        core = MessageParts()
+        for n, event in enumerate(events[:9]):
+            await send_json(producer, event)
+            if "chunk" in event:
+                core.apply(event["chunk"])
+            else:
+                core.delta(event["delta"])
+            await anext(frames)
+            if n:
+                assert feed.parts(CHANNEL, "r") == core.parts(), n
+        assert feed.text(CHANNEL, "r") == "Hi "
+        proxy.cut()
+        for event in events[9:12]:  # while it is away
+            await send_json(producer, event)
+            core.apply(event["chunk"])
+        while not isinstance(frame := await anext(frames), Snapshot):
+            pass
+        assert frame.chunks == core.catch_up()
+        assert feed.parts(CHANNEL, "r") == core.parts()
+        for event in events[12:]:
+            await send_json(producer, event)
+            if "chunk" in event:
+                core.apply(event["chunk"])
+        while not isinstance(frame := await anext(frames), MessageFrame):
+            pass
+        core.finalize()
+        assert frame.parts == core.parts()
+        assert frame.parts[0] == {"type": "text", "text": "Hi ", "state": "done"}
+        assert feed.parts(CHANNEL, "r") is None  # it ended
