@@ -255,13 +255,15 @@ class MemoryBroker:
         someone wants it; nothing to keep: sessions live in this process."""
         if live is None:
             return
-        if not self.inflight.may_publish(channel, owner, message_id, True, time.monotonic()):
-            return  # another owner holds the id: nothing of this message is published
         self._seq += 1
         listener = self._listener
-        if listener is not None and listener.wants_deltas(channel):
-            frame = encode_chunks(channel, message_id, live)
-            listener.on_frame(channel, FrameKind.DELTA, self._seq, frame)
+        if listener is None or not listener.wants_deltas(channel):
+            return
+        if not self.inflight.may_publish(channel, owner, message_id, True, time.monotonic()):
+            return  # another owner holds the id: nothing of this message is published
+        listener.on_frame(
+            channel, FrameKind.DELTA, self._seq, encode_chunks(channel, message_id, live)
+        )
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Nothing to note: sessions live in this process."""
