@@ -77,6 +77,7 @@ async def test_the_tarball_holds_the_package_and_nothing_else(tarball: Path) -> 
         "package/package.json",
         "package/src/index.d.ts",
         "package/src/index.js",
+        "package/src/parts.js",
         "package/src/react.d.ts",
         "package/src/react.js",
         "package/src/sse.js",
