@@ -186,6 +186,57 @@ async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
     ) == [["old", "from before the page"], ["r", shown]]
 
 
+STRUCTURED = [
+    {"type": "start-step"},
+    {"type": "reasoning-start", "id": "r1"},
+    {"type": "reasoning-delta", "id": "r1", "delta": "Look it up."},
+    {"type": "reasoning-end", "id": "r1"},
+    {"type": "tool-input-start", "toolCallId": "c1", "toolName": "weather"},
+    {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"city":'},
+    {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '"Paris"}'},
+    {"type": "tool-input-available", "toolCallId": "c1", "toolName": "weather",
+     "input": {"city": "Paris"}},
+    {"type": "tool-output-available", "toolCallId": "c1", "output": {"celsius": 21}},
+]  # fmt: skip
+"""A structured reply's chunks before its text: reasoning, then a tool call."""
+
+
+async def test_the_hook_gives_each_message_its_parts(
+    app_relay: tuple[RunningRelay, Any], page: Page
+) -> None:
+    running, _ = app_relay
+    channel = "react-parts"
+    http = running.url.replace("ws://", "http://")
+    await page.goto(f"{http}/?channel={channel}")
+    await page.wait_for_selector('#status[data-status="live"]')
+    async with (
+        running.connect(f"/produce?channel={channel}") as producer,
+        running.connect("/subscribe") as watcher,
+    ):
+        await send_json(watcher, {"type": "subscribe", "channel": channel})
+        assert (await recv_json(watcher))["type"] == "subscribed"
+        await send_json(producer, {"id": "plain", "delta": "Just text.", "final": True})
+        for chunk in STRUCTURED:
+            await send_json(producer, {"id": "s", "chunk": chunk})
+        for delta in ("It is ", "21 °C."):
+            await send_json(producer, {"id": "s", "delta": delta})
+        await send_json(producer, {"id": "s", "final": True})
+        relayed = [await recv_json(watcher) for _ in range(2)]
+    assert [frame["id"] for frame in relayed] == ["plain", "s"]
+    await page.wait_for_selector('li[data-id="s"][data-status="complete"]')
+    items: list[Any] = await page.evaluate(
+        "[...document.querySelectorAll('#messages li')]"
+        ".map((li) => [li.dataset.id, li.textContent, li.dataset.parts])"
+    )
+    assert items == [
+        ["plain", "Just text.", "text:done"],
+        ["s", "It is 21 °C.", "step-start reasoning:done tool-weather:output-available text:done"],
+    ]
+    # The hook's parts are exactly the relay's.
+    assert await page.evaluate("window.parts.s") == relayed[1]["parts"]
+    assert relayed[1]["parts"][2]["input"] == {"city": "Paris"}
+
+
 async def test_a_refused_token_is_an_error_state_in_the_app(vite_app: Path, page: Page) -> None:
     running, server = await start_relay(
         web_root=str(vite_app), secret="a-secret-for-the-react-app-test-32b"
