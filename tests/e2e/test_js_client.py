@@ -45,6 +45,17 @@ def _npm() -> str:
     return npm
 
 
+async def test_the_parts_sample_prints_what_the_page_shows(tmp_path: Path) -> None:
+    """The browser client page's assembler sample, run by Node against the package."""
+    node = shutil.which("node")
+    assert node is not None
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "token-relay-client").symlink_to(PACKAGE)
+    (tmp_path / "sample.mjs").write_text(docs_block("browser-client-parts-node"))
+    printed = _run([node, "sample.mjs"], tmp_path)
+    assert json.loads(printed) == json.loads(docs_block("browser-client-parts-output"))
+
+
 async def test_the_unit_tests_pass_under_node_test() -> None:
     node = shutil.which("node")
     assert node is not None
@@ -108,6 +119,7 @@ def vite_app(tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(APP_FILES / "App.tsx", app / "src" / "App.tsx")
     # The browser client page's React sample, as printed, type-checked and built with the app.
     (app / "src" / "DocsChat.tsx").write_text(docs_block("browser-client-react"))
+    (app / "src" / "DocsParts.tsx").write_text(docs_block("browser-client-parts-react"))
     assert "<StrictMode>" in (app / "src" / "main.tsx").read_text()
     _run([npm, "run", "build"], app)
     return app / "dist"
