@@ -100,8 +100,10 @@ async def test_a_structured_reply_is_read_with_exactly_its_parts(resume: NodeScr
         assert got["text"] == frame["text"] == "It is 21 °C in Paris 🌤."
         assert got["parts"][0] == "start" and got["parts"][-1] == "finish"
         assert got["parts"].count("start") == 1
-        assert got["parts"].count("text-delta") == got["parts"].count("reasoning-delta") == 1
-        # Completed before it was asked for: by its id, and as the channel's newest.
+        # Live: each delta as it was sent.
+        assert got["parts"].count("text-delta") == got["parts"].count("reasoning-delta") == 2
+        # Completed before it was asked for: by its id, and as the channel's newest; whole,
+        # one delta per part.
         for query in ("?id=reply-1", ""):
             again = await _resume(resume, running, "chat-1", query)
             assert (again["id"], again["message"], again["metadata"]) == (
@@ -109,7 +111,39 @@ async def test_a_structured_reply_is_read_with_exactly_its_parts(resume: NodeScr
                 got["message"],
                 got["metadata"],
             ), query
-            assert again["parts"] == got["parts"], query
+            assert again["parts"].count("text-delta") == 1, query
+            assert again["parts"].count("reasoning-delta") == 1, query
+
+
+async def test_a_structured_reply_joined_at_any_point_is_read_exactly(resume: NodeScript) -> None:
+    """The stream asked for mid-reply gets the reply so far compacted, then live: the app
+    ends with exactly the relay's parts, whatever the point it joined at."""
+    running, relay = await start_relay()
+    async with relay:
+        events = _reply("r")
+        for cut in (1, 4, 7, 9, 12, 15, len(events)):
+            message_id = f"reply-{cut}"
+            async with running.connect("/produce?channel=chat-4") as producer:
+                for event in _reply(message_id)[:cut]:
+                    await send_json(producer, event)
+                await send_json(producer, {"id": f"{message_id}-sync", "final": True})
+                assert (await recv_json(producer))["id"] == f"{message_id}-sync"
+                ended = await _ended(running, "chat-4")
+                query = f"?id={message_id}"
+                reading = asyncio.ensure_future(_resume(resume, running, "chat-4", query))
+                await _stream_joined(running, "chat-4")
+                for event in _reply(message_id)[cut:]:
+                    await send_json(producer, event)
+                await send_json(producer, {"id": message_id, "final": True, "meta": {"n": cut}})
+                assert (await recv_json(producer))["id"] == message_id
+            frame = await ended()
+            got = await reading
+            assert (got["id"], got["message"], got["metadata"]) == (
+                message_id,
+                frame["parts"],
+                {"n": cut},
+            ), cut
+            assert got["parts"].count("start") == 1, cut
 
 
 async def test_a_reply_that_turns_structured_while_its_text_is_read(resume: NodeScript) -> None:
@@ -160,7 +194,8 @@ async def test_an_aborted_structured_reply_ends_with_abort_and_keeps_its_parts(
         assert (got["id"], got["message"]) == ("reply-3", frame["parts"])
         assert got["parts"][0] == "start" and got["parts"][-1] == "abort"
         again = await _resume(resume, running, "chat-3", "?id=reply-3")
-        assert (again["message"], again["parts"]) == (got["message"], got["parts"])
+        assert again["message"] == got["message"]
+        assert again["parts"].count("reasoning-delta") == 1  # whole: one delta per part
 
 
 async def test_the_documented_structured_stream_is_what_curl_prints() -> None:

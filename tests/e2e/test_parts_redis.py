@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
-from ..harness import RedisServer, ServiceProcess, relay_process
+from ..harness import LiveParts, RedisServer, ServiceProcess, relay_process
 from .test_parts import ABORTED_AFTER, reply
 
 CHANNEL = "c"
@@ -62,7 +62,7 @@ async def _single_process(url: str, message_id: str, watcher: Any, final: bool) 
     return await recv_json(watcher)
 
 
-async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_message(
+async def test_a_joiner_on_another_process_gets_the_reply_compacted_then_live(
     redis_server: RedisServer,
 ) -> None:
     a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
@@ -77,19 +77,39 @@ async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_mess
             await _sync(producer, "sync")
             assert (await recv_json(watcher))["id"] == "sync"
             joiner = await _subscribed(b.url, "&deltas=1")
-            # The plain message has its snapshot; the structured one none (not its text
-            # before its first chunk, nor anything of its log).
-            snapshot = await recv_json(joiner)
-            assert (snapshot["type"], snapshot["id"], snapshot["text"]) == (
-                "snapshot",
-                "p",
-                "so far",
-            )
-            await assert_silent(joiner, 0.3)
+            # Each message in progress has its snapshot: the plain one its text, the
+            # structured one its parts so far, rebuilt from its log in Redis and compacted
+            # (its text before its first chunk is its implicit text part).
+            snapshots = {}
+            for _ in range(2):
+                snapshot = await recv_json(joiner)
+                assert snapshot["type"] == "snapshot"
+                snapshots[snapshot["id"]] = snapshot
+            assert snapshots["p"] == {
+                "type": "snapshot",
+                "channel": CHANNEL,
+                "id": "p",
+                "text": "so far",
+            }
+            # Half a surrogate pair is held at the cut: it ends the part's one delta, and
+            # the live delta after brings the other half.
+            assert snapshots["s"]["chunks"][:3] == [
+                {"type": "text-start", "id": "text"},
+                {"type": "text-delta", "id": "text", "delta": "Hi there \ud83d"},
+                {"type": "start-step"},
+            ]
+            assert snapshots["s"]["text"] == "Hi there "
+            view = LiveParts()
+            view.feed(snapshots["s"])
             for event in rest:
                 await send_json(producer, event)
             assert (await recv_json(producer))["id"] == "s"
-            whole = await recv_json(joiner)
+            while "s" not in view.ended:
+                frame = await recv_json(joiner)
+                assert frame["type"] in ("chunks", "message"), frame
+                view.feed(frame)
+            whole = view.ended["s"]
+            assert view.parts("s", final=True) == whole["parts"]
         expected = await _single_process(b.url, "one", watcher, final=True)
         assert whole["type"] == "message"
         assert _core(whole) == _core(expected)
