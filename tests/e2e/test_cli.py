@@ -107,6 +107,7 @@ def test_schema_command_prints_generated_schema() -> None:
         "unsubscribed",
         "message",
         "delta",
+        "chunks",
         "snapshot",
         "aborted",
         "cancel",

@@ -14,20 +14,29 @@ tests/js/client_parts.mjs:
   shows after every frame exactly the core's parts so far; one that joins at any cut, with a
   ``snapshot`` (the core's compacted ``catch_up()``, or the plain text so far), shows the
   same parts from there on; and the ``message`` frame's parts replace the live view.
+
+And over a real relay: a producer streams replies one event at a time, and clients of the
+package in Node, over real WebSockets, one from the start and two joining mid-reply, show
+after every event exactly the core's parts so far, and at the end the ``message`` frame's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import random
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from ..conftest import recv_json, send_json, start_relay
 from ..core.parts_cases import CASES, TOOL_INPUTS, Step, random_reply
-from .test_parts_shape import _as_chunks, _core, _is_top_level, _live_after
+from .test_parts_shape import _as_chunks, _core, _flat, _is_top_level, _live_after
 
 DRIVER = Path(__file__).resolve().parents[1] / "js" / "client_parts.mjs"
 CHANNEL = "c"
@@ -141,21 +150,26 @@ def _frames(steps: Sequence[Step], cut: int, merge: int) -> tuple[list[dict[str,
     if cut > 0:
         core = _core(steps[:cut])
         snapshot: dict[str, Any] = {"type": "snapshot", "channel": CHANNEL, "id": MESSAGE}
-        snapshot["text"] = core.text()
         if any(not _is_top_level(step) for step in steps[:cut]):
+            snapshot["text"] = core.text()
             snapshot["chunks"] = core.catch_up()
+        else:
+            # A plain message's text as the relay holds it: its deltas as they came.
+            snapshot["text"] = "".join(step["delta"] for step in steps[:cut])
         frames.append(snapshot)
         applied.append(cut)
+    # The chunks after the cut, as the producer sent them: a surrogate pair it split arrives
+    # split, its first half at the end of the snapshot's delta for its part.
     per_step = _as_chunks(steps)[cut:]
-    live = _live_after(steps, cut)  # the chunks after the cut, a held surrogate half carried
+    assert _flat(per_step) == _live_after(steps, cut)
     structured = any(not _is_top_level(step) for step in steps[:cut])
     for index, step in enumerate(steps[cut:], cut):
-        chunks, live = live[: len(per_step[index - cut])], live[len(per_step[index - cut]) :]
+        chunks = per_step[index - cut]
         structured = structured or not _is_top_level(step)
         if not structured:
-            # Its text-delta's text: a half a plain snapshot held travels with it.
-            delta = chunks[-1]["delta"]
-            frames.append({"type": "delta", "channel": CHANNEL, "id": MESSAGE, "delta": delta})
+            frames.append(
+                {"type": "delta", "channel": CHANNEL, "id": MESSAGE, "delta": step["delta"]}
+            )
             applied.append(index + 1)
         elif frames[-1]["type"] == "chunks" and len(frames[-1]["chunks"]) < merge:
             frames[-1]["chunks"] += chunks
@@ -171,11 +185,7 @@ def test_a_channel_shows_the_live_parts_after_every_frame_from_any_join() -> Non
     expected: list[list[tuple[list[dict[str, Any]], str] | None]] = []
     for name, steps in _replies():
         cuts: Sequence[int] = range(len(steps) + 1)
-        if steps is UNPAIRED:
-            # A joiner's snapshot cannot carry a held half: its part shows it (as U+FFFD) only
-            # if a delta of the part follows, or with the message frame.
-            cuts = [0]
-        elif name.startswith("reply "):
+        if name.startswith("reply "):
             draw = random.Random(name)
             cuts = sorted({0, len(steps), *draw.sample(range(len(steps)), 4)})
         for cut in cuts:
@@ -211,3 +221,131 @@ def test_a_channel_shows_the_live_parts_after_every_frame_from_any_join() -> Non
                 )
                 break
     assert not differences, "\n".join(differences[:5])
+
+
+# ----------------------------------------------------------------------- over a real relay
+
+LIVE_DRIVER = Path(__file__).resolve().parents[1] / "js" / "client_live.mjs"
+
+
+class NodeClients:
+    """tests/js/client_live.mjs: clients of the JS package in one Node process, each
+    following a channel over a real WebSocket and printing each message as it changes."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        """Each line to its client's queue."""
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            entry = json.loads(line)
+            self._queue(entry["client"]).put_nowait(entry)
+
+    def _queue(self, name: str) -> asyncio.Queue[dict[str, Any]]:
+        return self.queues.setdefault(name, asyncio.Queue())
+
+    async def start(self, name: str) -> None:
+        """Start client ``name``; returns once it has joined the channel."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{name}\n".encode())
+        await self.process.stdin.drain()
+        await self.until(name, lambda line: line.get("open") is True)
+
+    async def until(self, name: str, wanted: Any, wait: float = 10.0) -> dict[str, Any]:
+        """The next line of client ``name`` for which ``wanted(line)`` holds; the lines it
+        passed over are in ``skipped``."""
+        self.skipped: list[dict[str, Any]] = []
+        try:
+            async with asyncio.timeout(wait):
+                while not wanted(line := await self._queue(name).get()):
+                    self.skipped.append(line)
+        except TimeoutError:
+            last = self.skipped[-1:]
+            raise AssertionError(f"client {name} never showed it; last: {last}") from None
+        return line
+
+
+@contextlib.asynccontextmanager
+async def _node_clients(url: str, channel: str) -> AsyncIterator[NodeClients]:
+    node = shutil.which("node")
+    assert node is not None
+    process = await asyncio.create_subprocess_exec(
+        node, "--experimental-websocket", "--no-warnings", str(LIVE_DRIVER),
+        f"{url}/subscribe", channel,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=2**24,
+    )  # fmt: skip
+    clients = NodeClients(process)
+    try:
+        yield clients
+    finally:
+        clients.reader.cancel()
+        if process.returncode is None:
+            assert process.stdin is not None
+            process.stdin.write(b"close\n")
+            await process.stdin.drain()
+            await asyncio.wait_for(process.wait(), 10)
+
+
+def _event(step: Step) -> dict[str, Any]:
+    return {"id": MESSAGE, **step} if _is_top_level(step) else {"id": MESSAGE, "chunk": step}
+
+
+LIVE_REPLIES = {"reply 3": random_reply(3), "reply 8": random_reply(8), "halves": UNPAIRED}
+"""Replies streamed through a real relay: random ones (text, reasoning, tools, sources,
+data, steps, surrogate pairs cut in two) and halves that never pair."""
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_REPLIES))
+async def test_a_relay_streams_a_structured_reply_to_the_js_client_live_and_exact(
+    name: str,
+) -> None:
+    """A producer sends the reply one event at a time; client ``a`` follows from the start,
+    client ``b`` joins a third of the way in, client ``c`` two thirds. After every event, each
+    client's message shows exactly the core's parts of the reply so far; at the end, exactly
+    the completed message's parts."""
+    steps = LIVE_REPLIES[name]
+    joins = {len(steps) // 3: "b", 2 * len(steps) // 3: "c"}
+    running, relay = await start_relay()
+    async with (
+        relay,
+        running.connect("/produce?channel=live") as producer,
+        running.connect("/subscribe") as watcher,
+        _node_clients(running.url, "live") as clients,
+    ):
+        await send_json(watcher, {"type": "subscribe", "channel": "live"})
+        assert (await recv_json(watcher))["type"] == "subscribed"
+        await clients.start("a")
+        following = ["a"]
+        for index, step in enumerate(steps):
+            if index in joins:
+                await clients.start(joins[index])
+                following.append(joins[index])
+                expected = _core(steps[:index])
+                # The join's snapshot shows the reply so far.
+                await clients.until(
+                    joins[index], lambda line, e=expected: line["parts"] == e.parts()
+                )
+            before = _core(steps[:index]).parts()
+            await send_json(producer, _event(step))
+            expected = _core(steps[: index + 1])
+            shown = {"status": "streaming", "text": expected.text(), "parts": expected.parts()}
+            for client in following:
+                await clients.until(client, lambda line, s=shown: {k: line.get(k) for k in s} == s)
+                # Never a wrong view on the way: at most the one before again (an event
+                # the relay publishes with no change, a surrogate half it holds).
+                assert all(line["parts"] == before for line in clients.skipped), (
+                    client, index, step, clients.skipped,
+                )  # fmt: skip
+        await send_json(producer, {"id": MESSAGE, "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+        frame = await recv_json(watcher)
+        assert frame["type"] == "message"
+        final = _core(steps)
+        final.finalize()
+        assert frame["parts"] == final.parts()
+        for client in following:
+            line = await clients.until(client, lambda line: line["status"] == "complete")
+            assert (line["parts"], line["text"]) == (frame["parts"], frame["text"])
