@@ -57,8 +57,27 @@ CLIENT_CORE = {
     "token_relay.core",
     "token_relay.core.errors",
     "token_relay.core.protocol",
+    # A structured reply's live parts, rebuilt by the relay's own pure assembler.
+    "token_relay.core.assembler",
+    "token_relay.core.surrogates",
+    "token_relay.core.parts",
+    *(
+        f"token_relay.core.parts.{name}"
+        for name in (
+            "compaction",
+            "fields",
+            "message",
+            "partialjson",
+            "records",
+            "refusals",
+            "state",
+            "texts",
+            "tools",
+        )
+    ),  # fmt: skip
 }
-"""All the client library loads of the package besides itself: the protocol and the errors."""
+"""All the client library loads of the package besides itself: the protocol, the errors,
+and the pure assembler of a structured reply's parts."""
 
 
 def _import(module: str) -> str:
@@ -147,7 +166,7 @@ def test_the_rules_catch_what_breaks_them() -> None:
     ]
 
 
-def test_the_client_loads_the_protocol_and_the_errors_only() -> None:
+def test_the_client_loads_the_protocol_the_errors_and_the_parts_only() -> None:
     loaded = _loaded_after("import token_relay.client")
     assert "websockets.asyncio.client" in loaded
     assert "websockets.asyncio.server" not in loaded

@@ -285,3 +285,35 @@ async def test_a_structured_reply_joined_mid_way_on_another_process_is_read_exac
     finally:
         await redis.aclose()
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_finish_carries_the_finish_reason_a_reply_s_meta_names(resume: NodeScript) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        ended = await _ended(running, "chat-5")
+        async with running.connect("/produce?channel=chat-5") as producer:
+            for event in _reply("reply-5"):
+                await send_json(producer, event)
+            meta = {"finishReason": "tool-calls", "usage": {"outputTokens": 7}}
+            await send_json(producer, {"id": "reply-5", "final": True, "meta": meta})
+            assert (await recv_json(producer))["type"] == "ack"
+        frame = await ended()
+        port = running.url.rsplit(":", 1)[1]
+        curl = await asyncio.create_subprocess_exec(
+            "curl", "-sN", f"http://127.0.0.1:{port}/ai-sdk/chat-5/stream?id=reply-5",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(curl.communicate(), 10)
+        chunks = [json.loads(line[6:]) for line in out.decode().splitlines() if line[6:7] == "{"]
+        assert chunks[-1] == {"type": "finish", "finishReason": "tool-calls", "messageMetadata": meta}
+        # The package reads it as it is, at each major.
+        got = await _resume(resume, running, "chat-5", "?id=reply-5")
+        assert (got["message"], got["metadata"]) == (frame["parts"], meta)
+        # A reason ai does not know is not put on the finish chunk (the package would refuse
+        # it): it stays in the metadata.
+        async with running.connect("/produce?channel=chat-5") as producer:
+            odd = {"finishReason": "because"}
+            await send_json(producer, {"id": "reply-6", "delta": "x", "final": True, "meta": odd})
+            assert (await recv_json(producer))["type"] == "ack"
+        again = await _resume(resume, running, "chat-5", "?id=reply-6")
+        assert (again["text"], again["metadata"]) == ("x", odd)

@@ -513,7 +513,20 @@ class ProducerEndpoint:
                 self.broker.meta(
                     applied.channel, session.owner, applied.message_id, json.dumps(merged)
                 )
-        if applied.delta:
+        live = applied.chunks
+        if live is not None:
+            # A structured message's event, in progress (most of a structured reply): its
+            # chunks to its deltas subscribers, and its log kept where sessions are shared.
+            if event.chunk is not MISSING:
+                entry: Any = event.chunk
+                if applied.opened:
+                    convert = "0"
+            else:
+                entry, convert = event.delta, ""
+            self.broker.part(
+                applied.channel, session.owner, applied.message_id, entry, seq, convert, live
+            )
+        elif applied.delta:
             # A one-shot message (a final that opened it) never claimed its id.
             claimed = applied.text is None or not applied.opened
             self.broker.delta(
@@ -526,7 +539,7 @@ class ProducerEndpoint:
         elif (
             applied.text is None
             and not applied.duplicate
-            and (applied.chunks is not None or self.broker.shares_sessions)
+            and self.broker.shares_sessions
             and (event.chunk is not MISSING or event.delta is not MISSING)
             and applied.delta is None  # a plain message's empty delta is ""
             and session.streams.phase(applied.message_id) is Phase.STREAMING  # not a late one
@@ -539,15 +552,16 @@ class ProducerEndpoint:
     def _log_part(
         self, session: Session, applied: Applied, event: Event, seq: int, convert: str
     ) -> None:
-        """Publish what a structured message applied to its deltas subscribers, and keep it
-        in a shared broker, so that another process can rebuild its parts."""
-        channel, message_id, live = applied.channel, applied.message_id, applied.chunks
+        """Keep what a structured message applied, that its deltas subscribers need not be
+        told (an empty top-level delta for its open text part), in a shared broker, so that
+        another process can rebuild its parts."""
+        channel, message_id = applied.channel, applied.message_id
         if event.chunk is not MISSING:
             if applied.opened:
                 convert = "0"
-            self.broker.part(channel, session.owner, message_id, event.chunk, seq, convert, live)
+            self.broker.part(channel, session.owner, message_id, event.chunk, seq, convert)
         elif event.delta is not MISSING:  # a top-level delta of a structured message
-            self.broker.part(channel, session.owner, message_id, event.delta, seq, "", live)
+            self.broker.part(channel, session.owner, message_id, event.delta, seq)
 
     def _complete(
         self, session: Session, applied: Applied, now: float, event: Event, index: int | None
