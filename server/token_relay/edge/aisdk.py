@@ -13,6 +13,13 @@ join as every other subscriber, and then serves one message:
   then ``text-end``, ``finish`` and ``data: [DONE]``. An aborted message ends with
   ``abort`` and its reason, then ``[DONE]``.
 
+A message's ``meta`` is the stream's ``messageMetadata``, on ``finish`` (and on ``start``,
+for a structured message), but for two keys, as the AI SDK's producer route
+(:mod:`token_relay.edge.aisdkproduce`) keeps them: ``finishReason`` is ``finish``'s own
+``finishReason``, and a message aborted for an ``error`` (reason ``error``) ends with
+``{"type": "error", "errorText": ...}`` (its ``meta``'s ``errorText``) rather than
+``abort``.
+
 A reply that completed before the stream was asked for is served too, whole, from the
 channel's history (the join's rewind): the one ``?id=`` names, as long as history holds it;
 without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
@@ -55,6 +62,26 @@ AI_SDK_HEADERS = (
 )
 TEXT_PART = "text-1"
 """The id of the one text part of a message."""
+FINISH_REASON = "finishReason"
+"""The key of a message's ``meta`` that ``finish`` carries as its ``finishReason``."""
+ERROR_TEXT = "errorText"
+"""The key of the ``meta`` of a message aborted for an ``error`` that holds its text."""
+
+
+def _metadata(frame: dict[str, Any]) -> dict[str, Any] | None:
+    """A message's ``meta`` as the stream's ``messageMetadata``: without ``finishReason``
+    (``finish`` carries it) and, for a message aborted for an error, ``errorText`` (its
+    ``error`` chunk does); None if the message has none."""
+    meta = frame.get("meta")
+    if not isinstance(meta, dict):
+        return None
+    lifted = {FINISH_REASON}
+    if frame.get("type") == "aborted" and frame.get("reason") == "error":
+        lifted.add(ERROR_TEXT)
+    if lifted.isdisjoint(meta):
+        return meta
+    rest = {key: value for key, value in meta.items() if key not in lifted}
+    return rest or None
 
 
 class AiSdkStream(SseStream):
@@ -190,8 +217,9 @@ class AiSdkStream(SseStream):
         self.target = str(frame["id"])
         self._head(200, AI_SDK_HEADERS)
         start: dict[str, Any] = {"type": "start", "messageId": self.target}
-        if "meta" in frame:
-            start["messageMetadata"] = frame["meta"]
+        metadata = _metadata(frame)
+        if metadata is not None:
+            start["messageMetadata"] = metadata
         self._emit(start)
         for chunk in chunks_of(frame["parts"]):
             self._emit(chunk)
@@ -217,12 +245,23 @@ class AiSdkStream(SseStream):
         self._finish(frame)
 
     def _finish(self, frame: dict[str, Any]) -> None:
-        if frame.get("type") == "aborted":
+        """The message's end: ``finish`` (with its ``finishReason`` and ``messageMetadata``),
+        ``error`` (aborted for the error its producer reported) or ``abort``."""
+        meta = frame.get("meta") or {}
+        if frame.get("type") == "aborted" and frame.get("reason") == "error":
+            error_text = meta.get(ERROR_TEXT)
+            error_text = error_text if isinstance(error_text, str) else "error"
+            self._emit({"type": "error", "errorText": error_text})
+        elif frame.get("type") == "aborted":
             self._emit({"type": "abort", "reason": frame.get("reason", "")})
         else:
             finish: dict[str, Any] = {"type": "finish"}
-            if "meta" in frame:
-                finish["messageMetadata"] = frame["meta"]
+            reason = meta.get(FINISH_REASON)
+            if isinstance(reason, str):
+                finish[FINISH_REASON] = reason
+            metadata = _metadata(frame)
+            if metadata is not None:
+                finish["messageMetadata"] = metadata
             self._emit(finish)
         self._end()
 
@@ -235,14 +274,9 @@ class AiSdkStream(SseStream):
             self._turned_structured(frame)
         elif kind == "message":
             self._emit({"type": "text-end", "id": TEXT_PART})
-            finish: dict[str, Any] = {"type": "finish"}
-            if "meta" in frame:
-                finish["messageMetadata"] = frame["meta"]
-            self._emit(finish)
-            self._end()
+            self._finish(frame)
         elif kind == "aborted":
-            self._emit({"type": "abort", "reason": frame.get("reason", "")})
-            self._end()
+            self._finish(frame)
 
     def _emit(self, part: dict[str, Any]) -> None:
         if self.open:
