@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -150,7 +151,9 @@ async def test_a_reply_of_the_ai_package_reaches_subscribers_with_its_exact_part
         frame = await _ended(sub)
         assert frame["type"] == "message"
         # Exactly what readUIMessageStream built of the very same chunks.
-        assert (frame["id"], frame["parts"]) == (got["id"], got["parts"]) == ("reply-1", got["parts"])
+        assert (
+            (frame["id"], frame["parts"]) == (got["id"], got["parts"]) == ("reply-1", got["parts"])
+        )
         assert [part["type"] for part in frame["parts"]] == [
             "step-start", "reasoning", "tool-weather", "step-start", "text", "data-weather",
         ]  # fmt: skip
@@ -232,7 +235,11 @@ async def test_stop_answers_the_request_before_its_body_ends(js_clients: Path, h
         frame = await _ended(sub)
     # Node held the body open until the answer came: the answer came before it ended.
     assert got["bodyEndedAtAnswer"] is False
-    assert (frame["type"], frame["reason"], frame["meta"]) == ("aborted", "cancelled", {"model": "m-1"})
+    assert (frame["type"], frame["reason"], frame["meta"]) == (
+        "aborted",
+        "cancelled",
+        {"model": "m-1"},
+    )
     assert frame["parts"] == [
         {"type": "step-start"},
         {"type": "reasoning", "id": "r1", "text": "The user wants ", "state": "streaming"},
@@ -347,15 +354,18 @@ async def test_bad_lines_and_chunks_are_refused_and_the_rest_applies() -> None:
         await recv_json(sub)
         await send_json(other, {"id": "other", "delta": "untouched "})
         body = (
-            b'data: {"type":"start","messageId":"m"}\n\n'  # lines 1-2
-            b"event: ignored\nid: 7\n: a keep-alive\n\n"  # lines 3-6
-            b'{"type":"text-start","id":"t"}\n\n'  # line 7: NDJSON, not SSE
-            b"data: {not json\n\n"  # line 9
-            b'data: ["no", "type"]\n\n'  # line 11
-            b'data: {"type":"text-delta","id":"nope","delta":"x"}\n\n'  # line 13
-            b'data: {"type":"start","messageId":"other-id"}\n\n'  # line 15
-            b'data: {"type":"text-start",\ndata: "id":"t"}\n\n'  # lines 17-19: one event
-        ) + _sse(*TEXT[1:], {"type": "finish"}, "[DONE]")
+            (
+                b'data: {"type":"start","messageId":"m"}\n\n'  # lines 1-2
+                b"event: ignored\nid: 7\n: a keep-alive\n\n"  # lines 3-6
+                b'{"type":"text-start","id":"t"}\n\n'  # line 7: NDJSON, not SSE
+                b"data: {not json\n\n"  # line 9
+                b'data: ["no", "type"]\n\n'  # line 11
+                b'data: {"type":"text-delta","id":"nope","delta":"x"}\n\n'  # line 13
+                b'data: {"type":"start","messageId":"other-id"}\n\n'  # line 15
+                b'data: {"type":"text-start",\ndata: "id":"t"}\n\n'  # lines 17-19: one event
+            )
+            + _sse(*TEXT[1:], {"type": "finish"}, "[DONE]")
+        )
         status, answer = await _post(running, "/ai-sdk/c/produce", body)
         frame = await _ended(sub)
         assert (frame["id"], frame["text"]) == ("m", "Hello")
@@ -426,3 +436,59 @@ async def test_tokens_are_a_producers() -> None:
         bearer = f"Authorization: Bearer {producer}\r\n"
         status, answer = await _post(running, path, body, bearer)
         assert (status, answer["outcome"]) == (200, "completed")
+
+
+# ---------------------------------------------------------------------- the documented recipe
+
+ROUTE = (
+    Path(__file__).resolve().parents[2] / "client_demo" / "integrations" / "nextjs_produce_route.ts"
+)
+CHAT_APP = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "chat-app.md"
+
+
+async def test_the_documented_producer_route_aborts_its_model_on_stop(js_clients: Path) -> None:
+    """The chat-app tutorial's route that posts its model's stream to the relay, type-checked
+    strictly and called as useChat calls it; Stop pressed while the model streams."""
+    assert '--8<-- "client_demo/integrations/nextjs_produce_route.ts"' in CHAT_APP.read_text()
+    # Compiled beside the pinned packages it imports, as it is.
+    (js_clients / "app").mkdir(exist_ok=True)
+    shutil.copy(ROUTE, js_clients / "app" / ROUTE.name)
+    compile_ts = await asyncio.create_subprocess_exec(
+        "npx", "tsc", "--strict", "--target", "ES2022", "--module", "ES2022",
+        "--moduleResolution", "bundler", "--lib", "ES2022,DOM", "--types", "node",
+        "--skipLibCheck", "--outDir", str(js_clients / "build"),
+        str(js_clients / "app" / ROUTE.name),
+        cwd=js_clients,
+    )  # fmt: skip
+    assert await asyncio.wait_for(compile_ts.wait(), 120) == 0
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=chat-stop") as sub:
+        await recv_json(sub)
+        node = await asyncio.create_subprocess_exec(
+            "node", str(js_clients / "use_chat_stop.mjs"),
+            str(js_clients / "build" / "nextjs_produce_route.js"), "chat-stop",
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "RELAY_URL": _base(running)},
+        )  # fmt: skip
+        # The model streams to the relay: press Stop on its reply.
+        await eventually(lambda: bool(relay.owned_messages()), 15, what="the reply started")
+        [(_, _, reply_id)] = relay.owned_messages()
+        status, _ = await _post(running, f"/ai-sdk/chat-stop/stop?id={reply_id}", b"")
+        assert status == 204
+        out, _ = await asyncio.wait_for(node.communicate(), 30)
+        assert node.returncode == 0
+        got = json.loads(out)
+        frame = await _ended(sub)
+    assert (frame["type"], frame["id"], frame["reason"]) == ("aborted", reply_id, "cancelled")
+    # The page read the reply as the relay ended it, under its id.
+    assert (got["id"], got["parts"]) == (reply_id, frame["parts"])
+    [part] = frame["parts"][1:]
+    whole = "".join(f"word{n} " for n in range(40))
+    assert part["state"] == "streaming" and whole.startswith(part["text"])
+    # The relay answered "stopped", and the route aborted its model: its stream ends in an
+    # abort, before its 40 words and its finish.
+    assert (got["answer"]["outcome"], got["answer"]["stopped"]) == ("stopped", True)
+    assert got["model"].endswith(
+        'data: {"type":"abort","reason":"AbortError: This operation was aborted"}\n\ndata: [DONE]\n\n'
+    )
+    assert '"type":"finish"' not in got["model"] and "word39" not in got["model"]
