@@ -22,8 +22,10 @@ from token_relay.edge.relay import Relay
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..docs.blocks import docs_block
 from ..harness import SseReader, eventually
 from .test_ai_sdk import AI_MAJORS, NodeScript, _resume
+from .test_docs_samples import _run, _substitute
 
 REPLY_TEXT = "It is 21 °C in Paris 🌤."
 SECRET = "ai-sdk-produce-secret-of-at-least-32-bytes"
@@ -488,7 +490,24 @@ async def test_the_documented_producer_route_aborts_its_model_on_stop(js_clients
     # The relay answered "stopped", and the route aborted its model: its stream ends in an
     # abort, before its 40 words and its finish.
     assert (got["answer"]["outcome"], got["answer"]["stopped"]) == ("stopped", True)
+    abort = {"type": "abort", "reason": "AbortError: This operation was aborted"}
     assert got["model"].endswith(
-        'data: {"type":"abort","reason":"AbortError: This operation was aborted"}\n\ndata: [DONE]\n\n'
+        f"data: {json.dumps(abort, separators=(',', ':'))}\n\n" + "data: [DONE]\n\n"
     )
     assert '"type":"finish"' not in got["model"] and "word39" not in got["model"]
+
+
+async def test_the_documented_curl_gets_the_printed_answer(relay: RunningRelay) -> None:
+    async with relay.connect("/subscribe?channel=chat-42") as sub:
+        await recv_json(sub)
+        command = _substitute(docs_block("ai-sdk-produce-curl"), {8765: _port(relay)})
+        code, out, err = await _run(command, 30)
+        frame = await _ended(sub)
+    assert code == 0, err
+    printed = json.loads(docs_block("ai-sdk-produce-answer"))
+    assert json.loads(out) == {**printed, "epoch": frame["epoch"]}
+    assert (frame["id"], frame["text"], frame["meta"]) == (
+        "reply-1",
+        "Hello",
+        {"finishReason": "stop"},
+    )
