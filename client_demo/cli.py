@@ -1,13 +1,14 @@
 """``python -m client_demo``: a demo model gateway and chat subscriber for token-relay.
 
-Against a running relay, it streams three replies, interleaved, prints each
-completed message, checks the text and exits::
+Against a running relay, it streams four replies, interleaved (the last with
+reasoning and a tool call before its text), prints each completed message,
+checks the text and exits::
 
     python -m client_demo --url ws://127.0.0.1:8765
 
 With ``--serve`` it first starts a relay of its own that also serves the chat
 demo page, prints the URL to open, and keeps answering prompts typed on the
-page until Ctrl-C (``--once`` exits after the three replies instead).
+page until Ctrl-C (``--once`` exits after the four replies instead).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 
+from pydantic import MISSING
 from token_relay import Relay, Settings
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame, Subscribed
@@ -47,6 +49,9 @@ async def demo(url: str, channel: str, *, forever: bool) -> int:
                     received[frame.id] = frame.text
                     tag = "" if isinstance(frame, MessageFrame) else f" ({frame.reason})"
                     print(f"\n[{frame.channel} #{frame.offset}] {frame.id}{tag}:")
+                    if frame.parts is not MISSING:
+                        kinds = ", ".join(str(part["type"]) for part in frame.parts)
+                        print(f"  parts: {kinds}")
                     print(f"  {frame.text}", flush=True)
                 if not forever and expected.keys() <= received.keys():
                     break
@@ -90,7 +95,7 @@ def main() -> int:
     parser.add_argument("--host", default="127.0.0.1", help="with --serve: address to bind")
     parser.add_argument("--port", type=int, default=8765, help="with --serve: port (0: any)")
     parser.add_argument(
-        "--once", action="store_true", help="with --serve: exit after the three replies"
+        "--once", action="store_true", help="with --serve: exit after the four replies"
     )
     parser.add_argument(
         "--forever",

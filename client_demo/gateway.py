@@ -1,24 +1,60 @@
-"""Play a model gateway: stream replies token by token into a relay channel, and stop on cancel."""
+"""Play a model gateway: stream replies token by token into a relay channel, and stop on cancel.
+
+A plain reply is text, sent as deltas. A structured one is what a model with tools streams:
+a step, its reasoning, a tool call whose input streams as JSON text and whose output follows,
+then its text. The gateway sends the step, the reasoning and the tool call as AI SDK chunks
+(``RelayProducer.send_chunk``) and the text as plain deltas, which extend the message's
+implicit text part: the completed message's ``text`` is that text, and its ``parts`` are all
+four.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import MessageFrame
 
-__all__ = ["REPLIES", "DemoGateway", "Reply", "compose_answer", "tokenize"]
+__all__ = [
+    "REPLIES",
+    "DemoGateway",
+    "Reply",
+    "ToolCall",
+    "compose_answer",
+    "compose_reply",
+    "structured_chunks",
+    "tokenize",
+]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call of a structured reply: its input streams as JSON text, its output follows."""
+
+    tool_call_id: str
+    name: str
+    input: dict[str, Any]
+    output: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Reply:
-    """A canned model reply."""
+    """A canned model reply: text, and for a structured one reasoning and a tool call first."""
 
     message_id: str
     text: str
+    reasoning: str = ""
+    tool: ToolCall | None = None
+
+    @property
+    def structured(self) -> bool:
+        """Whether it has parts beyond its text."""
+        return bool(self.reasoning) or self.tool is not None
 
 
 REPLIES = (
@@ -36,6 +72,12 @@ REPLIES = (
         "reply-3",
         "Sequence numbers make resending safe: after a dropped connection the gateway sends "
         "again what was not acknowledged, and the relay keeps each token exactly once.",
+    ),
+    Reply(
+        "reply-4",
+        "It is 21 °C and sunny in Paris: no umbrella today.",
+        reasoning="The user asks about the weather in Paris. I should look it up, not guess.",
+        tool=ToolCall("call-1", "weather", {"city": "Paris"}, {"celsius": 21, "sky": "sunny"}),
     ),
 )
 
@@ -61,6 +103,44 @@ def compose_answer(prompt: str) -> str:
     )
 
 
+def compose_reply(message_id: str, prompt: str) -> Reply:
+    """The reply to a prompt: one that asks about the weather gets reasoning and a call of
+    the ``weather`` tool before its text; any other a plain, longish answer."""
+    if "weather" not in prompt.lower():
+        return Reply(message_id, compose_answer(prompt))
+    city = "Paris"
+    return Reply(
+        message_id,
+        f"It is 21 °C and sunny in {city}, says the weather tool. " + compose_answer(prompt),
+        reasoning=f"The user asks about the weather. I will call the weather tool for {city}.",
+        tool=ToolCall(f"call-{message_id}", "weather", {"city": city}, {"celsius": 21}),
+    )
+
+
+def structured_chunks(reply: Reply) -> list[dict[str, Any]]:
+    """The AI SDK chunks of a structured reply before its text: a step, its reasoning in
+    tokens, and its tool call (the input's JSON text in tokens, the input, the output)."""
+    chunks: list[dict[str, Any]] = [{"type": "start-step"}]
+    if reply.reasoning:
+        chunks.append({"type": "reasoning-start", "id": "reasoning-1"})
+        chunks += [
+            {"type": "reasoning-delta", "id": "reasoning-1", "delta": token}
+            for token in tokenize(reply.reasoning)
+        ]
+        chunks.append({"type": "reasoning-end", "id": "reasoning-1"})
+    if reply.tool is not None:
+        call = {"toolCallId": reply.tool.tool_call_id}
+        named = {**call, "toolName": reply.tool.name}
+        chunks.append({"type": "tool-input-start", **named})
+        chunks += [
+            {"type": "tool-input-delta", **call, "inputTextDelta": token}
+            for token in tokenize(json.dumps(reply.tool.input))
+        ]
+        chunks.append({"type": "tool-input-available", **named, "input": reply.tool.input})
+        chunks.append({"type": "tool-output-available", **call, "output": reply.tool.output})
+    return chunks
+
+
 class DemoGateway:
     """A fake model gateway, streaming through :class:`token_relay.client.RelayProducer`."""
 
@@ -84,8 +164,16 @@ class DemoGateway:
     async def stream(self, reply: Reply, channel: str | None = None) -> bool:
         """Stream one reply; returns False if it was cancelled part way."""
         finished = True
-        # Gateways often open with an empty delta; it creates the message and adds nothing.
-        await self.producer.send(reply.message_id, "", channel=channel)
+        if reply.structured:
+            for chunk in structured_chunks(reply):
+                if reply.message_id in self.cancelled:
+                    await self.producer.finish(reply.message_id, channel=channel)
+                    return False
+                await self.producer.send_chunk(reply.message_id, chunk, channel=channel)
+                await asyncio.sleep(self.rng.uniform(*self.pace))
+        else:
+            # Gateways often open with an empty delta: it creates the message, adds nothing.
+            await self.producer.send(reply.message_id, "", channel=channel)
         for token in tokenize(reply.text):
             if reply.message_id in self.cancelled:
                 finished = False
@@ -105,7 +193,7 @@ class DemoGateway:
         async for frame in prompts:
             if not isinstance(frame, MessageFrame):
                 continue
-            reply = Reply(f"re-{frame.id}", compose_answer(frame.text))
+            reply = compose_reply(f"re-{frame.id}", frame.text)
             task = asyncio.create_task(self.stream(reply, channel))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -207,6 +207,7 @@ PROTOCOL_SAMPLES = [
     "error-frame",
     "producer-parts",
     "subscriber-parts",
+    "subscriber-live-parts",
 ]
 
 
@@ -243,6 +244,7 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
         "error-frame": [SERVER_FRAME],
         "producer-parts": [PRODUCER_EVENT],
         "subscriber-parts": [SERVER_FRAME],
+        "subscriber-live-parts": [SERVER_FRAME],
     }
     assert set(adapters) == set(PROTOCOL_SAMPLES)
     samples = {
@@ -257,6 +259,7 @@ def test_every_protocol_sample_is_a_frame_of_the_protocol() -> None:
         "error-frame": docs_block("error-frame"),
         "producer-parts": docs_block("producer-parts"),
         "subscriber-parts": docs_block("subscriber-parts"),
+        "subscriber-live-parts": docs_block("subscriber-live-parts"),
     }
     for name, text in samples.items():
         values = _json_values(text)

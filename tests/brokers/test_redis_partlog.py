@@ -9,6 +9,7 @@ import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import open_broker
 from token_relay.brokers.redis import RedisBroker, partlog
+from token_relay.core.parts import MessageParts
 from token_relay.core.settings import Settings
 
 from ..harness import RedisServer
@@ -53,11 +54,20 @@ async def test_the_log_keeps_the_text_before_and_each_entry_in_order(
         "Hi \x1e|:",
         [reasoning, {"type": "reasoning-delta", "id": "r", "delta": "é"}, "half \ud83d"],
     )
-    # Nothing of it is handed to a joiner; a plain message beside it is.
+    # A joiner gets it rebuilt from the log and compacted; a plain message beside it as text.
     broker.open("c", "alpha.1", "p")
     broker.delta("c", "alpha.1", "p", "plain")
     cut = await broker.catch_up("c", None, True)
-    assert [(live.message_id, live.text) for live in cut.live] == [("p", "plain")]
+    live = {message.message_id: message for message in cut.live}
+    assert (live["p"].text, live["p"].chunks) == ("plain", None)
+    expected = MessageParts()
+    expected.delta("Hi \x1e|:")
+    expected.apply(reasoning)
+    expected.apply({"type": "reasoning-delta", "id": "r", "delta": "é"})
+    expected.delta("half \ud83d")
+    assert live["m"].text == "Hi \x1e|:half " == expected.text()
+    assert live["m"].chunks == expected.catch_up()
+    assert live["m"].chunks[0] == {"type": "text-start", "id": "text"}
 
 
 async def test_a_message_opened_by_its_first_chunk_has_no_implicit_text(

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from token_relay.core.errors import ConfigError, PartRejected, PeerError, UsageError
 from token_relay.core.parts import ABSENT, CODES, MessageParts, PartLimits, _partial_json
-from token_relay.core.surrogates import mend
 
 Chunk = dict[str, Any]
 
@@ -1169,25 +1168,6 @@ def mixed_reply() -> list[Chunk]:
     ]
 
 
-def relayed(events: list[Chunk]) -> list[Chunk]:
-    """The events as the relay hands them on: a text delta's trailing high surrogate goes
-    with the next delta of its part, so no event carries half a pair."""
-    held: dict[tuple[str, str], str] = {}
-    out = []
-    for event in events:
-        kind = event.get("type", "delta")
-        field = {"delta": "delta", "tool-input-delta": "inputTextDelta"}.get(kind)
-        if kind in ("text-delta", "reasoning-delta"):
-            field = "delta"
-        if field is None:
-            out.append(event)
-            continue
-        key = (kind, event.get("id", event.get("toolCallId", "text")))
-        appended, held[key] = mend(held.get(key, ""), event[field], False)
-        out.append({**event, field: appended})
-    return out
-
-
 def test_catch_up_rebuilds_the_parts_so_far() -> None:
     message = built(mixed_reply())
     assert built(message.catch_up()).parts() == message.parts()
@@ -1237,25 +1217,23 @@ def test_catch_up_of_a_finalized_message_rebuilds_it() -> None:
 
 
 def test_catch_up_at_every_chunk_boundary_then_the_rest_gives_the_whole() -> None:
+    """The relay hands the producer's events on as they came; a catch-up taken while half
+    a surrogate pair is held carries that half at the end of its part's delta, so the next
+    live delta completes the pair, whatever the cut."""
     events = mixed_reply()
-    live = relayed(events)
     high = events.index(text_delta("It is " + HIGH))
     low = events.index(text_delta(LOW + " sunny"))
-    # The relay's events and the producer's differ only where the pair was split.
-    assert [i for i, (a, b) in enumerate(zip(live, events, strict=True)) if a != b] == [high, low]
     whole = built(events)
     for cut in range(len(events) + 1):
         prefix = built(events[:cut])
         joiner = built(prefix.catch_up())
         assert joiner.parts() == prefix.parts(), cut
-        play(joiner, live[cut:])
+        if high < cut <= low:
+            assert HIGH in json.dumps(prefix.catch_up(), ensure_ascii=False), cut
+        play(joiner, events[cut:])
         assert joiner.parts() == whole.parts(), cut
         assert joiner.text() == whole.text(), cut
         assert joiner.chars() == whole.chars(), cut
-        if not high < cut <= low:  # no half held at the cut: the producer's own events do
-            raw = built(prefix.catch_up())
-            play(raw, events[cut:])
-            assert raw.parts() == whole.parts(), cut
 
 
 def test_catch_up_at_every_boundary_after_finalize_too() -> None:
@@ -1265,7 +1243,7 @@ def test_catch_up_at_every_boundary_after_finalize_too() -> None:
     for cut in range(len(events) + 1):
         prefix = built(events[:cut])
         joiner = built(prefix.catch_up())
-        play(joiner, relayed(events)[cut:])
+        play(joiner, events[cut:])
         joiner.finalize()
         assert joiner.parts() == whole.parts(), cut
 
@@ -1364,3 +1342,29 @@ def test_interleaved_parts_assemble_and_catch_up_anywhere(
     play(joiner, events[cut:])
     assert joiner.parts() == parts
     assert joiner.chars() == whole.chars()
+
+
+def test_finalizing_sends_a_reader_exactly_what_completing_the_message_made() -> None:
+    """For a reply with no finish-step and no half pair held at its end, a reader holding
+    the chunks so far, then given ``finalizing()``, holds exactly the completed parts."""
+    events = [e for e in mixed_reply() if e.get("type") not in ("finish-step", "start-step")]
+    events = [e for e in events if HIGH not in str(e.get("delta", ""))]
+    events = [e for e in events if LOW not in str(e.get("delta", ""))]
+    for cut in range(len(events) + 1):
+        message = built(events[:cut])
+        reader = built(message.catch_up())
+        closing = message.finalizing()
+        play(reader, closing)
+        assert reader.parts() == message.parts(), cut
+        kinds = {chunk["type"] for chunk in closing}
+        assert kinds <= {"text-end", "reasoning-end", "tool-input-available", "tool-output-error"}
+
+
+def test_step_ends_closes_the_open_text_and_reasoning_parts_before_a_finish_step() -> None:
+    message = built([{"type": "reasoning-start", "id": "r"}, {"delta": "so"}])
+    assert message.step_ends() == [
+        {"type": "reasoning-end", "id": "r"},
+        {"type": "text-end", "id": "text"},
+    ]
+    assert [part["state"] for part in message.parts()] == ["done", "done"]
+    assert message.step_ends() == []

@@ -772,5 +772,11 @@ def test_json_schema_subscriber_frames_include_cancel_and_options() -> None:
 
 def test_json_schema_snapshot_uses_the_wire_name_from() -> None:
     snapshot = json_schema()["relay_to_client"]["$defs"]["Snapshot"]
-    assert set(snapshot["properties"]) == {"type", "channel", "id", "text", "from"}
+    assert set(snapshot["properties"]) == {"type", "channel", "id", "text", "from", "chunks"}
     assert snapshot["required"] == ["channel", "id", "text"]
+
+
+def test_json_schema_has_the_chunks_frame() -> None:
+    defs = json_schema()["relay_to_client"]["$defs"]
+    assert set(defs["ChunksFrame"]["properties"]) == {"type", "channel", "id", "chunks"}
+    assert defs["ChunksFrame"]["required"] == ["channel", "id", "chunks"]

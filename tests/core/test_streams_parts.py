@@ -374,3 +374,90 @@ def test_a_plain_message_frame_has_no_parts_key_and_a_structured_one_has_them() 
         '{"type":"message","channel":"c","id":"m","text":"hi",'
         '"parts":[{"type":"text","text":"hi","state":"done"}]}'
     )
+
+
+# ------------------------------------------------------------ live chunks
+
+
+def _live(streams: MessageStreams, event: dict[str, Any]) -> list[dict[str, Any]] | None:
+    applied = streams.receive(ProducerEvent.model_validate({"id": "m", **event}))
+    assert isinstance(applied, Applied)
+    assert applied.delta is None or not applied.chunks
+    return applied.chunks
+
+
+START = {"type": "text-start", "id": "text"}
+
+
+def test_live_chunks_of_a_structured_message_event_by_event() -> None:
+    streams = MessageStreams("c")
+    assert _live(streams, {"delta": "Hi"}) is None  # plain: a delta frame, no chunks
+    step = {"type": "start-step"}
+    assert _live(streams, {"chunk": step}) == [step]  # its text so far: held already
+    assert _live(streams, {"delta": " there"}) == [
+        {"type": "text-delta", "id": "text", "delta": " there"}
+    ]
+    assert _live(streams, {"delta": ""}) is None  # changes nothing a subscriber sees
+    assert _live(streams, {"chunk": {"type": "text-end", "id": "text"}}) == [
+        {"type": "text-end", "id": "text"}
+    ]
+    transient = {"type": "data-progress", "data": 1, "transient": True}
+    assert _live(streams, {"chunk": transient}) == [transient]  # live only
+    assert _live(streams, {"meta": {"k": 1}}) is None
+    assert _live(streams, {"chunk": {"type": "finish-step"}, "final": True}) is None
+    assert streams.live_parts("m") is None  # completed
+
+
+def test_a_top_level_delta_that_opens_the_implicit_part_starts_it_first() -> None:
+    streams = MessageStreams("c")
+    assert _live(streams, {"chunk": {"type": "start-step"}}) == [{"type": "start-step"}]
+    assert _live(streams, {"delta": ""}) == [START]  # an empty delta counts: it opens it
+    streams = MessageStreams("c")
+    _live(streams, {"chunk": {"type": "start-step"}})
+    assert _live(streams, {"delta": "a"}) == [
+        START,
+        {"type": "text-delta", "id": "text", "delta": "a"},
+    ]
+
+
+def test_the_turn_sends_what_deltas_subscribers_lack_of_the_implicit_part() -> None:
+    step = {"type": "start-step"}
+    # Only empty deltas before: they opened the part, and no delta frame said so.
+    streams = MessageStreams("c")
+    _live(streams, {"delta": ""})
+    assert _live(streams, {"chunk": step}) == [START, step]
+    # Half a pair held: it goes now, as the part holds it.
+    streams = MessageStreams("c")
+    assert _live(streams, {"delta": "a\ud83d"}) is None
+    assert _live(streams, {"chunk": step}) == [
+        {"type": "text-delta", "id": "text", "delta": "\ud83d"},
+        step,
+    ]
+    streams = MessageStreams("c")
+    _live(streams, {"delta": "\ud83d"})
+    assert _live(streams, {"chunk": step}) == [
+        START,
+        {"type": "text-delta", "id": "text", "delta": "\ud83d"},
+        step,
+    ]
+    # No delta before: no implicit part at all.
+    streams = MessageStreams("c")
+    assert _live(streams, {"chunk": step}) == [step]
+
+
+def test_live_parts_is_the_compacted_catch_up_of_a_structured_message_only() -> None:
+    streams = MessageStreams("c")
+    _live(streams, {"delta": "Hi"})
+    assert streams.live_parts("m") is None and streams.partial("m") == "Hi"
+    _live(streams, {"chunk": {"type": "reasoning-start", "id": "r"}})
+    _live(streams, {"chunk": {"type": "reasoning-delta", "id": "r", "delta": "so"}})
+    assert streams.partial("m") is None
+    assert streams.live_parts("m") == (
+        "Hi",
+        [
+            START,
+            {"type": "text-delta", "id": "text", "delta": "Hi"},
+            {"type": "reasoning-start", "id": "r"},
+            {"type": "reasoning-delta", "id": "r", "delta": "so"},
+        ],
+    )

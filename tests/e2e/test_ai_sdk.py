@@ -267,8 +267,8 @@ async def test_the_stream_has_the_ui_message_stream_headers() -> None:
             parts = [(await sse.next()).json() for _ in range(3)]
             assert parts == [
                 {"type": "start", "messageId": "m"},
-                {"type": "text-start", "id": "text-1"},
-                {"type": "text-delta", "id": "text-1", "delta": "so far"},
+                {"type": "text-start", "id": "text"},
+                {"type": "text-delta", "id": "text", "delta": "so far"},
             ]
 
 
@@ -293,8 +293,8 @@ async def _parts(running: RunningRelay, path: str) -> tuple[int, list[Any]]:
 def _whole(message_id: str, text: str, end: list[Any]) -> list[Any]:
     return [
         {"type": "start", "messageId": message_id},
-        {"type": "text-start", "id": "text-1"},
-        {"type": "text-delta", "id": "text-1", "delta": text},
+        {"type": "text-start", "id": "text"},
+        {"type": "text-delta", "id": "text", "delta": text},
         *end,
         "[DONE]",
     ]
@@ -313,7 +313,7 @@ async def test_a_reply_that_completed_before_it_was_asked_for_is_served_whole() 
         assert await _parts(running, "/ai-sdk/first/stream") == (204, [])
         await _complete(running, "first", "r1", "the whole ✓ reply")
         await _complete(running, "first", "r2", "a newer one")
-        finish = [{"type": "text-end", "id": "text-1"}, {"type": "finish"}]
+        finish = [{"type": "text-end", "id": "text"}, {"type": "finish"}]
         r1 = [finish[0], {**finish[1], "messageMetadata": {"n": "r1"}}]
         r2 = [finish[0], {**finish[1], "messageMetadata": {"n": "r2"}}]
         # The newest, without an id; the one asked for, by its id; twice each.
@@ -376,7 +376,7 @@ async def test_a_reply_completed_on_another_process_is_served_through_redis(
         on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
         await _complete(on_a, "shared", "s1", "from a")
         finish = {"type": "finish", "messageMetadata": {"n": "s1"}}
-        end = [{"type": "text-end", "id": "text-1"}, finish]
+        end = [{"type": "text-end", "id": "text"}, finish]
         for reader in (on_a, on_b):
             assert await _parts(reader, "/ai-sdk/shared/stream?id=s1") == (
                 200,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from token_relay.core.parts import chunks_of
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
@@ -100,8 +101,10 @@ async def test_a_structured_reply_is_read_with_exactly_its_parts(resume: NodeScr
         assert got["text"] == frame["text"] == "It is 21 °C in Paris 🌤."
         assert got["parts"][0] == "start" and got["parts"][-1] == "finish"
         assert got["parts"].count("start") == 1
-        assert got["parts"].count("text-delta") == got["parts"].count("reasoning-delta") == 1
-        # Completed before it was asked for: by its id, and as the channel's newest.
+        # Live: each delta as it was sent.
+        assert got["parts"].count("text-delta") == got["parts"].count("reasoning-delta") == 2
+        # Completed before it was asked for: by its id, and as the channel's newest; whole,
+        # one delta per part.
         for query in ("?id=reply-1", ""):
             again = await _resume(resume, running, "chat-1", query)
             assert (again["id"], again["message"], again["metadata"]) == (
@@ -109,7 +112,39 @@ async def test_a_structured_reply_is_read_with_exactly_its_parts(resume: NodeScr
                 got["message"],
                 got["metadata"],
             ), query
-            assert again["parts"] == got["parts"], query
+            assert again["parts"].count("text-delta") == 1, query
+            assert again["parts"].count("reasoning-delta") == 1, query
+
+
+async def test_a_structured_reply_joined_at_any_point_is_read_exactly(resume: NodeScript) -> None:
+    """The stream asked for mid-reply gets the reply so far compacted, then live: the app
+    ends with exactly the relay's parts, whatever the point it joined at."""
+    running, relay = await start_relay()
+    async with relay:
+        events = _reply("r")
+        for cut in (1, 4, 7, 9, 12, 15, len(events)):
+            message_id = f"reply-{cut}"
+            async with running.connect("/produce?channel=chat-4") as producer:
+                for event in _reply(message_id)[:cut]:
+                    await send_json(producer, event)
+                await send_json(producer, {"id": f"{message_id}-sync", "final": True})
+                assert (await recv_json(producer))["id"] == f"{message_id}-sync"
+                ended = await _ended(running, "chat-4")
+                query = f"?id={message_id}"
+                reading = asyncio.ensure_future(_resume(resume, running, "chat-4", query))
+                await _stream_joined(running, "chat-4")
+                for event in _reply(message_id)[cut:]:
+                    await send_json(producer, event)
+                await send_json(producer, {"id": message_id, "final": True, "meta": {"n": cut}})
+                assert (await recv_json(producer))["id"] == message_id
+            frame = await ended()
+            got = await reading
+            assert (got["id"], got["message"], got["metadata"]) == (
+                message_id,
+                frame["parts"],
+                {"n": cut},
+            ), cut
+            assert got["parts"].count("start") == 1, cut
 
 
 async def test_a_reply_that_turns_structured_while_its_text_is_read(resume: NodeScript) -> None:
@@ -160,7 +195,8 @@ async def test_an_aborted_structured_reply_ends_with_abort_and_keeps_its_parts(
         assert (got["id"], got["message"]) == ("reply-3", frame["parts"])
         assert got["parts"][0] == "start" and got["parts"][-1] == "abort"
         again = await _resume(resume, running, "chat-3", "?id=reply-3")
-        assert (again["message"], again["parts"]) == (got["message"], got["parts"])
+        assert again["message"] == got["message"]
+        assert again["parts"].count("reasoning-delta") == 1  # whole: one delta per part
 
 
 async def test_the_documented_structured_stream_is_what_curl_prints() -> None:
@@ -205,4 +241,47 @@ async def test_a_structured_reply_completed_on_another_process_is_read_through_r
             got = await _resume(resume, on_b, "shared", query)
             assert (got["id"], got["message"], got["metadata"]) == ("s1", frame["parts"], {"n": 1})
     finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_structured_reply_joined_mid_way_on_another_process_is_read_exactly(
+    resume: NodeScript, redis_server: RedisServer
+) -> None:
+    """Half the reply is produced on one process; the app's stream asks another process for
+    it mid-way (its snapshot rebuilt there from Redis, compacted), and reads the rest live."""
+    flags = ("--broker", redis_server.url)
+    a, b = relay_process(*flags), relay_process(*flags)
+    await asyncio.gather(a.start(), b.start())
+    redis = Redis.from_url(redis_server.url)
+    try:
+        on_a = RunningRelay(None, a.url)  # type: ignore[arg-type]
+        on_b = RunningRelay(None, b.url)  # type: ignore[arg-type]
+        events = _reply("s2")
+        async with on_a.connect("/produce?channel=shared") as producer:
+            for event in [{"id": "s2", "delta": "Let me see. "}, *events[:8]]:
+                await send_json(producer, event)
+            await send_json(producer, {"id": "sync", "final": True})
+            assert (await recv_json(producer))["id"] == "sync"
+            ended = await _ended(on_b, "shared")
+            reading = asyncio.ensure_future(_resume(resume, on_b, "shared", "?id=s2"))
+
+            async def listening() -> bool:
+                numsub = await redis.pubsub_numsub("tr:d:shared")
+                return bool(numsub[0][1])
+
+            for _ in range(400):  # b listens for the channel's live frames: it joined
+                if await listening():
+                    break
+                await asyncio.sleep(0.05)
+            assert await listening(), "the stream never joined"
+            for event in events[8:]:
+                await send_json(producer, event)
+            await send_json(producer, {"id": "s2", "final": True, "meta": {"n": 2}})
+            assert (await recv_json(producer))["id"] == "s2"
+        frame = await ended()
+        got = await reading
+        assert (got["id"], got["message"], got["metadata"]) == ("s2", frame["parts"], {"n": 2})
+        assert frame["parts"][0] == {"type": "text", "text": "Let me see. ", "state": "done"}
+    finally:
+        await redis.aclose()
         await asyncio.gather(a.stop(), b.stop())

@@ -107,6 +107,7 @@ def test_schema_command_prints_generated_schema() -> None:
         "unsubscribed",
         "message",
         "delta",
+        "chunks",
         "snapshot",
         "aborted",
         "cancel",
@@ -171,7 +172,7 @@ def test_invalid_setting_exits_with_a_clear_error() -> None:
     assert b"Traceback" not in result.stderr
 
 
-def test_client_demo_streams_three_exact_replies() -> None:
+def test_client_demo_streams_four_exact_replies_one_structured() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "client_demo", "--serve", "--port", "0", "--once"],
         capture_output=True,
@@ -180,9 +181,11 @@ def test_client_demo_streams_three_exact_replies() -> None:
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout.decode()
-    assert "3 messages received, text exact: True" in out
-    for reply_id in ("reply-1", "reply-2", "reply-3"):
+    assert "4 messages received, text exact: True" in out
+    for reply_id in ("reply-1", "reply-2", "reply-3", "reply-4"):
         assert f"] {reply_id}:" in out
+    # The structured reply: reasoning and a tool call before its text, which alone is its text.
+    assert "] reply-4:\n  parts: step-start, reasoning, tool-weather, text\n  It is 21 °C" in out
 
 
 @pytest.mark.parametrize(

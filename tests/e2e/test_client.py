@@ -65,6 +65,58 @@ async def test_producer_streams_several_messages_and_hears_cancels(relay: Runnin
         assert set(texts) == {"a", "b"}
 
 
+async def test_producer_sends_chunks_across_cuts_and_the_parts_arrive_exact_once() -> None:
+    running, relay = await start_relay(session_grace=10)
+    chunks: list[dict[str, Any]] = [
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r"},
+        *({"type": "reasoning-delta", "id": "r", "delta": f"r{n} "} for n in range(40)),
+        {"type": "reasoning-end", "id": "r"},
+        {"type": "tool-input-start", "toolCallId": "c1", "toolName": "weather"},
+        {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"city": "Paris"}'},
+        {"type": "tool-input-available", "toolCallId": "c1", "toolName": "weather",
+         "input": {"city": "Paris"}},
+        {"type": "tool-output-available", "toolCallId": "c1", "output": {"celsius": 21}},
+    ]  # fmt: skip
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(proxy.url, channel="c") as producer,
+    ):
+        await recv_json(sub)
+        for n, chunk in enumerate(chunks):
+            await producer.send_chunk("s", chunk)
+            if n in (10, 30):
+                # Cut the producer's connection, once it has one again.
+                await eventually(lambda: proxy.cut() == 1, what="a connection to cut")
+        await producer.send("s", "Sunny.")
+        await asyncio.wait_for(producer.finish("s"), 15)
+        assert producer.reconnects >= 2
+        frame = await recv_json(sub)
+    assert (frame["type"], frame["text"]) == ("message", "Sunny.")
+    assert frame["parts"] == [
+        {"type": "step-start"},
+        {"type": "reasoning", "id": "r", "text": "".join(f"r{n} " for n in range(40)),
+         "state": "done"},
+        {"type": "tool-weather", "toolCallId": "c1", "state": "output-available",
+         "input": {"city": "Paris"}, "output": {"celsius": 21}},
+        {"type": "text", "text": "Sunny.", "state": "done"},
+    ]  # fmt: skip
+
+
+async def test_a_chunk_the_relay_refuses_fails_its_message_by_name(relay: RunningRelay) -> None:
+    async with RelayProducer(relay.url, channel="c") as producer:
+        await producer.send_chunk("bad", {"type": "text-delta", "id": "nowhere", "delta": "x"})
+        with pytest.raises(MessageFailed) as failed:
+            await asyncio.wait_for(producer.finish("bad"), 5)
+        assert (failed.value.message_id, failed.value.code) == ("bad", "unknown_part")
+        # Another message on the same connection is not touched.
+        await producer.send_chunk("good", {"type": "start-step"})
+        ack = await asyncio.wait_for(producer.finish("good"), 5)
+        assert ack.id == "good"
+
+
 async def test_a_message_whose_session_expired_is_sent_again_whole() -> None:
     # The new session is another owner; the old attempt was aborted, which holds no id, so
     # the message goes again whole under the same id (with the default --id-hold).

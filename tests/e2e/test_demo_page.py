@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from playwright.async_api import Page
 from token_relay.client import RelayProducer, RelaySubscriber
 
 from client_demo import WEB_ROOT
-from client_demo.gateway import DemoGateway, compose_answer
+from client_demo.gateway import REPLIES, DemoGateway, compose_answer, compose_reply
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 from ..harness import Nginx
@@ -134,6 +135,85 @@ async def test_a_prompt_is_answered_and_a_reload_restores_the_whole_conversation
     events = await page.evaluate("window.relayEvents.filter((e) => e.kind === 'message')")
     assert sorted(e["id"] for e in events) == sorted(t["id"] for t in before)
     assert problems == []
+
+
+_PARTS = """(turn) => [...turn.querySelectorAll(".parts > .part")].map((part) => ({
+    type: part.dataset.type,
+    state: part.dataset.state,
+    tag: part.tagName.toLowerCase(),
+    open: part.open ?? null,
+    summary: part.querySelector("summary")?.textContent ?? null,
+    name: part.querySelector(".tool-name")?.textContent ?? null,
+    input: part.querySelector(".tool-input")?.textContent ?? null,
+    output: part.querySelector(".tool-output")?.textContent ?? null,
+    text: part.querySelector(".reasoning-text")?.textContent ?? null,
+    visible: part.querySelector(".reasoning-text")?.checkVisibility() ?? null,
+}))"""
+"""Each part the turn shows above its text, as the page renders it."""
+
+
+async def test_a_structured_reply_shows_its_reasoning_collapsed_and_its_tool_call(
+    demo: tuple[RunningRelay, Any], page: Page
+) -> None:
+    running, _ = demo
+    problems = _watch_console(page)
+    await _open(page, f"{_http(running)}/?channel=chat-parts")
+    async with _gateway(running.url, "chat-parts", (0.001, 0.004)):
+        prompt = "What is the weather in Paris?"
+        await _ask(page, prompt)
+        await _reply_done(page, 1)
+    turn = page.locator(".turn.reply")
+    reply = compose_reply(str(await turn.get_attribute("data-id")), prompt)
+    # The text is the text part alone, exact; the reasoning and the tool call come before it.
+    assert await turn.locator(".text").text_content() == reply.text
+    assert await turn.evaluate(_PARTS) == [
+        {
+            "type": "reasoning", "state": "done", "tag": "details", "open": False,
+            "summary": "Reasoning", "name": None, "input": None, "output": None,
+            "text": reply.reasoning, "visible": False,
+        },
+        {
+            "type": "tool-weather", "state": "output-available", "tag": "div", "open": None,
+            "summary": None, "name": "weather", "input": '{\n  "city": "Paris"\n}',
+            "output": '{\n  "celsius": 21\n}', "text": None, "visible": None,
+        },
+    ]  # fmt: skip
+    assert await turn.locator(".tool .tool-state").text_content() == "output-available"
+    # Collapsed until the reader opens it.
+    await turn.locator(".reasoning summary").click()
+    shown = await turn.evaluate(_PARTS)
+    assert (shown[0]["open"], shown[0]["visible"]) == (True, True)
+    # The client's message holds exactly the relay's parts.
+    message = await page.evaluate(
+        "(id) => window.relayClient.getChannel('chat-parts').messages.find((m) => m.id === id)",
+        await turn.get_attribute("data-id"),
+    )
+    assert [part["type"] for part in message["parts"]] == [
+        "step-start", "reasoning", "tool-weather", "text",
+    ]  # fmt: skip
+    assert message["parts"][2]["input"] == {"city": "Paris"}
+    assert message["text"] == message["parts"][3]["text"]
+    assert problems == []
+
+
+async def test_the_canned_structured_reply_shows_on_the_page_after_a_reload(
+    demo: tuple[RunningRelay, Any], page: Page
+) -> None:
+    running, _ = demo
+    (structured,) = [reply for reply in REPLIES if reply.structured]
+    assert structured.tool is not None
+    async with RelayProducer(running.url, channel="canned") as producer:
+        await DemoGateway(producer, pace=(0, 0), seed=1).stream(structured)
+    await _open(page, f"{_http(running)}/?channel=canned")
+    turn = page.locator(f'.turn[data-id="{structured.message_id}"][data-state="complete"]')
+    await turn.wait_for()
+    assert await turn.locator(".text").text_content() == structured.text
+    assert await turn.locator("details.reasoning").evaluate("(d) => d.open") is False
+    assert await turn.locator(".reasoning-text").text_content() == structured.reasoning
+    assert await turn.locator(".tool-name").text_content() == structured.tool.name
+    assert await turn.locator(".tool-output").text_content() == json.dumps(
+        structured.tool.output, indent=2
+    )
 
 
 async def test_cuts_mid_reply_resume_with_the_text_exact_every_time(

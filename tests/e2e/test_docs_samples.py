@@ -339,7 +339,7 @@ async def test_the_quick_start_and_the_test_command_run_as_printed() -> None:
     code, out, err = await _run(quick_start + " --port 0 --once", 300, env=dict(os.environ))
     assert code == 0, err
     assert re.search(r"open the chat demo: http://127\.0\.0\.1:\d+/\?channel=demo", out + err)
-    assert "3 messages received, text exact: True" in out
+    assert "4 messages received, text exact: True" in out
     # The checkout's install, as the install page prints it.
     code, out, err = await _run(
         " && ".join(_commands(docs_block("install-checkout"))), 300, env=dict(os.environ)

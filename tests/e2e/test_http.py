@@ -377,3 +377,15 @@ async def test_web_root_serves_its_sub_folders_and_a_linked_one_within_its_limit
     for n in range(MAX_FILES + 10):
         (many / f"f{n:04}.js").write_text("1")
     assert len(StaticFiles(many).files) == MAX_FILES
+
+
+async def test_every_accepted_socket_sends_small_frames_at_once() -> None:
+    """TCP_NODELAY on each accepted connection: a frame written just after another (a
+    snapshot after its subscribe's confirmation, an SSE event after another) goes out at
+    once, not after the client's delayed ACK."""
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe?channel=c") as subscriber:
+        assert (await recv_json(subscriber))["type"] == "subscribed"
+        [peer] = list(running.relay.subscribers.router.hub.subscribers("c"))
+        sock = peer.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

@@ -45,6 +45,17 @@ def _npm() -> str:
     return npm
 
 
+async def test_the_parts_sample_prints_what_the_page_shows(tmp_path: Path) -> None:
+    """The browser client page's assembler sample, run by Node against the package."""
+    node = shutil.which("node")
+    assert node is not None
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "token-relay-client").symlink_to(PACKAGE)
+    (tmp_path / "sample.mjs").write_text(docs_block("browser-client-parts-node"))
+    printed = _run([node, "sample.mjs"], tmp_path)
+    assert json.loads(printed) == json.loads(docs_block("browser-client-parts-output"))
+
+
 async def test_the_unit_tests_pass_under_node_test() -> None:
     node = shutil.which("node")
     assert node is not None
@@ -77,6 +88,7 @@ async def test_the_tarball_holds_the_package_and_nothing_else(tarball: Path) -> 
         "package/package.json",
         "package/src/index.d.ts",
         "package/src/index.js",
+        "package/src/parts.js",
         "package/src/react.d.ts",
         "package/src/react.js",
         "package/src/sse.js",
@@ -107,6 +119,7 @@ def vite_app(tarball: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(APP_FILES / "App.tsx", app / "src" / "App.tsx")
     # The browser client page's React sample, as printed, type-checked and built with the app.
     (app / "src" / "DocsChat.tsx").write_text(docs_block("browser-client-react"))
+    (app / "src" / "DocsParts.tsx").write_text(docs_block("browser-client-parts-react"))
     assert "<StrictMode>" in (app / "src" / "main.tsx").read_text()
     _run([npm, "run", "build"], app)
     return app / "dist"
@@ -183,6 +196,57 @@ async def test_a_built_react_app_shows_a_streamed_reply_through_the_hook(
         "[...document.querySelectorAll('#messages li')]"
         ".map((li) => [li.dataset.id, li.textContent])"
     ) == [["old", "from before the page"], ["r", shown]]
+
+
+STRUCTURED = [
+    {"type": "start-step"},
+    {"type": "reasoning-start", "id": "r1"},
+    {"type": "reasoning-delta", "id": "r1", "delta": "Look it up."},
+    {"type": "reasoning-end", "id": "r1"},
+    {"type": "tool-input-start", "toolCallId": "c1", "toolName": "weather"},
+    {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"city":'},
+    {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '"Paris"}'},
+    {"type": "tool-input-available", "toolCallId": "c1", "toolName": "weather",
+     "input": {"city": "Paris"}},
+    {"type": "tool-output-available", "toolCallId": "c1", "output": {"celsius": 21}},
+]  # fmt: skip
+"""A structured reply's chunks before its text: reasoning, then a tool call."""
+
+
+async def test_the_hook_gives_each_message_its_parts(
+    app_relay: tuple[RunningRelay, Any], page: Page
+) -> None:
+    running, _ = app_relay
+    channel = "react-parts"
+    http = running.url.replace("ws://", "http://")
+    await page.goto(f"{http}/?channel={channel}")
+    await page.wait_for_selector('#status[data-status="live"]')
+    async with (
+        running.connect(f"/produce?channel={channel}") as producer,
+        running.connect("/subscribe") as watcher,
+    ):
+        await send_json(watcher, {"type": "subscribe", "channel": channel})
+        assert (await recv_json(watcher))["type"] == "subscribed"
+        await send_json(producer, {"id": "plain", "delta": "Just text.", "final": True})
+        for chunk in STRUCTURED:
+            await send_json(producer, {"id": "s", "chunk": chunk})
+        for delta in ("It is ", "21 °C."):
+            await send_json(producer, {"id": "s", "delta": delta})
+        await send_json(producer, {"id": "s", "final": True})
+        relayed = [await recv_json(watcher) for _ in range(2)]
+    assert [frame["id"] for frame in relayed] == ["plain", "s"]
+    await page.wait_for_selector('li[data-id="s"][data-status="complete"]')
+    items: list[Any] = await page.evaluate(
+        "[...document.querySelectorAll('#messages li')]"
+        ".map((li) => [li.dataset.id, li.textContent, li.dataset.parts])"
+    )
+    assert items == [
+        ["plain", "Just text.", "text:done"],
+        ["s", "It is 21 °C.", "step-start reasoning:done tool-weather:output-available text:done"],
+    ]
+    # The hook's parts are exactly the relay's.
+    assert await page.evaluate("window.parts.s") == relayed[1]["parts"]
+    assert relayed[1]["parts"][2]["input"] == {"city": "Paris"}
 
 
 async def test_a_refused_token_is_an_error_state_in_the_app(vite_app: Path, page: Page) -> None:

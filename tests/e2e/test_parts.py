@@ -1,8 +1,9 @@
 """Structured replies end to end, over real sockets: producers send AI SDK chunks on every
 producer surface (a WebSocket, a JSON POST, an NDJSON POST), and every subscriber surface
 (WebSocket with and without deltas, SSE, a webhook, rewind, and a second relay process on
-one real redis-server) gets the completed ``message`` frame with exactly the same ``parts``,
-delivered whole; an aborted one comes with its parts so far.
+one real redis-server) gets the completed ``message`` frame with exactly the same ``parts``;
+an aborted one comes with its parts so far. A deltas subscriber gets the reply live as
+``chunks`` frames, and one that joins mid-reply gets it compacted first, never a part twice.
 
 The reply is the protocol page's own sample (``producer-parts``), and the frame expected is
 the page's ``subscriber-parts``, so the page shows what the relay does.
@@ -17,11 +18,22 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from token_relay.client import RelaySubscriber
+from token_relay.core.parts import MessageParts
+from token_relay.core.protocol import MessageFrame, Snapshot, Subscribed
 from websockets.asyncio.client import ClientConnection
 
-from ..conftest import assert_silent, connect, open_producer, recv_json, send_json, start_relay
+from ..conftest import connect, open_producer, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
-from ..harness import RedisServer, SseReader, WebhookReceiver, eventually, relay_process
+from ..harness import (
+    LiveParts,
+    Proxy,
+    RedisServer,
+    SseReader,
+    WebhookReceiver,
+    eventually,
+    relay_process,
+)
 from ..test_docs import _json_values
 
 CHANNEL = "c"
@@ -251,29 +263,92 @@ async def test_a_second_process_on_redis_gets_the_same_frames(tmp_path: Path) ->
         redis.kill()
 
 
-async def test_a_joiner_mid_reply_gets_nothing_partial_then_the_whole_message() -> None:
+async def test_a_joiner_at_every_point_of_a_reply_gets_it_compacted_then_live_and_exact() -> None:
+    """A deltas subscriber joins after each event of the reply: it gets the reply so far
+    as one compacted snapshot, then the live chunks, and rebuilds every part exactly once
+    (rebuilding applies each chunk, so a part sent twice is refused and fails the test)."""
     running, relay = await start_relay()
     async with relay, open_producer(f"{running.url}/produce?channel={CHANNEL}") as producer:
         events = reply("r")
-        for event in events[:10]:
+        for cut in range(1, len(events)):
+            message_id = f"r{cut}"
+            for event in reply(message_id)[:cut]:
+                await send_json(producer, event)
+            await send_json(producer, {"id": f"{message_id}-sync", "final": True})
+            assert (await recv_json(producer))["id"] == f"{message_id}-sync"
+            joiner = await connect(f"{running.url}/subscribe?channel={CHANNEL}&deltas=1")
+            view = LiveParts()
+            assert (await recv_json(joiner))["type"] == "subscribed"
+            snapshot = await recv_json(joiner)
+            assert (snapshot["type"], snapshot["id"]) == ("snapshot", message_id)
+            view.feed(snapshot)
+            for event in reply(message_id)[cut:]:
+                await send_json(producer, event)
+            assert (await recv_json(producer))["id"] == message_id
+            while message_id not in view.ended:
+                view.feed(await recv_json(joiner))
+            final = view.ended[message_id]
+            assert _core(final) == expected(message_id)
+            assert view.parts(message_id, final=True) == final["parts"]
+            await joiner.close()
+
+
+async def test_a_joiner_after_seven_events_gets_the_documented_snapshot_then_chunks() -> None:
+    documented = _json_values(docs_block("subscriber-live-parts"))
+    running, relay = await start_relay()
+    async with relay, open_producer(f"{running.url}/produce?channel=chat-42") as producer:
+        events = [{k: v for k, v in e.items() if k != "channel"} for e in reply("reply-7")]
+        for event in events[:7]:
             await send_json(producer, event)
-        await send_json(producer, {"id": "p", "delta": "so far"})
         await send_json(producer, {"id": "sync", "final": True})
         assert (await recv_json(producer))["id"] == "sync"
-        async with connect(f"{running.url}/subscribe?channel={CHANNEL}&deltas=1") as joiner:
+        async with connect(f"{running.url}/subscribe?channel=chat-42&deltas=1") as joiner:
             assert (await recv_json(joiner))["type"] == "subscribed"
-            # The plain message in progress has its snapshot; the structured one has none.
-            snapshot = await recv_json(joiner)
-            assert (snapshot["type"], snapshot["id"], snapshot["text"]) == (
-                "snapshot",
-                "p",
-                "so far",
-            )
-            await assert_silent(joiner)
-            for event in events[10:]:
-                await send_json(producer, event)
-            assert (await recv_json(producer))["id"] == "r"
-            assert _core(await recv_json(joiner)) == expected("r")
+            assert await recv_json(joiner) == documented[0]
+            await send_json(producer, events[7])
+            assert await recv_json(joiner) == documented[1]
+
+
+async def test_a_plain_message_that_turns_structured_goes_on_in_the_part_its_deltas_built() -> None:
+    running, relay = await start_relay()
+    async with (
+        relay,
+        open_producer(f"{running.url}/produce?channel={CHANNEL}") as producer,
+        connect(f"{running.url}/subscribe?channel={CHANNEL}&deltas=1") as watcher,
+    ):
+        assert (await recv_json(watcher))["type"] == "subscribed"
+        view = LiveParts()
+        await send_json(producer, {"id": "m", "delta": "Hi "})
+        await send_json(producer, {"id": "m", "chunk": {"type": "start-step"}})
+        await send_json(producer, {"id": "m", "delta": "there"})
+        await send_json(producer, {"id": "e", "delta": ""})  # an empty delta: no frame
+        await send_json(producer, {"id": "e", "chunk": {"type": "reasoning-start", "id": "r"}})
+        await send_json(producer, {"id": "e", "delta": "x"})
+        frames = [await recv_json(watcher) for _ in range(5)]
+        assert [(f["type"], f["id"]) for f in frames] == [
+            ("delta", "m"),
+            ("chunks", "m"),
+            ("chunks", "m"),
+            ("chunks", "e"),
+            ("chunks", "e"),
+        ]
+        assert frames[2]["chunks"] == [{"type": "text-delta", "id": "text", "delta": "there"}]
+        # The empty delta opened the part before the reasoning: a start tells so.
+        assert frames[3]["chunks"] == [
+            {"type": "text-start", "id": "text"},
+            {"type": "reasoning-start", "id": "r"},
+        ]
+        for frame in frames:
+            view.feed(frame)
+        await send_json(producer, {"id": "m", "final": True})
+        await send_json(producer, {"id": "e", "final": True})
+        while len(view.ended) < 2:
+            view.feed(await recv_json(watcher))
+        for message_id in ("m", "e"):
+            parts = view.ended[message_id]["parts"]
+            assert view.parts(message_id, final=True) == parts
+        assert view.ended["m"]["text"] == "Hi there"
+        assert [p["type"] for p in view.ended["e"]["parts"]] == ["text", "reasoning"]
 
 
 async def test_every_refused_chunk_is_answered_and_the_connection_goes_on() -> None:
@@ -346,3 +421,82 @@ async def test_a_part_too_large_in_a_post_is_413_as_a_message_too_large_is() -> 
         status, answer = await _post(port, body.encode(), "application/json")
         assert status == 200
         assert [error["code"] for error in answer["errors"]] == ["unknown_part"]
+
+
+async def test_an_sse_reader_cut_mid_reply_resumes_with_the_reply_compacted() -> None:
+    """An SSE deltas reader reads half a structured reply live, is cut, and comes back with
+    Last-Event-ID: a fresh compacted snapshot replaces what it held, then the rest live; it
+    ends with exactly the message's parts."""
+    running, relay = await start_relay()
+    port = int(running.url.rsplit(":", 1)[1])
+    events = reply("r")
+    async with relay, open_producer(f"{running.url}/produce?channel={CHANNEL}") as producer:
+        view = LiveParts()
+        async with SseReader(port, f"/sse?channel={CHANNEL}&deltas=1") as first:
+            confirmation = await first.next()
+            assert confirmation.event == "subscribed"
+            for event in events[:6]:
+                await send_json(producer, event)
+            for _ in range(6):
+                got = await first.next()
+                assert got.event == "chunks"
+                view.feed(got.json())
+        for event in events[6:12]:  # while it is away
+            await send_json(producer, event)
+        resume = [("Last-Event-ID", str(confirmation.id))]
+        async with SseReader(port, f"/sse?channel={CHANNEL}&deltas=1", resume) as again:
+            assert (await again.next()).event == "subscribed"
+            snapshot = await again.next()
+            assert snapshot.event == "snapshot" and "chunks" in snapshot.json()
+            view.feed(snapshot.json())
+            for event in events[12:]:
+                await send_json(producer, event)
+            while "r" not in view.ended:
+                view.feed((await again.next()).json())
+        assert view.ended["r"]["parts"] == expected("r")["parts"]
+        assert view.parts("r", final=True) == view.ended["r"]["parts"]
+
+
+async def test_the_python_subscriber_holds_a_structured_reply_live_across_a_cut() -> None:
+    """RelaySubscriber rebuilds a reply's parts from its live frames: the text before its
+    first chunk as the implicit text part, the chunks, and after a dropped connection the
+    compacted snapshot in their place; mid-reply and at its end they are exact."""
+    running, relay = await start_relay()
+    events = [{"id": "r", "delta": "Hi "}, *reply("r")]
+    async with (
+        relay,
+        Proxy(int(running.url.rsplit(":", 1)[1])) as proxy,
+        open_producer(f"{running.url}/produce?channel={CHANNEL}") as producer,
+        RelaySubscriber(proxy.url, [CHANNEL], backoff=(0.05, 0.2)) as feed,
+    ):
+        frames = aiter(feed)
+        assert isinstance(await anext(frames), Subscribed)
+        core = MessageParts()
+        for n, event in enumerate(events[:9]):
+            await send_json(producer, event)
+            if "chunk" in event:
+                core.apply(event["chunk"])
+            else:
+                core.delta(event["delta"])
+            await anext(frames)
+            if n:
+                assert feed.parts(CHANNEL, "r") == core.parts(), n
+        assert feed.text(CHANNEL, "r") == "Hi "
+        proxy.cut()
+        for event in events[9:12]:  # while it is away
+            await send_json(producer, event)
+            core.apply(event["chunk"])
+        while not isinstance(frame := await anext(frames), Snapshot):
+            pass
+        assert frame.chunks == core.catch_up()
+        assert feed.parts(CHANNEL, "r") == core.parts()
+        for event in events[12:]:
+            await send_json(producer, event)
+            if "chunk" in event:
+                core.apply(event["chunk"])
+        while not isinstance(frame := await anext(frames), MessageFrame):
+            pass
+        core.finalize()
+        assert frame.parts == core.parts()
+        assert frame.parts[0] == {"type": "text", "text": "Hi ", "state": "done"}
+        assert feed.parts(CHANNEL, "r") is None  # it ended

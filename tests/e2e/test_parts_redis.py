@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
-from ..harness import RedisServer, ServiceProcess, relay_process
+from ..harness import LiveParts, RedisServer, ServiceProcess, relay_process
 from .test_parts import ABORTED_AFTER, reply
 
 CHANNEL = "c"
@@ -62,7 +62,7 @@ async def _single_process(url: str, message_id: str, watcher: Any, final: bool) 
     return await recv_json(watcher)
 
 
-async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_message(
+async def test_a_joiner_on_another_process_gets_the_reply_compacted_then_live(
     redis_server: RedisServer,
 ) -> None:
     a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
@@ -77,19 +77,39 @@ async def test_a_joiner_on_another_process_gets_no_snapshot_of_a_structured_mess
             await _sync(producer, "sync")
             assert (await recv_json(watcher))["id"] == "sync"
             joiner = await _subscribed(b.url, "&deltas=1")
-            # The plain message has its snapshot; the structured one none (not its text
-            # before its first chunk, nor anything of its log).
-            snapshot = await recv_json(joiner)
-            assert (snapshot["type"], snapshot["id"], snapshot["text"]) == (
-                "snapshot",
-                "p",
-                "so far",
-            )
-            await assert_silent(joiner, 0.3)
+            # Each message in progress has its snapshot: the plain one its text, the
+            # structured one its parts so far, rebuilt from its log in Redis and compacted
+            # (its text before its first chunk is its implicit text part).
+            snapshots = {}
+            for _ in range(2):
+                snapshot = await recv_json(joiner)
+                assert snapshot["type"] == "snapshot"
+                snapshots[snapshot["id"]] = snapshot
+            assert snapshots["p"] == {
+                "type": "snapshot",
+                "channel": CHANNEL,
+                "id": "p",
+                "text": "so far",
+            }
+            # Half a surrogate pair is held at the cut: it ends the part's one delta, and
+            # the live delta after brings the other half.
+            assert snapshots["s"]["chunks"][:3] == [
+                {"type": "text-start", "id": "text"},
+                {"type": "text-delta", "id": "text", "delta": "Hi there \ud83d"},
+                {"type": "start-step"},
+            ]
+            assert snapshots["s"]["text"] == "Hi there "
+            view = LiveParts()
+            view.feed(snapshots["s"])
             for event in rest:
                 await send_json(producer, event)
             assert (await recv_json(producer))["id"] == "s"
-            whole = await recv_json(joiner)
+            while "s" not in view.ended:
+                frame = await recv_json(joiner)
+                assert frame["type"] in ("chunks", "message"), frame
+                view.feed(frame)
+            whole = view.ended["s"]
+            assert view.parts("s", final=True) == whole["parts"]
         expected = await _single_process(b.url, "one", watcher, final=True)
         assert whole["type"] == "message"
         assert _core(whole) == _core(expected)
@@ -250,3 +270,52 @@ async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
         assert a.tracebacks == b.tracebacks == 0, a.log + b.log
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
+    redis_server: RedisServer,
+) -> None:
+    """Redis is killed while a structured reply streams and its events keep coming; once it
+    is back (empty), the producer's process rewrites the reply's log from its own parts and
+    sends the compacted snapshot: a deltas subscriber on the other process joining then
+    rebuilds the reply, and ends with exactly its parts."""
+    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        events = reply("m")
+        async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
+            for event in [{"id": "m", "delta": "Hi "}, *events[:4]]:
+                await send_json(producer, event)
+            await _sync(producer, "sync")
+            redis_server.kill()
+            await eventually_async(lambda: a.http_status("/readyz"), 503)
+            for event in events[4:9]:  # applied here; their writes fail
+                await send_json(producer, event)
+            redis_server.start()
+            for relay in (a, b):
+                await eventually_async(lambda relay=relay: relay.http_status("/readyz"), 200)
+            joiner = await _subscribed(b.url, "&deltas=1")
+            view = LiveParts()
+            for event in events[9:]:
+                await send_json(producer, event)
+            while "m" not in view.ended:
+                frame = await recv_json(joiner, 10)
+                assert frame["type"] in ("snapshot", "chunks", "message"), frame
+                view.feed(frame)
+            assert "m" in view.snapshots  # it joined mid-reply: compacted first
+        final = view.ended["m"]
+        assert final["type"] == "message"
+        assert view.parts("m", final=True) == final["parts"]
+        assert final["text"] == "Hi It is 21 °C in Paris."
+        await joiner.close()
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def eventually_async(probe: Any, wanted: object, within: float = 20.0) -> None:
+    """Poll ``probe()`` until it returns ``wanted``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while (got := await probe()) != wanted:
+        assert loop.time() < deadline, f"still {got!r}, not {wanted!r}"
+        await asyncio.sleep(0.05)

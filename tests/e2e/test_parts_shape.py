@@ -321,30 +321,17 @@ def test_a_surrogate_half_is_held_until_its_pair_and_replaced_if_none_comes() ->
 
 
 def _live_after(steps: Sequence[Step], cut: int) -> list[Step]:
-    """The package's chunks for ``steps[cut:]`` as a relay forwards them live: a high
-    surrogate that the core holds at the cut (the first half of a pair split across deltas)
-    travels with the next delta of its part, which completes the pair."""
-    per_step = _as_chunks(steps)
-    held: dict[tuple[str, str], str] = {}
-    for chunk in _flat(per_step[:cut]):
-        if (key := DELTA_KEYS.get(chunk["type"])) is not None:
-            text_key = "inputTextDelta" if chunk["type"] == "tool-input-delta" else "delta"
-            part = (chunk["type"], chunk[key])
-            joined = held.get(part, "") + chunk[text_key]
-            held[part] = joined[-1] if joined and "\ud800" <= joined[-1] <= "\udbff" else ""
-    live = []
-    for chunk in _flat(per_step[cut:]):
-        if (key := DELTA_KEYS.get(chunk["type"])) is not None:
-            text_key = "inputTextDelta" if chunk["type"] == "tool-input-delta" else "delta"
-            half = held.pop((chunk["type"], chunk[key]), "")
-            chunk = {**chunk, text_key: half + chunk[text_key]}
-        live.append(chunk)
-    return live
+    """The package's chunks for ``steps[cut:]`` as a relay forwards them live: as the
+    producer sent them. A high surrogate the core holds at the cut (the first half of a
+    pair split across deltas) went in the catch-up's delta, and its other half comes in
+    the next live delta of its part, where a reader joins them."""
+    return _flat(_as_chunks(steps)[cut:])
 
 
 def _compaction_faults(catch_up: list[Step]) -> list[str]:
     """What breaks the compaction promise: a message-level chunk, a second delta for one
-    part, a lone surrogate handed to a reader."""
+    part, a lone surrogate handed to a reader (but the high half a delta ends with, which
+    the next live delta completes)."""
     faults = [f"message-level chunk {c}" for c in catch_up if c["type"] in MESSAGE_CHUNKS]
     deltas: Counter[tuple[str, str, int]] = Counter()
     opened: Counter[tuple[str, str]] = Counter()  # an id ended may open a new part
@@ -356,8 +343,12 @@ def _compaction_faults(catch_up: list[Step]) -> list[str]:
             deltas[(chunk["type"], chunk[key], opened[(start, chunk[key])])] += 1
     faults += [f"{count} deltas for {part}" for part, count in deltas.items() if count > 1]
     for chunk in catch_up:
-        for value in chunk.values():
-            if isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+        for key, value in chunk.items():
+            if not isinstance(value, str):
+                continue
+            # Only a delta's last character may be half a pair: the half still held.
+            whole = value[:-1] if key in ("delta", "inputTextDelta") else value
+            if any("\ud800" <= c <= "\udfff" for c in whole) or "\udc00" <= value[-1:] <= "\udfff":
                 faults.append(f"a lone surrogate in {chunk}")
     return faults
 

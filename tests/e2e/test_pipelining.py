@@ -482,8 +482,8 @@ async def test_what_a_client_sends_behind_a_stream_is_not_read_past_a_bound() ->
                 with contextlib.suppress(EOFError):
                     parts.append((await sse.next()).data)
             sending.cancel()
-        assert json.loads(parts[1]) == {"type": "text-delta", "id": "text-1", "delta": "held "}
-        assert parts[-3:] == ['{"type":"text-end","id":"text-1"}', '{"type":"finish"}', "[DONE]"]
+        assert json.loads(parts[1]) == {"type": "text-delta", "id": "text", "delta": "held "}
+        assert parts[-3:] == ['{"type":"text-end","id":"text"}', '{"type":"finish"}', "[DONE]"]
 
 
 async def test_a_request_sent_while_a_stream_runs_is_answered_once_it_ends() -> None:

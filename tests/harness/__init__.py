@@ -14,10 +14,13 @@
 * :mod:`.proxy`: :class:`Proxy`, a TCP proxy that can cut or freeze every connection at
   once; :class:`Balancer`, one that spreads connections over backends that may change.
 * :mod:`.webhooks`: :class:`WebhookReceiver`, a real HTTP server taking webhook POSTs.
+* :mod:`.liveparts`: :class:`LiveParts`, each message's parts as a deltas subscriber
+  rebuilds them from live frames.
 
 None of it ships in the wheel, and the relay never uses it.
 """
 
+from .liveparts import LiveParts
 from .machine import cpu_seconds, eventually, free_port, rss_bytes
 from .nginx import Nginx
 from .processes import ServiceProcess, relay_process
@@ -28,6 +31,7 @@ from .webhooks import Received, WebhookReceiver
 
 __all__ = [
     "Balancer",
+    "LiveParts",
     "Nginx",
     "Proxy",
     "Received",

@@ -28,6 +28,8 @@ export interface TextUIPart {
 }
 export interface ReasoningUIPart {
   type: "reasoning";
+  /** The chunk id it streamed under. */
+  id?: string;
   text: string;
   state?: "streaming" | "done";
   providerMetadata?: ProviderMetadata;
@@ -44,9 +46,11 @@ export type ToolState =
 interface ToolCallFields {
   toolCallId: string;
   state: ToolState;
-  /** The parsed input (while it streams: the text so far repaired into JSON). */
+  /** The parsed input. While it streams (state "input-streaming"): the text so far repaired
+   * into JSON as `ai` repairs it (absent while that text holds no value yet), or the text
+   * itself if `inputEncoding` is "text". */
   input?: unknown;
-  /** The input text as it streamed, when it is not (yet) the parsed input. */
+  /** The input text as it streamed (while it streams, and after it failed to be whole). */
   rawInput?: unknown;
   inputEncoding?: "json" | "text";
   output?: unknown;
@@ -111,6 +115,65 @@ export type UIPart =
   | DataUIPart
   | StepStartUIPart;
 
+// ---------------------------------------------------------------- chunks (ai 7's UIMessageChunk)
+
+interface ToolChunkFields {
+  toolCallId: string;
+  providerExecuted?: boolean;
+  providerMetadata?: ProviderMetadata;
+  toolMetadata?: { [key: string]: unknown };
+}
+/** One chunk of the AI SDK's UI message stream that builds a part (`UIMessageChunk` of `ai` 7,
+ * less the message-level ones: start, finish, abort, error, message-metadata). */
+export type UIMessageChunk =
+  | { type: "text-start" | "reasoning-start"; id: string; providerMetadata?: ProviderMetadata }
+  | { type: "text-delta" | "reasoning-delta"; id: string; delta: string; providerMetadata?: ProviderMetadata }
+  | { type: "text-end"; id: string; providerMetadata?: ProviderMetadata; citations?: unknown[] }
+  | { type: "reasoning-end"; id: string; providerMetadata?: ProviderMetadata }
+  | (ToolChunkFields & {
+      type: "tool-input-start";
+      toolName: string;
+      dynamic?: boolean;
+      title?: string;
+      inputEncoding?: "json" | "text";
+    })
+  | { type: "tool-input-delta"; toolCallId: string; inputTextDelta: string }
+  | (ToolChunkFields & { type: "tool-input-available"; toolName: string; input: unknown; dynamic?: boolean; title?: string })
+  | (ToolChunkFields & { type: "tool-input-error"; toolName: string; input: unknown; errorText: string; dynamic?: boolean })
+  | {
+      type: "tool-approval-request";
+      toolCallId: string;
+      approvalId: string;
+      approvalDescriptor?: unknown;
+      inputSchemaInput?: unknown;
+      reason?: string;
+      isAutomatic?: boolean;
+      signature?: string;
+    }
+  | {
+      type: "tool-approval-response";
+      approvalId: string;
+      approved: boolean;
+      reason?: string;
+      providerExecuted?: boolean;
+      providerMetadata?: ProviderMetadata;
+    }
+  | (ToolChunkFields & { type: "tool-output-available"; output: unknown; preliminary?: boolean })
+  | (ToolChunkFields & { type: "tool-output-error"; errorText: string })
+  | { type: "tool-output-denied"; toolCallId: string }
+  | { type: "source-url"; sourceId: string; url: string; title?: string; providerMetadata?: ProviderMetadata }
+  | {
+      type: "source-document";
+      sourceId: string;
+      mediaType: string;
+      title: string;
+      filename?: string;
+      providerMetadata?: ProviderMetadata;
+    }
+  | { type: "file"; url: string; mediaType: string; providerMetadata?: ProviderMetadata }
+  | { type: `data-${string}`; id?: string; data: unknown; transient?: boolean }
+  | { type: "start-step" | "finish-step" };
+
 // ---------------------------------------------------------------- frames from the relay
 
 export interface SubscribedFrame {
@@ -131,15 +194,28 @@ export interface SnapshotFrame {
   type: "snapshot";
   channel: string;
   id: string;
+  /** The text so far (of a structured message: its text parts' texts joined). */
   text: string;
   /** The text is what follows the first `from` characters (code points) already held. */
   from?: number;
+  /** Of a structured message: the reply so far, compacted (per part its start, one delta,
+   * its end if it ended), to feed after a `start`. It replaces what was held of the message. */
+  chunks?: UIMessageChunk[];
 }
+/** Text for a message that is still plain: it extends its implicit text part (chunk id "text"). */
 export interface DeltaFrame {
   type: "delta";
   channel: string;
   id: string;
   delta: string;
+}
+/** What a structured message's producer sent, as chunks, in order (a delta as a text-delta on
+ * the part "text", after a text-start where it opens that part). */
+export interface ChunksFrame {
+  type: "chunks";
+  channel: string;
+  id: string;
+  chunks: UIMessageChunk[];
 }
 export interface MessageFrame {
   type: "message";
@@ -178,6 +254,7 @@ export type ServerFrame =
   | UnsubscribedFrame
   | SnapshotFrame
   | DeltaFrame
+  | ChunksFrame
   | MessageFrame
   | AbortedFrame
   | ErrorFrame;
@@ -198,8 +275,12 @@ export type MessageStatus = "streaming" | "complete" | "aborted";
 export interface RelayMessage {
   readonly id: string;
   readonly channel: string;
-  /** All of the text so far; exact once `status` is "complete". */
+  /** All of the text so far (its text parts' texts joined); exact once `status` is "complete". */
   readonly text: string;
+  /** Its parts: live while it streams (a plain message's text is one text part), and once it
+   * ends exactly the relay's (`readUIMessageStream`'s of `ai` 7). Frozen; a part no frame
+   * changed keeps its identity. */
+  readonly parts: readonly UIPart[];
   readonly status: MessageStatus;
   /** Why it was aborted (status "aborted"). */
   readonly reason?: AbortReason;
@@ -244,6 +325,7 @@ export interface RelayClientEvents {
   frame: (frame: ServerFrame) => void;
   snapshot: (frame: SnapshotFrame, message: RelayMessage) => void;
   delta: (frame: DeltaFrame, message: RelayMessage) => void;
+  chunks: (frame: ChunksFrame, message: RelayMessage) => void;
   message: (frame: MessageFrame, message: RelayMessage) => void;
   aborted: (frame: AbortedFrame, message: RelayMessage) => void;
   error: (error: ErrorFrame | (RelayErrorInfo & { type: "error" })) => void;
@@ -312,6 +394,28 @@ export declare function codePoints(text: string): number;
 
 /** The `?since=` token of an SSE stream for some channels' positions. */
 export declare function encodeSince(positions: Map<string, { offset: number; epoch: string }>): string;
+
+/** The chunk id of a message's implicit text part, the one `delta` frames extend. */
+export declare const IMPLICIT_TEXT: "text";
+
+/** One message's parts, assembled from UI message chunks as `readUIMessageStream` of `ai` 7
+ * assembles them (no I/O; lenient: a chunk it cannot place is ignored). */
+export declare class MessageParts {
+  constructor();
+  /** Apply one chunk; whether it changed the parts. */
+  apply(chunk: UIMessageChunk | { type: string; [key: string]: unknown }): boolean;
+  /** Extend the implicit text part (chunk id "text"), opening it on the first delta. */
+  delta(text: string): boolean;
+  /** The parts, frozen; the same array until a chunk changes them. */
+  parts(): readonly UIPart[];
+  /** The text parts' texts, joined. */
+  text(): string;
+}
+
+/** `fixJson` of `ai`: close what a JSON text cut short left open. */
+export declare function fixJson(text: string): string;
+/** `parsePartialJson` of `ai`: the text as JSON, or repaired, or undefined. */
+export declare function parsePartialJson(text: string): unknown;
 
 export type ApplyOutcome = "changed" | "duplicate" | "ignored";
 

@@ -7,15 +7,19 @@
 // progress continues from the characters already shown. A fresh channel starts with a
 // rewind of its recent messages. Refusals that trying again cannot fix (401, 403, 404)
 // end in an error state instead of retrying forever.
+//
+// Each message carries its parts (text, reasoning, tool calls, sources, files, data), live
+// while it streams and exact once it ends; see parts.js and state.js.
 
 import { ChannelState, DEFAULT_MAX_MESSAGES, TRANSIENT_CODES, encodeSince } from "./state.js";
 import { readEvents } from "./sse.js";
 
 export { ChannelState, codePoints, encodeSince } from "./state.js";
 export { EventStreamParser } from "./sse.js";
+export { IMPLICIT_TEXT, MessageParts, fixJson, parsePartialJson } from "./parts.js";
 
 const PERMANENT = new Set([400, 401, 403, 404]);
-const EVENTS = ["status", "frame", "snapshot", "delta", "message", "aborted", "error", "channel"];
+const EVENTS = ["status", "frame", "snapshot", "delta", "chunks", "message", "aborted", "error", "channel"];
 
 /** The relay's SSE endpoint for its WebSocket subscribe URL: same host, `/sse`. */
 export function sseUrlFor(url) {
@@ -498,7 +502,7 @@ export class RelayClient {
     if (outcome !== "changed") return;
     if (frame.type === "subscribed") this._rewinds.delete(frame.channel);
     const message = frame.id === undefined ? undefined : state.messages.get(frame.id);
-    if (message && ["snapshot", "delta", "message", "aborted"].includes(frame.type)) {
+    if (message && ["snapshot", "delta", "chunks", "message", "aborted"].includes(frame.type)) {
       this._emit(frame.type, frame, message);
     }
     this._changed(state, outcome);

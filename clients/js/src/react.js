@@ -5,7 +5,8 @@
 // useSyncExternalStore: every render sees one consistent, immutable state. Under
 // StrictMode's mount, unmount and mount again, the channel stays subscribed: a release is
 // carried out a moment later, and only if nothing holds the channel again by then, so no
-// text is lost or doubled.
+// text is lost or doubled. Each message carries its `parts` (reasoning, tool calls, text,
+// sources, data): live while it streams, exact once it ends.
 
 import { useCallback, useEffect, useSyncExternalStore } from "react";
 

@@ -1,8 +1,8 @@
 // The state of one channel, built from the relay's frames: pure, no I/O, no timers.
 //
-// A channel holds its messages in the order they first appeared, each with its text and
-// its status ("streaming", "complete" or "aborted" with a reason), and the position the
-// next subscribe resumes from:
+// A channel holds its messages in the order they first appeared, each with its text, its
+// parts and its status ("streaming", "complete" or "aborted" with a reason), and the
+// position the next subscribe resumes from:
 // - a fresh channel (no position yet) subscribes with `rewind`, so a new page shows the
 //   channel's recent messages;
 // - after that, with `since` (the offset and epoch of the last completed or aborted
@@ -10,6 +10,15 @@
 //   completed messages missed meanwhile are replayed once, and a message in progress
 //   continues from the characters already shown.
 // A completed or aborted message at or below the position is a duplicate, and dropped.
+//
+// Parts. Each message in progress has a `MessageParts` (parts.js) that assembles its live
+// parts: `delta` frames extend its implicit text part (chunk id "text"), `chunks` frames
+// apply their chunks in order, and a `snapshot` REPLACES what was held of the message (one
+// with `chunks` is the reply so far, compacted; a plain one is its text). A message's `text`
+// is its text parts' texts joined. The `message` / `aborted` frame's `parts` (or, for a
+// plain message, its text as one text part) replace the live view: they are authoritative.
+
+import { MessageParts } from "./parts.js";
 
 /** The number of Unicode code points in `text`: the relay counts characters this way. */
 export const codePoints = (text) => {
@@ -34,6 +43,10 @@ export const TRANSIENT_CODES = new Set(["broker_unavailable", "rate_limited", "o
 
 export const DEFAULT_MAX_MESSAGES = 500;
 
+/** The parts of a plain message that ended: its text as one text part, "done" if it
+ * completed, still "streaming" if it was aborted (as the relay's AI SDK stream gives it). */
+const plainParts = (text, state) => Object.freeze([Object.freeze({ type: "text", text, state })]);
+
 const TERMINAL = { message: "complete", aborted: "aborted" };
 
 /**
@@ -49,8 +62,8 @@ export class ChannelState {
     this.position = null;
     /** id -> message (frozen), in first-appearance order (a Map keeps insertion order). */
     this.messages = new Map();
-    /** id -> code points held, for messages in progress. */
-    this.lengths = new Map();
+    /** id -> the parts being assembled (a MessageParts), for messages in progress. */
+    this.live = new Map();
     this.status = "connecting";
     this.error = null;
     this.gap = false;
@@ -65,7 +78,10 @@ export class ChannelState {
     } else if (rewind > 0) {
       frame.rewind = rewind;
     }
-    if (deltas && this.lengths.size > 0) frame.positions = Object.fromEntries(this.lengths);
+    if (deltas && this.live.size > 0) {
+      frame.positions = {};
+      for (const id of this.live.keys()) frame.positions[id] = codePoints(this.messages.get(id).text);
+    }
     return frame;
   }
 
@@ -78,6 +94,8 @@ export class ChannelState {
         return this._snapshotFrame(frame);
       case "delta":
         return this._delta(frame);
+      case "chunks":
+        return this._chunks(frame);
       case "message":
       case "aborted":
         return this._terminal(frame);
@@ -136,10 +154,10 @@ export class ChannelState {
       // History could not fill the gap. Messages held in progress may have died in it:
       // they end as lost unless a snapshot shows them still in progress.
       this.gap = true;
-      for (const id of [...this.lengths.keys()]) {
+      for (const id of [...this.live.keys()]) {
         const held = this.messages.get(id);
         this._put({ ...held, status: "aborted", reason: "relay_lost" });
-        this.lengths.delete(id);
+        this.live.delete(id);
       }
     }
     this._snapshot = null;
@@ -149,19 +167,46 @@ export class ChannelState {
   _snapshotFrame(frame) {
     const held = this.messages.get(frame.id);
     if (held && held.status === "complete") return "ignored";
-    let text = frame.text;
-    if (frame.from !== undefined && held) text = firstCodePoints(held.text, frame.from) + text;
-    this._put({ id: frame.id, channel: this.channel, text, status: "streaming" });
-    this.lengths.set(frame.id, codePoints(text));
-    return "changed";
+    const parts = new MessageParts();
+    if (Array.isArray(frame.chunks)) {
+      for (const chunk of frame.chunks) parts.apply(chunk);
+    } else {
+      let text = frame.text;
+      if (frame.from !== undefined && held) text = firstCodePoints(held.text, frame.from) + text;
+      parts.delta(text);
+    }
+    this.live.set(frame.id, parts);
+    return this._streaming(frame.id, parts);
   }
 
   _delta(frame) {
-    const held = this.messages.get(frame.id);
-    if (held && held.status !== "streaming") return "ignored"; // a finished id takes no more text
-    const text = (held ? held.text : "") + frame.delta;
-    this._put({ id: frame.id, channel: this.channel, text, status: "streaming" });
-    this.lengths.set(frame.id, (this.lengths.get(frame.id) ?? 0) + codePoints(frame.delta));
+    const parts = this._liveParts(frame.id);
+    if (parts === null) return "ignored"; // a finished id takes no more text
+    parts.delta(frame.delta);
+    return this._streaming(frame.id, parts);
+  }
+
+  _chunks(frame) {
+    const parts = this._liveParts(frame.id);
+    if (parts === null || !Array.isArray(frame.chunks)) return "ignored";
+    for (const chunk of frame.chunks) parts.apply(chunk);
+    return this._streaming(frame.id, parts);
+  }
+
+  /** The parts being assembled for message `id` (new for a new id); null once it ended. */
+  _liveParts(id) {
+    let parts = this.live.get(id);
+    if (parts) return parts;
+    const held = this.messages.get(id);
+    if (held && held.status !== "streaming") return null;
+    parts = new MessageParts();
+    if (held) parts.delta(held.text); // held from before this client kept parts
+    this.live.set(id, parts);
+    return parts;
+  }
+
+  _streaming(id, parts) {
+    this._put({ id, channel: this.channel, text: parts.text(), parts: parts.parts(), status: "streaming" });
     return "changed";
   }
 
@@ -171,17 +216,15 @@ export class ChannelState {
       return "duplicate";
     }
     this.position = { offset: frame.offset, epoch: frame.epoch };
-    const message = {
-      id: frame.id,
-      channel: this.channel,
-      text: frame.text,
-      status: TERMINAL[frame.type],
-      offset: frame.offset,
-    };
+    const status = TERMINAL[frame.type];
+    const parts = Array.isArray(frame.parts)
+      ? Object.freeze(frame.parts.map((part) => Object.freeze(part)))
+      : plainParts(frame.text, status === "complete" ? "done" : "streaming");
+    const message = { id: frame.id, channel: this.channel, text: frame.text, parts, status, offset: frame.offset };
     if (frame.type === "aborted") message.reason = frame.reason;
     if (frame.meta !== undefined) message.meta = frame.meta;
     this._put(message);
-    this.lengths.delete(frame.id);
+    this.live.delete(frame.id);
     this._trim();
     return "changed";
   }

@@ -3,8 +3,11 @@
 
 import {
   ChannelState,
+  MessageParts,
   RelayClient,
   type ChannelSnapshot,
+  type ChunksFrame,
+  type UIMessageChunk,
   type RelayMessage,
   type ServerFrame,
   type UIPart,
@@ -61,11 +64,37 @@ const texts: string[] = state.messages.map((m: RelayMessage) =>
 void texts;
 client.watch("chat-42", (next) => void next.status);
 
+// Live parts: every message has them, streaming or not.
+client.on("chunks", (frame: ChunksFrame, message) => {
+  const kinds: string[] = frame.chunks.map((chunk) => chunk.type);
+  const tools = message.parts.filter((part) => part.type.startsWith("tool-") || part.type === "dynamic-tool");
+  void kinds;
+  void tools;
+});
+const assembler = new MessageParts();
+const chunk: UIMessageChunk = { type: "tool-input-start", toolCallId: "c1", toolName: "weather" };
+const applied: boolean = assembler.apply(chunk) && assembler.delta("Sunny");
+void applied;
+const joined: ServerFrame = { type: "snapshot", channel: "c", id: "m", text: "", chunks: [{ type: "start-step" }] };
+void joined;
+
 // A function component's body would call the hook; here its types are what matter.
 const view = (): string => {
   const { messages, status, error } = useRelayChannel(client, "chat-42");
   if (status === "error") return error?.message ?? "";
-  return messages.map((m) => m.text).join("\n");
+  return messages
+    .map((m) =>
+      m.parts
+        .map((part) => {
+          if (part.type === "reasoning") return `(${part.text})`;
+          if (part.type === "text") return part.text;
+          if (part.type === "dynamic-tool") return `${part.toolName} ${part.state}`;
+          if (part.type.startsWith("tool-") && "toolCallId" in part) return `${part.state}`;
+          return "";
+        })
+        .join(""),
+    )
+    .join("\n");
 };
 void view;
 void useRelayChannel(null, undefined);
@@ -83,3 +112,9 @@ const wrong: RelayMessage["status"] = "done";
 void wrong;
 // @ts-expect-error an unknown event
 client.on("nothing", () => {});
+// @ts-expect-error a chunks frame carries chunks, not text
+const badChunks: ChunksFrame = { type: "chunks", channel: "c", id: "m", delta: "x" };
+void badChunks;
+// @ts-expect-error a tool-input-delta's text is inputTextDelta
+const badChunk: UIMessageChunk = { type: "tool-input-delta", toolCallId: "c", delta: "x" };
+void badChunk;

@@ -75,7 +75,12 @@ class BrokerListener(Protocol):
         """Whether any local subscriber of ``channel`` asked for deltas."""
 
     def partial(self, owner: str, message_id: str) -> str | None:
-        """The text so far of a message owned by a local producer (for in-process brokers)."""
+        """The text so far of a plain message owned by a local producer (for in-process
+        brokers)."""
+
+    def live_parts(self, owner: str, message_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """The text so far and compacted catch-up chunks of a structured message owned by
+        a local producer (for in-process brokers)."""
 
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """``(channel, owner, id)`` of every message in progress on this process's producers."""
@@ -256,12 +261,15 @@ class Broker(Protocol):
         entry: Mapping[str, Any] | str,
         seq: int = 0,
         convert: str = "",
+        live: list[dict[str, Any]] | None = None,
     ) -> None:
         """A structured message applied ``entry`` (a chunk, or a top-level delta): kept,
         in order, where another process taking its session over (or aborting it) can
-        rebuild its parts; nothing is published. ``convert`` is ``1`` or ``0`` for the event
-        that made it structured (whether its text so far became its implicit text part), ""
-        after. Never waits."""
+        rebuild its parts (a broker that shares sessions), and ``live``, the chunks it
+        amounts to, published to the channel's deltas subscribers as a ``chunks`` frame
+        (unless another owner holds the id, as for :meth:`delta`). ``convert`` is ``1`` or
+        ``0`` for the event that made it structured (whether its text so far became its
+        implicit text part), "" after. Never waits."""
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """An event with a ``seq`` but no text was applied. Never waits."""

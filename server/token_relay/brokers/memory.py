@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.codec import encode_chunks
 from ..core.errors import FrameRejected, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import HistoryStore
@@ -248,8 +249,21 @@ class MemoryBroker:
         entry: Mapping[str, Any] | str,
         seq: int = 0,
         convert: str = "",
+        live: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Nothing to keep: sessions live in this process."""
+        """Hand the ``chunks`` frame of ``live`` straight to the listener, built only if
+        someone wants it; nothing to keep: sessions live in this process."""
+        if live is None:
+            return
+        self._seq += 1
+        listener = self._listener
+        if listener is None or not listener.wants_deltas(channel):
+            return
+        if not self.inflight.may_publish(channel, owner, message_id, True, time.monotonic()):
+            return  # another owner holds the id: nothing of this message is published
+        listener.on_frame(
+            channel, FrameKind.DELTA, self._seq, encode_chunks(channel, message_id, live)
+        )
 
     def progress(self, channel: str, owner: str, message_id: str, seq: int) -> None:
         """Nothing to note: sessions live in this process."""
@@ -319,6 +333,11 @@ class MemoryBroker:
                 text = self._listener.partial(owner, message_id)
                 if text is not None:
                     messages.append(LiveMessage(owner, message_id, text))
+                    continue
+                structured = self._listener.live_parts(owner, message_id)
+                if structured is not None:
+                    text, chunks = structured
+                    messages.append(LiveMessage(owner, message_id, text, chunks))
         return CatchUp(log.offset, log.epoch, recovered, frames, self._seq, messages, ages)
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:

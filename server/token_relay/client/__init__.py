@@ -12,7 +12,9 @@ each unfinished message until its final is acknowledged (at most
 ``max_unacked`` events; ``send`` waits for room beyond that), reconnects with
 exponential backoff and jitter when the connection drops, resumes its relay
 session, and sends again everything not yet acknowledged. The relay drops what
-it already applied, so each reply's text comes out exactly once.
+it already applied, so each reply's text comes out exactly once. A structured
+reply (reasoning, tool calls, sources, data) goes as AI SDK chunks with
+``send_chunk``, numbered and resent the same way.
 
 A subscriber iterates over typed frames, reconnecting and resuming by offset
 and positions, and never yields the same completed message twice::

@@ -20,6 +20,7 @@ from ..core.protocol import (
     AckBatch,
     AnyServerFrame,
     Cancel,
+    Chunk,
     ErrorFrame,
     ProducerEvent,
     SessionFrame,
@@ -97,6 +98,18 @@ class RelayProducer(Background):
         """
         await self._submit(message_id, delta, final=False, channel=channel)
 
+    async def send_chunk(
+        self, message_id: str, chunk: Chunk, *, channel: str | None = None
+    ) -> None:
+        """Apply an AI SDK ``UIMessageChunk`` (``reasoning-delta``, ``tool-input-start``,
+        ``source-url``...) to a message's parts, as :meth:`send` appends text; the message
+        becomes structured, and :meth:`send` then extends its implicit text part.
+
+        Raises :class:`MessageFailed` as :meth:`send` does; a chunk the relay refuses fails
+        the message with the refusal's code.
+        """
+        await self._submit(message_id, None, final=False, channel=channel, chunk=chunk)
+
     async def finish(self, message_id: str, *, channel: str | None = None) -> Ack:
         """Complete a message and wait for the relay's acknowledgement.
 
@@ -128,7 +141,13 @@ class RelayProducer(Background):
                 future.set_exception(exc)
 
     async def _submit(
-        self, message_id: str, delta: str | None, *, final: bool, channel: str | None
+        self,
+        message_id: str,
+        delta: str | None,
+        *,
+        final: bool,
+        channel: str | None,
+        chunk: Chunk | None = None,
     ) -> None:
         self._check(message_id)
         async with self._room:
@@ -138,6 +157,8 @@ class RelayProducer(Background):
             fields: dict[str, Any] = {"id": message_id, "seq": seq, "final": final}
             if delta is not None:
                 fields["delta"] = delta
+            if chunk is not None:
+                fields["chunk"] = chunk
             if channel is not None:
                 fields["channel"] = channel
             frame = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)

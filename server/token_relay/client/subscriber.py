@@ -1,4 +1,10 @@
-"""``RelaySubscriber``: typed frames, resumed by offset and positions after a drop."""
+"""``RelaySubscriber``: typed frames, resumed by offset and positions after a drop, and the
+live text (and parts, for a structured reply) of each message in progress.
+
+A structured message's parts are rebuilt as the protocol says, with the relay's own
+assembler (:class:`~token_relay.core.parts.MessageParts`): its ``delta`` frames are its
+implicit text part, a ``chunks`` frame applies its chunks, a ``snapshot`` with ``chunks``
+replaces what was held, and its ``message`` or ``aborted`` frame ends it."""
 
 from __future__ import annotations
 
@@ -10,10 +16,13 @@ from typing import Any
 from pydantic import MISSING
 from websockets.asyncio.client import ClientConnection
 
+from ..core.errors import PartRejected
+from ..core.parts import MessageParts
 from ..core.protocol import (
     SERVER_FRAME,
     Aborted,
     AnyServerFrame,
+    ChunksFrame,
     DeltaFrame,
     MessageFrame,
     Since,
@@ -50,6 +59,8 @@ class RelaySubscriber(Background):
         """Per channel, the last ``(offset, epoch)`` seen."""
         self.partials: dict[tuple[str, str], str] = {}
         """Text so far of messages in progress, by ``(channel, id)``."""
+        self._parts: dict[tuple[str, str], MessageParts] = {}
+        """The parts so far of structured messages in progress."""
         self._backoff = Backoff(*backoff)
         self._frames: asyncio.Queue[AnyServerFrame | None] = asyncio.Queue(max_queue)
 
@@ -71,6 +82,12 @@ class RelaySubscriber(Background):
     def text(self, channel: str, message_id: str) -> str | None:
         """The text so far of a message in progress."""
         return self.partials.get((channel, message_id))
+
+    def parts(self, channel: str, message_id: str) -> list[dict[str, Any]] | None:
+        """The parts so far of a structured message in progress (as ``readUIMessageStream``
+        of ``ai`` would hold them); None for a plain one, or one not in progress."""
+        parts = self._parts.get((channel, message_id))
+        return None if parts is None else parts.parts()
 
     _role = "subscriber"
 
@@ -117,8 +134,17 @@ class RelaySubscriber(Background):
                 return False
             self.positions[frame.channel] = (frame.offset, frame.epoch)
             self.partials.pop((frame.channel, frame.id), None)
+            self._parts.pop((frame.channel, frame.id), None)
+        elif isinstance(frame, ChunksFrame):
+            self._apply((frame.channel, frame.id), frame.chunks)
+        elif isinstance(frame, Snapshot) and frame.chunks is not MISSING:
+            key = (frame.channel, frame.id)
+            self._parts.pop(key, None)
+            self.partials.pop(key, None)
+            self._apply(key, frame.chunks)
         elif isinstance(frame, Snapshot):
             key = (frame.channel, frame.id)
+            self._parts.pop(key, None)
             if frame.from_ is MISSING:
                 self.partials[key] = frame.text
             else:
@@ -127,3 +153,17 @@ class RelaySubscriber(Background):
             key = (frame.channel, frame.id)
             self.partials[key] = self.partials.get(key, "") + frame.delta
         return True
+
+    def _apply(self, key: tuple[str, str], chunks: list[Any]) -> None:
+        """A structured message's chunks; the first makes its text so far (its delta
+        frames) its implicit text part."""
+        parts = self._parts.get(key)
+        if parts is None:
+            parts = self._parts[key] = MessageParts()
+            so_far = self.partials.get(key)
+            if so_far:
+                parts.delta(so_far)
+        for chunk in chunks:
+            with contextlib.suppress(PartRejected):  # the relay's own parts took it
+                parts.apply(chunk)
+        self.partials[key] = parts.text()

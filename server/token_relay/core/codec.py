@@ -18,6 +18,7 @@ what is accepted here equals the models' result, and every encoding equals their
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import msgspec
@@ -43,7 +44,9 @@ __all__ = [
     "acks_frame",
     "decode_events",
     "decode_producer_frame",
+    "encode_chunks",
     "encode_delta",
+    "encode_parts_snapshot",
     "message_body",
 ]
 
@@ -136,6 +139,33 @@ def encode_delta(channel: str, message_id: str, delta: str) -> str:
     if data is not None:
         return data.decode()
     return DeltaFrame.model_construct(channel=channel, id=message_id, delta=delta).model_dump_json()
+
+
+def encode_chunks(channel: str, message_id: str, chunks: list[dict[str, Any]]) -> str:
+    """A ``chunks`` frame (:class:`~token_relay.core.protocol.ChunksFrame`) from chunks a
+    message's parts accepted. Its numbers are written as msgspec writes them (``1e16``):
+    equal as JSON to the models' serialization, not byte for byte."""
+    frame = {"type": "chunks", "channel": channel, "id": message_id, "chunks": chunks}
+    data = _dumps(frame)
+    if data is not None:
+        return data.decode()
+    # Half of a surrogate pair a producer split across two chunks: it goes as its escape,
+    # as the producer sent it (the next frame holds the other half).
+    return json.dumps(frame, separators=(",", ":"))
+
+
+def encode_parts_snapshot(
+    channel: str, message_id: str, text: str, chunks: list[dict[str, Any]]
+) -> str:
+    """A structured message's ``snapshot`` frame: its text so far and its compacted
+    chunks, whose last delta of a part may end in half a surrogate pair (it goes as its
+    escape, as in :func:`encode_chunks`)."""
+    frame: dict[str, Any] = {"type": "snapshot", "channel": channel, "id": message_id}
+    frame["text"], frame["chunks"] = text, chunks
+    data = _dumps(frame)
+    if data is not None:
+        return data.decode()
+    return json.dumps(frame, separators=(",", ":"))
 
 
 def message_body(

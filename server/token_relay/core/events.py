@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from .codec import encode_delta
 
@@ -85,6 +86,8 @@ class LiveMessage:
     owner: str
     message_id: str
     text: str
+    chunks: list[dict[str, Any]] | None = None
+    """A structured message's compacted catch-up chunks (its ``text`` is its text parts')."""
 
 
 @dataclass(frozen=True, slots=True)

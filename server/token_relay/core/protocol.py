@@ -36,6 +36,7 @@ __all__ = [
     "Cancel",
     "ChannelName",
     "Chunk",
+    "ChunksFrame",
     "DeltaFrame",
     "ErrorFrame",
     "MessageFrame",
@@ -304,11 +305,34 @@ class DeltaFrame(_Frame):
     delta: str
 
 
+class ChunksFrame(_Frame):
+    r"""What one or more accepted events did to a structured message in progress, for
+    subscribers that asked for deltas: the ``UIMessageChunk``\ s they amount to, in order.
+
+    A producer's chunk goes as it was given; a top-level delta as a ``text-delta`` of the
+    implicit text part (chunk id ``"text"``), after a ``text-start`` for it when the delta
+    opens it. Each chunk names the part it extends by its ``id`` or ``toolCallId``. Before
+    its first chunk a message is plain, and its ``delta`` frames are that implicit part's
+    text: the first opens it.
+    """
+
+    type: Literal["chunks"] = "chunks"
+    channel: str
+    id: str
+    chunks: list[Chunk]
+
+
 class Snapshot(_Frame):
     """The text so far of a message in progress, sent when a deltas subscriber joins.
 
     Without ``from`` the text is the whole partial text; with it, only the part
     after the first ``from`` characters the client said it holds.
+
+    For a structured message, ``chunks`` is the reply so far, compacted: per part its
+    start, one delta holding its text so far, and its end where it has ended, to be read
+    after a ``start``; ``text`` is its text parts' text so far, and ``from`` is never set.
+    It replaces whatever the client held of the message; the live ``chunks`` frames
+    that follow apply on top, so no part comes twice.
     """
 
     type: Literal["snapshot"] = "snapshot"
@@ -316,6 +340,7 @@ class Snapshot(_Frame):
     id: str
     text: str
     from_: int | MISSING = Field(default=MISSING, alias="from")
+    chunks: list[Chunk] | MISSING = MISSING
 
 
 class Aborted(_Frame):
@@ -367,6 +392,7 @@ AnyServerFrame = (
     | Unsubscribed
     | MessageFrame
     | DeltaFrame
+    | ChunksFrame
     | Snapshot
     | Aborted
     | Cancel

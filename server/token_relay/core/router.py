@@ -48,6 +48,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, TypeVar
 
+from .codec import encode_parts_snapshot
 from .events import CatchUp, Delta, FrameKind, Outgoing
 from .hub import ChannelHub
 from .merge import DeltaQueue
@@ -170,6 +171,14 @@ class ChannelRouter(Generic[S]):
         if join.deltas:
             for message in cut.live:
                 start = held.get(message.message_id)
+                if message.chunks is not None:
+                    # A structured message: the reply so far, compacted, replacing it whole.
+                    frames.append(
+                        encode_parts_snapshot(
+                            channel, message.message_id, message.text, message.chunks
+                        )
+                    )
+                    continue
                 if start is not None and start <= len(message.text):
                     snapshot = Snapshot(
                         channel=channel,

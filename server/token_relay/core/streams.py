@@ -43,8 +43,15 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   implicit text part; the chunk applies to it, and so does every later top-level delta
   (``parts.delta``). A final finalizes the parts; the message's text is then its text
   parts' texts joined, and :class:`Applied` and :class:`Unfinished` carry its parts.
-  A structured message has no partial text to hand out (:meth:`MessageStreams.partial`
-  is None, and :attr:`Applied.delta` stays None): it is delivered whole. An event with
+  Live, a structured message is its chunks, not text deltas (:attr:`Applied.delta` stays
+  None, and so does :meth:`MessageStreams.partial`): :attr:`Applied.chunks` is what an
+  event amounts to for deltas subscribers, who held its text so far as its implicit text
+  part (chunk id ``"text"``), opened by its first delta frame. So a producer's chunk goes
+  as given; a top-level delta as a ``text-delta`` of that part, after its ``text-start``
+  if the delta opens it; and the event that makes a message structured first sends what
+  those subscribers lack of the part: its start, if only empty deltas made it, and a
+  high surrogate held for its pair. A final event has none: the completed message
+  follows. :meth:`MessageStreams.live_parts` is a joiner's compacted catch-up. An event with
   both ``delta`` and ``chunk`` is refused (``invalid_event``); a chunk the parts refuse
   gets the :class:`~token_relay.core.errors.PartRejected`'s own code (``invalid_chunk``,
   ``unknown_part``, ``part_ended``, ``part_exists``, ``too_many_parts``,
@@ -80,7 +87,7 @@ from pydantic import MISSING
 from .assembler import TokenAssembler
 from .codec import Event
 from .errors import ConfigError, ErrorCode, FrameRejected, PartRejected, id_in_use
-from .parts import MessageParts, PartLimits
+from .parts import IMPLICIT, MessageParts, PartLimits
 from .surrogates import REPLACEMENT, mend
 
 PARTS = PartLimits()
@@ -151,6 +158,9 @@ class Applied(msgspec.Struct, frozen=True, gc=False):
     """On completion: the message's metadata, merged from its events' ``meta``."""
     parts: list[dict[str, Any]] | None = None
     """On completion of a structured message: its parts (repeated finals included)."""
+    chunks: list[dict[str, Any]] | None = None
+    """For a structured message in progress: the chunks this event amounts to, for its
+    deltas subscribers (see :func:`live_chunks`); None if it changed nothing they see."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +310,7 @@ class MessageStreams:
                             state.seq = seq
                         state.last_event = now
                         state.chars = chars
-                        return Applied(channel, message_id, None)
+                        return Applied(channel, message_id, None, chunks=[event.chunk])
                 return self._structured(event, channel, seq, meta, now, state)
             if seq is not None:
                 state.seq = seq
@@ -417,11 +427,19 @@ class MessageStreams:
 
     def partial(self, message_id: str) -> str | None:
         """The text so far of an unfinished plain message, or None (for a structured one
-        too: it is delivered whole)."""
+        too: see :meth:`live_parts`)."""
         state = self._streaming.get(message_id)
         if state is None or state.parts is not None:
             return None
         return self.assembler.get(message_id)
+
+    def live_parts(self, message_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """The text so far and compacted catch-up chunks of an unfinished structured
+        message (see :meth:`~token_relay.core.parts.MessageParts.catch_up`), or None."""
+        state = self._streaming.get(message_id)
+        if state is None or state.parts is None:
+            return None
+        return state.parts.text(), state.parts.catch_up()
 
     def streaming(self) -> list[tuple[str, str]]:
         """``(id, channel)`` of every unfinished message, oldest first."""
@@ -613,12 +631,20 @@ class MessageStreams:
                 message_id,
             )
         parts = None if state is None else state.parts
+        live: list[dict[str, Any]] = []
         try:
             if parts is None:
                 parts = MessageParts(self.part_limits)
                 if state is not None and self.assembler.has_deltas(message_id):
                     # Its text so far (and a high surrogate waiting) is its implicit text part.
-                    parts.delta((self.assembler.get(message_id) or "") + state.held)
+                    so_far = self.assembler.get(message_id) or ""
+                    parts.delta(so_far + state.held)
+                    # Its deltas subscribers hold the text so far as that part, opened by
+                    # its first delta frame; what they hold not is sent now.
+                    if not so_far:
+                        live.append(_IMPLICIT_START)
+                    if state.held:
+                        live.append(_implicit_delta(state.held))
             growth = 0
             if event.chunk is not MISSING:
                 delta = event.chunk.get("delta", event.chunk.get("inputTextDelta"))
@@ -631,8 +657,13 @@ class MessageStreams:
                 return self._overflow(message_id, state, seq, now)
             if event.chunk is not MISSING:
                 parts.apply(event.chunk)
+                live.append(event.chunk)
             elif event.delta is not MISSING:
+                if parts.opens_implicit():
+                    live.append(_IMPLICIT_START)
                 parts.delta(event.delta)
+                if event.delta:
+                    live.append(_implicit_delta(event.delta))
         except PartRejected as exc:
             raise FrameRejected(ErrorCode(exc.code), exc.message, message_id) from None
         opened = state is None
@@ -655,7 +686,7 @@ class MessageStreams:
         if not event.final:
             if opened:
                 self._streaming[message_id] = state
-            return Applied(channel, message_id, None, opened=opened)
+            return Applied(channel, message_id, None, opened=opened, chunks=live or None)
         parts.finalize()
         self._streaming.pop(message_id, None)
         self._completed_parts[message_id] = parts
@@ -675,6 +706,16 @@ class MessageStreams:
         state.last_event = now
         rejection = _too_large(self.max_chars, message_id, aborted=True)
         return Overflow(self._abort(message_id), rejection)
+
+
+_IMPLICIT_START: dict[str, Any] = {"type": "text-start", "id": IMPLICIT}
+"""The chunk that opens the implicit text part, for deltas subscribers (shared: never
+changed)."""
+
+
+def _implicit_delta(delta: str) -> dict[str, Any]:
+    """A top-level delta of a structured message, as its deltas subscribers get it."""
+    return {"type": "text-delta", "id": IMPLICIT, "delta": delta}
 
 
 def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:

@@ -8,30 +8,29 @@ join as every other subscriber, and then serves one message:
 * **204** when there is no message to serve (``?wait=S``, at most 30 s, first waits that
   long for one to start);
 * otherwise the headers of the UI message stream and, for the newest message in progress
-  (or the one ``?id=`` names): ``start`` with ``messageId`` set to the relay's id,
-  ``text-start``, one ``text-delta`` holding the text so far, the live ``text-delta``\\ s,
-  then ``text-end``, ``finish`` and ``data: [DONE]``. An aborted message ends with
-  ``abort`` and its reason, then ``[DONE]``.
+  (or the one ``?id=`` names): ``start`` with ``messageId`` set to the relay's id, the
+  reply so far, then the reply live, then its end and ``data: [DONE]``. A plain message's
+  text is its implicit text part, chunk id ``text``: ``text-start`` (with its first text),
+  one ``text-delta`` holding the text so far, then the live ``text-delta`` chunks. A structured
+  one's reply so far is its snapshot's compacted chunks, then its live ``chunks`` as they
+  come (a ``finish-step`` preceded by the end of each text and reasoning part it would
+  leave open, which a completed message holds ``done``: a reader of ``ai`` 5 or 6 can't be
+  told so later). The end is ``text-end`` (a plain message) or the chunks that finalizing
+  made of its parts (the end of each open part, each streaming tool input's outcome), then
+  ``finish`` (with ``finishReason`` if its ``meta`` names one of ``ai`` 7's, and ``meta`` as
+  ``messageMetadata``); an aborted message ends with ``abort`` and its reason.
 
-A message's ``meta`` is the stream's ``messageMetadata``, on ``finish`` (and on ``start``,
-for a structured message), but for two keys, as the AI SDK's producer route
-(:mod:`token_relay.edge.aisdkproduce`) keeps them: ``finishReason`` is ``finish``'s own
-``finishReason``, and a message aborted for an ``error`` (reason ``error``) ends with
-``{"type": "error", "errorText": ...}`` (its ``meta``'s ``errorText``) rather than
-``abort``.
+A message aborted for an ``error`` its producer reported (reason ``error``, from the AI
+SDK's producer route, :mod:`token_relay.edge.aisdkproduce`) ends with ``{"type": "error",
+"errorText": ...}`` (its ``meta``'s ``errorText``) rather than ``abort``.
 
 A reply that completed before the stream was asked for is served too, whole, from the
 channel's history (the join's rewind): the one ``?id=`` names, as long as history holds it;
 without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
-it completed at most ``--ai-sdk-replay-window`` seconds ago and nothing is in progress.
-
-A structured message (its ``message`` or ``aborted`` frame carries ``parts``) is delivered
-whole, so it is served once it ends, on the same three occasions (completed before, by
-``?id=`` or within the replay window; completed while the stream waits): ``start`` (with
-its ``meta`` as ``messageMetadata``), the chunks that rebuild exactly its ``parts``
-(:func:`~token_relay.core.parts.chunks_of`), then ``finish``, or ``abort`` and its reason.
-One that turned structured while its text was being served goes on in the text part
-already sent, which is its implicit text part, the first.
+it completed at most ``--ai-sdk-replay-window`` seconds ago and nothing is in progress. A
+structured one is ``start`` (with its ``meta`` as ``messageMetadata``), the chunks that
+rebuild exactly its ``parts`` (:func:`~token_relay.core.parts.chunks_of`), then ``finish``,
+or ``abort`` and its reason.
 
 A resume replays from ``start`` under the same ``messageId``, so it replaces the client's
 partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop (see
@@ -41,13 +40,15 @@ partial message and never duplicates it. ``POST /ai-sdk/{channel}/stop`` is Stop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 import h11
 
+from ..core.errors import PartRejected
 from ..core.grants import Grant
-from ..core.parts import chunks_of
+from ..core.parts import IMPLICIT, MessageParts, chunks_of
 from . import routes
 from .broadcast import Fields
 from .sse import SSE_HEADERS, SseStream
@@ -60,28 +61,16 @@ AI_SDK_HEADERS = (
     ("Connection", "keep-alive"),
     ("x-vercel-ai-ui-message-stream", "v1"),
 )
-TEXT_PART = "text-1"
-"""The id of the one text part of a message."""
-FINISH_REASON = "finishReason"
-"""The key of a message's ``meta`` that ``finish`` carries as its ``finishReason``."""
+
+
+FINISH_REASONS = frozenset(
+    {"stop", "length", "content-filter", "tool-calls", "error", "interrupted", "other"}
+)
+"""The ``finishReason`` values of ``ai`` 7's ``finish`` chunk: a message's ``meta`` naming one
+has it on its ``finish``."""
 ERROR_TEXT = "errorText"
-"""The key of the ``meta`` of a message aborted for an ``error`` that holds its text."""
-
-
-def _metadata(frame: dict[str, Any]) -> dict[str, Any] | None:
-    """A message's ``meta`` as the stream's ``messageMetadata``: without ``finishReason``
-    (``finish`` carries it) and, for a message aborted for an error, ``errorText`` (its
-    ``error`` chunk does); None if the message has none."""
-    meta = frame.get("meta")
-    if not isinstance(meta, dict):
-        return None
-    lifted = {FINISH_REASON}
-    if frame.get("type") == "aborted" and frame.get("reason") == "error":
-        lifted.add(ERROR_TEXT)
-    if lifted.isdisjoint(meta):
-        return meta
-    rest = {key: value for key, value in meta.items() if key not in lifted}
-    return rest or None
+"""The key of the ``meta`` of a message aborted for an ``error`` (reason ``error``) that
+holds its text."""
 
 
 class AiSdkStream(SseStream):
@@ -113,10 +102,9 @@ class AiSdkStream(SseStream):
         self.done = False
         self.replay_window: float | None = None
         """Without ``?id=``: how recent a completed reply must be to be served."""
-        self._snapshots: dict[str, str] = {}
-        self._sent = 0
-        """Characters of text sent so far in the text part, for a message that turns
-        structured."""
+        self._snapshots: dict[str, dict[str, Any]] = {}
+        self._mirror = MessageParts()
+        """What the client holds of the message being served, as the chunks sent build it."""
         self._completed: dict[str, Any] | None = None
         """The reply that completed before the join was done (the one wanted, or the newest)."""
         self._timer: asyncio.TimerHandle | None = None
@@ -124,7 +112,7 @@ class AiSdkStream(SseStream):
     # ------------------------------------------------------------------ frames in
 
     def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
-        """Turn one frame of the channel into parts, for the message being served."""
+        """Turn one frame of the channel into chunks, for the message being served."""
         if self.done:
             return fields
         frame: dict[str, Any] = json.loads(data)
@@ -133,20 +121,19 @@ class AiSdkStream(SseStream):
             self._refuse(frame)
         elif not self.joined:
             if kind == "snapshot":
-                self._snapshots[str(message_id)] = str(frame["text"])
+                self._snapshots[str(message_id)] = frame
             elif kind in ("message", "aborted") and self.wanted in (None, message_id):
                 self._snapshots.pop(str(message_id), None)
                 self._completed = frame
         elif self.target is None:
             wanted = self.wanted in (None, message_id)
             if kind in ("message", "aborted") and "parts" in frame and wanted:
-                # A structured message is delivered whole, and sends nothing before: all
-                # of it comes now, aborted or not.
+                # A structured message that opened and ended in one event: whole, now.
                 self._serve_structured(frame)
-            elif kind in ("delta", "message") and wanted:
+            elif kind in ("delta", "chunks", "message") and wanted:
                 # A message that started after the join: all of it is still to come (a
                 # one-shot one comes whole, as its message frame).
-                self._serve(str(message_id), str(frame["text"]) if kind == "message" else "")
+                self._serve(str(message_id), None)
                 self._part(frame)
         elif message_id == self.target:
             self._part(frame)
@@ -173,7 +160,8 @@ class AiSdkStream(SseStream):
             self._serve_structured(completed)
         elif completed is not None:
             # Whole at once: its text, then its end (finish, or abort).
-            self._serve(str(completed["id"]), str(completed["text"]))
+            self._serve(str(completed["id"]), None)
+            self._part({"type": "delta", "delta": completed["text"]})
             self._part(completed)
         elif self.wait > 0:
             loop = asyncio.get_running_loop()
@@ -198,16 +186,20 @@ class AiSdkStream(SseStream):
 
     # ------------------------------------------------------------------ parts out
 
-    def _serve(self, message_id: str, text: str) -> None:
+    def _serve(self, message_id: str, snapshot: dict[str, Any] | None) -> None:
+        """Start serving a message in progress: ``start``, then what its ``snapshot`` holds
+        (a structured one's compacted chunks; a plain one's text, its implicit text part)."""
         if self._timer is not None:
             self._timer.cancel()
         self.target = message_id
         self._head(200, AI_SDK_HEADERS)
         self._emit({"type": "start", "messageId": message_id})
-        self._emit({"type": "text-start", "id": TEXT_PART})
-        if text:
-            self._sent += len(text)
-            self._emit({"type": "text-delta", "id": TEXT_PART, "delta": text})
+        if snapshot is None:
+            return
+        if "chunks" in snapshot:
+            self._part({"type": "chunks", "chunks": snapshot["chunks"]})
+        elif snapshot["text"]:
+            self._part({"type": "delta", "delta": snapshot["text"]})
 
     def _serve_structured(self, frame: dict[str, Any]) -> None:
         """A structured message, whole: ``start`` (with the message's ``meta`` as its
@@ -217,63 +209,61 @@ class AiSdkStream(SseStream):
         self.target = str(frame["id"])
         self._head(200, AI_SDK_HEADERS)
         start: dict[str, Any] = {"type": "start", "messageId": self.target}
-        metadata = _metadata(frame)
-        if metadata is not None:
-            start["messageMetadata"] = metadata
+        if "meta" in frame:
+            start["messageMetadata"] = frame["meta"]
         self._emit(start)
         for chunk in chunks_of(frame["parts"]):
-            self._emit(chunk)
-        self._finish(frame)
-
-    def _turned_structured(self, frame: dict[str, Any]) -> None:
-        """The message being served as text ends with parts: it turned structured after the
-        text sent so far, which is the start of its first part (its implicit text part).
-        That part goes on under the id it was sent with, and the others follow it."""
-        chunks = chunks_of(frame["parts"])
-        first = chunks[0] if chunks else {}
-        if first.get("type") == "text-start" and first.get("id") == TEXT_PART:
-            # chunks_of names the first text part TEXT_PART: it is the one already started.
-            chunks = chunks[1:]
-            if chunks and chunks[0].get("type") == "text-delta" and chunks[0]["id"] == TEXT_PART:
-                rest = str(chunks[0]["delta"])[self._sent :]
-                chunks = ([{**chunks[0], "delta": rest}] if rest else []) + chunks[1:]
-        else:
-            # Nothing of it was text before the chunks (a snapshot of ""): end the part.
-            self._emit({"type": "text-end", "id": TEXT_PART})
-        for chunk in chunks:
             self._emit(chunk)
         self._finish(frame)
 
     def _finish(self, frame: dict[str, Any]) -> None:
         """The message's end: ``finish`` (with its ``finishReason`` and ``messageMetadata``),
         ``error`` (aborted for the error its producer reported) or ``abort``."""
-        meta = frame.get("meta") or {}
         if frame.get("type") == "aborted" and frame.get("reason") == "error":
-            error_text = meta.get(ERROR_TEXT)
+            error_text = (frame.get("meta") or {}).get(ERROR_TEXT)
             error_text = error_text if isinstance(error_text, str) else "error"
             self._emit({"type": "error", "errorText": error_text})
         elif frame.get("type") == "aborted":
             self._emit({"type": "abort", "reason": frame.get("reason", "")})
         else:
             finish: dict[str, Any] = {"type": "finish"}
-            reason = meta.get(FINISH_REASON)
-            if isinstance(reason, str):
-                finish[FINISH_REASON] = reason
-            metadata = _metadata(frame)
-            if metadata is not None:
-                finish["messageMetadata"] = metadata
+            meta = frame.get("meta")
+            if isinstance(meta, dict) and meta.get("finishReason") in FINISH_REASONS:
+                finish["finishReason"] = meta["finishReason"]
+            if meta is not None:
+                finish["messageMetadata"] = meta
             self._emit(finish)
         self._end()
 
     def _part(self, frame: dict[str, Any]) -> None:
+        """One frame of the message being served, as the chunks it amounts to. Each chunk
+        sent also builds the mirror of what the client holds, so that the end sends only
+        what the client lacks of the final parts."""
         kind = frame.get("type")
+        mirror = self._mirror
         if kind == "delta":
-            self._sent += len(frame["delta"])
-            self._emit({"type": "text-delta", "id": TEXT_PART, "delta": frame["delta"]})
-        elif "parts" in frame and kind in ("message", "aborted"):
-            self._turned_structured(frame)
+            if mirror.opens_implicit():
+                self._emit({"type": "text-start", "id": IMPLICIT})
+            mirror.delta(frame["delta"])
+            self._emit({"type": "text-delta", "id": IMPLICIT, "delta": frame["delta"]})
+        elif kind == "chunks":
+            for chunk in frame["chunks"]:
+                if chunk.get("type") == "finish-step":
+                    # The step's open text and reasoning parts are done once the message
+                    # is; a reader of ai 5 or 6 can't be told later, so it is told now.
+                    for end in mirror.step_ends():
+                        self._emit(end)
+                with contextlib.suppress(PartRejected):  # the relay's parts took it
+                    mirror.apply(chunk)
+                self._emit(chunk)
+        elif kind == "message" and "parts" not in frame:
+            if mirror.opens_implicit():  # a plain message of no text at all
+                self._emit({"type": "text-start", "id": IMPLICIT})
+            self._emit({"type": "text-end", "id": IMPLICIT})
+            self._finish(frame)
         elif kind == "message":
-            self._emit({"type": "text-end", "id": TEXT_PART})
+            for chunk in mirror.finalizing():
+                self._emit(chunk)
             self._finish(frame)
         elif kind == "aborted":
             self._finish(frame)

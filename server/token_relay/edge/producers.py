@@ -530,7 +530,7 @@ class ProducerEndpoint:
         elif (
             applied.text is None
             and not applied.duplicate
-            and self.broker.shares_sessions
+            and (applied.chunks is not None or self.broker.shares_sessions)
             and (event.chunk is not MISSING or event.delta is not MISSING)
             and applied.delta is None  # a plain message's empty delta is ""
             and session.streams.phase(applied.message_id) is Phase.STREAMING  # not a late one
@@ -543,15 +543,15 @@ class ProducerEndpoint:
     def _log_part(
         self, session: Session, applied: Applied, event: Event, seq: int, convert: str
     ) -> None:
-        """Keep what a structured message applied in the shared broker, so that another
-        process can rebuild its parts."""
-        channel, message_id = applied.channel, applied.message_id
+        """Publish what a structured message applied to its deltas subscribers, and keep it
+        in a shared broker, so that another process can rebuild its parts."""
+        channel, message_id, live = applied.channel, applied.message_id, applied.chunks
         if event.chunk is not MISSING:
             if applied.opened:
                 convert = "0"
-            self.broker.part(channel, session.owner, message_id, event.chunk, seq, convert)
+            self.broker.part(channel, session.owner, message_id, event.chunk, seq, convert, live)
         elif event.delta is not MISSING:  # a top-level delta of a structured message
-            self.broker.part(channel, session.owner, message_id, event.delta, seq)
+            self.broker.part(channel, session.owner, message_id, event.delta, seq, "", live)
 
     def _complete(
         self, session: Session, applied: Applied, now: float, event: Event, index: int | None
@@ -790,6 +790,11 @@ class ProducerEndpoint:
         """The text so far of a local producer's message."""
         session = self.sessions.by_owner.get(owner)
         return None if session is None else session.streams.partial(message_id)
+
+    def live_parts(self, owner: str, message_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """The text so far and catch-up chunks of a local producer's structured message."""
+        session = self.sessions.by_owner.get(owner)
+        return None if session is None else session.streams.live_parts(message_id)
 
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """Every message in progress on this process's producers."""

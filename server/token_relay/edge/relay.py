@@ -377,6 +377,10 @@ class Relay:
         """The text so far of a local producer's message."""
         return self.producers.partial(owner, message_id)
 
+    def live_parts(self, owner: str, message_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """The text so far and catch-up chunks of a local producer's structured message."""
+        return self.producers.live_parts(owner, message_id)
+
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """Every message in progress on this process's producers."""
         return self.producers.owned_messages()

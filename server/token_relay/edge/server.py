@@ -208,6 +208,11 @@ class HttpServer:
                 conn.close()
                 continue
             conn.setblocking(False)
+            if conn.family != socket.AF_UNIX:
+                # A frame written just after another must not wait for the peer's delayed
+                # ACK (Nagle): asyncio sets this only on sockets whose proto names TCP, and an
+                # accepted socket's proto is 0.
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sockets_open += 1
             task = loop.create_task(self._connect(conn))
             self._accepting.add(task)

@@ -29,7 +29,7 @@ Each change is one Lua script, so it is atomic: a terminal frame gets its
 offset, joins the history and is published in one step, and a catch-up reads
 offset, epoch, ``seq``, history and texts as one consistent cut.
 
-Pub/sub topics: ``tr:m:C`` (terminal frames), ``tr:d:C`` (deltas and
+Pub/sub topics: ``tr:m:C`` (terminal frames), ``tr:d:C`` (deltas, structured messages' chunks and
 snapshots) and ``tr:i:INSTANCE`` (cancels for that process's producers). A
 process subscribes to a channel's topics only while it has a local subscriber
 there (``tr:d:C`` only for a deltas subscriber), so traffic reaches only the

@@ -177,21 +177,30 @@ class RedisBroker:
         entry: Mapping[str, Any] | str,
         seq: int = 0,
         convert: str = "",
+        live: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Add to a structured message's log in Redis (see :mod:`.partlog`): nothing is
-        published. ``convert`` (``1``, ``0``) if the message becomes structured here."""
+        """Add to a structured message's log in Redis (see :mod:`.partlog`), and publish
+        ``live`` as a ``chunks`` frame, in one script. ``convert`` (``1``, ``0``) if the
+        message becomes structured here."""
         target = (channel, owner, message_id)
+        if target in self._dirty and live is not None:
+            # A write of it failed: its log and its subscribers are made whole again (what
+            # this event did included), as a plain message's text is.
+            self._pipeline.resync(target)
+            if target in self._dirty:  # not queued: its log misses this entry
+                self._pipeline.log_broken(target)
+            return
         logged = delta_entry(entry) if isinstance(entry, str) else chunk_entry(entry)
         broken = self._pipeline.broken_logs
         if target in broken:
             # An entry of it failed or was not queued: its log misses it, so it is cut.
             broken.discard(target)
             convert = "x"
-        elif self._runs.join_entry(target, logged, seq):
+        elif self._runs.join_entry(target, logged, seq, live):
             return
         write = part_write(target, logged, seq, True, convert, self._text_ttl)
         if self._pipeline.enqueue(write, target):
-            self._runs.opened_log(target, write, logged, seq)
+            self._runs.opened_log(target, write, logged, seq, live)
         else:
             self._pipeline.log_broken(target)
 

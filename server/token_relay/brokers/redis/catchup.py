@@ -10,10 +10,13 @@ from typing import Any
 from ...core.errors import BrokerUnavailable
 from ...core.events import CatchUp, LiveMessage
 from ...core.history import judge_replay, new_epoch, rewound_entries
+from ...core.parts import MessageParts
+from ...core.sessions import replay as rebuild_parts
 from ...core.settings import Settings
 from .connections import DOWN, Connections
 from .health import Health
 from .keys import KEY_TTL, key
+from .partlog import PartLog, read_value
 
 __all__ = ["MAX_JOINS", "MAX_RESERVED_EPOCHS", "RESERVED_EPOCH_TTL", "CatchUps", "cut"]
 
@@ -105,7 +108,16 @@ def cut(settings: Settings, since: tuple[int, str] | None, reply: Any, rewind: i
             frames = [frame for _, _, frame in run]
             ages = [now - recorded for _, recorded, _ in run]
     messages = []
-    for member, text in zip(flat_live[::2], flat_live[1::2], strict=True):
+    for member, value in zip(flat_live[::2], flat_live[1::2], strict=True):
         owner, message_id = member.decode().split("|", 1)
-        messages.append(LiveMessage(owner, message_id, text.decode()))
+        kept = read_value(value)
+        if not isinstance(kept, PartLog):
+            messages.append(LiveMessage(owner, message_id, kept))
+            continue
+        # A structured message, rebuilt from its log and compacted; one whose log was cut
+        # can't be, and its deltas subscribers get it whole when it ends.
+        log = (kept.implicit, kept.entries)
+        parts = None if kept.cut else rebuild_parts(MessageParts(), kept.text, log)
+        if parts is not None:
+            messages.append(LiveMessage(owner, message_id, parts.text(), parts.catch_up()))
     return CatchUp(int(offset), epoch, recovered, frames, int(seq), messages, ages)

@@ -7,8 +7,8 @@ A message becomes structured with its first ``chunk``. From then on its key
 
     0xFF FLAG LENGTH ":" TEXT ( 0x1E ENTRY )*
 
-* ``0xFF``, a byte UTF-8 never holds, marks it structured: a catch-up skips it (a
-  structured message is delivered whole, with no snapshot), as the local router does;
+* ``0xFF``, a byte UTF-8 never holds, marks it structured: a catch-up rebuilds its parts
+  from it and hands a joiner their compacted catch-up;
 * ``FLAG`` is ``1`` if its text so far became its implicit text part (it had a top-level
   delta before its first chunk, an empty one included), ``0`` if not, and ``x`` once the
   log was cut (see :data:`MAX_LOG_BYTES`);
@@ -22,7 +22,8 @@ Bound: at most :data:`MAX_LOG_BYTES` per message, counted by the script that app
 chunk, and chunks that change nothing (empty deltas) or replace (a data part updated by its
 id) repeat without end; past the bound the log is cut (``x``) and no longer grows. So is
 a log an entry of which failed or could not be queued (Redis unreachable, the queue full):
-the next entry cuts it. A message
+the next entry cuts it, unless the message's process rewrites it whole first (a resync
+after an outage: :func:`log_value` of its compacted catch-up). A message
 whose log was cut can't be rebuilt: a process taking its session over aborts it, and a
 reaper's abort carries its text without parts, as before logs existed.
 
@@ -38,7 +39,15 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MAX_LOG_BYTES", "SEPARATOR", "PartLog", "chunk_entry", "delta_entry", "read_value"]
+__all__ = [
+    "MAX_LOG_BYTES",
+    "SEPARATOR",
+    "PartLog",
+    "chunk_entry",
+    "delta_entry",
+    "log_value",
+    "read_value",
+]
 
 MAX_LOG_BYTES = 16 * 1024 * 1024
 """Bytes of one structured message's log in Redis, at most: past it the log is cut."""
@@ -58,6 +67,12 @@ def _entry(value: Any) -> bytes:
 def chunk_entry(chunk: Mapping[str, Any]) -> bytes:
     """The log entry of an applied chunk."""
     return _entry(chunk)
+
+
+def log_value(chunks: list[dict[str, Any]]) -> bytes:
+    """A whole log holding ``chunks`` (no text before them): a structured message's log
+    rewritten from its compacted catch-up, which rebuilds its parts."""
+    return bytes([_MARK]) + b"00:" + b"".join(_entry(chunk) for chunk in chunks)
 
 
 def delta_entry(delta: str) -> bytes:

@@ -10,12 +10,14 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import AbstractConnection
 
+from ...core.codec import encode_parts_snapshot
 from ...core.errors import BrokerUnavailable, id_in_use
 from .. import BrokerListener, WebhookStore, note_not_queued
 from .connections import COMMAND_TIMEOUT, DOWN, Connections
 from .health import Health
 from .outbox import Outbox
 from .packing import packed_together
+from .partlog import log_value
 from .writes import Runs, Target, Write, progress_write, resync_write, taken
 
 __all__ = ["MAX_BATCH", "MAX_BROKEN_LOGS", "MAX_QUEUE", "Pipeline"]
@@ -97,10 +99,22 @@ class Pipeline:
         """Rewrite a message's whole text to Redis and send it as a snapshot."""
         if self.listener is None:
             return
-        _, owner, message_id = target
+        channel, owner, message_id = target
         text = self.listener.partial(owner, message_id)
         if text is None:
+            structured = self.listener.live_parts(owner, message_id)
+            if structured is None:
+                self.dirty.discard(target)
+                return
+            if self.full():
+                return
+            # A structured message: its log rewritten as its compacted catch-up (which
+            # rebuilds its parts), whole again, and that catch-up sent as its snapshot.
+            so_far, chunks = structured
             self.dirty.discard(target)
+            self.broken_logs.discard(target)
+            snapshot = encode_parts_snapshot(channel, message_id, so_far, chunks)
+            self.put(resync_write(target, log_value(chunks), self._text_ttl, snapshot))
             return
         if self.full():
             return

@@ -220,5 +220,7 @@ class Reader:
             cut = int(size)
             delta = Delta(channel, rest[:cut].decode(), rest[cut:].decode())
             listener.on_delta(channel, int(seq), delta)
+        elif frame_kind == b"p":  # a structured message's chunks: for deltas subscribers
+            listener.on_frame(channel, FrameKind.DELTA, int(seq), payload)
         else:
             listener.on_frame(channel, FrameKind(frame_kind.decode()), int(seq), payload)

@@ -94,6 +94,11 @@ PART = (
     + """if ARGV[6] ~= '0' then
   redis.call('HSET', 'tr:msg:' .. ARGV[5], ARGV[2], ARGV[6] .. '|' .. ARGV[7])
 end
+if ARGV[11] ~= '' then
+  local seq = redis.call('INCR', KEYS[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  redis.call('PUBLISH', KEYS[4], 'p|' .. seq .. '|' .. ARGV[11])
+end
 local head = redis.call('GETRANGE', KEYS[3], 0, 1)
 if string.byte(head, 1) ~= 255 then
   if ARGV[9] == '' then
@@ -119,8 +124,9 @@ redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
 )
-"""Add entries to a structured message's log in Redis (see :mod:`.partlog`) and note its seq;
-nothing is published (a structured message is delivered whole). ``convert`` (ARGV[9], ``1``
+"""Add entries to a structured message's log in Redis (see :mod:`.partlog`), note its seq,
+and publish its ``chunks`` frame (ARGV[11], unless empty) to its deltas subscribers, in the
+channel's event order. ``convert`` (ARGV[9], ``1``
 or ``0``: whether its text so far is its implicit text part) marks the message structured
 first: its text becomes the log's head (an entry for a message not structured in Redis, its
 text lost or expired, is dropped). A log that would pass ``max_bytes`` (ARGV[10]) is cut
@@ -444,11 +450,9 @@ if ARGV[3] == '1' then
   for _, member in ipairs(redis.call('SMEMBERS', KEYS[5])) do
     local text = redis.call('GET', ARGV[5] .. member)
     if text then
-      -- A structured message (its log starts with byte 255) has no text to hand out.
-      if string.byte(text, 1) ~= 255 then
-        table.insert(live, member)
-        table.insert(live, text)
-      end
+      -- A structured message's log (it starts with byte 255) goes too: it is compacted.
+      table.insert(live, member)
+      table.insert(live, text)
     else
       redis.call('SREM', KEYS[5], member)
       local sep = string.find(member, '|', 1, true)
@@ -461,9 +465,9 @@ if ARGV[3] == '1' then
 end
 return {epoch, offset, seq, entries, live}
 """
-"""A joiner's consistent cut: epoch, offset, event number, missed history, texts in
-progress (dropping, with their claims, those whose text expired; skipping structured
-messages, which are delivered whole)."""
+"""A joiner's consistent cut: epoch, offset, event number, missed history, texts (and
+structured messages' logs) in progress, dropping, with their claims, those whose text
+expired."""
 
 META = """
 if ARGV[2] == '' then

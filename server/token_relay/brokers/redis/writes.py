@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, cast
 
 from redis.typing import EncodableT
 
+from ...core.codec import encode_chunks
 from ...core.history import new_epoch
 from ...core.protocol import Snapshot, encode
 from ...core.settings import Settings
@@ -94,6 +95,8 @@ class PartArgs(NamedTuple):
     """``1`` or ``0``: the message becomes structured here (its implicit text part is its
     text so far, or there is none); "" once it is."""
     max_bytes: int
+    frame: str
+    """The ``chunks`` frame to publish ("" for none)."""
 
 
 class ProgressArgs(NamedTuple):
@@ -117,7 +120,7 @@ class ResyncArgs(NamedTuple):
     """ARGV of RESYNC."""
 
     member: str
-    text: str
+    text: str | bytes
     snapshot: str
     text_ttl: int
     key_ttl: int
@@ -177,6 +180,8 @@ class Write:
     """The texts of a run (see :class:`Runs`), joined into its text when the writer takes it."""
     entries: list[bytes] | None = None
     """The log entries of a run of a structured message's, joined as ``parts`` are."""
+    live: list[dict[str, Any]] | None = None
+    """The chunks of a run of a structured message's, published as one ``chunks`` frame."""
     seq: int = 0
     """The seq of a run's last event."""
 
@@ -207,20 +212,35 @@ class Runs:
             write.seq = seq
         return True
 
-    def join_entry(self, target: Target, entry: bytes, seq: int) -> bool:
-        """Add a structured message's log ``entry`` to its queued run; False if there is
-        none (or the run is of its plain deltas)."""
+    def join_entry(
+        self, target: Target, entry: bytes, seq: int, live: list[dict[str, Any]] | None
+    ) -> bool:
+        """Add a structured message's log ``entry`` (and the ``live`` chunks to publish) to
+        its queued run; False if there is none (or the run is of its plain deltas)."""
         write = self._open.get(target)
         if write is None or write.script != "part" or write.entries is None:
             return False
         write.entries.append(entry)
+        if live:
+            if write.live is None:
+                write.live = list(live)
+            else:
+                write.live.extend(live)
         if seq:
             write.seq = seq
         return True
 
-    def opened_log(self, target: Target, write: Write, entry: bytes, seq: int) -> None:
+    def opened_log(
+        self,
+        target: Target,
+        write: Write,
+        entry: bytes,
+        seq: int,
+        live: list[dict[str, Any]] | None,
+    ) -> None:
         """``write``, a part write just queued with ``entry``, starts its message's run."""
         write.entries = [entry]
+        write.live = list(live) if live else None
         write.seq = seq
         self._open[target] = write
 
@@ -251,7 +271,12 @@ def taken(write: Write) -> Write:
             write.entries = None
             log = cast("PartArgs", write.args)
             if len(entries) > 1 or write.seq != log.seq:
-                write.args = log._replace(text=b"".join(entries), seq=write.seq)
+                log = log._replace(text=b"".join(entries), seq=write.seq)
+            live = write.live
+            if live:
+                write.live = None
+                log = log._replace(frame=encode_chunks(log.channel, log.message_id, live))
+            write.args = log
         return write
     write.parts = None
     if write.script == "whole":
@@ -304,7 +329,7 @@ def delta_write(target: Target, delta: str, seq: int, claimed: bool, text_ttl: i
 def part_write(
     target: Target, entry: bytes, seq: int, claimed: bool, convert: str, text_ttl: int
 ) -> Write:
-    """Add to a structured message's log (see :mod:`.partlog`), publishing nothing."""
+    """Add to a structured message's log (see :mod:`.partlog`), and publish its chunks."""
     channel, owner, message_id = target
     return Write(
         "part",
@@ -320,6 +345,7 @@ def part_write(
             int(claimed),
             convert,
             MAX_LOG_BYTES,
+            "",
         ),
         message=target,
     )
@@ -337,11 +363,19 @@ def meta_write(owner: str, message_id: str, meta: str) -> Write:
     return Write("meta", [key("meta", owner)], MetaArgs(message_id, meta, KEY_TTL))
 
 
-def resync_write(target: Target, text: str, text_ttl: int) -> Write:
-    """Rewrite a message's whole text and publish it as a snapshot."""
+def resync_write(
+    target: Target,
+    text: str | bytes,
+    text_ttl: int,
+    snapshot: str = "",
+) -> Write:
+    """Rewrite a message's whole text and publish it as a snapshot; a structured message's
+    log (``text``, its ``snapshot`` given)."""
     channel, owner, message_id = target
     member = f"{owner}|{message_id}"
-    snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))
+    if not snapshot:
+        assert isinstance(text, str)
+        snapshot = encode(Snapshot(channel=channel, id=message_id, text=text))
     return Write(
         "resync",
         _text_keys(channel, member),

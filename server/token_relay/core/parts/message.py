@@ -66,7 +66,12 @@ class MessageParts(TextChunks, ToolChunks):
         histories: list[ToolHistory | None] = []
         for record in self._parts:
             if isinstance(record, TextRecord):
-                views.append(record.render())
+                view = record.render()
+                if record.buffer.held:
+                    # Half a surrogate pair waits for its other half, which a live delta
+                    # brings: it goes in the one delta, so the two join where it arrives.
+                    view["text"] += record.buffer.held
+                views.append(view)
                 text_ids.append(record.chunk_id)
                 histories.append(None)
             elif isinstance(record, ToolRecord):
@@ -74,13 +79,47 @@ class MessageParts(TextChunks, ToolChunks):
                 # the catch-up does not carry: its text goes as it came, in one delta.
                 views.append(record.part)
                 text_ids.append(None)
-                text = record.buffer.text() if record.had_delta else None
+                text = record.buffer.text() + record.buffer.held if record.had_delta else None
                 histories.append((text, record.input_end, record.encoding))
             else:
                 views.append(record)
                 text_ids.append(None)
                 histories.append(None)
         return compacted(views, text_ids, self._finish_marks, histories)
+
+    def step_ends(self) -> list[dict[str, Any]]:
+        """End every open text and reasoning part (as ``*-end`` chunks would), and return
+        those chunks: what a reader is sent before a ``finish-step`` that would leave them
+        ``"streaming"``, so that it holds them ``"done"``, as a completed message does."""
+        records = sorted((*self._texts.values(), *self._reasonings.values()), key=_index)
+        chunks = [{"type": f"{record.kind}-end", "id": record.chunk_id} for record in records]
+        for chunk in chunks:
+            self.apply(chunk)
+        return chunks
+
+    def finalizing(self) -> list[dict[str, Any]]:
+        """Finalize, and return the chunks that take a reader holding this message's chunks
+        so far to the parts finalize made: the end of each text or reasoning part still
+        open, and each streaming tool input's outcome (``tool-input-available`` with the
+        parsed input, or the failure). A reader can't learn more: a part a ``finish-step``
+        closed stays ``"streaming"`` there, and half a surrogate pair it holds stays half."""
+        open_ids = {(record.kind, record.chunk_id) for record in self._texts.values()}
+        open_ids.update((record.kind, record.chunk_id) for record in self._reasonings.values())
+        before = self.catch_up()
+        self.finalize()
+        chunks: list[dict[str, Any]] = []
+        index = 0
+        for chunk in self.catch_up():
+            if index < len(before) and chunk == before[index]:
+                index += 1
+                continue
+            kind = chunk.get("type")
+            if kind in ("text-end", "reasoning-end"):
+                if (kind.partition("-")[0], chunk.get("id")) in open_ids:
+                    chunks.append(chunk)
+            elif kind in _OUTCOMES:
+                chunks.append(chunk)
+        return chunks
 
     # -- writing
 
@@ -263,6 +302,13 @@ class MessageParts(TextChunks, ToolChunks):
         self._chars += size - old
         return index
 
+
+def _index(record: TextRecord) -> int:
+    return record.index
+
+
+_OUTCOMES: Final = frozenset({"tool-input-available", "tool-input-error", "tool-output-error"})
+"""What finalizing a tool whose input still streams may make of it."""
 
 _UNBOUNDED: Final = sys.maxsize
 """No budget but the parts' own bounds: :meth:`MessageParts.apply` has none."""

@@ -43,6 +43,10 @@ class TextChunks(PartsState):
         self._chars += self._texts[IMPLICIT].buffer.commit(appended, held)
         return index
 
+    def opens_implicit(self) -> bool:
+        """Whether a top-level delta would open the implicit text part now (none is open)."""
+        return IMPLICIT not in self._texts
+
     def _open_text(self, kind: str, chunk_id: str, metadata: Any) -> int:
         record = TextRecord(kind, chunk_id, metadata, len(self._parts))
         (self._texts if kind == "text" else self._reasonings)[chunk_id] = record
