@@ -23,6 +23,10 @@ INCLUDED = {
     "client_demo/integrations/nextjs_route.ts": (
         "tests/e2e/test_ai_sdk.py::test_the_documented_nextjs_route_answers_use_chat"
     ),
+    "client_demo/integrations/nextjs_produce_route.ts": (
+        "tests/e2e/test_ai_sdk_produce.py::"
+        "test_the_documented_producer_route_aborts_its_model_on_stop"
+    ),
     "client_demo/integrations/fastapi_app.py": (
         "tests/e2e/test_ai_sdk.py::test_the_documented_fastapi_app_answers_use_chat"
     ),

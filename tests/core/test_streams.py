@@ -441,6 +441,31 @@ def test_partial_and_channel_of_are_none_after_abort() -> None:
     assert session.channel_of("m") is None
 
 
+# ------------------------------------------------------------------------ abort
+
+
+def test_abort_ends_a_message_in_progress_at_its_producers_word() -> None:
+    session = MessageStreams("c")
+    session.receive(ProducerEvent(id="m", delta="so far", meta={"model": "x"}), now=1.0)
+    assert session.abort("m") == Unfinished("c", "m", "so far", {"model": "x"})
+    assert session.phase("m") is Phase.ABORTED
+    assert _rejected(session, ProducerEvent(id="m", delta="late")).code is ErrorCode.MESSAGE_ABORTED
+    # Not in progress (ended, or unknown): nothing, and nothing changes.
+    assert session.abort("m") is None
+    session.receive(ProducerEvent(id="done", delta="x", final=True))
+    assert session.abort("done") is None and session.phase("done") is Phase.COMPLETED
+    assert session.abort("never") is None and session.phase("never") is None
+
+
+def test_abort_keeps_a_structured_messages_parts_as_they_were() -> None:
+    session = MessageStreams("c")
+    session.receive(ProducerEvent(id="m", chunk={"type": "text-start", "id": "t"}))
+    session.receive(ProducerEvent(id="m", chunk={"type": "text-delta", "id": "t", "delta": "Hi"}))
+    assert session.abort("m") == Unfinished(
+        "c", "m", "Hi", None, [{"type": "text", "text": "Hi", "state": "streaming"}]
+    )
+
+
 # ------------------------------------------------------------------------ expire
 
 

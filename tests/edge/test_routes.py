@@ -13,6 +13,7 @@ import sys
 import pytest
 from token_relay.edge import routes
 from token_relay.edge.routes import (
+    AiSdkProduce,
     AiSdkStop,
     AiSdkStream,
     Cancel,
@@ -109,6 +110,16 @@ def test_the_ai_sdk_routes() -> None:
     assert route("/ai-sdk/chat-1/stop?id=", "POST") == AiSdkStop(channel="chat-1", wanted=None)
     # Stop takes no ?wait=: whatever it says is not read.
     assert route("/ai-sdk/c/stop?wait=forever", "POST") == AiSdkStop(channel="c")
+    assert route("/ai-sdk/chat-1/produce?id=m1&token=t", "POST") == AiSdkProduce(
+        token="t", channel="chat-1", wanted="m1"
+    )
+    assert route("/ai-sdk/chat%2F1/produce", "POST") == AiSdkProduce(channel="chat/1")
+    assert route("/ai-sdk/c/produce") == Refusal(
+        405, "method_not_allowed", "/ai-sdk/c/produce takes POST", (("Allow", "POST"),)
+    )
+    assert route("/ai-sdk/c/produce?id=" + "m" * 257, "POST") == Refusal(
+        400, "bad_id", "?id= is at most 256 characters"
+    )
 
 
 def test_cancel_and_the_dead_letters() -> None:
@@ -185,7 +196,9 @@ def test_sse_needs_a_channel() -> None:
     ],
 )
 def test_an_ai_sdk_path_of_another_shape_is_404(path: str) -> None:
-    assert route(path) == Refusal(404, "no_endpoint", "use /ai-sdk/CHANNEL/stream or /stop")
+    assert route(path) == Refusal(
+        404, "no_endpoint", "use /ai-sdk/CHANNEL/stream, /stop or /produce"
+    )
 
 
 def test_an_ai_sdk_channel_is_at_most_256_characters_once_decoded() -> None:

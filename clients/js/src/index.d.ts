@@ -6,7 +6,9 @@ export type AbortReason =
   | "idle_timeout"
   | "message_too_large"
   | "shutdown"
-  | "relay_lost";
+  | "relay_lost"
+  | "cancelled"
+  | "error";
 
 /** What the model reported with a message (usage, finish_reason, model name…). */
 export type Meta = { [key: string]: unknown };

@@ -165,6 +165,7 @@ class Publication(Protocol):
     def done(self) -> bool: ...
     def cancelled(self) -> bool: ...
     def exception(self) -> BaseException | None: ...
+    def result(self) -> str: ...
     def __await__(self) -> Generator[Any, None, str]: ...
 
 
@@ -185,6 +186,12 @@ class Published:
 
     def exception(self) -> BaseException | None:
         return self._error
+
+    def result(self) -> str:
+        """The full frame, once published (or the publication's error, raised)."""
+        if self._error is not None:
+            raise self._error
+        return self._frame
 
     def __await__(self) -> Generator[Any, None, str]:
         if self._error is not None:

@@ -95,6 +95,7 @@ class ErrorCode(StrEnum):
     PART_EXISTS = "part_exists"
     TOO_MANY_PARTS = "too_many_parts"
     PART_TOO_LARGE = "part_too_large"
+    INVALID_SSE = "invalid_sse"
 
 
 class Blame(StrEnum):

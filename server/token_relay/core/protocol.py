@@ -31,6 +31,7 @@ __all__ = [
     "Ack",
     "AckBatch",
     "AckEntry",
+    "AiSdkProduced",
     "AnyServerFrame",
     "Cancel",
     "ChannelName",
@@ -104,6 +105,10 @@ class AbortReason(StrEnum):
     MESSAGE_TOO_LARGE = "message_too_large"
     SHUTDOWN = "shutdown"
     RELAY_LOST = "relay_lost"
+    CANCELLED = "cancelled"
+    """Stop was pressed (or the producer aborted it) and its producer ended it so."""
+    ERROR = "error"
+    """Its producer reported an error (the AI SDK's ``error`` chunk, its text in ``meta``)."""
 
 
 # ---------------------------------------------------------------- producer -> relay
@@ -351,6 +356,31 @@ class Aborted(_Frame):
     meta: Meta | MISSING = MISSING
     offset: int
     epoch: str
+
+
+class AiSdkProduced(_Frame):
+    """The answer to ``POST /ai-sdk/{channel}/produce``: what became of the reply its body
+    carried.
+
+    ``outcome`` is ``completed`` (``finish`` or ``[DONE]``), ``stopped`` (a Stop came while
+    the body streamed: the reply was aborted with reason ``cancelled`` and the answer came
+    at once, so that the app aborts its model), ``aborted`` (``abort``, ``error``, a body
+    that ended before its reply did, or a bound: ``reason`` says which) or ``none`` (nothing
+    of it was published: the body held no chunk, or each was refused). ``offset`` and
+    ``epoch`` are the reply's place in the channel, as its ``message`` or ``aborted`` frame
+    has them. ``errors`` are the error frames a WebSocket producer would have been sent for
+    the body's events, in order.
+    """
+
+    id: str
+    channel: str
+    outcome: Literal["completed", "aborted", "stopped", "none"]
+    stopped: bool
+    """``outcome == "stopped"``: the app should abort its model."""
+    reason: AbortReason | MISSING = MISSING
+    offset: int | MISSING = MISSING
+    epoch: str | MISSING = MISSING
+    errors: list[ErrorFrame]
 
 
 AnyServerFrame = (
@@ -612,4 +642,5 @@ def json_schema() -> dict[str, Any]:
         ).json_schema(),
         "subscriber_to_relay": SUBSCRIBER_FRAME.json_schema(),
         "relay_to_client": SERVER_FRAME.json_schema(mode="serialization"),
+        "ai_sdk_produce_answer": AiSdkProduced.model_json_schema(mode="serialization"),
     }

@@ -10,7 +10,7 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
 
     (unknown) --event, not final--> STREAMING --final--> COMPLETED
     (unknown) --event, final------> COMPLETED
-    STREAMING --close / expire / too large--> ABORTED
+    STREAMING --close / expire / too large / the producer's abort--> ABORTED
     STREAMING, COMPLETED --another producer holds the id--> REFUSED
     COMPLETED --repeated final--> COMPLETED (acked again, never re-broadcast)
     COMPLETED, ABORTED, REFUSED --evicted from the LRU--> (unknown)
@@ -26,7 +26,9 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   so the producer can send again from there. Without seq, the seed rules hold.
 * Ending: a message ends by completing (``final``) or by being aborted: its
   producer went away (:meth:`MessageStreams.close`), it had no event for too
-  long (:meth:`MessageStreams.expire`), or a delta took it past the size limit.
+  long (:meth:`MessageStreams.expire`), a delta took it past the size limit, or its
+  producer said so (:meth:`MessageStreams.abort`: the AI SDK producer route's ``abort``
+  and ``error`` chunks, and a Stop it obeys).
   An aborted id is remembered; events for it are rejected (``message_aborted``),
   so a late delta can't start a bogus new message.
 * Refusal: an id another producer holds on the channel is refused by the broker
@@ -531,6 +533,13 @@ class MessageStreams:
         """The channel of an unfinished message, or None."""
         state = self._streaming.get(message_id)
         return None if state is None else state.channel
+
+    def abort(self, message_id: str) -> Unfinished | None:
+        """Abort an unfinished message at its producer's word (a Stop it obeyed, an error it
+        reported); None, changing nothing, if the message is not in progress."""
+        if message_id not in self._streaming:
+            return None
+        return self._abort(message_id)
 
     def expire(self, deadline: float) -> list[Unfinished]:
         """Abort every unfinished message whose last event came before ``deadline``."""

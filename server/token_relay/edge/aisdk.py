@@ -20,6 +20,10 @@ join as every other subscriber, and then serves one message:
   ``finish`` (with ``finishReason`` if its ``meta`` names one of ``ai`` 7's, and ``meta`` as
   ``messageMetadata``); an aborted message ends with ``abort`` and its reason.
 
+A message aborted for an ``error`` its producer reported (reason ``error``, from the AI
+SDK's producer route, :mod:`token_relay.edge.aisdkproduce`) ends with ``{"type": "error",
+"errorText": ...}`` (its ``meta``'s ``errorText``) rather than ``abort``.
+
 A reply that completed before the stream was asked for is served too, whole, from the
 channel's history (the join's rewind): the one ``?id=`` names, as long as history holds it;
 without ``?id=`` (nor ``?wait=``, which waits for a new one), the channel's newest reply, if
@@ -64,6 +68,9 @@ FINISH_REASONS = frozenset(
 )
 """The ``finishReason`` values of ``ai`` 7's ``finish`` chunk: a message's ``meta`` naming one
 has it on its ``finish``."""
+ERROR_TEXT = "errorText"
+"""The key of the ``meta`` of a message aborted for an ``error`` (reason ``error``) that
+holds its text."""
 
 
 class AiSdkStream(SseStream):
@@ -210,7 +217,13 @@ class AiSdkStream(SseStream):
         self._finish(frame)
 
     def _finish(self, frame: dict[str, Any]) -> None:
-        if frame.get("type") == "aborted":
+        """The message's end: ``finish`` (with its ``finishReason`` and ``messageMetadata``),
+        ``error`` (aborted for the error its producer reported) or ``abort``."""
+        if frame.get("type") == "aborted" and frame.get("reason") == "error":
+            error_text = (frame.get("meta") or {}).get(ERROR_TEXT)
+            error_text = error_text if isinstance(error_text, str) else "error"
+            self._emit({"type": "error", "errorText": error_text})
+        elif frame.get("type") == "aborted":
             self._emit({"type": "abort", "reason": frame.get("reason", "")})
         else:
             finish: dict[str, Any] = {"type": "finish"}

@@ -49,6 +49,7 @@ from ..core.forwarded import Network
 from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream
+from .aisdkproduce import AiSdkProducer
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .httpproducer import NDJSON, HttpProducer
@@ -417,15 +418,28 @@ class HttpConnection(asyncio.Protocol):
         assert self.transport is not None
         settings = self.server.settings
         content_type = reading.request.header("content-type").split(";")[0].strip().lower()
-        producer = HttpProducer(
-            self.transport,
-            path=reading.request.target,
-            client=reading.request.client,
-            grant=reading.grant,
-            ndjson=content_type == NDJSON,
-            named=isinstance(reading.route, routes.HttpProduce) and reading.route.named,
-            max_line=settings.max_frame_bytes,
-        )
+        route = reading.route
+        producer: HttpProducer
+        if isinstance(route, routes.AiSdkProduce):
+            producer = AiSdkProducer(
+                self.transport,
+                path=reading.request.target,
+                client=reading.request.client,
+                grant=reading.grant,
+                channel=route.channel,
+                wanted=route.wanted,
+                max_line=settings.max_frame_bytes,
+            )
+        else:
+            producer = HttpProducer(
+                self.transport,
+                path=reading.request.target,
+                client=reading.request.client,
+                grant=reading.grant,
+                ndjson=content_type == NDJSON,
+                named=isinstance(route, routes.HttpProduce) and route.named,
+                max_line=settings.max_frame_bytes,
+            )
         self._producer = producer
         self._answer_later(request, reading, self.server.produce(reading, producer))
 
@@ -530,7 +544,14 @@ class HttpConnection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         self._uncount()
-        keep = reply.status < 400 and request is not None and (read or not _has_body(request))
+        # A reply given before its body ended (Stop of an AI SDK producer) closes the
+        # connection: the rest of the body is read and dropped meanwhile.
+        keep = (
+            reply.status < 400
+            and request is not None
+            and (read or not _has_body(request))
+            and self._producer is None
+        )
         headers = [("Server", "token-relay"), *reply.headers]
         if reply.status != 204:  # a 204 has neither a body nor a length
             headers += [

@@ -124,7 +124,9 @@ class Reply:
 
 Streams = routes.Produce | routes.Subscribe | routes.Sse | routes.AiSdkStream
 """The routes an :class:`Admit` admits: a WebSocket, or a streamed response."""
-Bodies = routes.HttpProduce | routes.AiSdkStop | routes.Cancel | routes.DeadLetters
+Bodies = (
+    routes.HttpProduce | routes.AiSdkProduce | routes.AiSdkStop | routes.Cancel | routes.DeadLetters
+)
 """The routes a :class:`ReadBody` admits: each takes a body."""
 
 
@@ -148,8 +150,8 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class ReadBody:
-    """An admitted request whose route takes a body (``POST /produce``, ``/cancel``, Stop,
-    the dead letters)."""
+    """An admitted request whose route takes a body (``POST /produce``, the AI SDK's
+    producer, ``/cancel``, Stop, the dead letters)."""
 
     request: HttpRequest
     route: Bodies
@@ -159,8 +161,9 @@ class ReadBody:
 
     @property
     def stream(self) -> bool:
-        """The body is applied as it arrives (``POST /produce``), not read whole first."""
-        return isinstance(self.route, routes.HttpProduce)
+        """The body is applied as it arrives (``POST /produce``, the AI SDK's producer), not
+        read whole first."""
+        return isinstance(self.route, routes.HttpProduce | routes.AiSdkProduce)
 
 
 class Gate:
@@ -232,7 +235,7 @@ class Gate:
             return reply
         if isinstance(route, routes.DeadLetters):
             return self._operator(request, route)
-        produce = isinstance(route, routes.Produce | routes.HttpProduce)
+        produce = isinstance(route, routes.Produce | routes.HttpProduce | routes.AiSdkProduce)
         decision = self._decide(Role.PRODUCE if produce else Role.SUBSCRIBE, request, route)
         if isinstance(decision, Refusal):
             return self._refused(request, decision)
@@ -240,7 +243,9 @@ class Gate:
             route.channel
         ):
             return self.refuse(request, 403, "this token does not grant the channel")
-        if isinstance(route, routes.HttpProduce | routes.AiSdkStop | routes.Cancel):
+        if isinstance(
+            route, routes.HttpProduce | routes.AiSdkProduce | routes.AiSdkStop | routes.Cancel
+        ):
             return ReadBody(request, route, decision)
         if isinstance(route, routes.Sse) and route.resume:
             try:
@@ -335,7 +340,11 @@ class Gate:
             return Refusal(401, "invalid_token", f"invalid token: {exc}")
         if grant.role is not role:
             return Refusal(403, "wrong_role", f"this token's role is '{grant.role}', not '{role}'")
-        channel = route.channel if isinstance(route, routes.Produce | routes.HttpProduce) else None
+        channel = (
+            route.channel
+            if isinstance(route, routes.Produce | routes.HttpProduce | routes.AiSdkProduce)
+            else None
+        )
         if channel is not None and not grant.allows(channel):
             return Refusal(403, "forbidden", "this token does not grant the URL's channel")
         return grant

@@ -21,24 +21,38 @@ import asyncio
 import collections
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from websockets import CloseCode
 
 from ..core.errors import ErrorCode, FrameRejected
 from ..core.grants import Grant
+from ..core.protocol import AbortReason
 from .broadcast import Broadcast
 from .flow import PeerBase
 
-__all__ = ["NDJSON", "HttpProducer"]
+__all__ = ["NDJSON", "AbortMessage", "HttpProducer", "Item"]
 
 NDJSON = "application/x-ndjson"
 MAX_LINES = 64
 """Lines of an NDJSON body waiting to be applied before its socket stops being read (it also
 stops once they hold ``--max-frame-bytes``)."""
 
-Item = str | FrameRejected
-"""A line (or the whole JSON body) to apply, or the refusal of one that can't be."""
+
+@dataclass(frozen=True, slots=True)
+class AbortMessage:
+    """Abort a message of this request's producer, at the producer's own word: an AI SDK
+    body's ``abort`` or ``error`` chunk, or a Stop it obeys
+    (:mod:`token_relay.edge.aisdkproduce`). Nothing if the message is not in progress."""
+
+    message_id: str
+    reason: AbortReason
+
+
+Item = str | FrameRejected | AbortMessage
+"""A line (or the whole JSON body) to apply, the refusal of one that can't be, or a message
+to abort."""
 
 
 class HttpProducer(PeerBase):
@@ -260,6 +274,11 @@ class HttpProducer(PeerBase):
             b",".join(self.errors),
             b",".join(self.cancels),
         )
+
+    def ended(self, message_id: str, frame: str) -> None:
+        """The terminal frame (``message`` or ``aborted``, with its offset) of a message of
+        this producer's session was published while this request was attached. Nothing to
+        keep here: the answer of ``POST /produce`` has its acks."""
 
     async def send(self, data: str | bytes) -> None:
         """Collect one frame."""

@@ -62,7 +62,7 @@ from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Phase, Unfinished
 from ..core.webhooks import identity
 from .flow import loop_clock
-from .httpproducer import HttpProducer
+from .httpproducer import AbortMessage, HttpProducer, Item
 from .metrics import Metrics
 from .peer import ProducerPeer
 from .writer import Writer
@@ -212,7 +212,7 @@ class ProducerEndpoint:
         received, waiting, streams = self.metrics.frames_in_producer, self._replies, session.streams
         self.clock = loop_time = loop_clock(loop)
 
-        def handle(raw: str | bytes | FrameRejected) -> Awaitable[None] | None:
+        def handle(raw: Item | bytes) -> Awaitable[None] | None:
             received.value += 1
             if self.stopping or (
                 session.connection is not connection and connection not in session.joined
@@ -331,11 +331,15 @@ class ProducerEndpoint:
         self,
         connection: ProducerPeer,
         session: Session,
-        raw: str | bytes | FrameRejected,
+        raw: Item | bytes,
         now: float,
     ) -> Coroutine[Any, Any, None] | None:
         """Apply one frame and answer it, without waiting; what is left to wait for (an
         abort being published), if anything."""
+        if isinstance(raw, AbortMessage):
+            # The producer's own word, not a frame: neither decoded nor charged.
+            unfinished = session.streams.abort(raw.message_id)
+            return None if unfinished is None else self._abort(session, unfinished, raw.reason)
         try:
             if not isinstance(raw, str):
                 # An HTTP body's line the edge refused before decoding it, or a binary frame.
@@ -618,11 +622,20 @@ class ProducerEndpoint:
                 raise error
             session.unpublished.pop(message_id, None)
             self.metrics.completed.inc()
+            self._ended(session, message_id, published.result())
             if completion.meta:
                 self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
             elapsed = self.clock() - completion.received
             self.metrics.final_to_delivery.observe(elapsed)
         return channel, message_id, completion.duplicate
+
+    @staticmethod
+    def _ended(session: Session, message_id: str, frame: str) -> None:
+        """Tell the session's HTTP requests that a message of it ended, published as
+        ``frame``."""
+        for connection in session.connections():
+            if isinstance(connection, HttpProducer):
+                connection.ended(message_id, frame)
 
     def _identity(self, session: Session) -> str:
         """The producer identity a webhook carries: "" when the relay runs open."""
@@ -645,7 +658,10 @@ class ProducerEndpoint:
             self.broker.meta(unfinished.channel, owner, unfinished.message_id, "")
         where = (unfinished.channel, owner, unfinished.message_id, encode_unpositioned(frame))
         try:
-            await self.broker.terminal(*where, aborted=True, producer=producer, claimed=True)
+            published = await self.broker.terminal(
+                *where, aborted=True, producer=producer, claimed=True
+            )
+            self._ended(session, unfinished.message_id, published)
         except FrameRejected:
             pass  # the id was another producer's (its claim was refused): nothing to abort
         except BrokerUnavailable:

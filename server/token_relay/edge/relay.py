@@ -317,10 +317,13 @@ class Relay:
         return Reply(200, body.encode(), "application/json")
 
     async def _produce(self, request: ReadBody, producer: HttpProducer) -> Reply:
-        """``POST /produce``: one request's events, and every frame it earned, as JSON."""
+        """``POST /produce`` (or the AI SDK's): one request's events, and every frame it
+        earned (or, the AI SDK's, what became of its reply), as JSON."""
         route = request.route
         name = route.producer if isinstance(route, routes.HttpProduce) else ""
-        channel = route.channel if isinstance(route, routes.HttpProduce) else None
+        channel = (
+            route.channel if isinstance(route, routes.HttpProduce | routes.AiSdkProduce) else None
+        )
         resume = named_session(request.grant, name) if name else None
         gauge = self.metrics.connections.labels("http_producer")
         gauge.inc()

@@ -18,6 +18,7 @@ Routes
 ``GET /sse``                               :class:`Sse`
 ``GET /ai-sdk/{channel}/stream``           :class:`AiSdkStream`
 ``POST /ai-sdk/{channel}/stop``            :class:`AiSdkStop`
+``POST /ai-sdk/{channel}/produce``         :class:`AiSdkProduce`
 ``POST /cancel``                           :class:`Cancel`
 ``GET``/``POST /webhooks/dead``            :class:`DeadLetters`
 ``/healthz``, ``/readyz``, ``/metrics``    :class:`Health`, :class:`Ready`, :class:`MetricsPage`
@@ -53,6 +54,7 @@ __all__ = [
     "SSE_PATH",
     "SUBSCRIBE_PATH",
     "Admitted",
+    "AiSdkProduce",
     "AiSdkStop",
     "AiSdkStream",
     "Cancel",
@@ -183,6 +185,16 @@ class AiSdkStop(Admitted):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AiSdkProduce(Admitted):
+    """``POST /ai-sdk/{channel}/produce[?id=M]``: one reply, as the body of a UI message
+    stream (:mod:`token_relay.edge.aisdkproduce`)."""
+
+    channel: str
+    wanted: str | None = None
+    """The reply's id (``?id=``) if its ``start`` names none; None: the relay makes one."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel(Admitted):
     """``POST /cancel``: a cancel frame as a request's body."""
 
@@ -221,6 +233,7 @@ Route = (
     | Sse
     | AiSdkStream
     | AiSdkStop
+    | AiSdkProduce
     | Cancel
     | DeadLetters
     | Health
@@ -341,19 +354,23 @@ def _sse(arguments: dict[str, list[str]], last_event_id: str) -> Sse | Refusal:
     )
 
 
-def _ai_sdk(method: str, path: str, query: str) -> AiSdkStream | AiSdkStop | Refusal:
+def _ai_sdk(method: str, path: str, query: str) -> AiSdkStream | AiSdkStop | AiSdkProduce | Refusal:
     name, _, action = path.removeprefix(AI_SDK_PREFIX).partition("/")
     channel = unquote(name)
-    if action not in ("stream", "stop") or not channel:
-        return Refusal(404, "no_endpoint", f"use {AI_SDK_PREFIX}CHANNEL/stream or /stop")
+    if action not in ("stream", "stop", "produce") or not channel:
+        return Refusal(404, "no_endpoint", f"use {AI_SDK_PREFIX}CHANNEL/stream, /stop or /produce")
     wanted_method = "GET" if action == "stream" else "POST"
     if method != wanted_method:
         return _wrong_method(path, wanted_method)
     if len(channel) > MAX_NAME_LENGTH:
         return Refusal(400, "bad_channel", f"a channel is 1 to {MAX_NAME_LENGTH} characters")
     arguments = _arguments(query)
-    token, fault = _last(arguments, "token"), _fault(arguments, produce=False)
+    token, fault = _last(arguments, "token"), _fault(arguments, produce=action == "produce")
     wanted = _last(arguments, "id") or None
+    if action == "produce":
+        if len(wanted or "") > MAX_NAME_LENGTH:
+            return Refusal(400, "bad_id", f"?id= is at most {MAX_NAME_LENGTH} characters")
+        return AiSdkProduce(token=token, fault=fault, channel=channel, wanted=wanted)
     if action == "stop":
         return AiSdkStop(token=token, fault=fault, channel=channel, wanted=wanted)
     wait = seconds_of(_last(arguments, "wait") or "0", MAX_WAIT_SECONDS)

@@ -202,6 +202,11 @@ class SubscriberEndpoint:
         """``POST /ai-sdk/{channel}/stop``: cancel the newest message in progress on the
         channel (or the one ``?id=`` names). Returns the HTTP status and the error frame."""
         try:
+            if wanted is not None:
+                # Its producers are asked directly (none has it: 404), whatever the message
+                # is: a structured one has no text for the catch-up to list.
+                await self._route_cancel(Cancel(type="cancel", channel=channel, id=wanted))
+                return 204, ""
             try:
                 cut = await self.broker.catch_up(channel, None, True)
             except BrokerUnavailable:
