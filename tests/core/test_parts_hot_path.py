@@ -128,7 +128,7 @@ def test_a_hot_delta_in_the_streams_keeps_its_seq_size_and_clock() -> None:
     streams = MessageStreams("c", part_limits=PartLimits())
     streams.receive(ProducerEvent(id="m", seq=1, chunk={"type": "text-start", "id": "t"}), 1.0)
     delta = ProducerEvent(id="m", seq=2, chunk={"type": "text-delta", "id": "t", "delta": "abc"})
-    assert streams.receive(delta, 2.0) == Applied("c", "m", None, chunks=[delta.chunk])
+    assert streams.receive(delta, 2.0) == Applied("c", "m", None, chunks=(delta.chunk,))
     assert streams.held_chars() == 3
     assert streams.receive(delta, 3.0) == Applied("c", "m", None, duplicate=True)
     with pytest.raises(FrameRejected) as gap:

@@ -383,7 +383,7 @@ def _live(streams: MessageStreams, event: dict[str, Any]) -> list[dict[str, Any]
     applied = streams.receive(ProducerEvent.model_validate({"id": "m", **event}))
     assert isinstance(applied, Applied)
     assert applied.delta is None or not applied.chunks
-    return applied.chunks
+    return None if applied.chunks is None else list(applied.chunks)
 
 
 START = {"type": "text-start", "id": "text"}

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -261,7 +261,7 @@ class Broker(Protocol):
         entry: Mapping[str, Any] | str,
         seq: int = 0,
         convert: str = "",
-        live: list[dict[str, Any]] | None = None,
+        live: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """A structured message applied ``entry`` (a chunk, or a top-level delta): kept,
         in order, where another process taking its session over (or aborting it) can

@@ -13,7 +13,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.codec import encode_chunks
@@ -249,7 +249,7 @@ class MemoryBroker:
         entry: Mapping[str, Any] | str,
         seq: int = 0,
         convert: str = "",
-        live: list[dict[str, Any]] | None = None,
+        live: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """Hand the ``chunks`` frame of ``live`` straight to the listener, built only if
         someone wants it; nothing to keep: sessions live in this process."""

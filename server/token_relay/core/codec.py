@@ -19,6 +19,7 @@ what is accepted here equals the models' result, and every encoding equals their
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -141,7 +142,7 @@ def encode_delta(channel: str, message_id: str, delta: str) -> str:
     return DeltaFrame.model_construct(channel=channel, id=message_id, delta=delta).model_dump_json()
 
 
-def encode_chunks(channel: str, message_id: str, chunks: list[dict[str, Any]]) -> str:
+def encode_chunks(channel: str, message_id: str, chunks: Sequence[dict[str, Any]]) -> str:
     """A ``chunks`` frame (:class:`~token_relay.core.protocol.ChunksFrame`) from chunks a
     message's parts accepted. Its numbers are written as msgspec writes them (``1e16``):
     equal as JSON to the models' serialization, not byte for byte."""

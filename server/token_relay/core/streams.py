@@ -158,9 +158,9 @@ class Applied(msgspec.Struct, frozen=True, gc=False):
     """On completion: the message's metadata, merged from its events' ``meta``."""
     parts: list[dict[str, Any]] | None = None
     """On completion of a structured message: its parts (repeated finals included)."""
-    chunks: list[dict[str, Any]] | None = None
+    chunks: tuple[dict[str, Any], ...] | None = None
     """For a structured message in progress: the chunks this event amounts to, for its
-    deltas subscribers (see :func:`live_chunks`); None if it changed nothing they see."""
+    deltas subscribers (see the module's doc); None if it changed nothing they see."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +310,7 @@ class MessageStreams:
                             state.seq = seq
                         state.last_event = now
                         state.chars = chars
-                        return Applied(channel, message_id, None, chunks=[event.chunk])
+                        return Applied(channel, message_id, None, chunks=(event.chunk,))
                 return self._structured(event, channel, seq, meta, now, state)
             if seq is not None:
                 state.seq = seq
@@ -686,7 +686,7 @@ class MessageStreams:
         if not event.final:
             if opened:
                 self._streaming[message_id] = state
-            return Applied(channel, message_id, None, opened=opened, chunks=live or None)
+            return Applied(channel, message_id, None, opened=opened, chunks=tuple(live) or None)
         parts.finalize()
         self._streaming.pop(message_id, None)
         self._completed_parts[message_id] = parts

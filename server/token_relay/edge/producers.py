@@ -30,7 +30,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any
 
 from pydantic import MISSING
@@ -171,6 +171,10 @@ class ProducerEndpoint:
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
+        self.delta_channels: Collection[str] = ()
+        """The channels a deltas subscriber of this process listens to (the relay's live
+        set): a structured message's chunks go to a broker that keeps no sessions only
+        for them."""
         self._memory_checked = -MEMORY_CHECK_SECONDS
         self._replies: dict[ProducerPeer, _Replies] = {}
         """Per producer connection, its replies still waiting for the broker, in order."""
@@ -518,7 +522,9 @@ class ProducerEndpoint:
                     applied.channel, session.owner, applied.message_id, json.dumps(merged)
                 )
         live = applied.chunks
-        if live is not None:
+        if live is not None and (
+            applied.channel in self.delta_channels or self.broker.shares_sessions
+        ):
             # A structured message's event, in progress (most of a structured reply): its
             # chunks to its deltas subscribers, and its log kept where sessions are shared.
             if event.chunk is not MISSING:

@@ -99,6 +99,7 @@ class Relay:
             spawn=self._spawn,
         )
         self._delta_channels = self.subscribers.router.hub.delta_channels
+        self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
         metrics = self.metrics
         metrics.memory.set_function(self.producers.memory_in_use)

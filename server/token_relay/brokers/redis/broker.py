@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...core.errors import BrokerUnavailable
@@ -177,7 +177,7 @@ class RedisBroker:
         entry: Mapping[str, Any] | str,
         seq: int = 0,
         convert: str = "",
-        live: list[dict[str, Any]] | None = None,
+        live: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """Add to a structured message's log in Redis (see :mod:`.partlog`), and publish
         ``live`` as a ``chunks`` frame, in one script. ``convert`` (``1``, ``0``) if the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -213,7 +214,7 @@ class Runs:
         return True
 
     def join_entry(
-        self, target: Target, entry: bytes, seq: int, live: list[dict[str, Any]] | None
+        self, target: Target, entry: bytes, seq: int, live: Sequence[dict[str, Any]] | None
     ) -> bool:
         """Add a structured message's log ``entry`` (and the ``live`` chunks to publish) to
         its queued run; False if there is none (or the run is of its plain deltas)."""
@@ -236,7 +237,7 @@ class Runs:
         write: Write,
         entry: bytes,
         seq: int,
-        live: list[dict[str, Any]] | None,
+        live: Sequence[dict[str, Any]] | None,
     ) -> None:
         """``write``, a part write just queued with ``entry``, starts its message's run."""
         write.entries = [entry]
