@@ -158,7 +158,7 @@ def join_core(structured: bool, chars: int, joins: int) -> float:
 async def join_relay(chars: int, joins: int) -> dict[bool, float]:
     """Joins per second through a relay process: subscribe, snapshot received, unsubscribe."""
     notable: list[str] = []
-    server = relay("relay")
+    server = relay("relay", "--max-subscribes-per-second", "1000000")  # a join per frame
     result: dict[bool, float] = {}
     async with started(server, notable=notable):
         base = f"ws://127.0.0.1:{server.port}"
@@ -177,15 +177,19 @@ async def join_relay(chars: int, joins: int) -> dict[bool, float]:
                         await subscriber.send(json.dumps(
                             {"type": "subscribe", "channel": channel, "deltas": True}
                         ))  # fmt: skip
-                        while json.loads(await subscriber.recv())["type"] != "snapshot":
-                            pass
+                        while (got := json.loads(await subscriber.recv()))["type"] != "snapshot":
+                            if got["type"] == "error":
+                                raise SystemExit(f"the join was refused: {got}")
                         if n >= 20:
                             times.append(time.perf_counter() - start)
                         await subscriber.send(
                             json.dumps({"type": "unsubscribe", "channel": channel})
                         )
-                        while json.loads(await subscriber.recv())["type"] != "unsubscribed":
-                            pass
+                        while (got := json.loads(await subscriber.recv()))[
+                            "type"
+                        ] != "unsubscribed":
+                            if got["type"] == "error":
+                                raise SystemExit(f"the unsubscribe was refused: {got}")
             result[structured] = 1 / statistics.median(times)
             check_alive(server)
     for line in notable:
