@@ -52,6 +52,10 @@ SANS_IO = {
     "token_relay.edge.statuses",
 }
 """The edge's modules that work without a loop or a socket: frames, routes and statuses."""
+PARTS_MODULES = (
+    "compaction", "fields", "message", "partialjson", "records", "refusals", "state", "texts",
+    "tools",
+)  # fmt: skip
 CLIENT_CORE = {
     "token_relay",
     "token_relay.core",
@@ -61,20 +65,7 @@ CLIENT_CORE = {
     "token_relay.core.assembler",
     "token_relay.core.surrogates",
     "token_relay.core.parts",
-    *(
-        f"token_relay.core.parts.{name}"
-        for name in (
-            "compaction",
-            "fields",
-            "message",
-            "partialjson",
-            "records",
-            "refusals",
-            "state",
-            "texts",
-            "tools",
-        )
-    ),  # fmt: skip
+    *(f"token_relay.core.parts.{name}" for name in PARTS_MODULES),
 }
 """All the client library loads of the package besides itself: the protocol, the errors,
 and the pure assembler of a structured reply's parts."""

@@ -19,7 +19,7 @@ from token_relay.core.parts import chunks_of
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
 from ..harness import RedisServer, eventually, relay_process
-from .test_ai_sdk import AI_MAJORS, NodeScript, _resume
+from .test_ai_sdk import AI_MAJORS, NodeScript, _post, _resume
 
 
 @pytest.fixture(scope="session", params=AI_MAJORS)
@@ -305,7 +305,8 @@ async def test_finish_carries_the_finish_reason_a_reply_s_meta_names(resume: Nod
         )  # fmt: skip
         out, _ = await asyncio.wait_for(curl.communicate(), 10)
         chunks = [json.loads(line[6:]) for line in out.decode().splitlines() if line[6:7] == "{"]
-        assert chunks[-1] == {"type": "finish", "finishReason": "tool-calls", "messageMetadata": meta}
+        finish = {"type": "finish", "finishReason": "tool-calls", "messageMetadata": meta}
+        assert chunks[-1] == finish
         # The package reads it as it is, at each major.
         got = await _resume(resume, running, "chat-5", "?id=reply-5")
         assert (got["message"], got["metadata"]) == (frame["parts"], meta)
@@ -317,3 +318,15 @@ async def test_finish_carries_the_finish_reason_a_reply_s_meta_names(resume: Nod
             assert (await recv_json(producer))["type"] == "ack"
         again = await _resume(resume, running, "chat-5", "?id=reply-6")
         assert (again["text"], again["metadata"]) == ("x", odd)
+
+
+async def test_stop_without_an_id_reaches_a_structured_reply_in_progress() -> None:
+    running, relay = await start_relay()
+    async with relay, running.connect("/produce?channel=chat-7") as producer:
+        for event in _reply("reply-7")[:4]:
+            await send_json(producer, event)
+        await send_json(producer, {"id": "sync", "final": True})
+        assert (await recv_json(producer))["id"] == "sync"
+        assert await _post(running, "/ai-sdk/chat-7/stop") == 204
+        cancel = await recv_json(producer)
+        assert (cancel["type"], cancel["channel"], cancel["id"]) == ("cancel", "chat-7", "reply-7")
