@@ -13,6 +13,7 @@ import sys
 import pytest
 from token_relay.edge import routes
 from token_relay.edge.routes import (
+    AiSdkMessages,
     AiSdkProduce,
     AiSdkStop,
     AiSdkStream,
@@ -197,7 +198,18 @@ def test_sse_needs_a_channel() -> None:
 )
 def test_an_ai_sdk_path_of_another_shape_is_404(path: str) -> None:
     assert route(path) == Refusal(
-        404, "no_endpoint", "use /ai-sdk/CHANNEL/stream, /stop or /produce"
+        404, "no_endpoint", "use /ai-sdk/CHANNEL/stream, /stop, /produce or /messages"
+    )
+
+
+def test_the_ai_sdk_messages_route_takes_a_limit() -> None:
+    assert route("/ai-sdk/c/messages") == AiSdkMessages(channel="c", limit=1000)
+    assert route("/ai-sdk/c/messages?limit=5") == AiSdkMessages(channel="c", limit=5)
+    for limit in ("0", "1001", "-1", "x", "1e3"):
+        refused = route(f"/ai-sdk/c/messages?limit={limit}")
+        assert isinstance(refused, Refusal) and refused.status == 400, limit
+    assert route("/ai-sdk/c/messages", "POST") == Refusal(
+        405, "method_not_allowed", "/ai-sdk/c/messages takes GET", (("Allow", "GET"),)
     )
 
 

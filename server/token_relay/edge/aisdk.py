@@ -54,7 +54,7 @@ from .broadcast import Fields
 from .sse import SSE_HEADERS, SseStream
 from .statuses import JOIN_CODES, status_of
 
-__all__ = ["AI_SDK_HEADERS", "AiSdkStream"]
+__all__ = ["AI_SDK_HEADERS", "AiSdkStream", "ui_message"]
 
 AI_SDK_HEADERS = (
     *SSE_HEADERS,
@@ -71,6 +71,21 @@ has it on its ``finish``."""
 ERROR_TEXT = "errorText"
 """The key of the ``meta`` of a message aborted for an ``error`` (reason ``error``) that
 holds its text."""
+
+
+def ui_message(frame: dict[str, Any]) -> dict[str, Any]:
+    """A ``message`` or ``aborted`` frame as the AI SDK's ``UIMessage`` (``role``
+    ``assistant``): a structured reply's ``parts`` as they are; a plain one's text as one
+    text part, ``done`` if it completed, ``streaming`` as it was if it was aborted; its
+    ``meta`` as ``metadata``."""
+    parts = frame.get("parts")
+    if parts is None:
+        state = "done" if frame.get("type") == "message" else "streaming"
+        parts = [{"type": "text", "text": frame["text"], "state": state}]
+    message: dict[str, Any] = {"id": frame["id"], "role": "assistant", "parts": parts}
+    if "meta" in frame:
+        message["metadata"] = frame["meta"]
+    return message
 
 
 class AiSdkStream(SseStream):

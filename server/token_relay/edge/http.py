@@ -125,9 +125,14 @@ class Reply:
 Streams = routes.Produce | routes.Subscribe | routes.Sse | routes.AiSdkStream
 """The routes an :class:`Admit` admits: a WebSocket, or a streamed response."""
 Bodies = (
-    routes.HttpProduce | routes.AiSdkProduce | routes.AiSdkStop | routes.Cancel | routes.DeadLetters
+    routes.HttpProduce
+    | routes.AiSdkProduce
+    | routes.AiSdkStop
+    | routes.AiSdkMessages
+    | routes.Cancel
+    | routes.DeadLetters
 )
-"""The routes a :class:`ReadBody` admits: each takes a body."""
+"""The routes a :class:`ReadBody` admits: each takes a body (the replies' list an empty one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,12 +244,17 @@ class Gate:
         decision = self._decide(Role.PRODUCE if produce else Role.SUBSCRIBE, request, route)
         if isinstance(decision, Refusal):
             return self._refused(request, decision)
-        if isinstance(route, routes.AiSdkStream | routes.AiSdkStop) and not decision.allows(
-            route.channel
-        ):
+        if isinstance(
+            route, routes.AiSdkStream | routes.AiSdkStop | routes.AiSdkMessages
+        ) and not decision.allows(route.channel):
             return self.refuse(request, 403, "this token does not grant the channel")
         if isinstance(
-            route, routes.HttpProduce | routes.AiSdkProduce | routes.AiSdkStop | routes.Cancel
+            route,
+            routes.HttpProduce
+            | routes.AiSdkProduce
+            | routes.AiSdkStop
+            | routes.AiSdkMessages
+            | routes.Cancel,
         ):
             return ReadBody(request, route, decision)
         if isinstance(route, routes.Sse) and route.resume:

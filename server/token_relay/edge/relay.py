@@ -50,7 +50,7 @@ from ..core.protocol import AbortReason, Since, Subscribe, error_frame
 from ..core.sessions import SessionTable
 from ..core.settings import Settings
 from . import routes
-from .aisdk import AiSdkStream
+from .aisdk import AiSdkStream, ui_message
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
@@ -287,11 +287,18 @@ class Relay:
             )
 
     async def _read_body(self, request: ReadBody, body: bytes) -> Reply:
-        """A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, or the
-        dead letters."""
+        r"""A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, the
+        replies as ``UIMessage``\ s, or the dead letters."""
         route = request.route
         if isinstance(route, routes.DeadLetters):
             return await self._dead_letters(request)
+        if isinstance(route, routes.AiSdkMessages):
+            try:
+                cut = await self.broker.catch_up(route.channel, None, False, route.limit)
+            except BrokerUnavailable:
+                return Reply.text(503, "broker unreachable")
+            replies = [ui_message(json.loads(frame)) for frame in cut.frames]
+            return Reply(200, json.dumps(replies, ensure_ascii=False).encode(), "application/json")
         if isinstance(route, routes.AiSdkStop):
             status, error = await self.subscribers.stop_over_http(route.channel, route.wanted)
         else:

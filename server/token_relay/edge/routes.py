@@ -18,6 +18,7 @@ Routes
 ``GET /sse``                               :class:`Sse`
 ``GET /ai-sdk/{channel}/stream``           :class:`AiSdkStream`
 ``POST /ai-sdk/{channel}/stop``            :class:`AiSdkStop`
+``GET /ai-sdk/{channel}/messages``         :class:`AiSdkMessages`
 ``POST /ai-sdk/{channel}/produce``         :class:`AiSdkProduce`
 ``POST /cancel``                           :class:`Cancel`
 ``GET``/``POST /webhooks/dead``            :class:`DeadLetters`
@@ -54,6 +55,7 @@ __all__ = [
     "SSE_PATH",
     "SUBSCRIBE_PATH",
     "Admitted",
+    "AiSdkMessages",
     "AiSdkProduce",
     "AiSdkStop",
     "AiSdkStream",
@@ -81,6 +83,9 @@ SSE_PATH = "/sse"
 CANCEL_PATH = "/cancel"
 DEAD_LETTERS_PATH = "/webhooks/dead"
 AI_SDK_PREFIX = "/ai-sdk/"
+MAX_UI_MESSAGES = 1000
+"""Replies ``GET /ai-sdk/{channel}/messages`` returns at most (and by default); it returns no
+more than the channel's history holds (``--history-size``)."""
 
 MAX_QUERY_DIGITS = 9
 """Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
@@ -185,6 +190,15 @@ class AiSdkStop(Admitted):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AiSdkMessages(Admitted):
+    r"""``GET /ai-sdk/{channel}/messages[?limit=N]``: the channel's recent replies as the AI
+    SDK's ``UIMessage``\ s, oldest first, for ``useChat({messages})`` after a reload."""
+
+    channel: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AiSdkProduce(Admitted):
     """``POST /ai-sdk/{channel}/produce[?id=M]``: one reply, as the body of a UI message
     stream (:mod:`token_relay.edge.aisdkproduce`)."""
@@ -233,6 +247,7 @@ Route = (
     | Sse
     | AiSdkStream
     | AiSdkStop
+    | AiSdkMessages
     | AiSdkProduce
     | Cancel
     | DeadLetters
@@ -354,12 +369,16 @@ def _sse(arguments: dict[str, list[str]], last_event_id: str) -> Sse | Refusal:
     )
 
 
-def _ai_sdk(method: str, path: str, query: str) -> AiSdkStream | AiSdkStop | AiSdkProduce | Refusal:
+def _ai_sdk(
+    method: str, path: str, query: str
+) -> AiSdkStream | AiSdkStop | AiSdkProduce | AiSdkMessages | Refusal:
     name, _, action = path.removeprefix(AI_SDK_PREFIX).partition("/")
     channel = unquote(name)
-    if action not in ("stream", "stop", "produce") or not channel:
-        return Refusal(404, "no_endpoint", f"use {AI_SDK_PREFIX}CHANNEL/stream, /stop or /produce")
-    wanted_method = "GET" if action == "stream" else "POST"
+    if action not in ("stream", "stop", "produce", "messages") or not channel:
+        return Refusal(
+            404, "no_endpoint", f"use {AI_SDK_PREFIX}CHANNEL/stream, /stop, /produce or /messages"
+        )
+    wanted_method = "GET" if action in ("stream", "messages") else "POST"
     if method != wanted_method:
         return _wrong_method(path, wanted_method)
     if len(channel) > MAX_NAME_LENGTH:
@@ -373,6 +392,11 @@ def _ai_sdk(method: str, path: str, query: str) -> AiSdkStream | AiSdkStop | AiS
         return AiSdkProduce(token=token, fault=fault, channel=channel, wanted=wanted)
     if action == "stop":
         return AiSdkStop(token=token, fault=fault, channel=channel, wanted=wanted)
+    if action == "messages":
+        limit = _last(arguments, "limit") or str(MAX_UI_MESSAGES)
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_UI_MESSAGES:
+            return Refusal(400, "bad_limit", f"?limit= must be 1 to {MAX_UI_MESSAGES}")
+        return AiSdkMessages(token=token, fault=fault, channel=channel, limit=int(limit))
     wait = seconds_of(_last(arguments, "wait") or "0", MAX_WAIT_SECONDS)
     if wait is None:
         return Refusal(400, "bad_wait", f"?wait= must be seconds, 0 to {MAX_WAIT_SECONDS:g}")
