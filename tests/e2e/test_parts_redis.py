@@ -288,7 +288,8 @@ async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
                 await send_json(producer, event)
             await _sync(producer, "sync")
             redis_server.kill()
-            await eventually_async(lambda: a.http_status("/readyz"), 503)
+            for relay in (a, b):  # each has seen the outage: it resumes its subscribers after
+                await eventually_async(lambda relay=relay: relay.http_status("/readyz"), 503)
             for event in events[4:9]:  # applied here; their writes fail
                 await send_json(producer, event)
             redis_server.start()
