@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from token_relay.core.parts import chunks_of
+from token_relay.edge.aisdk import AiSdkStream
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
@@ -75,7 +76,11 @@ async def _ended(running: RunningRelay, channel: str) -> Any:
 
 async def _stream_joined(running: RunningRelay, channel: str) -> None:
     hub = running.relay.subscribers.router.hub
-    await eventually(lambda: len(hub.subscribers(channel)) >= 2, what="the stream joined")
+
+    def joined() -> bool:
+        return any(isinstance(peer, AiSdkStream) for peer in hub.subscribers(channel))
+
+    await eventually(joined, what="the stream joined")
 
 
 async def test_a_structured_reply_is_read_with_exactly_its_parts(resume: NodeScript) -> None:
