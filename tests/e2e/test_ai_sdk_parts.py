@@ -74,6 +74,16 @@ async def _ended(running: RunningRelay, channel: str) -> Any:
     return frame
 
 
+async def _curl(running: RunningRelay, path: str) -> str:
+    """What ``curl -sN`` prints for ``path`` on the relay."""
+    port = running.url.rsplit(":", 1)[1]
+    curl = await asyncio.create_subprocess_exec(
+        "curl", "-sN", f"http://127.0.0.1:{port}{path}", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(curl.communicate(), 10)
+    return out.decode()
+
+
 async def _stream_joined(running: RunningRelay, channel: str) -> None:
     hub = running.relay.subscribers.router.hub
 
@@ -213,14 +223,9 @@ async def test_the_documented_structured_stream_is_what_curl_prints() -> None:
                 await send_json(producer, json.loads(line))
             assert (await recv_json(producer))["type"] == "ack"
         frame = await ended()
-        port = running.url.rsplit(":", 1)[1]
-        curl = await asyncio.create_subprocess_exec(
-            "curl", "-sN", f"http://127.0.0.1:{port}/ai-sdk/chat-42/stream?id=reply-7",
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(curl.communicate(), 10)
+        out = await _curl(running, "/ai-sdk/chat-42/stream?id=reply-7")
     printed = docs_block("ai-sdk-parts-output")
-    assert out.decode() == printed
+    assert out == printed
     chunks = [json.loads(line[6:]) for line in printed.splitlines() if line.startswith("data: {")]
     assert chunks[1:-1] == chunks_of(frame["parts"])
 
@@ -303,13 +308,8 @@ async def test_finish_carries_the_finish_reason_a_reply_s_meta_names(resume: Nod
             await send_json(producer, {"id": "reply-5", "final": True, "meta": meta})
             assert (await recv_json(producer))["type"] == "ack"
         frame = await ended()
-        port = running.url.rsplit(":", 1)[1]
-        curl = await asyncio.create_subprocess_exec(
-            "curl", "-sN", f"http://127.0.0.1:{port}/ai-sdk/chat-5/stream?id=reply-5",
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(curl.communicate(), 10)
-        chunks = [json.loads(line[6:]) for line in out.decode().splitlines() if line[6:7] == "{"]
+        out = await _curl(running, "/ai-sdk/chat-5/stream?id=reply-5")
+        chunks = [json.loads(line[6:]) for line in out.splitlines() if line[6:7] == "{"]
         finish = {"type": "finish", "finishReason": "tool-calls", "messageMetadata": meta}
         assert chunks[-1] == finish
         # The package reads it as it is, at each major.
