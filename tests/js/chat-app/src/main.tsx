@@ -1,0 +1,12 @@
+// Renders the chat page as app/chat/[id]/page.tsx does, with the chat's id (here from
+// ?chat=), in StrictMode as Next.js does in development.
+import { StrictMode } from "react";
+import { createRoot } from "react-dom/client";
+import ChatPage from "./chat";
+
+const chatId = new URLSearchParams(window.location.search).get("chat") ?? "chat";
+createRoot(document.getElementById("root")!).render(
+  <StrictMode>
+    <ChatPage chatId={chatId} />
+  </StrictMode>,
+);
