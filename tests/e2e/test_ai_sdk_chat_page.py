@@ -198,7 +198,11 @@ async def test_the_recipe_sends_resumes_stops_and_restores_a_chat(
         assert WHOLE.startswith(stopped) and len(stopped) < len(WHOLE)
         await eventually(lambda: app_server.logs == [ABORTED], 10, what="the model's abort")
         await page.wait_for_selector('main[data-status="ready"]')
-        [*_, (shown_id, role, [(text, state)])] = await _shown(page)
+        # The page keeps the reply as far as it got; the user's messages are there until a
+        # reload, which restores the replies only.
+        [one, (_, *asked), (shown_id, role, [(text, state)])] = await _shown(page)
+        assert one == [first, "assistant", [[WHOLE, "done"]]]
+        assert asked == ["user", [["And then?", None]]]
         assert (shown_id, role, state) == (second, "assistant", "streaming")
         assert stopped.startswith(text)
 
@@ -223,8 +227,11 @@ async def test_the_recipe_sends_resumes_stops_and_restores_a_chat(
         await stop.click()
         frame = await _ended(watcher)
         assert (frame["type"], frame["id"], frame["reason"]) == ("aborted", third, "cancelled")
-        assert len(frame["text"]) < len(WHOLE)
+        assert WHOLE.startswith(frame["text"]) and len(frame["text"]) < len(WHOLE)
         await eventually(lambda: app_server.logs == [ABORTED] * 2, 10, what="the model's abort")
+        await page.wait_for_selector('main[data-status="ready"]')
+        [*_, (shown_id, _, [(text, state)])] = await _shown(page)
+        assert (shown_id, state) == (third, "streaming") and frame["text"].startswith(text)
     assert errors == []
     # The tutorial shows the page that ran here.
     assert '--8<-- "client_demo/integrations/nextjs_chat_page.tsx"' in CHAT_APP.read_text()
