@@ -42,11 +42,11 @@ function Chat({ chatId, history }: { chatId: string; history: UIMessage[] }) {
   });
   const [input, setInput] = useState("");
 
-  // stop() only closes this page's stream: the relay stops the reply, and answers the route's
-  // call with "stopped", so the route aborts its model.
-  async function stopReply(replyId: string) {
-    await fetch(`${relay(chatId, "stop")}?id=${encodeURIComponent(replyId)}`, { method: "POST" });
-    await stop();
+  // The relay ends the reply and answers the route's call with "stopped", so the route aborts
+  // its model; stop() closes this page's stream (alone, it would stop nothing else).
+  function stopReply(replyId: string) {
+    void fetch(`${relay(chatId, "stop")}?id=${encodeURIComponent(replyId)}`, { method: "POST" });
+    void stop();
   }
 
   const busy = status === "submitted" || status === "streaming";
@@ -78,7 +78,7 @@ function Chat({ chatId, history }: { chatId: string; history: UIMessage[] }) {
           Send
         </button>
         {status === "streaming" && reply?.role === "assistant" ? (
-          <button type="button" onClick={() => void stopReply(reply.id)}>
+          <button type="button" onClick={() => stopReply(reply.id)}>
             Stop
           </button>
         ) : null}
