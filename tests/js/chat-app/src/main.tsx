@@ -1,5 +1,6 @@
-// Renders the chat page as app/chat/[id]/page.tsx does, with the chat's id (here from
-// ?chat=), in StrictMode as Next.js does in development.
+// Renders the chat page (./chat.tsx: the tutorial's page, which the test copies in) as
+// app/chat/[id]/page.tsx does, with the chat's id (here from ?chat=), in StrictMode as
+// Next.js does in development.
 import { StrictMode } from "react";
 import { createRoot } from "react-dom/client";
 import ChatPage from "./chat";
