@@ -23,6 +23,10 @@ INCLUDED = {
     "client_demo/integrations/nextjs_route.ts": (
         "tests/e2e/test_ai_sdk.py::test_the_documented_nextjs_route_answers_use_chat"
     ),
+    "client_demo/integrations/nextjs_chat_page.tsx": (
+        "tests/e2e/test_ai_sdk_chat_page.py::"
+        "test_the_recipe_sends_resumes_stops_and_restores_a_chat"
+    ),
     "client_demo/integrations/nextjs_produce_route.ts": (
         "tests/e2e/test_ai_sdk_produce.py::"
         "test_the_documented_producer_route_aborts_its_model_on_stop"
@@ -56,6 +60,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     built = (tmp_path / "tutorials" / "chat-app" / "index.html").read_text()
     text = html.unescape(re.sub(r"<[^>]+>", "", built))
     for path in (
+        "client_demo/integrations/nextjs_chat_page.tsx",
+        "client_demo/integrations/nextjs_produce_route.ts",
         "client_demo/integrations/nextjs_route.ts",
         "client_demo/integrations/fastapi_app.py",
     ):
@@ -138,6 +144,11 @@ def test_the_supported_versions_page_names_the_pinned_clients() -> None:
         r'CREATE_VITE = "([^"]+)"', (ROOT / "tests/e2e/test_js_client.py").read_text()
     )
     assert create_vite is not None and create_vite.group(1) in page
+    app = json.loads((ROOT / "tests" / "js" / "chat-app" / "package.json").read_text())
+    app_pins = {**app["dependencies"], **app["devDependencies"]}
+    assert app_pins["ai"] == ai
+    for name in ("@ai-sdk/react", "react", "vite"):
+        assert f"| {app_pins[name]} |" in page, name
     requires = re.search(r'requires-python = ">=(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text())
     assert requires is not None and f"| Python | {requires.group(1)} (" in page
 

@@ -29,24 +29,28 @@ export async function POST(request: Request): Promise<Response> {
 }
 
 // Stands in for your model (openai("gpt-5.1"), anthropic("claude-sonnet-4-5")...): a reply
-// of 40 words, one every 50 ms.
+// of 40 words, one every 100 ms. Like a provider, it is handed the abort signal, and it logs
+// when the route aborts it.
 const model = new MockLanguageModelV4({
-  doStream: async () => ({
-    stream: simulateReadableStream({
-      chunkDelayInMs: 50,
-      chunks: [
-        { type: "text-start", id: "t" },
-        ...Array.from({ length: 40 }, (_, n) => ({ type: "text-delta" as const, id: "t", delta: `word${n} ` })),
-        { type: "text-end", id: "t" },
-        {
-          type: "finish",
-          finishReason: { unified: "stop", raw: "stop" },
-          usage: {
-            inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
-            outputTokens: { total: 40, text: 40, reasoning: 0 },
+  doStream: async ({ abortSignal }) => {
+    abortSignal?.addEventListener("abort", () => console.log("model: aborted"));
+    return {
+      stream: simulateReadableStream({
+        chunkDelayInMs: 100,
+        chunks: [
+          { type: "text-start", id: "t" },
+          ...Array.from({ length: 40 }, (_, n) => ({ type: "text-delta" as const, id: "t", delta: `word${n} ` })),
+          { type: "text-end", id: "t" },
+          {
+            type: "finish",
+            finishReason: { unified: "stop", raw: "stop" },
+            usage: {
+              inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
+              outputTokens: { total: 40, text: 40, reasoning: 0 },
+            },
           },
-        },
-      ],
-    }),
-  }),
+        ],
+      }),
+    };
+  },
 });

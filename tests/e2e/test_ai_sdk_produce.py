@@ -479,7 +479,9 @@ async def test_the_documented_producer_route_aborts_its_model_on_stop(js_clients
         assert status == 204
         out, _ = await asyncio.wait_for(node.communicate(), 30)
         assert node.returncode == 0
-        got = json.loads(out)
+        # The route's model logged its abort, then the script printed what it saw.
+        *logged, printed = out.decode().splitlines()
+        got = json.loads(printed)
         frame = await _ended(sub)
     assert (frame["type"], frame["id"], frame["reason"]) == ("aborted", reply_id, "cancelled")
     # The page read the reply as the relay ended it, under its id.
@@ -495,6 +497,7 @@ async def test_the_documented_producer_route_aborts_its_model_on_stop(js_clients
         f"data: {json.dumps(abort, separators=(',', ':'))}\n\n" + "data: [DONE]\n\n"
     )
     assert '"type":"finish"' not in got["model"] and "word39" not in got["model"]
+    assert logged == ["model: aborted"]
 
 
 async def test_the_documented_curl_gets_the_printed_answer(relay: RunningRelay) -> None:

@@ -1,7 +1,8 @@
 // Send a chat message to a Next.js route module (compiled) as useChat does, and read its
 // answer with readUIMessageStream while Stop is pressed on the relay. The route's own calls
 // to the relay go through, and its producer call is watched: the body it sends (a copy of
-// it, read here to its end) and the relay's answer to it. Prints one JSON line:
+// it, read here to its end) and the relay's answer to it. Prints, after what the route logs,
+// one JSON line:
 //   {id, parts, answer, model}   the page's message, the relay's answer to the producer call,
 //                                and the UI message stream the model sent, as SSE text
 // Usage: RELAY_URL=http://127.0.0.1:PORT node use_chat_stop.mjs ROUTE_MODULE.js CHAT_ID
