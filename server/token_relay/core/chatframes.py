@@ -146,7 +146,8 @@ def decode_chat_frame(raw: str | bytes) -> ChatSend | ChatResume | ChatAbort:
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(part) for part in first["loc"])
-        code = ErrorCode.INVALID_JSON if first["type"] == "json_invalid" else ErrorCode.INVALID_FRAME
+        invalid_json = first["type"] == "json_invalid"
+        code = ErrorCode.INVALID_JSON if invalid_json else ErrorCode.INVALID_FRAME
         message = f"{where}: {first['msg']}" if where else first["msg"]
         raise FrameRejected(code, message, _peek_request_id(raw)) from None
 

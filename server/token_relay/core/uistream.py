@@ -136,6 +136,10 @@ class ReplyChunks:
             self._serve(newest, snapshots[newest])
         elif completed is not None and "parts" in completed:
             self._serve_structured(completed)
+        elif completed is not None and self._held:
+            # A plain one whose reader holds its start: the rest of its text, its end.
+            self._serve(str(completed["id"]), {"text": completed["text"]})
+            self._part(completed)
         elif completed is not None:
             # Whole at once: its text, then its end (finish, or abort).
             self._serve(str(completed["id"]), None)

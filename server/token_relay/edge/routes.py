@@ -19,6 +19,7 @@ Routes
 ``GET /ai-sdk/{channel}/stream``           :class:`AiSdkStream`
 ``POST /ai-sdk/{channel}/stop``            :class:`AiSdkStop`
 ``POST /ai-sdk/{channel}/produce``         :class:`AiSdkProduce`
+``GET /ai-sdk/ws`` (WebSocket)             :class:`AiSdkSocket`
 ``POST /cancel``                           :class:`Cancel`
 ``GET``/``POST /webhooks/dead``            :class:`DeadLetters`
 ``/healthz``, ``/readyz``, ``/metrics``    :class:`Health`, :class:`Ready`, :class:`MetricsPage`
@@ -45,6 +46,7 @@ from ..core.protocol import MAX_NAME_LENGTH
 
 __all__ = [
     "AI_SDK_PREFIX",
+    "AI_SDK_SOCKET_PATH",
     "CANCEL_PATH",
     "DEAD_LETTERS_PATH",
     "MAX_QUERY_DIGITS",
@@ -55,6 +57,7 @@ __all__ = [
     "SUBSCRIBE_PATH",
     "Admitted",
     "AiSdkProduce",
+    "AiSdkSocket",
     "AiSdkStop",
     "AiSdkStream",
     "Cancel",
@@ -81,6 +84,7 @@ SSE_PATH = "/sse"
 CANCEL_PATH = "/cancel"
 DEAD_LETTERS_PATH = "/webhooks/dead"
 AI_SDK_PREFIX = "/ai-sdk/"
+AI_SDK_SOCKET_PATH = "/ai-sdk/ws"
 
 MAX_QUERY_DIGITS = 9
 """Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
@@ -195,6 +199,12 @@ class AiSdkProduce(Admitted):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AiSdkSocket(Admitted):
+    """``GET /ai-sdk/ws``: the AI SDK's ``WebSocketChatTransport``
+    (:mod:`token_relay.edge.aisdkws`); each request names its chat, the channel."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel(Admitted):
     """``POST /cancel``: a cancel frame as a request's body."""
 
@@ -234,6 +244,7 @@ Route = (
     | AiSdkStream
     | AiSdkStop
     | AiSdkProduce
+    | AiSdkSocket
     | Cancel
     | DeadLetters
     | Health
@@ -254,6 +265,12 @@ def parse_route(
         if method != "GET":
             return _wrong_method(path, "GET")
         return _sse(_arguments(query), last_event_id)
+    if path == AI_SDK_SOCKET_PATH:
+        if method != "GET":
+            return _wrong_method(path, "GET")
+        if not upgrade:
+            return _upgrade_required(path)
+        return AiSdkSocket(token=_last(_arguments(query), "token"))
     if path.startswith(AI_SDK_PREFIX):
         return _ai_sdk(method, path, query)
     if path == CANCEL_PATH:
@@ -279,12 +296,7 @@ def parse_route(
         if method != "GET":
             return _wrong_method(path, "GET")
         if not upgrade:
-            return Refusal(
-                426,
-                "upgrade_required",
-                f"{path} is a WebSocket endpoint: send Upgrade: websocket",
-                (("Upgrade", "websocket"), ("Connection", "Upgrade")),
-            )
+            return _upgrade_required(path)
         arguments = _arguments(query)
         token = _last(arguments, "token")
         if path == PRODUCE_PATH:
@@ -383,6 +395,15 @@ def _ai_sdk(method: str, path: str, query: str) -> AiSdkStream | AiSdkStop | AiS
         wanted=wanted,
         wait=wait,
         rewind=_rewind(arguments),
+    )
+
+
+def _upgrade_required(path: str) -> Refusal:
+    return Refusal(
+        426,
+        "upgrade_required",
+        f"{path} is a WebSocket endpoint: send Upgrade: websocket",
+        (("Upgrade", "websocket"), ("Connection", "Upgrade")),
     )
 
 
