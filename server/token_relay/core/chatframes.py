@@ -145,7 +145,7 @@ def decode_chat_frame(raw: str | bytes) -> ChatSend | ChatResume | ChatAbort:
         return CHAT_CLIENT_FRAME.validate_json(raw)
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
+        where = ".".join(str(part) for part in first["loc"][1:])  # after the frame's type
         invalid_json = first["type"] == "json_invalid"
         code = ErrorCode.INVALID_JSON if invalid_json else ErrorCode.INVALID_FRAME
         message = f"{where}: {first['msg']}" if where else first["msg"]
