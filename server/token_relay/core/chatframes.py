@@ -16,7 +16,7 @@ frames are validated strictly, as every peer's. The ``chat id`` (``id``) is the 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     MISSING,
@@ -44,6 +44,7 @@ __all__ = [
     "ChatResume",
     "ChatSend",
     "ChatStart",
+    "chat_schema",
     "decode_chat_frame",
 ]
 
@@ -136,6 +137,19 @@ class ChatError(_Frame):
     type: Literal["error"] = "error"
     requestId: str
     errorText: str
+
+
+ChatServerFrame = Annotated[
+    ChatStart | ChatChunk | ChatEnd | ChatNoActive | ChatError, Field(discriminator="type")
+]
+
+
+def chat_schema() -> dict[str, Any]:
+    """The JSON Schema of the transport's frames, both ways (``token-relay schema``)."""
+    return {
+        "ai_sdk_ws_client_to_relay": CHAT_CLIENT_FRAME.json_schema(),
+        "ai_sdk_ws_relay_to_client": TypeAdapter(ChatServerFrame).json_schema(mode="serialization"),
+    }
 
 
 def decode_chat_frame(raw: str | bytes) -> ChatSend | ChatResume | ChatAbort:

@@ -487,4 +487,7 @@ class ChatEndpoint:
 def _no_reply(request: _Request) -> None:
     """A ``send`` whose producer started no reply in time."""
     if request.reply.target is None:
-        request.fail("no_reply", f"the producer started no reply within {REPLY_START_SECONDS:g} s")
+        request.fail(
+            ErrorCode.NO_REPLY.value,
+            f"the producer started no reply within {REPLY_START_SECONDS:g} s",
+        )
