@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +28,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..docs.blocks import docs_block
 from ..harness import eventually
+from .test_docs_samples import _substitute
 
 CHAT = "chat-1"
 QUESTION = {
@@ -424,3 +428,36 @@ async def test_the_token_must_grant_the_chat() -> None:
         with pytest.raises(Exception, match="401"):
             async with connect(_ws(running)):
                 pass
+
+
+async def test_the_documented_gateway_client_and_frames_are_what_runs(
+    js_clients: Path, tmp_path: Path
+) -> None:
+    async with _relay() as running:
+        port = int(running.url.rsplit(":", 1)[1])
+        gateway_file = tmp_path / "gateway.py"
+        gateway_file.write_text(_substitute(docs_block("ai-sdk-ws-gateway"), {8765: port}))
+        gateway = await asyncio.create_subprocess_exec(sys.executable, str(gateway_file))
+        try:
+            await eventually(lambda: running.relay.producers.listener("chat-42") is not None, 30)
+            client_file = js_clients / "doc_ws_client.mjs"
+            client_file.write_text(_substitute(docs_block("ai-sdk-ws-client"), {8765: port}))
+            node = await asyncio.create_subprocess_exec(
+                "node", "--experimental-websocket", str(client_file),
+                stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await asyncio.wait_for(node.communicate(), 60)
+            assert node.returncode == 0
+            assert out.decode().splitlines()[-1] == "Hello, world"
+            async with connect(_ws(running)) as ws:
+                await send_json(ws, _send("r1", "chat-42"))
+                frames = [json.dumps(f, ensure_ascii=False, separators=(",", ":"))
+                          for f in await _frames_until_end(ws)]  # fmt: skip
+        finally:
+            gateway.kill()
+            await gateway.wait()
+    printed = docs_block("ai-sdk-ws-frames").splitlines()
+    reply_id = json.loads(printed[1])["chunk"]["messageId"]
+    got_id = json.loads(frames[1])["chunk"]["messageId"]
+    assert re.fullmatch(r"chat-[A-Za-z0-9_-]{16}", got_id)
+    assert [line.replace(got_id, reply_id) for line in frames] == printed
