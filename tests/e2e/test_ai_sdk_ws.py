@@ -461,3 +461,40 @@ async def test_the_documented_gateway_client_and_frames_are_what_runs(
     got_id = json.loads(frames[1])["chunk"]["messageId"]
     assert re.fullmatch(r"chat-[A-Za-z0-9_-]{16}", got_id)
     assert [line.replace(got_id, reply_id) for line in frames] == printed
+
+
+GATEWAY_RECIPE = Path(__file__).resolve().parents[2] / "client_demo/integrations/ws_gateway.py"
+
+
+async def test_the_gateway_recipe_answers_and_stops(js_clients: Path) -> None:
+    long_question = " ".join(f"word{index}" for index in range(60))
+    async with (
+        _relay() as running,
+        connect(f"{running.url}/subscribe?channel={CHAT}") as sub,
+    ):
+        assert (await recv_json(sub))["type"] == "subscribed"
+        environment = {**os.environ, "RELAY_URL": running.url, "CHAT_ID": CHAT}
+        gateway = await asyncio.create_subprocess_exec(
+            sys.executable, str(GATEWAY_RECIPE), env=environment
+        )
+        try:
+            await eventually(lambda: running.relay.producers.listener(CHAT) is not None, 30)
+            held = await _node(js_clients, "send", _ws(running), CHAT)
+            relayed = await _ended(sub)
+            assert held["ok"], held
+            assert held["parts"] == relayed["parts"]
+            reasoning, text = held["parts"]
+            assert (reasoning["type"], reasoning["text"]) == ("reasoning", "An echo.")
+            assert text["text"] == "You said: What is the weather in Paris? "
+            # Stop while it echoes 62 words, 50 ms apart: the reply ends early, completed.
+            stopped = await _node(
+                js_clients, "abort", _ws(running), CHAT, long_question, stdin=b"x\n"
+            )
+            cut = await _ended(sub)
+        finally:
+            gateway.kill()
+            await gateway.wait()
+    assert stopped["aborted"] and stopped["text"] == "You "
+    whole = f"You said: {long_question} "
+    assert cut["type"] == "message" and cut["text"].startswith("You ")
+    assert whole.startswith(cut["text"]) and len(cut["text"]) < len(whole)

@@ -1,6 +1,6 @@
 // Drive the relay's /ai-sdk/ws with the AI SDK's own WebSocketChatTransport (ai 7), as useChat
 // would, and print one JSON line of what the app would hold.
-// Usage: node --experimental-websocket ws_chat.mjs MODE WS_URL CHAT_ID
+// Usage: node --experimental-websocket ws_chat.mjs MODE WS_URL CHAT_ID [QUESTION]
 //   send    sendMessages with one user message, read to the end:
 //           {"ok": true, "id", "parts": [...], "chunks": [types...], "metadata"}
 //           or, if the stream failed: {"ok": false, "error": "..."}
@@ -11,12 +11,12 @@
 // The token, if any, goes in the URL (?token=).
 const { WebSocketChatTransport, readUIMessageStream } = await import(process.env.AI_PACKAGE ?? "ai");
 
-const [mode, url, chatId] = process.argv.slice(2);
+const [mode, url, chatId, asked = "What is the weather in Paris?"] = process.argv.slice(2);
 const transport = new WebSocketChatTransport({ url });
 const question = {
   id: "u1",
   role: "user",
-  parts: [{ type: "text", text: "What is the weather in Paris?" }],
+  parts: [{ type: "text", text: asked }],
 };
 
 async function read(stream) {
