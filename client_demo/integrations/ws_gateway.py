@@ -24,7 +24,7 @@ async def answer(relay: RelayProducer, request: ChatRequest) -> None:
     reply, channel = request.id, request.channel
     try:
         await relay.send_chunk(reply, {"type": "reasoning-start", "id": "r"}, channel=channel)
-        thought = {"type": "reasoning-delta", "id": "r", "delta": "An echo."}
+        thought: dict[str, Any] = {"type": "reasoning-delta", "id": "r", "delta": "An echo."}
         await relay.send_chunk(reply, thought, channel=channel)
         await relay.send_chunk(reply, {"type": "reasoning-end", "id": "r"}, channel=channel)
         for word in f"You said: {last_user_text(request.messages)}".split(" "):
@@ -45,9 +45,9 @@ async def main() -> None:
 
         watching = asyncio.create_task(stops())
         async for request in relay.requests():
-            task = asyncio.create_task(answer(relay, request))
-            running[request.id] = task
-            task.add_done_callback(lambda _, reply=request.id: running.pop(reply, None))
+            task = running[request.id] = asyncio.create_task(answer(relay, request))
+            task.add_done_callback(lambda done: running.pop(done.get_name(), None))
+            task.set_name(request.id)
         watching.cancel()
 
 

@@ -18,15 +18,16 @@ stream, and every frame of the channel it is sent becomes, through the request's
   and serves that reply as it streams; ``error`` (``no_producer``) if no producer
   listens on the channel (one connected with ``?channel=`` naming it, on this process).
 * ``abort`` is Stop: a ``cancel`` to the reply's producer, as ``POST /ai-sdk/{channel}/stop``
-  sends. The reply then ends (``abort``), and its ``end`` follows.
+  sends. The reply then ends as its producer ends it, and its ``end`` follows.
 
 Sequences
 ---------
 A request's chunks are numbered from 0 (``start``), one by one, as the relay sends them:
 the numbering belongs to the request. The relay remembers what it sent under each
 ``requestId`` (:data:`MAX_LOGGED_REQUESTS` requests, the first :data:`MAX_LOGGED_CHUNKS`
-chunks and :data:`MAX_LOGGED_BYTES` bytes of each). A ``resume`` that gives
-``lastSequence: N`` continues request ``requestId``: the relay rebuilds what a reader
+chunks and :data:`MAX_LOGGED_BYTES` bytes of each, :data:`MAX_LOGGED_TOTAL_BYTES` in all:
+past that, new chunks are not remembered until older requests are forgotten). A ``resume``
+that gives ``lastSequence: N`` continues request ``requestId``: the relay rebuilds what a reader
 holds after its chunks 0 to N, and sends from N + 1 only what it lacks of the reply now
 (:func:`~token_relay.core.uistream.catch_up_from`: the rest of each text, the parts and
 ends it has not seen), then the live chunks, numbered on. A compacted replay of the same
@@ -91,6 +92,7 @@ __all__ = [
     "MAX_LOGGED_BYTES",
     "MAX_LOGGED_CHUNKS",
     "MAX_LOGGED_REQUESTS",
+    "MAX_LOGGED_TOTAL_BYTES",
     "MAX_REQUESTS",
     "REPLY_START_SECONDS",
     "AiSdkSocket",
@@ -106,7 +108,9 @@ MAX_LOGGED_REQUESTS = 1024
 MAX_LOGGED_CHUNKS = 10_000
 """Chunks remembered per request: a ``lastSequence`` past them is ``unknown_sequence``."""
 MAX_LOGGED_BYTES = 1 << 20
-"""Bytes of chunks remembered per request, likewise."""
+"""Bytes of chunks (as JSON) remembered per request, likewise."""
+MAX_LOGGED_TOTAL_BYTES = 64 << 20
+"""Bytes of chunks remembered for all requests of the process."""
 
 
 class AiSdkSocket(WebSocket):
@@ -137,9 +141,17 @@ class AiSdkSocket(WebSocket):
 
 
 @dataclass
+class _Budget:
+    """The bytes every request's log holds, together."""
+
+    used: int = 0
+
+
+@dataclass
 class _Log:
     """What one request sent, for a later ``resume`` with ``lastSequence``."""
 
+    budget: _Budget
     channel: str
     message_id: str | None = None
     chunks: list[dict[str, Any]] = field(default_factory=list)
@@ -199,9 +211,15 @@ class _Request:
         raw = data.model_dump_json().encode()
         log = self.log
         if not log.full and sequence == len(log.chunks):
-            if len(log.chunks) < MAX_LOGGED_CHUNKS and log.size + len(raw) <= MAX_LOGGED_BYTES:
+            size, budget = len(raw), log.budget
+            if (
+                len(log.chunks) < MAX_LOGGED_CHUNKS
+                and log.size + size <= MAX_LOGGED_BYTES
+                and budget.used + size <= MAX_LOGGED_TOTAL_BYTES
+            ):
                 log.chunks.append(chunk)
-                log.size += len(raw)
+                log.size += size
+                budget.used += size
             else:
                 log.full = True
         self.socket.write_frame(text_frame(raw))
@@ -264,6 +282,7 @@ class ChatEndpoint:
         self.producers = producers
         self.logs: collections.OrderedDict[str, _Log] = collections.OrderedDict()
         """What each recent request sent, by ``requestId`` (bounded, oldest first)."""
+        self.budget = _Budget()
 
     async def serve(self, socket: AiSdkSocket, grant: Grant) -> None:
         """Serve one transport connection until it ends."""
@@ -380,10 +399,14 @@ class ChatEndpoint:
             self.subscribers.leave(connection.socket, channel)
 
     def _remember(self, request_id: str, log: _Log) -> None:
+        old = self.logs.pop(request_id, None)
+        if old is not None:
+            self.budget.used -= old.size
         self.logs[request_id] = log
-        self.logs.move_to_end(request_id)
+        self.budget.used += log.size
         while len(self.logs) > MAX_LOGGED_REQUESTS:
-            self.logs.popitem(last=False)
+            _, forgotten = self.logs.popitem(last=False)
+            self.budget.used -= forgotten.size
 
     async def _resume(self, connection: _Connection, frame: ChatResume) -> None:
         channel, held = frame.id, None
@@ -406,9 +429,10 @@ class ChatEndpoint:
                 )
             held = log.chunks[: last + 1]
             wanted, first, rewind = log.message_id, last + 1, self.settings.history_size
-            log = _Log(channel, log.message_id, list(held), full=log.full)
+            # What it holds is remembered as it was (its size too, as an upper bound).
+            log = _Log(self.budget, channel, log.message_id, list(held), log.size, log.full)
         else:
-            log = _Log(channel)
+            log = _Log(self.budget, channel)
         self._remember(frame.requestId, log)
         request = _Request(
             connection.socket, frame.requestId, channel, log, wanted=wanted, first=first, held=held
@@ -436,7 +460,7 @@ class ChatEndpoint:
                 ErrorCode.NO_PRODUCER, f"no producer listens on channel '{channel}'"
             )
         reply_id = "chat-" + secrets.token_urlsafe(12)
-        log = _Log(channel)
+        log = _Log(self.budget, channel)
         self._remember(frame.requestId, log)
         request = _Request(connection.socket, frame.requestId, channel, log, wanted=reply_id)
         self._open(connection, request)
