@@ -498,3 +498,28 @@ async def test_the_gateway_recipe_answers_and_stops(js_clients: Path) -> None:
     whole = f"You said: {long_question} "
     assert cut["type"] == "message" and cut["text"].startswith("You ")
     assert whole.startswith(cut["text"]) and len(cut["text"]) < len(whole)
+
+
+async def test_a_resumed_reply_can_be_stopped() -> None:
+    async with (
+        _relay() as running,
+        running.connect(f"/produce?channel={CHAT}") as producer,
+        connect(_ws(running)) as ws,
+    ):
+        await send_json(producer, {"id": "m1", "delta": "so far"})
+        await eventually(lambda: len(running.relay.owned_messages()) == 1)
+        await send_json(ws, {"type": "resume", "requestId": "q1", "id": CHAT})
+        assert await recv_json(ws) == {"type": "start", "requestId": "q1"}
+        replayed = [await recv_json(ws) for _ in range(3)]
+        assert [f["chunk"] for f in replayed] == [
+            {"type": "start", "messageId": "m1"},
+            {"type": "text-start", "id": "text"},
+            {"type": "text-delta", "id": "text", "delta": "so far"},
+        ]
+        await send_json(ws, {"type": "abort", "requestId": "q1"})
+        assert await recv_json(producer) == {"type": "cancel", "channel": CHAT, "id": "m1"}
+        await send_json(producer, {"id": "m1", "final": True})
+        rest = await _frames_until_end(ws)
+    assert [f["chunk"]["type"] for f in rest[:-1]] == ["text-end", "finish"]
+    assert [f["sequence"] for f in rest[:-1]] == [3, 4]
+    assert rest[-1] == {"type": "end", "requestId": "q1"}
