@@ -81,8 +81,10 @@ async def _relay(**settings: Any) -> AsyncIterator[RunningRelay]:
 
 
 @asynccontextmanager
-async def _gateway(running: RunningRelay, answer: Gateway) -> AsyncIterator[list[ChatRequest]]:
-    """A Python gateway on the chat's channel, answering each request with ``answer``; yields
+async def _gateway(
+    running: RunningRelay, answer: Gateway, chat: str = CHAT
+) -> AsyncIterator[list[ChatRequest]]:
+    """A Python gateway on ``chat``'s channel, answering each request with ``answer``; yields
     the requests it got."""
     got: list[ChatRequest] = []
 
@@ -91,8 +93,8 @@ async def _gateway(running: RunningRelay, answer: Gateway) -> AsyncIterator[list
             got.append(request)
             await answer(producer, request)
 
-    async with RelayProducer(running.url, channel=CHAT) as producer:
-        await eventually(lambda: running.relay.producers.listener(CHAT) is not None)
+    async with RelayProducer(running.url, channel=chat) as producer:
+        await eventually(lambda: running.relay.producers.listener(chat) is not None)
         task = asyncio.create_task(serve(producer))
         try:
             yield got
