@@ -34,9 +34,9 @@ def test_a_reader_gets_only_the_rest_of_each_text_and_what_it_lacks() -> None:
 
 
 def test_a_reader_of_another_reply_is_refused() -> None:
-    with pytest.raises(ValueError, match="not a beginning"):
+    with pytest.raises(FrameRejected, match="not a beginning"):
         catch_up_from([START_T, _delta("Bye")], [START_T, _delta("Hello")])
-    with pytest.raises(ValueError, match="does not have"):
+    with pytest.raises(FrameRejected, match="does not have"):
         catch_up_from([START_T, START_R], [START_T])
 
 

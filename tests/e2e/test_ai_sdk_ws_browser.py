@@ -32,8 +32,8 @@ APP = Path(__file__).resolve().parents[1] / "js" / "ws-chat-app"
 
 @pytest.fixture(scope="module")
 def chat_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The page, installed from its lockfile (npm reaches the registry) and bundled for the browser (minified:
-    the relay serves files of at most 1 MiB)."""
+    """The page, installed from its lockfile (npm reaches the registry) and bundled for the
+    browser (minified: the relay serves files of at most 1 MiB)."""
     npm = shutil.which("npm")
     assert npm is not None
     folder = tmp_path_factory.mktemp("ws-chat-app")

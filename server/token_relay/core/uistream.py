@@ -42,7 +42,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from .errors import PartRejected
+from .errors import ErrorCode, FrameRejected, PartRejected
 from .parts import IMPLICIT, MessageParts, chunks_of
 
 __all__ = ["ERROR_TEXT", "FINISH_REASONS", "ReplyChunks", "catch_up_from", "reader_state"]
@@ -278,8 +278,9 @@ def catch_up_from(
 
     ``by_order`` matches text and reasoning parts by their order rather than their chunk
     id (``now`` made by :func:`~token_relay.core.parts.chunks_of`, which names them anew):
-    each is sent under the id the reader knows it by. Raises :class:`ValueError` if
-    ``held`` is not a beginning of ``now`` (a reader of another reply).
+    each is sent under the id the reader knows it by. Raises :class:`FrameRejected`
+    (``unknown_sequence``) if ``held`` is not a beginning of ``now`` (a reader of another
+    reply).
     """
     if by_order:
         now = _renamed(held, now)
@@ -294,15 +295,19 @@ def catch_up_from(
         if mine is not None and field is not None and _same_part(mine, chunk):
             have, want = str(mine.get(field, "")), str(chunk.get(field, ""))
             if not want.startswith(have):
-                raise ValueError("the reader's text is not a beginning of the reply's")
+                raise _mismatch("the reader's text is not a beginning of the reply's")
             index += 1
             if want != have:
                 sent.append({**chunk, field: want[len(have) :]})
             continue
         sent.append(dict(chunk))
     if index != len(held):
-        raise ValueError("the reader holds chunks the reply does not have")
+        raise _mismatch("the reader holds chunks the reply does not have")
     return sent
+
+
+def _mismatch(reason: str) -> FrameRejected:
+    return FrameRejected(ErrorCode.UNKNOWN_SEQUENCE, f"{reason}: resume without lastSequence")
 
 
 def _same_part(mine: Mapping[str, Any], chunk: Mapping[str, Any]) -> bool:

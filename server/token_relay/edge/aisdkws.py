@@ -300,8 +300,8 @@ class ChatEndpoint:
             elif kind not in ("subscribed", "unsubscribed"):
                 try:
                     request.reply.frame(frame)
-                except ValueError as exc:  # what the reader holds is not what the reply has
-                    request.fail(ErrorCode.UNKNOWN_SEQUENCE.value, str(exc))
+                except FrameRejected as exc:  # what the reader holds is not what the reply has
+                    request.fail(exc.code.value, exc.message)
 
         socket.channel_frame = channel_frame
         try:
@@ -446,8 +446,8 @@ class ChatEndpoint:
             return
         try:
             found = request.reply.decide()
-        except ValueError as exc:  # what the reader holds is not what the reply has
-            request.fail(ErrorCode.UNKNOWN_SEQUENCE.value, str(exc))
+        except FrameRejected as exc:  # what the reader holds is not what the reply has
+            request.fail(exc.code.value, exc.message)
             return
         if not found:
             request.no_active()
