@@ -34,6 +34,9 @@ INCLUDED = {
     "client_demo/integrations/fastapi_app.py": (
         "tests/e2e/test_ai_sdk.py::test_the_documented_fastapi_app_answers_use_chat"
     ),
+    "client_demo/integrations/ws_gateway.py": (
+        "tests/e2e/test_ai_sdk_ws.py::test_the_gateway_recipe_answers_and_stops"
+    ),
     "deploy/nginx.conf": "tests/e2e/test_nginx.py",
     "deploy/token-relay.service": "tests/e2e/test_deploy.py",
     "docs/reference/schema.json": (
@@ -64,6 +67,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         "client_demo/integrations/nextjs_produce_route.ts",
         "client_demo/integrations/nextjs_route.ts",
         "client_demo/integrations/fastapi_app.py",
+        "client_demo/integrations/ws_gateway.py",
     ):
         assert (ROOT / path).read_text().strip() in text, path
 

@@ -15,6 +15,7 @@ from token_relay.edge import routes
 from token_relay.edge.routes import (
     AiSdkMessages,
     AiSdkProduce,
+    AiSdkSocket,
     AiSdkStop,
     AiSdkStream,
     Cancel,
@@ -121,6 +122,23 @@ def test_the_ai_sdk_routes() -> None:
     assert route("/ai-sdk/c/produce?id=" + "m" * 257, "POST") == Refusal(
         400, "bad_id", "?id= is at most 256 characters"
     )
+
+
+def test_the_ai_sdk_websocket_chat_transport() -> None:
+    assert route("/ai-sdk/ws", upgrade=True) == AiSdkSocket()
+    assert route("/ai-sdk/ws?token=t&token=u", upgrade=True) == AiSdkSocket(token="u")
+    assert route("/ai-sdk/ws", upgrade=False) == Refusal(
+        426,
+        "upgrade_required",
+        "/ai-sdk/ws is a WebSocket endpoint: send Upgrade: websocket",
+        (("Upgrade", "websocket"), ("Connection", "Upgrade")),
+    )
+    assert route("/ai-sdk/ws", "POST", upgrade=True) == Refusal(
+        405, "method_not_allowed", "/ai-sdk/ws takes GET", (("Allow", "GET"),)
+    )
+    # A chat named "ws" keeps its stream.
+    assert route("/ai-sdk/ws/stream") == AiSdkStream(channel="ws")
+    assert cross_origin("GET", "/ai-sdk/ws")
 
 
 def test_cancel_and_the_dead_letters() -> None:

@@ -259,6 +259,61 @@ export type ServerFrame =
   | AbortedFrame
   | ErrorFrame;
 
+// ------------------------------------------- the AI SDK's WebSocketChatTransport (/ai-sdk/ws)
+
+/** Relay -> producer: a chat's `send` over `ws://HOST/ai-sdk/ws`, handed to a producer
+ * connected with `?channel=` naming the chat. Answer it by streaming a reply under `id` on
+ * `channel`, as any message. */
+export interface ChatRequestFrame {
+  type: "request";
+  channel: string;
+  /** The id the reply must have. */
+  id: string;
+  /** The transport's requestId. */
+  request: string;
+  trigger: "submit-message" | "regenerate-message";
+  messageId?: string;
+  /** The chat's UIMessages, as the transport sent them. */
+  messages: unknown[];
+  body?: { [key: string]: unknown };
+  metadata?: unknown;
+}
+
+/** Client -> relay on `/ai-sdk/ws` (what `WebSocketChatTransport` of `ai` 7 sends). */
+export type ChatTransportRequest =
+  | {
+      type: "send";
+      requestId: string;
+      /** The chat id: the channel. */
+      id: string;
+      trigger: "submit-message" | "regenerate-message";
+      messageId?: string;
+      messages: unknown[];
+      headers?: { [name: string]: string };
+      body?: { [key: string]: unknown };
+      metadata?: unknown;
+    }
+  | {
+      type: "resume";
+      requestId: string;
+      id: string;
+      /** Continue request `requestId` after its chunk `lastSequence`. */
+      lastSequence?: number;
+      headers?: { [name: string]: string };
+      body?: { [key: string]: unknown };
+      metadata?: unknown;
+    }
+  | { type: "abort"; requestId: string };
+
+/** Relay -> client on `/ai-sdk/ws`. `sequence` counts a request's chunks from 0; an error's
+ * `errorText` starts with its code (`no_producer: …`). */
+export type ChatTransportResponse =
+  | { type: "start"; requestId: string }
+  | { type: "chunk"; requestId: string; sequence: number; chunk: UIMessageChunk }
+  | { type: "end"; requestId: string }
+  | { type: "no-active"; requestId: string }
+  | { type: "error"; requestId: string; errorText: string };
+
 export interface SubscribeFrame {
   type: "subscribe";
   channel: string;

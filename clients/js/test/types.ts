@@ -6,6 +6,9 @@ import {
   MessageParts,
   RelayClient,
   type ChannelSnapshot,
+  type ChatRequestFrame,
+  type ChatTransportRequest,
+  type ChatTransportResponse,
   type ChunksFrame,
   type UIMessageChunk,
   type RelayMessage,
@@ -118,3 +121,19 @@ void badChunks;
 // @ts-expect-error a tool-input-delta's text is inputTextDelta
 const badChunk: UIMessageChunk = { type: "tool-input-delta", toolCallId: "c", delta: "x" };
 void badChunk;
+
+// The WebSocket chat transport's frames, and the request a producer is handed:
+const chatRequest: ChatRequestFrame = {
+  type: "request", channel: "chat-1", id: "chat-x", request: "r1",
+  trigger: "submit-message", messages: [],
+};
+void chatRequest;
+const resume: ChatTransportRequest = { type: "resume", requestId: "r", id: "chat-1", lastSequence: 4 };
+void resume;
+const answer: ChatTransportResponse = {
+  type: "chunk", requestId: "r", sequence: 5, chunk: { type: "text-delta", id: "t", delta: "x" },
+};
+void answer;
+// @ts-expect-error a chunk frame carries its sequence
+const unnumbered: ChatTransportResponse = { type: "chunk", requestId: "r", chunk: { type: "finish" } };
+void unnumbered;

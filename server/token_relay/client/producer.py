@@ -20,6 +20,7 @@ from ..core.protocol import (
     AckBatch,
     AnyServerFrame,
     Cancel,
+    ChatRequest,
     Chunk,
     ErrorFrame,
     ProducerEvent,
@@ -72,6 +73,7 @@ class RelayProducer(Background):
         self._buffered = 0
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
+        self._requests: asyncio.Queue[ChatRequest] = asyncio.Queue(1000)
         self._retrying: set[str] = set()
         self._failed: collections.OrderedDict[str, MessageFailed] = collections.OrderedDict()
         """Ids the relay gave up, most recent last (bounded): their events raise again."""
@@ -126,6 +128,14 @@ class RelayProducer(Background):
         """Cancels sent by subscribers (a user pressed Stop), as they arrive."""
         while True:
             yield await self._cancels.get()
+
+    async def requests(self) -> AsyncIterator[ChatRequest]:
+        """Chat requests of the channel (a ``send`` of the AI SDK's ``WebSocketChatTransport``
+        at ``/ai-sdk/ws``), as they arrive; only a producer connected with ``channel=`` gets
+        them. Answer each by streaming a reply under ``request.id`` (:meth:`send`,
+        :meth:`send_chunk`, :meth:`finish`, with ``channel=request.channel``)."""
+        while True:
+            yield await self._requests.get()
 
     # ------------------------------------------------------------------ internals
 
@@ -227,6 +237,9 @@ class RelayProducer(Background):
         elif isinstance(frame, Cancel):
             with contextlib.suppress(asyncio.QueueFull):
                 self._cancels.put_nowait(frame)
+        elif isinstance(frame, ChatRequest):
+            with contextlib.suppress(asyncio.QueueFull):
+                self._requests.put_nowait(frame)
         elif isinstance(frame, ErrorFrame):
             if frame.code in RETRIED:
                 # Transient: send again shortly; what was applied meanwhile is dropped by seq.

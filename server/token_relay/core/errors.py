@@ -96,6 +96,11 @@ class ErrorCode(StrEnum):
     TOO_MANY_PARTS = "too_many_parts"
     PART_TOO_LARGE = "part_too_large"
     INVALID_SSE = "invalid_sse"
+    NO_PRODUCER = "no_producer"
+    NO_REPLY = "no_reply"
+    TOO_MANY_REQUESTS = "too_many_requests"
+    REQUEST_IN_PROGRESS = "request_in_progress"
+    UNKNOWN_SEQUENCE = "unknown_sequence"
 
 
 class Blame(StrEnum):

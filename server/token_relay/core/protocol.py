@@ -35,6 +35,7 @@ __all__ = [
     "AnyServerFrame",
     "Cancel",
     "ChannelName",
+    "ChatRequest",
     "Chunk",
     "ChunksFrame",
     "DeltaFrame",
@@ -383,6 +384,28 @@ class AiSdkProduced(_Frame):
     errors: list[ErrorFrame]
 
 
+class ChatRequest(_Frame):
+    """A chat's request, handed to a producer of its channel: the ``send`` of the AI SDK's
+    ``WebSocketChatTransport`` (``ws://HOST/ai-sdk/ws``). The producer answers by streaming
+    a reply under ``id`` on ``channel``, as any message; the transport serves that reply.
+
+    ``request`` is the transport's request id; ``trigger``, ``messageId``, ``messages``
+    (the chat's ``UIMessage``\\ s), ``body`` and ``metadata`` are the transport's, as sent.
+    The transport's ``headers`` are not passed on: the relay's token is the credential.
+    """
+
+    type: Literal["request"] = "request"
+    channel: str
+    id: str
+    """The id the reply must have (the relay's choice, unique per request)."""
+    request: str
+    trigger: Literal["submit-message", "regenerate-message"]
+    message_id: str | MISSING = Field(default=MISSING, alias="messageId")
+    messages: list[JsonValue]
+    body: dict[str, JsonValue] | MISSING = MISSING
+    metadata: JsonValue | MISSING = MISSING
+
+
 AnyServerFrame = (
     Ack
     | SessionFrame
@@ -396,6 +419,7 @@ AnyServerFrame = (
     | Snapshot
     | Aborted
     | Cancel
+    | ChatRequest
 )
 
 ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..brokers import open_broker
+from ..core.chatframes import chat_schema
 from ..core.errors import ConfigError
 from ..core.grants import Role
 from ..core.protocol import json_schema
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] in (["--version"], ["-V"]):
         return _output(f"token-relay {__version__}")
     if args[:1] == ["schema"]:
-        return _output(json.dumps(json_schema(), indent=2))
+        return _output(json.dumps({**json_schema(), **chat_schema()}, indent=2))
     if args[:1] == ["token"]:
         return _mint(args[1:])
     configure_logs("plain")

@@ -50,6 +50,7 @@ from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream
 from .aisdkproduce import AiSdkProducer
+from .aisdkws import AiSdkSocket
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .httpproducer import NDJSON, HttpProducer
@@ -490,7 +491,8 @@ class HttpConnection(asyncio.Protocol):
             self._respond(reply, request)
             return
         settings = self.server.settings
-        self.ws = WebSocket(
+        kind = AiSdkSocket if isinstance(admit.route, routes.AiSdkSocket) else WebSocket
+        self.ws = kind(
             self.transport,
             path=admit.request.target,
             client=admit.request.client,

@@ -122,7 +122,7 @@ class Reply:
         return cls(status, (text.rstrip("\n") + "\n").encode(), headers=headers)
 
 
-Streams = routes.Produce | routes.Subscribe | routes.Sse | routes.AiSdkStream
+Streams = routes.Produce | routes.Subscribe | routes.Sse | routes.AiSdkStream | routes.AiSdkSocket
 """The routes an :class:`Admit` admits: a WebSocket, or a streamed response."""
 Bodies = (
     routes.HttpProduce

@@ -65,6 +65,7 @@ from .flow import loop_clock
 from .httpproducer import AbortMessage, HttpProducer, Item
 from .metrics import Metrics
 from .peer import ProducerPeer
+from .websocket import WebSocket
 from .writer import Writer
 
 __all__ = ["ProducerEndpoint", "Session"]
@@ -815,6 +816,16 @@ class ProducerEndpoint:
         """The text so far and catch-up chunks of a local producer's structured message."""
         session = self.sessions.by_owner.get(owner)
         return None if session is None else session.streams.live_parts(message_id)
+
+    def listener(self, channel: str) -> WebSocket | None:
+        """The producer that takes a chat's requests on ``channel`` (the WebSocket chat
+        transport's ``send``): the newest connected WebSocket producer whose URL names the
+        channel (``?channel=``), or None."""
+        for session in reversed(self.sessions.by_owner.values()):
+            connection = session.connection
+            if session.streams.default_channel == channel and isinstance(connection, WebSocket):
+                return connection
+        return None
 
     def owned_messages(self) -> list[tuple[str, str, str]]:
         """Every message in progress on this process's producers."""

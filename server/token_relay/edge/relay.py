@@ -6,6 +6,7 @@ Endpoints
   (:mod:`token_relay.edge.producers`).
 * ``/subscribe[?channel=C[&deltas=1]]``: a subscriber (chat frontend) receives
   completed messages and, if asked, live deltas (:mod:`token_relay.edge.subscribers`).
+* ``/ai-sdk/ws``: the AI SDK's ``WebSocketChatTransport`` (:mod:`token_relay.edge.aisdkws`).
 * ``GET /healthz``, ``/readyz``, ``/metrics``, and with ``--web-root`` the demo
   page; see :mod:`token_relay.edge.http` for admission (tokens, origins, limits).
 
@@ -51,6 +52,7 @@ from ..core.sessions import SessionTable
 from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream, ui_message
+from .aisdkws import AiSdkSocket, ChatEndpoint
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
@@ -97,6 +99,9 @@ class Relay:
             self.metrics,
             self.writer,
             spawn=self._spawn,
+        )
+        self.chat = ChatEndpoint(
+            self.settings, self.metrics, self.writer, self.subscribers, self.producers
         )
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
@@ -241,6 +246,8 @@ class Relay:
             # is the world's doing, not an error of ours to log.
             if isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
                 await self.producers.serve(connection, route.channel, grant, route.session)
+            elif isinstance(route, routes.AiSdkSocket) and isinstance(connection, AiSdkSocket):
+                await self.chat.serve(connection, grant)
             elif isinstance(route, routes.AiSdkStream) and isinstance(connection, AiSdkStream):
                 # The chat id is the channel; the stream follows its deltas. History holds a
                 # reply that completed before the stream was asked for: the one ?id= names,

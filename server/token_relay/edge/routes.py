@@ -20,6 +20,7 @@ Routes
 ``POST /ai-sdk/{channel}/stop``            :class:`AiSdkStop`
 ``GET /ai-sdk/{channel}/messages``         :class:`AiSdkMessages`
 ``POST /ai-sdk/{channel}/produce``         :class:`AiSdkProduce`
+``GET /ai-sdk/ws`` (WebSocket)             :class:`AiSdkSocket`
 ``POST /cancel``                           :class:`Cancel`
 ``GET``/``POST /webhooks/dead``            :class:`DeadLetters`
 ``/healthz``, ``/readyz``, ``/metrics``    :class:`Health`, :class:`Ready`, :class:`MetricsPage`
@@ -46,6 +47,7 @@ from ..core.protocol import MAX_NAME_LENGTH
 
 __all__ = [
     "AI_SDK_PREFIX",
+    "AI_SDK_SOCKET_PATH",
     "CANCEL_PATH",
     "DEAD_LETTERS_PATH",
     "MAX_QUERY_DIGITS",
@@ -57,6 +59,7 @@ __all__ = [
     "Admitted",
     "AiSdkMessages",
     "AiSdkProduce",
+    "AiSdkSocket",
     "AiSdkStop",
     "AiSdkStream",
     "Cancel",
@@ -86,6 +89,7 @@ AI_SDK_PREFIX = "/ai-sdk/"
 MAX_UI_MESSAGES = 1000
 """Replies ``GET /ai-sdk/{channel}/messages`` returns at most (and by default); it returns no
 more than the channel's history holds (``--history-size``)."""
+AI_SDK_SOCKET_PATH = "/ai-sdk/ws"
 
 MAX_QUERY_DIGITS = 9
 """Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
@@ -209,6 +213,12 @@ class AiSdkProduce(Admitted):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AiSdkSocket(Admitted):
+    """``GET /ai-sdk/ws``: the AI SDK's ``WebSocketChatTransport``
+    (:mod:`token_relay.edge.aisdkws`); each request names its chat, the channel."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel(Admitted):
     """``POST /cancel``: a cancel frame as a request's body."""
 
@@ -249,6 +259,7 @@ Route = (
     | AiSdkStop
     | AiSdkMessages
     | AiSdkProduce
+    | AiSdkSocket
     | Cancel
     | DeadLetters
     | Health
@@ -269,6 +280,12 @@ def parse_route(
         if method != "GET":
             return _wrong_method(path, "GET")
         return _sse(_arguments(query), last_event_id)
+    if path == AI_SDK_SOCKET_PATH:
+        if method != "GET":
+            return _wrong_method(path, "GET")
+        if not upgrade:
+            return _upgrade_required(path)
+        return AiSdkSocket(token=_last(_arguments(query), "token"))
     if path.startswith(AI_SDK_PREFIX):
         return _ai_sdk(method, path, query)
     if path == CANCEL_PATH:
@@ -294,12 +311,7 @@ def parse_route(
         if method != "GET":
             return _wrong_method(path, "GET")
         if not upgrade:
-            return Refusal(
-                426,
-                "upgrade_required",
-                f"{path} is a WebSocket endpoint: send Upgrade: websocket",
-                (("Upgrade", "websocket"), ("Connection", "Upgrade")),
-            )
+            return _upgrade_required(path)
         arguments = _arguments(query)
         token = _last(arguments, "token")
         if path == PRODUCE_PATH:
@@ -407,6 +419,15 @@ def _ai_sdk(
         wanted=wanted,
         wait=wait,
         rewind=_rewind(arguments),
+    )
+
+
+def _upgrade_required(path: str) -> Refusal:
+    return Refusal(
+        426,
+        "upgrade_required",
+        f"{path} is a WebSocket endpoint: send Upgrade: websocket",
+        (("Upgrade", "websocket"), ("Connection", "Upgrade")),
     )
 
 

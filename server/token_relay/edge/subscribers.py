@@ -131,6 +131,30 @@ class SubscriberEndpoint:
         except FrameRejected as exc:
             self.reject_now(connection, exc, frame.channel)
 
+    async def join(self, connection: Peer, channel: str, rewind: int) -> None:
+        """Join ``channel`` as a deltas subscriber, for a chat transport's request (the
+        grant was checked), ``rewind`` completed messages first. A refusal goes to the
+        connection as the channel's error frame; a join already made is made again."""
+        if self.router.hub.is_subscribed(connection, channel):
+            self.router.unsubscribe(connection, channel)
+        frame = Subscribe(type="subscribe", channel=channel, deltas=True)
+        if rewind:
+            frame = Subscribe(type="subscribe", channel=channel, deltas=True, rewind=rewind)
+        try:
+            await self._subscribe(connection, frame)
+        except FrameRejected as exc:
+            self.reject_now(connection, exc, channel)
+
+    def leave(self, connection: Peer, channel: str) -> None:
+        """Leave ``channel`` (a chat transport's request ended)."""
+        self.router.unsubscribe(connection, channel)
+        self.spawn(self._update_interests([channel]))
+
+    async def stop(self, channel: str, message_id: str) -> None:
+        """Stop for a chat transport: a cancel to the producers of the message; raises
+        :class:`FrameRejected` if none has it."""
+        await self._route_cancel(Cancel(type="cancel", channel=channel, id=message_id))
+
     async def _subscribe(self, connection: Peer, frame: Subscribe) -> None:
         """Join: the confirmation, replayed history, snapshots, then what followed."""
         channel = frame.channel

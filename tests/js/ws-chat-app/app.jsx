@@ -1,0 +1,36 @@
+// useChat over the relay: the AI SDK's WebSocketChatTransport at ws://HOST/ai-sdk/ws, the chat
+// id (?chat=) as the relay channel, resume on mount. The page shows the status and each
+// message's text, and keeps the messages on window.chat for the test to read.
+import { useChat } from "@ai-sdk/react";
+import { WebSocketChatTransport } from "ai";
+import { createRoot } from "react-dom/client";
+
+const params = new URLSearchParams(location.search);
+const transport = new WebSocketChatTransport({ url: `ws://${location.host}/ai-sdk/ws` });
+
+function App() {
+  const { messages, sendMessage, stop, status, error } = useChat({
+    id: params.get("chat"),
+    transport,
+    resume: true,
+  });
+  window.chat = { messages, status, error: error ? String(error.message) : null };
+  return (
+    <div>
+      <div id="status" data-status={status}>{status}</div>
+      <button id="send" onClick={() => sendMessage({ text: "What is the weather in Paris?" })}>
+        Send
+      </button>
+      <button id="stop" onClick={() => stop()}>Stop</button>
+      <ul id="messages">
+        {messages.map((message) => (
+          <li key={message.id} data-role={message.role}>
+            {message.parts.map((part) => (part.type === "text" ? part.text : "")).join("")}
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+createRoot(document.getElementById("root")).render(<App />);
