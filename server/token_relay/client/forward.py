@@ -1,0 +1,181 @@
+"""``RelayProducer.forward``: a provider SDK's stream, as it is, forwarded as one message.
+
+Theory of operation
+-------------------
+:func:`forward` opens the stream (an async iterator, a sync one, or a context manager such
+as ``anthropic``'s ``messages.stream()``, entered here), reads its events, and picks the
+translator by the first event's type (:func:`translator_for`): a ``chat.completion.chunk``
+is Chat Completions, a ``response.*`` event the Responses API
+(:mod:`token_relay.client.openai_chunks`), a ``message_start`` and its kin Anthropic's
+Messages (:mod:`token_relay.client.anthropic_chunks`). Neither SDK is imported: the
+events say what they are. Each event's chunks go out with ``send_chunk`` as they come;
+the final carries the meta (usage, ``finishReason``...) and its acknowledgement is
+returned.
+
+A sync stream is read in a worker thread, one event at a time, so the event loop never
+blocks on the provider.
+
+Stop: while it reads, :func:`forward` watches the producer for a Stop (a subscriber's
+``cancel``) of its message. One that comes first stops the reading, closes the upstream
+stream (``close()``/``aclose()``, or the context manager's exit: the HTTP response is
+closed, so the provider stops generating), and ends the message with an ``abort``
+event, reason ``cancelled``, its meta so far on it; :func:`forward` then returns None.
+If the provider's stream fails, the message ends the same way with reason ``error``
+(``meta.errorText`` says why) and the exception propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..core.protocol import Ack, Chunk
+from .anthropic_chunks import EVENTS, MessagesChunks
+from .openai_chunks import ChatCompletionsChunks, ResponsesChunks, field
+
+if TYPE_CHECKING:
+    from .producer import RelayProducer
+
+__all__ = ["Translator", "UnknownStream", "forward", "translator_for"]
+
+ANTHROPIC_DERIVED = frozenset({"text", "thinking", "input_json", "citation", "signature"})
+"""The events ``messages.stream()`` adds to the raw ones (they repeat them)."""
+
+_END = object()
+
+
+class Translator(Protocol):
+    """A provider's stream events to chunks, keeping the message's meta."""
+
+    meta: dict[str, Any]
+
+    def feed(self, event: Any) -> list[Chunk]: ...
+
+    def end(self) -> list[Chunk]: ...
+
+
+class UnknownStream(TypeError):
+    """The stream's first event is none of the providers' this module knows."""
+
+
+def translator_for(event: Any) -> Translator:
+    """The translator for a stream whose first event is ``event``."""
+    if field(event, "object") == "chat.completion.chunk":
+        return ChatCompletionsChunks()
+    kind = field(event, "type")
+    if isinstance(kind, str):
+        if kind.startswith("response.") or kind == "error":
+            return ResponsesChunks()
+        if kind in EVENTS or kind in ANTHROPIC_DERIVED:
+            return MessagesChunks()
+    raise UnknownStream(
+        f"not an OpenAI Chat Completions, Responses or Anthropic Messages event: {event!r:.200}"
+    )
+
+
+@contextlib.asynccontextmanager
+async def _opened(stream: Any) -> AsyncIterator[tuple[AsyncIterator[Any], Callable[[], Any]]]:
+    """The stream's events, and how to close it; closed (or exited) on the way out."""
+    if hasattr(stream, "__aiter__"):
+        try:
+            yield aiter(stream), stream.close
+        finally:
+            await _close(stream)
+    elif hasattr(stream, "__iter__"):
+        try:
+            yield _threaded(iter(stream)), stream.close
+        finally:
+            await _close(stream)
+    elif hasattr(stream, "__aenter__"):
+        inner = await stream.__aenter__()
+        try:
+            async with _opened(inner) as opened:
+                yield opened
+        finally:
+            await stream.__aexit__(None, None, None)
+    elif hasattr(stream, "__enter__"):
+        inner = await asyncio.to_thread(stream.__enter__)
+        try:
+            async with _opened(inner) as opened:
+                yield opened
+        finally:
+            await asyncio.to_thread(stream.__exit__, None, None, None)
+    else:
+        raise UnknownStream(f"not a stream (no iterator, no context manager): {stream!r:.200}")
+
+
+async def _close(stream: Any) -> None:
+    """Close an SDK stream, sync or async: its HTTP response is closed with it."""
+    close = getattr(stream, "close", None)
+    if close is None:
+        return
+    if inspect.iscoroutinefunction(close):
+        await close()
+    else:
+        await asyncio.to_thread(close)
+
+
+async def _threaded(events: Any) -> AsyncIterator[Any]:
+    """A sync iterator's items, each read in a worker thread."""
+    while True:
+        event = await asyncio.to_thread(next, events, _END)
+        if event is _END:
+            return
+        yield event
+
+
+async def forward(
+    relay: RelayProducer, stream: Any, *, message_id: str, channel: str | None = None
+) -> Ack | None:
+    """Forward ``stream`` as message ``message_id``: its acknowledgement, or None if a Stop
+    ended it first (the stream is then closed, and the message aborted, ``cancelled``)."""
+    stop = relay.stop_requested(message_id)
+    state: dict[str, Translator] = {}
+    try:
+        async with _opened(stream) as (events, _close_now):
+            reading = asyncio.ensure_future(_pump(relay, events, message_id, channel, state))
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+                meta = state["translator"].meta if "translator" in state else None
+                await relay.abort(message_id, channel=channel, meta=meta)
+                return None
+            error = reading.exception()
+            if error is not None:
+                if "translator" in state and not isinstance(error, UnknownStream):
+                    meta = {**state["translator"].meta, "finishReason": "error"}
+                    meta["errorText"] = str(error) or type(error).__name__
+                    await relay.abort(message_id, reason="error", channel=channel, meta=meta)
+                raise error
+            translator = state.get("translator")
+            for chunk in translator.end() if translator is not None else ():
+                await relay.send_chunk(message_id, chunk, channel=channel)
+            meta = translator.meta if translator is not None else None
+    finally:
+        relay.stop_done(message_id)
+    return await relay.finish(message_id, channel=channel, meta=meta)
+
+
+async def _pump(
+    relay: RelayProducer,
+    events: AsyncIterator[Any],
+    message_id: str,
+    channel: str | None,
+    state: dict[str, Translator],
+) -> None:
+    """Read every event and send its chunks (the translator, once known, in ``state``)."""
+    async for event in events:
+        translator = state.get("translator")
+        if translator is None:
+            translator = state["translator"] = translator_for(event)
+        for chunk in translator.feed(event):
+            await relay.send_chunk(message_id, chunk, channel=channel)
