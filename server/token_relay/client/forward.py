@@ -13,7 +13,8 @@ the final carries the meta (usage, ``finishReason``...) and its acknowledgement 
 returned.
 
 A sync stream is read in a worker thread, one event at a time, so the event loop never
-blocks on the provider.
+blocks on the provider; to close it while that thread waits for the provider, its socket
+is shut down first.
 
 Stop: while it reads, :func:`forward` watches the producer for a Stop (a subscriber's
 ``cancel``) of its message. One that comes first stops the reading, closes the upstream
@@ -29,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.protocol import Ack, Chunk
@@ -77,17 +79,18 @@ def translator_for(event: Any) -> Translator:
 
 
 @contextlib.asynccontextmanager
-async def _opened(stream: Any) -> AsyncIterator[tuple[AsyncIterator[Any], Callable[[], Any]]]:
-    """The stream's events, and how to close it; closed (or exited) on the way out."""
+async def _opened(stream: Any) -> AsyncIterator[AsyncIterator[Any]]:
+    """The stream's events; the stream is closed (or exited) on the way out."""
     if hasattr(stream, "__aiter__"):
         try:
-            yield aiter(stream), stream.close
+            yield aiter(stream)
         finally:
             await _close(stream)
     elif hasattr(stream, "__iter__"):
         try:
-            yield _threaded(iter(stream)), stream.close
+            yield _threaded(iter(stream))
         finally:
+            _shut_down(stream)
             await _close(stream)
     elif hasattr(stream, "__aenter__"):
         inner = await stream.__aenter__()
@@ -108,14 +111,30 @@ async def _opened(stream: Any) -> AsyncIterator[tuple[AsyncIterator[Any], Callab
 
 
 async def _close(stream: Any) -> None:
-    """Close an SDK stream, sync or async: its HTTP response is closed with it."""
-    close = getattr(stream, "close", None)
+    """Close an SDK stream, sync or async (its HTTP response is closed with it), or a
+    generator."""
+    close = getattr(stream, "aclose", None) or getattr(stream, "close", None)
     if close is None:
         return
     if inspect.iscoroutinefunction(close):
         await close()
     else:
         await asyncio.to_thread(close)
+
+
+def _shut_down(stream: Any) -> None:
+    """Shut a sync stream's socket down, so that the worker thread blocked reading it wakes
+    up and the provider sees the connection end (closing a socket that another thread
+    reads closes nothing on Linux until that read returns). The socket is found through
+    httpx's ``network_stream`` extension; a stream without one is only closed."""
+    response = getattr(stream, "response", None)
+    extensions = getattr(response, "extensions", None)
+    network = extensions.get("network_stream") if isinstance(extensions, dict) else None
+    get_extra_info = getattr(network, "get_extra_info", None)
+    connection = get_extra_info("socket") if get_extra_info is not None else None
+    if isinstance(connection, socket.socket):
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)
 
 
 async def _threaded(events: Any) -> AsyncIterator[Any]:
@@ -135,7 +154,7 @@ async def forward(
     stop = relay.stop_requested(message_id)
     state: dict[str, Translator] = {}
     try:
-        async with _opened(stream) as (events, _close_now):
+        async with _opened(stream) as events:
             reading = asyncio.ensure_future(_pump(relay, events, message_id, channel, state))
             stopped = asyncio.ensure_future(stop.wait())
             try:
