@@ -4,6 +4,7 @@ provider that speaks their SSE wire formats, into a real relay and a real subscr
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from token_relay.client import RelayProducer
 
 from ..conftest import RunningRelay, recv_json
+from ..docs.blocks import docs_block
 from ..harness.providers import Provider
 
 CHAT_PARTS = [
@@ -293,3 +295,57 @@ def test_the_client_imports_neither_sdk() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("code", "reply", "parts", "meta"),
+    [
+        (
+            docs_block("gateway-openai"),
+            "reply-1",
+            CHAT_PARTS,
+            {
+                "model": "gpt-x",
+                "finish_reason": "tool_calls",
+                "finishReason": "tool-calls",
+                "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
+            },
+        ),
+        (docs_block("gateway-anthropic"), "reply-2", MESSAGES_PARTS, MESSAGES_META),
+    ],
+    ids=["openai", "anthropic"],
+)
+async def test_the_documented_gateways_forward_as_printed(
+    relay: RunningRelay,
+    provider: Provider,
+    code: str,
+    reply: str,
+    parts: list[dict[str, Any]],
+    meta: dict[str, Any],
+) -> None:
+    environment = {
+        **os.environ,
+        "OPENAI_API_KEY": "k",
+        "OPENAI_BASE_URL": provider.base_url,
+        "ANTHROPIC_API_KEY": "k",
+        "ANTHROPIC_BASE_URL": _anthropic_url(provider),
+    }
+    async with relay.connect("/subscribe?channel=chat-42") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code.replace("ws://127.0.0.1:8765", relay.url),
+            stdout=asyncio.subprocess.PIPE,
+            env=environment,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode == 0
+        assert out.decode().strip() == f"delivered: {reply}"
+        message = await recv_json(sub)
+    assert (message["type"], message["id"]) == ("message", reply)
+    assert message["parts"] == parts
+    assert message["meta"] == meta
+    assert [request.path for request in provider.requests] == [
+        "/v1/messages" if "anthropic" in code else "/v1/chat/completions"
+    ]

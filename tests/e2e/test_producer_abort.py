@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from ..conftest import recv_core, recv_json, send_json
+from ..docs.blocks import docs_block
 from .conftest import OpenRelay
 
 
@@ -49,6 +52,20 @@ async def test_an_abort_in_a_batch_ends_its_message_and_the_rest_applies(
         assert await recv_json(producer) == {
             "type": "acks",
             "acks": [{"id": "b", "channel": "c"}],
+        }
+
+
+async def test_the_documented_abort_event_ends_the_reply_cancelled(open_relay: OpenRelay) -> None:
+    async with open_relay(channel="chat-42") as (_, sub, producer):
+        await send_json(producer, {"id": "reply-1", "delta": "Hello, wor"})
+        await producer.send(docs_block("producer-abort").strip())
+        assert await recv_core(sub) == {
+            "type": "aborted",
+            "channel": "chat-42",
+            "id": "reply-1",
+            "text": "Hello, wor",
+            "reason": "cancelled",
+            "meta": json.loads(docs_block("producer-abort"))["meta"],
         }
 
 

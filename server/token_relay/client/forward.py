@@ -32,16 +32,13 @@ import contextlib
 import inspect
 import socket
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal, Protocol
 
-from ..core.protocol import Ack, Chunk
+from ..core.protocol import Ack, Chunk, Meta
 from .anthropic_chunks import EVENTS, MessagesChunks
 from .openai_chunks import ChatCompletionsChunks, ResponsesChunks, field
 
-if TYPE_CHECKING:
-    from .producer import RelayProducer
-
-__all__ = ["Translator", "UnknownStream", "forward", "translator_for"]
+__all__ = ["Relay", "Translator", "UnknownStream", "forward", "translator_for"]
 
 ANTHROPIC_DERIVED = frozenset({"text", "thinking", "input_json", "citation", "signature"})
 """The events ``messages.stream()`` adds to the raw ones (they repeat them)."""
@@ -57,6 +54,31 @@ class Translator(Protocol):
     def feed(self, event: Any) -> list[Chunk]: ...
 
     def end(self) -> list[Chunk]: ...
+
+
+class Relay(Protocol):
+    """What :func:`forward` needs of a :class:`~token_relay.client.RelayProducer`."""
+
+    async def send_chunk(
+        self, message_id: str, chunk: Chunk, *, channel: str | None = ..., meta: Meta | None = ...
+    ) -> None: ...
+
+    async def finish(
+        self, message_id: str, *, channel: str | None = ..., meta: Meta | None = ...
+    ) -> Ack: ...
+
+    async def abort(
+        self,
+        message_id: str,
+        *,
+        reason: Literal["cancelled", "error"] = ...,
+        channel: str | None = ...,
+        meta: Meta | None = ...,
+    ) -> None: ...
+
+    def stop_requested(self, message_id: str) -> asyncio.Event: ...
+
+    def stop_done(self, message_id: str) -> None: ...
 
 
 class UnknownStream(TypeError):
@@ -147,7 +169,7 @@ async def _threaded(events: Any) -> AsyncIterator[Any]:
 
 
 async def forward(
-    relay: RelayProducer, stream: Any, *, message_id: str, channel: str | None = None
+    relay: Relay, stream: Any, *, message_id: str, channel: str | None = None
 ) -> Ack | None:
     """Forward ``stream`` as message ``message_id``: its acknowledgement, or None if a Stop
     ended it first (the stream is then closed, and the message aborted, ``cancelled``)."""
@@ -185,7 +207,7 @@ async def forward(
 
 
 async def _pump(
-    relay: RelayProducer,
+    relay: Relay,
     events: AsyncIterator[Any],
     message_id: str,
     channel: str | None,
