@@ -349,3 +349,22 @@ async def test_the_documented_gateways_forward_as_printed(
     assert [request.path for request in provider.requests] == [
         "/v1/messages" if "anthropic" in code else "/v1/chat/completions"
     ]
+
+
+async def test_a_stream_that_fails_midway_ends_the_reply_in_error(relay: RunningRelay) -> None:
+    async def failing() -> AsyncIterator[dict[str, Any]]:
+        yield {
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "Half"}}],
+        }
+        raise ConnectionError("upstream broke")
+
+    async with relay.connect("/subscribe?channel=c") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        async with RelayProducer(relay.url, channel="c") as producer:
+            with pytest.raises(ConnectionError, match="upstream broke"):
+                await producer.forward(failing(), id="r")
+        aborted = await recv_json(sub)
+    assert (aborted["type"], aborted["reason"], aborted["text"]) == ("aborted", "error", "Half")
+    assert aborted["meta"] == {"model": "m", "finishReason": "error", "errorText": "upstream broke"}
