@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 from token_relay.client.anthropic_chunks import MessagesChunks
-from token_relay.client.forward import UnknownStream, translator_for
+from token_relay.client.forward import translator_for
 from token_relay.client.openai_chunks import ChatCompletionsChunks, ResponsesChunks
+from token_relay.core.errors import UsageError
 
 
 @pytest.mark.parametrize(
@@ -79,5 +80,5 @@ def test_the_stream_kind_is_found_by_its_first_event(event: Any, kind: type) -> 
 
 
 def test_an_unknown_event_names_itself() -> None:
-    with pytest.raises(UnknownStream, match="not an OpenAI Chat Completions"):
+    with pytest.raises(UsageError, match="not an OpenAI Chat Completions"):
         translator_for({"type": "delta"})

@@ -275,13 +275,13 @@ async def test_a_stop_exits_the_anthropic_stream_manager_and_aborts_the_reply(
 async def test_a_stream_of_something_else_is_refused_and_sends_nothing(
     relay: RunningRelay,
 ) -> None:
-    from token_relay.client.forward import UnknownStream
+    from token_relay.core.errors import UsageError
 
     async def other() -> AsyncIterator[dict[str, str]]:
         yield {"type": "something"}
 
     async with RelayProducer(relay.url, channel="c") as producer:
-        with pytest.raises(UnknownStream):
+        with pytest.raises(UsageError):
             await producer.forward(other(), id="x")
         assert producer._unacked == {}
 

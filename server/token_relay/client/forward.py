@@ -34,11 +34,12 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 
+from ..core.errors import RelayError, UsageError
 from ..core.protocol import Ack, Chunk, Meta
 from .anthropic_chunks import EVENTS, MessagesChunks
 from .openai_chunks import ChatCompletionsChunks, ResponsesChunks, field
 
-__all__ = ["Relay", "Translator", "UnknownStream", "forward", "translator_for"]
+__all__ = ["Relay", "Translator", "forward", "translator_for"]
 
 ANTHROPIC_DERIVED = frozenset({"text", "thinking", "input_json", "citation", "signature"})
 """The events ``messages.stream()`` adds to the raw ones (they repeat them)."""
@@ -81,10 +82,6 @@ class Relay(Protocol):
     def stop_done(self, message_id: str) -> None: ...
 
 
-class UnknownStream(TypeError):
-    """The stream's first event is none of the providers' this module knows."""
-
-
 def translator_for(event: Any) -> Translator:
     """The translator for a stream whose first event is ``event``."""
     if field(event, "object") == "chat.completion.chunk":
@@ -95,7 +92,7 @@ def translator_for(event: Any) -> Translator:
             return ResponsesChunks()
         if kind in EVENTS or kind in ANTHROPIC_DERIVED:
             return MessagesChunks()
-    raise UnknownStream(
+    raise UsageError(
         f"not an OpenAI Chat Completions, Responses or Anthropic Messages event: {event!r:.200}"
     )
 
@@ -129,7 +126,7 @@ async def _opened(stream: Any) -> AsyncIterator[AsyncIterator[Any]]:
         finally:
             await asyncio.to_thread(stream.__exit__, None, None, None)
     else:
-        raise UnknownStream(f"not a stream (no iterator, no context manager): {stream!r:.200}")
+        raise UsageError(f"not a stream (no iterator, no context manager): {stream!r:.200}")
 
 
 async def _close(stream: Any) -> None:
@@ -192,10 +189,12 @@ async def forward(
                 return None
             error = reading.exception()
             if error is not None:
-                if "translator" in state and not isinstance(error, UnknownStream):
+                if "translator" in state:
                     meta = {**state["translator"].meta, "finishReason": "error"}
                     meta["errorText"] = str(error) or type(error).__name__
-                    await relay.abort(message_id, reason="error", channel=channel, meta=meta)
+                    # A message the relay already gave up (MessageFailed) needs no abort.
+                    with contextlib.suppress(RelayError):
+                        await relay.abort(message_id, reason="error", channel=channel, meta=meta)
                 raise error
             translator = state.get("translator")
             for chunk in translator.end() if translator is not None else ():

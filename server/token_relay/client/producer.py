@@ -13,7 +13,7 @@ from pydantic import MISSING
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError
+from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError, UsageError
 from ..core.protocol import (
     SERVER_FRAME,
     Ack,
@@ -187,7 +187,7 @@ class RelayProducer(Background):
         stop = self._stops.get(message_id)
         if stop is None:
             if len(self._stops) >= self.max_unacked:
-                raise RelayProtocolError("too many messages watched for a Stop at once")
+                raise UsageError(f"more than {self.max_unacked} messages watched for a Stop")
             stop = self._stops[message_id] = asyncio.Event()
         return stop
 
