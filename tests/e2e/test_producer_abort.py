@@ -6,6 +6,7 @@ import json
 
 from ..conftest import recv_core, recv_json, send_json
 from ..docs.blocks import docs_block
+from ..harness.redis_server import RedisServer
 from .conftest import OpenRelay
 
 
@@ -82,3 +83,19 @@ async def test_an_abort_event_carrying_a_delta_is_refused(open_relay: OpenRelay)
         await send_json(producer, {"id": "m", "final": True})
         message = await recv_core(sub)
         assert (message["type"], message["text"]) == ("message", "so far")
+
+
+async def test_an_abort_event_ends_a_structured_reply_through_redis(
+    open_relay: OpenRelay, redis_server: RedisServer
+) -> None:
+    async with open_relay(broker=redis_server.url, deltas=True) as (_, sub, producer):
+        await send_json(producer, {"id": "m", "chunk": {"type": "text-start", "id": "t"}})
+        await send_json(
+            producer, {"id": "m", "chunk": {"type": "text-delta", "id": "t", "delta": "Hi"}}
+        )
+        await send_json(producer, {"id": "m", "abort": "cancelled"})
+        frame = await recv_core(sub)
+        while frame["type"] != "aborted":
+            frame = await recv_core(sub)
+        assert (frame["reason"], frame["text"]) == ("cancelled", "Hi")
+        assert frame["parts"] == [{"type": "text", "text": "Hi", "state": "streaming"}]
