@@ -117,6 +117,27 @@ async def test_a_sync_chat_completions_stream_is_read_off_the_loop(
     assert message["meta"]["usage"]["total_tokens"] == 21
 
 
+@pytest.mark.parametrize("entered", [False, True])
+async def test_the_chat_completions_stream_helper_arrives_as_parts(
+    relay: RunningRelay, provider: Provider, entered: bool
+) -> None:
+    client = openai.AsyncOpenAI(base_url=provider.base_url, api_key="k", max_retries=0)
+    arguments = _chat_args(stream_options={"include_usage": True})
+    del arguments["stream"]
+
+    async def forwarding(producer: RelayProducer) -> Any:
+        if entered:
+            async with client.chat.completions.stream(**arguments) as stream:
+                return await producer.forward(stream, id="r1")
+        return await producer.forward(client.chat.completions.stream(**arguments), id="r1")
+
+    ack, message = await _delivered(relay, forwarding)
+    assert ack.id == "r1"
+    assert message["parts"] == CHAT_PARTS
+    assert message["meta"]["finishReason"] == "tool-calls"
+    assert message["meta"]["usage"]["total_tokens"] == 21
+
+
 @pytest.mark.parametrize("sync", [False, True])
 async def test_a_responses_stream_arrives_as_parts_with_meta(
     relay: RunningRelay, provider: Provider, sync: bool

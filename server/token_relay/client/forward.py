@@ -7,7 +7,9 @@ as ``anthropic``'s ``messages.stream()``, entered here), reads its events, and p
 translator by the first event's type (:func:`translator_for`): a ``chat.completion.chunk``
 is Chat Completions, a ``response.*`` event the Responses API
 (:mod:`token_relay.client.openai_chunks`), a ``message_start`` and its kin Anthropic's
-Messages (:mod:`token_relay.client.anthropic_chunks`). Neither SDK is imported: the
+Messages (:mod:`token_relay.client.anthropic_chunks`); ``openai``'s
+``chat.completions.stream()`` wraps each chunk in a ``chunk`` event, which is unwrapped.
+Neither SDK is imported: the
 events say what they are. Each event's chunks go out with ``send_chunk`` as they come;
 the final carries the meta (usage, ``finishReason``...) and its acknowledgement is
 returned.
@@ -214,6 +216,10 @@ async def _pump(
 ) -> None:
     """Read every event and send its chunks (the translator, once known, in ``state``)."""
     async for event in events:
+        if field(event, "type") == "chunk" and field(event, "chunk") is not None:
+            # openai's chat.completions.stream(): each raw chunk comes wrapped; the
+            # events it adds (content.delta...) repeat them and translate to nothing.
+            event = field(event, "chunk")
         translator = state.get("translator")
         if translator is None:
             translator = state["translator"] = translator_for(event)
