@@ -389,3 +389,22 @@ async def test_a_stream_that_fails_midway_ends_the_reply_in_error(relay: Running
         aborted = await recv_json(sub)
     assert (aborted["type"], aborted["reason"], aborted["text"]) == ("aborted", "error", "Half")
     assert aborted["meta"] == {"model": "m", "finishReason": "error", "errorText": "upstream broke"}
+
+
+async def test_cancelling_forward_closes_the_upstream_stream(
+    relay: RunningRelay, provider: Provider
+) -> None:
+    client = openai.AsyncOpenAI(base_url=provider.base_url, api_key="k", max_retries=0)
+    async with relay.connect("/subscribe?channel=c&deltas=true") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        async with RelayProducer(relay.url, channel="c") as producer:
+            stream = await client.chat.completions.create(**_chat_args(model="hold"))
+            forwarding = asyncio.create_task(producer.forward(stream, id="held"))
+            frame = await recv_json(sub, 10)
+            while frame["type"] not in ("chunks", "delta"):
+                frame = await recv_json(sub, 10)
+            forwarding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await forwarding
+            assert await asyncio.to_thread(provider.requests[0].closed_early.wait, 10)
+            assert producer._stops == {}

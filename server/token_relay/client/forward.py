@@ -180,6 +180,9 @@ async def forward(
             stopped = asyncio.ensure_future(stop.wait())
             try:
                 await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                reading.cancel()  # forward itself was cancelled: so is the reading
+                raise
             finally:
                 stopped.cancel()
             if not reading.done():
