@@ -27,7 +27,7 @@ from token_relay.core.protocol import (
     encode_unpositioned,
 )
 
-FIELDS = ("id", "delta", "chunk", "final", "channel", "seq", "meta")
+FIELDS = ("id", "delta", "chunk", "final", "channel", "seq", "meta", "abort")
 
 # Text near every limit: empty, 255-257 characters, non-BMP, control characters, quotes.
 edge_text = st.one_of(
@@ -56,12 +56,13 @@ field_values = {
     "seq": st.one_of(st.integers(min_value=-2, max_value=2**65), json_value),
     "meta": st.one_of(st.dictionaries(edge_text, json_value, max_size=3), json_value),
     "chunk": st.one_of(st.dictionaries(edge_text, json_value, max_size=3), json_value),
+    "abort": st.one_of(st.sampled_from(["cancelled", "error", "Cancelled", ""]), json_value),
 }
 
 
 @st.composite
 def event_objects(draw: st.DrawFn) -> Any:
-    present = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=7))
+    present = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=8))
     if draw(st.integers(0, 9)):  # usually an id, since a frame without one is dull
         present = ["id", *(f for f in present if f != "id")]
     event = {name: draw(field_values[name]) for name in present}

@@ -743,6 +743,12 @@ def test_json_schema_producer_event() -> None:
         "channel",
         "seq",
         "meta",
+        "abort",
+    }
+    assert producer["properties"]["abort"] == {
+        "enum": ["cancelled", "error"],
+        "title": "Abort",
+        "type": "string",
     }
     assert producer["properties"]["final"]["type"] == "boolean"
     assert producer["properties"]["delta"]["type"] == "string"

@@ -466,6 +466,42 @@ def test_abort_keeps_a_structured_messages_parts_as_they_were() -> None:
     )
 
 
+def test_an_abort_event_ends_its_message_with_its_meta_merged() -> None:
+    session = MessageStreams("c")
+    session.receive(ProducerEvent(id="m", delta="so far", meta={"model": "x", "n": 1}), now=1.0)
+    event = ProducerEvent(id="m", abort="cancelled", meta={"n": 2}, seq=2, channel="c")
+    assert session.cancel(event) == Unfinished("c", "m", "so far", {"model": "x", "n": 2})
+    assert session.phase("m") is Phase.ABORTED
+    assert _rejected(session, ProducerEvent(id="m", delta="late")).code is ErrorCode.MESSAGE_ABORTED
+    # Not in progress: nothing, and nothing changes (an abort starts no message).
+    assert session.cancel(event) is None
+    assert session.cancel(ProducerEvent(id="never", abort="error")) is None
+    assert session.phase("never") is None
+
+
+@pytest.mark.parametrize(
+    "extra", [{"delta": "x"}, {"chunk": {"type": "text-start", "id": "t"}}, {"final": True}]
+)
+def test_an_abort_event_carrying_more_is_refused_and_changes_nothing(
+    extra: dict[str, object],
+) -> None:
+    session = MessageStreams("c")
+    session.receive(ProducerEvent(id="m", delta="so far"))
+    with pytest.raises(FrameRejected) as info:
+        session.cancel(ProducerEvent.model_validate({"id": "m", "abort": "cancelled", **extra}))
+    assert info.value.code is ErrorCode.INVALID_EVENT
+    assert session.phase("m") is Phase.STREAMING and session.partial("m") == "so far"
+
+
+def test_an_abort_event_naming_another_channel_is_refused() -> None:
+    session = MessageStreams("c")
+    session.receive(ProducerEvent(id="m", delta="so far"))
+    with pytest.raises(FrameRejected) as info:
+        session.cancel(ProducerEvent(id="m", abort="cancelled", channel="other"))
+    assert info.value.code is ErrorCode.CHANNEL_MISMATCH
+    assert session.phase("m") is Phase.STREAMING
+
+
 # ------------------------------------------------------------------------ expire
 
 

@@ -89,7 +89,16 @@ def test_schema_command_prints_generated_schema() -> None:
     producer = schema["producer_to_relay"]
     event = producer["$defs"]["ProducerEvent"]
     assert event["required"] == ["id"]
-    assert set(event["properties"]) == {"id", "delta", "chunk", "final", "channel", "seq", "meta"}
+    assert set(event["properties"]) == {
+        "id",
+        "delta",
+        "chunk",
+        "final",
+        "channel",
+        "seq",
+        "meta",
+        "abort",
+    }
     assert event["additionalProperties"] is False
     batch = next(choice for choice in producer["anyOf"] if choice.get("type") == "array")
     assert (batch["minItems"], batch["maxItems"]) == (1, 10_000)

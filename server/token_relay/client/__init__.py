@@ -14,7 +14,9 @@ exponential backoff and jitter when the connection drops, resumes its relay
 session, and sends again everything not yet acknowledged. The relay drops what
 it already applied, so each reply's text comes out exactly once. A structured
 reply (reasoning, tool calls, sources, data) goes as AI SDK chunks with
-``send_chunk``, numbered and resent the same way.
+``send_chunk``, numbered and resent the same way. ``forward`` takes an ``openai`` or
+``anthropic`` SDK stream as it is (:mod:`token_relay.client.forward`), and closes it when
+a subscriber presses Stop.
 
 A subscriber iterates over typed frames, reconnecting and resuming by offset
 and positions, and never yields the same completed message twice::

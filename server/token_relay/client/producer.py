@@ -7,13 +7,13 @@ import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import MISSING
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError
+from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError, UsageError
 from ..core.protocol import (
     SERVER_FRAME,
     Ack,
@@ -23,6 +23,7 @@ from ..core.protocol import (
     ChatRequest,
     Chunk,
     ErrorFrame,
+    Meta,
     ProducerEvent,
     SessionFrame,
 )
@@ -78,6 +79,8 @@ class RelayProducer(Background):
         self._failed: collections.OrderedDict[str, MessageFailed] = collections.OrderedDict()
         """Ids the relay gave up, most recent last (bounded): their events raise again."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stops: dict[str, asyncio.Event] = {}
+        """Messages being forwarded, each with the event its Stop sets."""
         self._closing = False
 
     async def close(self) -> None:
@@ -92,16 +95,30 @@ class RelayProducer(Background):
             if not future.done():
                 future.cancel()
 
-    async def send(self, message_id: str, delta: str, *, channel: str | None = None) -> None:
+    async def send(
+        self,
+        message_id: str,
+        delta: str,
+        *,
+        channel: str | None = None,
+        meta: Meta | None = None,
+    ) -> None:
         """Append ``delta`` to a message; returns once it is buffered and sent (or queued).
 
+        ``meta`` (usage, a model name...) merges into the message's metadata, shallowly,
+        last write wins, as the protocol's ``meta`` does.
         Raises :class:`MessageFailed` if the relay already gave this message up: a later
         part of it is never sent alone, so no subscriber sees a message missing its start.
         """
-        await self._submit(message_id, delta, final=False, channel=channel)
+        await self._submit(message_id, delta, final=False, channel=channel, meta=meta)
 
     async def send_chunk(
-        self, message_id: str, chunk: Chunk, *, channel: str | None = None
+        self,
+        message_id: str,
+        chunk: Chunk,
+        *,
+        channel: str | None = None,
+        meta: Meta | None = None,
     ) -> None:
         """Apply an AI SDK ``UIMessageChunk`` (``reasoning-delta``, ``tool-input-start``,
         ``source-url``...) to a message's parts, as :meth:`send` appends text; the message
@@ -110,19 +127,75 @@ class RelayProducer(Background):
         Raises :class:`MessageFailed` as :meth:`send` does; a chunk the relay refuses fails
         the message with the refusal's code.
         """
-        await self._submit(message_id, None, final=False, channel=channel, chunk=chunk)
+        await self._submit(message_id, None, final=False, channel=channel, chunk=chunk, meta=meta)
 
-    async def finish(self, message_id: str, *, channel: str | None = None) -> Ack:
+    async def finish(
+        self, message_id: str, *, channel: str | None = None, meta: Meta | None = None
+    ) -> Ack:
         """Complete a message and wait for the relay's acknowledgement.
 
-        Raises :class:`MessageFailed` naming the id if the relay gave the message up.
+        ``meta`` merges into the message's metadata as :meth:`send`'s does (the final's is
+        the last write). Raises :class:`MessageFailed` naming the id if the relay gave the
+        message up.
         """
         self._check(message_id)
         future = self._acks.get(message_id)
         if future is None or future.done():
             future = self._acks[message_id] = asyncio.get_running_loop().create_future()
-        await self._submit(message_id, None, final=True, channel=channel)
+        await self._submit(message_id, None, final=True, channel=channel, meta=meta)
         return await future
+
+    async def abort(
+        self,
+        message_id: str,
+        *,
+        reason: Literal["cancelled", "error"] = "cancelled",
+        channel: str | None = None,
+        meta: Meta | None = None,
+    ) -> None:
+        """End an unfinished message: ``cancelled`` (the gateway obeyed a Stop) or ``error``
+        (its model failed; put the text in ``meta["errorText"]``). Subscribers get its
+        ``aborted`` frame with that reason, with its text and parts so far.
+
+        Nothing is acknowledged: the message's buffered events are dropped once the abort
+        is sent. If the connection drops before it arrives and the session resumes, the
+        relay aborts the message after its idle timeout instead.
+        """
+        self._check(message_id)
+        await self._submit(message_id, None, final=False, channel=channel, meta=meta, abort=reason)
+        future = self._acks.pop(message_id, None)
+        if future is not None and not future.done():
+            future.cancel()
+        await self._release(message_id)
+
+    async def forward(self, stream: Any, *, id: str, channel: str | None = None) -> Ack | None:
+        """Forward a model's stream as message ``id``, as it is: the ``openai`` SDK's Chat
+        Completions or Responses stream, or the ``anthropic`` SDK's Messages stream (raw
+        events, or ``messages.stream()``), sync or async.
+
+        Text, reasoning and tool calls go as parts, usage and the finish reason as ``meta``
+        (see :mod:`token_relay.client.forward`). Returns the final's acknowledgement; None
+        if a Stop for ``id`` came first: the upstream stream is then closed and the message
+        ends as cancelled.
+        """
+        from .forward import forward
+
+        return await forward(self, stream, message_id=id, channel=channel)
+
+    def stop_requested(self, message_id: str) -> asyncio.Event:
+        """An event set when a Stop (a subscriber's ``cancel``) for ``message_id`` arrives;
+        call :meth:`stop_done` once the message has ended. The Stop is also yielded by
+        :meth:`cancellations`. At most ``max_unacked`` ids are watched at once."""
+        stop = self._stops.get(message_id)
+        if stop is None:
+            if len(self._stops) >= self.max_unacked:
+                raise UsageError(f"more than {self.max_unacked} messages watched for a Stop")
+            stop = self._stops[message_id] = asyncio.Event()
+        return stop
+
+    def stop_done(self, message_id: str) -> None:
+        """Stop watching ``message_id`` for a Stop."""
+        self._stops.pop(message_id, None)
 
     async def cancellations(self) -> AsyncIterator[Cancel]:
         """Cancels sent by subscribers (a user pressed Stop), as they arrive."""
@@ -158,6 +231,8 @@ class RelayProducer(Background):
         final: bool,
         channel: str | None,
         chunk: Chunk | None = None,
+        meta: Meta | None = None,
+        abort: str | None = None,
     ) -> None:
         self._check(message_id)
         async with self._room:
@@ -171,6 +246,10 @@ class RelayProducer(Background):
                 fields["chunk"] = chunk
             if channel is not None:
                 fields["channel"] = channel
+            if meta is not None:
+                fields["meta"] = meta
+            if abort is not None:
+                fields["abort"] = abort
             frame = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
             self._unacked.setdefault(message_id, []).append(frame)
             self._buffered += 1
@@ -235,6 +314,9 @@ class RelayProducer(Background):
                 ack = Ack(id=entry.id, channel=entry.channel, duplicate=entry.duplicate)
                 await self._acked(entry.id, ack)
         elif isinstance(frame, Cancel):
+            stop = self._stops.get(frame.id)
+            if stop is not None:
+                stop.set()
             with contextlib.suppress(asyncio.QueueFull):
                 self._cancels.put_nowait(frame)
         elif isinstance(frame, ChatRequest):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from pydantic import MISSING
@@ -67,6 +67,7 @@ class FastEvent(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     channel: _Channel = MISSING  # type: ignore[assignment]
     seq: _Seq = MISSING  # type: ignore[assignment]
     meta: dict[str, Any] = MISSING  # type: ignore[assignment]
+    abort: Literal["cancelled", "error"] = MISSING  # type: ignore[assignment]
 
 
 _DECODER = msgspec.json.Decoder(

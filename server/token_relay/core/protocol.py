@@ -135,6 +135,12 @@ class ProducerEvent(_Frame):
     and makes the message structured. An event carries one or the other, never both
     (``invalid_event``). ``meta`` is merged into its message's metadata, shallowly, last
     write wins; it is at most ``--max-meta-bytes`` of JSON.
+
+    ``abort`` is the producer's own end of an unfinished message: ``"cancelled"`` (it obeyed
+    a Stop) or ``"error"`` (its model failed; ``meta.errorText`` may say how). Subscribers
+    get its ``aborted`` frame with that reason at once. Such an
+    event carries no ``delta``, ``chunk`` or ``final`` (``invalid_event``); ``meta`` merges
+    before the abort; nothing is acknowledged, and an id not in progress changes nothing.
     """
 
     id: MessageId
@@ -144,6 +150,7 @@ class ProducerEvent(_Frame):
     channel: ChannelName | MISSING = MISSING
     seq: Annotated[int, Field(ge=1)] | MISSING = MISSING
     meta: Meta | MISSING = MISSING
+    abort: Literal["cancelled", "error"] | MISSING = MISSING
 
 
 # -------------------------------------------------------------- subscriber -> relay

@@ -28,7 +28,8 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   producer went away (:meth:`MessageStreams.close`), it had no event for too
   long (:meth:`MessageStreams.expire`), a delta took it past the size limit, or its
   producer said so (:meth:`MessageStreams.abort`: the AI SDK producer route's ``abort``
-  and ``error`` chunks, and a Stop it obeys).
+  and ``error`` chunks, and a Stop it obeys; :meth:`MessageStreams.cancel`: a producer
+  event's ``abort``).
   An aborted id is remembered; events for it are rejected (``message_aborted``),
   so a late delta can't start a bogus new message.
 * Refusal: an id another producer holds on the channel is refused by the broker
@@ -539,6 +540,29 @@ class MessageStreams:
         reported); None, changing nothing, if the message is not in progress."""
         if message_id not in self._streaming:
             return None
+        return self._abort(message_id)
+
+    def cancel(self, event: Event) -> Unfinished | None:
+        """Apply a producer's ``abort`` event: abort its message, its ``meta`` merged first;
+        None, changing nothing, if the message is not in progress (already ended, or never
+        begun: an abort has nothing to start). Raises, changing nothing, if the event also
+        carries ``delta``, ``chunk`` or ``final``, or names another channel."""
+        message_id = event.id
+        if event.delta is not MISSING or event.chunk is not MISSING or event.final:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT,
+                "an 'abort' event carries no 'delta', 'chunk' or 'final'",
+                message_id,
+            )
+        state = self._streaming.get(message_id)
+        if state is None:
+            return None
+        if event.channel is not MISSING and event.channel != state.channel:
+            _check_channel(message_id, state.channel, event.channel)
+        if event.meta is not MISSING:
+            meta = self._checked(event.meta, message_id)
+            if meta:
+                state.meta = {**state.meta, **meta} if state.meta else meta
         return self._abort(message_id)
 
     def expire(self, deadline: float) -> list[Unfinished]:

@@ -362,7 +362,7 @@ class ProducerEndpoint:
         if not session.bucket.take(now, 1):  # one event: one type check per frame, not two
             self.reject_now(connection, self._rate_limited(frame, session))
             return None
-        if frame.final:
+        if frame.final or frame.abort is not MISSING:
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
         applied = self._apply(connection, session, frame, now, None)
@@ -384,6 +384,12 @@ class ProducerEndpoint:
         """Apply a frame's events from ``start`` on; its acks go out once all are applied."""
         for index in range(start, len(events)):
             event, at = events[index], index if batch else None
+            if event.abort is not MISSING:
+                unfinished = self._cancel(connection, session, event, at)
+                if unfinished is not None:
+                    rest = (connection, session, events, batch, now, index + 1, acks, waiting)
+                    return self._abort_then(session, unfinished, rest, AbortReason(event.abort))
+                continue
             applied = self._apply(connection, session, event, now, at)
             if applied is None:
                 continue
@@ -432,11 +438,16 @@ class ProducerEndpoint:
             await replies.below(MAX_PENDING_REPLIES // 2)
 
     async def _abort_then(
-        self, session: Session, unfinished: Unfinished, rest: tuple[Any, ...] | None
+        self,
+        session: Session,
+        unfinished: Unfinished,
+        rest: tuple[Any, ...] | None,
+        reason: AbortReason = AbortReason.MESSAGE_TOO_LARGE,
     ) -> None:
-        """A message grew too large: publish its abort, then apply the frame's other events
-        (``rest``: the arguments of :meth:`_events` from the next one; None if none)."""
-        await self._abort(session, unfinished, AbortReason.MESSAGE_TOO_LARGE)
+        """A message grew too large (or its producer aborted it): publish its abort, then
+        apply the frame's other events (``rest``: the arguments of :meth:`_events` from the
+        next one; None if none)."""
+        await self._abort(session, unfinished, reason)
         later = None if rest is None else self._events(*rest)
         if later is not None:
             await later
@@ -473,6 +484,20 @@ class ProducerEndpoint:
             if self._replies.get(connection) is replies:
                 del self._replies[connection]
             replies.moved(done=True)
+
+    def _cancel(
+        self, connection: ProducerPeer, session: Session, event: Event, index: int | None
+    ) -> Unfinished | None:
+        """Apply an event's ``abort``: the message it ends, if it was in progress; None if
+        not, or if the event was refused (and answered)."""
+        try:
+            if event.channel is not MISSING:
+                session.grant.check(event.channel, event.id)
+            return session.streams.cancel(event)
+        except FrameRejected as exc:
+            exc.index = index
+            self.reject_now(connection, exc)
+            return None
 
     def _apply(
         self,
