@@ -99,3 +99,46 @@ def test_the_transport_frames_are_strict() -> None:
     with pytest.raises(FrameRejected) as refused:
         decode_chat_frame("{")
     assert refused.value.code.value == "invalid_json" and refused.value.message_id is None
+
+
+def _served(frames: list[dict[str, Any]], joined_after: int, wanted: str | None = None) -> Any:
+    """What a reader is sent when the channel's frames come in this order and the join is
+    done after the first ``joined_after`` of them (the rest arrive once it is)."""
+    sent: list[dict[str, Any]] = []
+    reply = ReplyChunks(wanted, sent.append)
+    for frame in frames[:joined_after]:
+        reply.frame(frame)
+    reply.decide()
+    for frame in frames[joined_after:]:
+        reply.frame(frame)
+    return sent
+
+
+def test_live_frames_that_followed_the_cut_before_the_join_was_done_are_kept() -> None:
+    """A join's frames come as its cut (snapshots) and then the frames buffered while the cut
+    was read: those arrive before the join is done, and must apply once it is."""
+    plain = [
+        {"type": "snapshot", "channel": "c", "id": "m", "text": "ab"},
+        {"type": "delta", "channel": "c", "id": "m", "delta": "c"},
+        {"type": "delta", "channel": "c", "id": "m", "delta": "d"},
+        {"type": "message", "channel": "c", "id": "m", "text": "abcd"},
+    ]
+    for at in range(1, len(plain) + 1):
+        sent = _served(plain, at)
+        text = "".join(c["delta"] for c in sent if c["type"] == "text-delta")
+        assert text == "abcd", at
+        assert [c["type"] for c in sent].count("start") == 1, at
+        assert sent[-1]["type"] == "finish", at
+    # A structured reply that opened after the cut, its first chunks still in the buffer.
+    chunks = [
+        {"type": "chunks", "channel": "c", "id": "s", "chunks": [START_T, _delta("Hi")]},
+        {"type": "chunks", "channel": "c", "id": "s", "chunks": [_delta(" there")]},
+    ]
+    for at in range(0, len(chunks) + 1):
+        sent = _served(chunks, at, wanted="s")
+        assert sent == [
+            {"type": "start", "messageId": "s"},
+            START_T,
+            _delta("Hi"),
+            _delta(" there"),
+        ]

@@ -96,6 +96,9 @@ class ReplyChunks:
         self._snapshots: dict[str, dict[str, Any]] = {}
         self._completed: dict[str, Any] | None = None
         """The reply that completed before the join was done (the one wanted, or the newest)."""
+        self._pending: list[Mapping[str, Any]] = []
+        """Live frames that followed the join's cut before the join was done, in order: they
+        apply once it is (bounded by the router's join buffer)."""
 
     def frame(self, frame: Mapping[str, Any]) -> None:
         """One frame of the channel, as a deltas subscriber gets it."""
@@ -108,6 +111,9 @@ class ReplyChunks:
             elif kind in ("message", "aborted") and self.wanted in (None, message_id):
                 self._snapshots.pop(str(message_id), None)
                 self._completed = dict(frame)
+                self._pending = [f for f in self._pending if f.get("id") != message_id]
+            elif kind in ("delta", "chunks"):
+                self._pending.append(frame)
         elif self.target is None:
             wanted = self.wanted in (None, message_id)
             if kind in ("message", "aborted") and "parts" in frame and wanted:
@@ -127,8 +133,18 @@ class ReplyChunks:
         self.joined = True
         snapshots, self._snapshots = self._snapshots, {}
         completed, self._completed = self._completed, None
+        pending, self._pending = self._pending, []
         if self.done:
             return True
+        served = self._choose(snapshots, completed)
+        for frame in pending:  # what followed the cut, on top of what was chosen
+            self.frame(frame)
+        return served or self.target is not None
+
+    def _choose(
+        self, snapshots: dict[str, dict[str, Any]], completed: dict[str, Any] | None
+    ) -> bool:
+        """Serve what the join found; False if it found nothing."""
         if self.wanted is not None and self.wanted in snapshots:
             self._serve(self.wanted, snapshots[self.wanted])
         elif self.wanted is None and snapshots:
