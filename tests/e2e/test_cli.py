@@ -117,6 +117,7 @@ def test_schema_command_prints_generated_schema() -> None:
         "message",
         "delta",
         "chunks",
+        "request",
         "snapshot",
         "aborted",
         "cancel",
