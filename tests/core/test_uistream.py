@@ -14,6 +14,7 @@ from token_relay.core.uistream import ReplyChunks, catch_up_from, reader_state
 START_R = {"type": "reasoning-start", "id": "r1"}
 END_R = {"type": "reasoning-end", "id": "r1"}
 START_T = {"type": "text-start", "id": "t1"}
+START_IMPLICIT = {"type": "text-start", "id": "text"}
 
 
 def _delta(text: str, part: str = "t1") -> dict[str, Any]:
@@ -142,3 +143,22 @@ def test_live_frames_that_followed_the_cut_before_the_join_was_done_are_kept() -
             _delta("Hi"),
             _delta(" there"),
         ]
+
+
+def test_a_message_that_ended_before_any_of_it_was_served_comes_whole() -> None:
+    """Waiting for a reply (nothing in progress at the join), the reader is served a plain
+    one-shot message whole, text included, and a message that opened and was aborted before
+    any text (Stop pressed on a reply of no chunk yet) whole, ending in its abort."""
+    one_shot = {"type": "message", "channel": "c", "id": "m", "text": "Hi 👋"}
+    assert _served([one_shot], 0) == [
+        {"type": "start", "messageId": "m"},
+        START_IMPLICIT,
+        {"type": "text-delta", "id": "text", "delta": "Hi 👋"},
+        {"type": "text-end", "id": "text"},
+        {"type": "finish"},
+    ]
+    stopped = {"type": "aborted", "channel": "c", "id": "m", "text": "", "reason": "cancelled"}
+    assert _served([stopped], 0, wanted="m") == [
+        {"type": "start", "messageId": "m"},
+        {"type": "abort", "reason": "cancelled"},
+    ]

@@ -335,3 +335,28 @@ async def test_stop_without_an_id_reaches_a_structured_reply_in_progress() -> No
         assert await _post(running, "/ai-sdk/chat-7/stop") == 204
         cancel = await recv_json(producer)
         assert (cancel["type"], cancel["channel"], cancel["id"]) == ("cancel", "chat-7", "reply-7")
+
+
+async def test_a_waiting_stream_gets_a_one_shot_reply_and_a_stopped_empty_one_whole() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        for message_id, events, last in (
+            ("one", [{"id": "one", "delta": "Hi 👋", "final": True}], '{"type":"finish"}'),
+            ("cut", [{"id": "cut", "meta": {"m": 1}}, {"id": "cut", "abort": "cancelled"}],
+             '{"type":"abort","reason":"cancelled"}'),
+        ):  # fmt: skip
+            reading = asyncio.ensure_future(
+                _curl(running, f"/ai-sdk/chat-8/stream?wait=10&id={message_id}")
+            )
+            await _stream_joined(running, "chat-8")
+            async with running.connect("/produce?channel=chat-8") as producer:
+                for event in events:
+                    await send_json(producer, event)
+                await send_json(producer, {"id": f"{message_id}-sync", "final": True})
+                while (await recv_json(producer)).get("id") != f"{message_id}-sync":
+                    pass
+            lines = [line for line in (await reading).splitlines() if line.startswith("data: ")]
+            assert lines[0] == f'data: {{"type":"start","messageId":"{message_id}"}}'
+            assert lines[-2:] == [f"data: {last}", "data: [DONE]"]
+            if message_id == "one":
+                assert 'data: {"type":"text-delta","id":"text","delta":"Hi 👋"}' in lines

@@ -116,12 +116,12 @@ class ReplyChunks:
                 self._pending.append(frame)
         elif self.target is None:
             wanted = self.wanted in (None, message_id)
-            if kind in ("message", "aborted") and "parts" in frame and wanted:
-                # A structured message that opened and ended in one event: whole, now.
-                self._serve_structured(frame)
-            elif kind in ("delta", "chunks", "message") and wanted:
-                # A message that started after the join: all of it is still to come (a
-                # one-shot one comes whole, as its message frame).
+            if kind in ("message", "aborted") and wanted:
+                # A message that ended before anything of it reached this reader (one that
+                # opened and ended in one event, or sent no text before it ended): whole.
+                self._serve_whole(frame)
+            elif kind in ("delta", "chunks") and wanted:
+                # A message that started after the join: all of it is still to come.
                 self._serve(str(message_id), None)
                 self._part(frame)
         elif message_id == self.target:
@@ -150,20 +150,26 @@ class ReplyChunks:
         elif self.wanted is None and snapshots:
             newest = list(snapshots)[-1]
             self._serve(newest, snapshots[newest])
-        elif completed is not None and "parts" in completed:
-            self._serve_structured(completed)
-        elif completed is not None and self._held:
+        elif completed is not None and "parts" not in completed and self._held:
             # A plain one whose reader holds its start: the rest of its text, its end.
             self._serve(str(completed["id"]), {"text": completed["text"]})
             self._part(completed)
         elif completed is not None:
-            # Whole at once: its text, then its end (finish, or abort).
-            self._serve(str(completed["id"]), None)
-            self._part({"type": "delta", "delta": completed["text"]})
-            self._part(completed)
+            self._serve_whole(completed)
         else:
             return False
         return True
+
+    def _serve_whole(self, frame: Mapping[str, Any]) -> None:
+        """A message that ended, at once: a structured one's chunks, or a plain one's text,
+        then its end (finish, or abort)."""
+        if "parts" in frame:
+            self._serve_structured(frame)
+            return
+        self._serve(str(frame["id"]), None)
+        if frame["text"]:
+            self._part({"type": "delta", "delta": frame["text"]})
+        self._part(frame)
 
     def stop(self) -> None:
         """Serve nothing more."""
