@@ -132,10 +132,47 @@ STRUCTURED_TAIL = [
 ]  # fmt: skip
 
 
-async def _structured(producer: RelayProducer, request: ChatRequest) -> None:
-    for chunk in [*STRUCTURED_HEAD, *STRUCTURED_TAIL]:
-        await producer.send_chunk(request.id, chunk, channel=request.channel)
-    await producer.finish(request.id, channel=request.channel)
+def _paced(*pauses: tuple[int, asyncio.Event]) -> Gateway:
+    """A gateway answering with the structured reply, that waits for each ``(n, event)``'s
+    event before it sends the reply's ``n``-th chunk, then finishes."""
+
+    async def answer(producer: RelayProducer, request: ChatRequest) -> None:
+        waits = dict(pauses)
+        for n, chunk in enumerate([*STRUCTURED_HEAD, *STRUCTURED_TAIL]):
+            if n in waits:
+                await waits[n].wait()
+            await producer.send_chunk(request.id, chunk, channel=request.channel)
+        await producer.finish(request.id, channel=request.channel)
+
+    return answer
+
+
+def _until_stopped(cancelled: list[Cancel], stopped: asyncio.Event, pause: float) -> Gateway:
+    """A gateway answering with up to 2,000 words, one every ``pause`` seconds, until a Stop
+    (noted in ``cancelled``, and ``stopped`` set) reaches it; then it finishes."""
+
+    async def answer(producer: RelayProducer, request: ChatRequest) -> None:
+        async def watch() -> None:
+            async for cancel in producer.cancellations():
+                cancelled.append(cancel)
+                stopped.set()
+                return
+
+        watching = asyncio.create_task(watch())
+        for _ in range(2000):
+            if stopped.is_set():
+                break
+            await producer.send(request.id, "word ", channel=request.channel)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), pause)
+        await producer.finish(request.id, channel=request.channel)
+        watching.cancel()
+
+    return answer
+
+
+_structured = _paced()
+HALF = len(STRUCTURED_HEAD)
 
 
 async def test_send_streams_the_gateways_structured_reply(js_clients: Path) -> None:
@@ -161,14 +198,7 @@ async def test_send_streams_the_gateways_structured_reply(js_clients: Path) -> N
 
 async def test_resume_mid_reply_replays_it_exactly(js_clients: Path) -> None:
     go_on = asyncio.Event()
-
-    async def halfway(producer: RelayProducer, request: ChatRequest) -> None:
-        for chunk in STRUCTURED_HEAD:
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await go_on.wait()
-        for chunk in STRUCTURED_TAIL:
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await producer.finish(request.id, channel=request.channel)
+    halfway = _paced((HALF, go_on))
 
     async with (
         _relay() as running,
@@ -225,22 +255,7 @@ async def test_abort_reaches_the_producer_and_ends_the_reply(js_clients: Path) -
     cancelled: list[Cancel] = []
     stopped = asyncio.Event()
 
-    async def endless(producer: RelayProducer, request: ChatRequest) -> None:
-        async def watch() -> None:
-            async for cancel in producer.cancellations():
-                cancelled.append(cancel)
-                stopped.set()
-                return
-
-        watching = asyncio.create_task(watch())
-        words = 0
-        while not stopped.is_set() and words < 2000:
-            await producer.send(request.id, "word ", channel=request.channel)
-            words += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopped.wait(), 0.005)
-        await producer.finish(request.id, channel=request.channel)
-        watching.cancel()
+    endless = _until_stopped(cancelled, stopped, 0.005)
 
     async with (
         _relay() as running,
@@ -271,16 +286,8 @@ async def _frames_until_end(ws: Any) -> list[dict[str, Any]]:
 async def test_resume_with_last_sequence_after_a_cut(js_clients: Path) -> None:
     cut_done, finish_now = asyncio.Event(), asyncio.Event()
 
-    async def in_three(producer: RelayProducer, request: ChatRequest) -> None:
-        for chunk in STRUCTURED_HEAD:
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await cut_done.wait()
-        for chunk in STRUCTURED_TAIL[:5]:  # during the cut: up to the text's first delta
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await finish_now.wait()
-        for chunk in STRUCTURED_TAIL[5:]:
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await producer.finish(request.id, channel=request.channel)
+    # During the cut: the tail's chunks up to the text's first delta.
+    in_three = _paced((HALF, cut_done), (HALF + 5, finish_now))
 
     async with (
         _relay() as running,
@@ -332,13 +339,7 @@ def _text_started(running: RunningRelay) -> bool:
 async def test_last_sequence_of_a_reply_that_ended_during_the_cut(js_clients: Path) -> None:
     cut_done = asyncio.Event()
 
-    async def in_two(producer: RelayProducer, request: ChatRequest) -> None:
-        for chunk in STRUCTURED_HEAD:
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await cut_done.wait()
-        for chunk in STRUCTURED_TAIL:
-            await producer.send_chunk(request.id, chunk, channel=request.channel)
-        await producer.finish(request.id, channel=request.channel)
+    in_two = _paced((HALF, cut_done))
 
     async with (
         _relay() as running,

@@ -7,7 +7,6 @@ exactly, with no message twice; Stop reaches the gateway."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, start_relay
 from ..harness import eventually
-from .test_ai_sdk_ws import STRUCTURED_HEAD, STRUCTURED_TAIL, _ended, _gateway
+from .test_ai_sdk_ws import STRUCTURED_HEAD, STRUCTURED_TAIL, _ended, _gateway, _until_stopped
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -134,22 +133,7 @@ async def test_stop_reaches_the_gateway(running: RunningRelay, page: Page) -> No
     cancelled: list[Cancel] = []
     stopped = asyncio.Event()
 
-    async def endless(producer: RelayProducer, request: ChatRequest) -> None:
-        async def watch() -> None:
-            async for cancel in producer.cancellations():
-                cancelled.append(cancel)
-                stopped.set()
-                return
-
-        watching = asyncio.create_task(watch())
-        for _ in range(2000):
-            if stopped.is_set():
-                break
-            await producer.send(request.id, "word ", channel=request.channel)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopped.wait(), 0.01)
-        await producer.finish(request.id, channel=request.channel)
-        watching.cancel()
+    endless = _until_stopped(cancelled, stopped, 0.01)
 
     async with (
         _gateway(running, endless, "browser-3") as requests,

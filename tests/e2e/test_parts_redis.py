@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
-from ..harness import LiveParts, RedisServer, ServiceProcess, relay_process
+from ..harness import LiveParts, RedisServer, ServiceProcess, relays_on
 from .test_parts import ABORTED_AFTER, reply
 
 CHANNEL = "c"
@@ -65,9 +65,7 @@ async def _single_process(url: str, message_id: str, watcher: Any, final: bool) 
 async def test_a_joiner_on_another_process_gets_the_reply_compacted_then_live(
     redis_server: RedisServer,
 ) -> None:
-    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
-    await asyncio.gather(a.start(), b.start())
-    try:
+    async with relays_on(redis_server.url) as (a, b):
         watcher = await _subscribed(b.url)
         async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
             first, rest = _events("s")
@@ -118,8 +116,6 @@ async def test_a_joiner_on_another_process_gets_the_reply_compacted_then_live(
         await joiner.close()
         await watcher.close()
         assert a.tracebacks == b.tracebacks == 0, a.log + b.log
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
 
 
 async def _first_half_sent(
@@ -142,10 +138,7 @@ async def _first_half_sent(
 async def test_a_websocket_session_taken_over_continues_its_parts_exactly(
     redis_server: RedisServer,
 ) -> None:
-    flags = ("--broker", redis_server.url, "--session-grace", "15")
-    a, b = relay_process(*flags), relay_process(*flags)
-    await asyncio.gather(a.start(), b.start())
-    try:
+    async with relays_on(redis_server.url, "--session-grace", "15") as (a, b):
         watcher, producer, token, rest = await _first_half_sent(a, b)
         # Late events for a message that completed change nothing, here or in Redis.
         await send_json(producer, {"id": "sync", "delta": "late", "seq": 2})
@@ -166,8 +159,6 @@ async def test_a_websocket_session_taken_over_continues_its_parts_exactly(
         assert _core(moved) == _core(expected)
         await watcher.close()
         assert a.tracebacks == b.tracebacks == 0, a.log + b.log
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
 
 
 async def _post_lines(port: int, path: str, events: list[dict[str, Any]]) -> tuple[int, Any]:
@@ -187,9 +178,7 @@ async def _post_lines(port: int, path: str, events: list[dict[str, Any]]) -> tup
 async def test_a_named_producer_continues_its_parts_on_another_process(
     redis_server: RedisServer,
 ) -> None:
-    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
-    await asyncio.gather(a.start(), b.start())
-    try:
+    async with relays_on(redis_server.url) as (a, b):
         watcher = await _subscribed(b.url)
         path = f"/produce?channel={CHANNEL}&producer=lambda-7"
         first_half, rest = _events("n")
@@ -201,17 +190,15 @@ async def test_a_named_producer_continues_its_parts_on_another_process(
         expected = await _single_process(b.url, "one", watcher, final=True)
         assert _core(moved) == _core(expected)
         await watcher.close()
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
 
 
 async def test_a_message_whose_process_died_is_aborted_with_its_parts(
     redis_server: RedisServer,
 ) -> None:
-    flags = ("--broker", redis_server.url, "--session-grace", "0.5", "--lease-seconds", "1")
-    a, b = relay_process(*flags), relay_process(*flags)
-    await asyncio.gather(a.start(), b.start())
-    try:
+    async with relays_on(redis_server.url, "--session-grace", "0.5", "--lease-seconds", "1") as (
+        a,
+        b,
+    ):
         watcher = await _subscribed(b.url)
         async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
             first_half, _ = _events("k")
@@ -231,8 +218,6 @@ async def test_a_message_whose_process_died_is_aborted_with_its_parts(
         assert aborted["parts"][0] == {"type": "text", "text": "Hi there ", "state": "streaming"}
         assert len(aborted["parts"]) == 4
         await watcher.close()
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
 
 
 async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
@@ -240,10 +225,7 @@ async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
 ) -> None:
     from redis.asyncio import Redis
 
-    flags = ("--broker", redis_server.url, "--session-grace", "15")
-    a, b = relay_process(*flags), relay_process(*flags)
-    await asyncio.gather(a.start(), b.start())
-    try:
+    async with relays_on(redis_server.url, "--session-grace", "15") as (a, b):
         watcher, producer, token, _ = await _first_half_sent(a, b)
         redis = Redis.from_url(redis_server.url)
         try:
@@ -268,8 +250,6 @@ async def test_a_session_taken_over_aborts_a_message_whose_log_was_cut(
             assert (await recv_json(second))["code"] == "message_aborted"
         await assert_silent(watcher, 0.3)
         assert a.tracebacks == b.tracebacks == 0, a.log + b.log
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
 
 
 async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
@@ -279,9 +259,7 @@ async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
     is back (empty), the producer's process rewrites the reply's log from its own parts and
     sends the compacted snapshot: a deltas subscriber on the other process joining then
     rebuilds the reply, and ends with exactly its parts."""
-    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
-    await asyncio.gather(a.start(), b.start())
-    try:
+    async with relays_on(redis_server.url) as (a, b):
         events = reply("m")
         async with open_producer(f"{a.url}/produce?channel={CHANNEL}") as producer:
             for event in [{"id": "m", "delta": "Hi "}, *events[:4]]:
@@ -309,8 +287,6 @@ async def test_a_redis_restart_mid_reply_leaves_the_structured_reply_exact(
         assert view.parts("m", final=True) == final["parts"]
         assert final["text"] == "Hi It is 21 °C in Paris."
         await joiner.close()
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
 
 
 async def eventually_async(probe: Any, wanted: object, within: float = 20.0) -> None:

@@ -7,7 +7,7 @@
   no persistence, that a test can kill and start again.
 * :mod:`.processes`: :class:`ServiceProcess`, ``python -m MODULE --port 0 ...`` as a real
   subprocess, ready once it logs the port it listens on; :func:`relay_process` is one for
-  ``token_relay``.
+  ``token_relay``; :func:`relays_on`, two of them on one Redis.
 * :mod:`.sse`: :class:`SseReader`, a minimal Server-Sent Events client over one real socket.
 * :mod:`.nginx`: :class:`Nginx`, a real ``nginx`` running the repository's
   ``deploy/nginx.conf`` in front of relays.
@@ -23,7 +23,7 @@ None of it ships in the wheel, and the relay never uses it.
 from .liveparts import LiveParts
 from .machine import cpu_seconds, eventually, free_port, rss_bytes
 from .nginx import Nginx
-from .processes import ServiceProcess, relay_process
+from .processes import ServiceProcess, relay_process, relays_on
 from .proxy import Balancer, Proxy
 from .redis_server import RedisServer
 from .sse import SseEvent, SseReader
@@ -44,5 +44,6 @@ __all__ = [
     "eventually",
     "free_port",
     "relay_process",
+    "relays_on",
     "rss_bytes",
 ]

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 from .machine import START_TIMEOUT
 
@@ -161,3 +162,18 @@ class ServiceProcess:
 def relay_process(*args: str, name: str = "relay") -> ServiceProcess:
     """A ``python -m token_relay`` process with ``args``."""
     return ServiceProcess("token_relay", *args, name=name)
+
+
+@contextlib.asynccontextmanager
+async def relays_on(redis_url: str, *args: str) -> AsyncIterator[tuple[ServiceProcess, ...]]:
+    """Two relay processes on the Redis at ``redis_url``, with ``args``, started together and
+    killed on the way out."""
+    relays = (
+        relay_process("--broker", redis_url, *args),
+        relay_process("--broker", redis_url, *args),
+    )
+    await asyncio.gather(*(relay.start() for relay in relays))
+    try:
+        yield relays
+    finally:
+        await asyncio.gather(*(relay.stop() for relay in relays))
