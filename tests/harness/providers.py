@@ -309,12 +309,17 @@ class Provider:
                 self.end_headers()
                 events = script(body)
                 held = body.get("model") == "hold"
-                for event in events[:HELD] if held else events:
-                    self.wfile.write(
-                        (event if event.startswith("event:") else f"data: {event}").encode()
-                        + b"\n\n"
-                    )
-                    self.wfile.flush()
+                try:
+                    for event in events[:HELD] if held else events:
+                        self.wfile.write(
+                            (event if event.startswith("event:") else f"data: {event}").encode()
+                            + b"\n\n"
+                        )
+                        self.wfile.flush()
+                except OSError:  # the client closed it while its first events were written
+                    if held:
+                        request.closed_early.set()
+                    return
                 if held:
                     self.connection.settimeout(30)
                     try:
