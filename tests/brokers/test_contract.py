@@ -33,6 +33,9 @@ class Recorder:
         self.restored = 0
         self.refused: list[tuple[str, str, str]] = []
         self.moved: list[str] = []
+        self.requests: list[tuple[str, str, str]] = []
+        self.taking: dict[str, ErrorCode | None] = {}
+        """The owners that take chat requests here, and what handing one to each says."""
 
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: str | bytes) -> None:
         text = payload.decode() if isinstance(payload, bytes) else payload
@@ -61,6 +64,13 @@ class Recorder:
 
     def on_session_moved(self, owner: str) -> None:
         self.moved.append(owner)
+
+    def on_request(self, owner: str, channel: str, payload: str | bytes) -> ErrorCode | None:
+        code = self.taking.get(owner, ErrorCode.NO_PRODUCER)
+        if code is None:
+            text = payload.decode() if isinstance(payload, bytes) else payload
+            self.requests.append((owner, channel, text))
+        return code
 
 
 async def until(condition: Callable[[], Any], wait: float = 5.0) -> None:
@@ -430,3 +440,30 @@ async def test_subscribing_creates_no_durable_channel_state(broker: Broker) -> N
         assert 0 < await redis.ttl("tr:reserved") <= 600
     cut = await broker.catch_up("real", (1, epoch), False)
     assert (cut.recovered, cut.epoch) == (True, epoch)
+
+
+async def test_a_chat_request_goes_to_the_newest_producer_that_takes_the_channel(
+    broker: Broker,
+) -> None:
+    recorder = recorder_of(broker)
+    older, newer = f"{broker.instance}.1", f"{broker.instance}.2"
+    assert await broker.hand_request("chat", '{"n":0}') is ErrorCode.NO_PRODUCER
+    recorder.taking.update({older: None, newer: None})
+    await broker.take_requests("chat", older, True)
+    await broker.take_requests("chat", newer, True)
+    await broker.take_requests("other", f"{broker.instance}.3", True)
+    assert await broker.hand_request("chat", '{"n":1}') is None
+    await broker.take_requests("chat", newer, False)
+    assert await broker.hand_request("chat", '{"n":2}') is None
+    assert recorder.requests == [(newer, "chat", '{"n":1}'), (older, "chat", '{"n":2}')]
+    # Registered again, it is the newest again.
+    await broker.take_requests("chat", newer, True)
+    recorder.taking[newer] = ErrorCode.PRODUCER_BUSY
+    assert await broker.hand_request("chat", '{"n":3}') is ErrorCode.PRODUCER_BUSY
+    # One that is registered but gone (it disconnected meanwhile) is passed over.
+    del recorder.taking[newer]
+    assert await broker.hand_request("chat", '{"n":4}') is None
+    assert recorder.requests[-1] == (older, "chat", '{"n":4}')
+    await broker.take_requests("chat", older, False)
+    await broker.take_requests("chat", newer, False)
+    assert await broker.hand_request("chat", '{"n":5}') is ErrorCode.NO_PRODUCER

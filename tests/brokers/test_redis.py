@@ -16,7 +16,7 @@ from token_relay.core.settings import Settings
 
 from ..conftest import recv_json, send_json, start_relay
 from ..harness import RedisServer, eventually
-from .test_contract import Recorder, message_body, until
+from .test_contract import Recorder, message_body, recorder_of, until
 
 
 @pytest.fixture
@@ -385,3 +385,78 @@ async def test_a_session_taken_over_keeps_the_holds_of_the_ids_it_ended(
     assert json.loads(frame)["text"] == "again"
     with pytest.raises(FrameRejected):
         await alpha.terminal("c", "alpha.2", "m", message_body("c", "m", "not yours"))
+
+
+async def test_a_chat_request_reaches_the_producer_on_another_process(
+    two_brokers: tuple[Broker, Broker],
+) -> None:
+    alpha, beta = two_brokers
+    taker = recorder_of(alpha)
+    taker.taking["alpha.1"] = None
+    await alpha.take_requests("chat", "alpha.1", True)
+    frame = json.dumps({"type": "request", "channel": "chat|odd 🚀", "id": "r"})
+    assert await beta.hand_request("chat", frame) is None
+    assert taker.requests == [("alpha.1", "chat", frame)]
+    # What the other process says comes back: not reading, or gone meanwhile.
+    taker.taking["alpha.1"] = ErrorCode.PRODUCER_BUSY
+    assert await beta.hand_request("chat", frame) is ErrorCode.PRODUCER_BUSY
+    del taker.taking["alpha.1"]
+    assert await beta.hand_request("chat", frame) is ErrorCode.NO_PRODUCER
+    # A channel name holding the note's separators reaches the right channel.
+    taker.taking["alpha.2"] = None
+    await alpha.take_requests("a|b|3|c", "alpha.2", True)
+    assert await beta.hand_request("a|b|3|c", "{}") is None
+    assert taker.requests[-1] == ("alpha.2", "a|b|3|c", "{}")
+
+
+async def test_a_gone_process_is_passed_over_and_its_registrations_reaped(
+    redis_server: RedisServer,
+) -> None:
+    settings = Settings(broker=redis_server.url, lease_seconds=0.3, session_grace=0.2)
+    brokers = {name: open_broker(settings, name) for name in ("alpha", "beta", "gamma")}
+    recorders = {name: Recorder() for name in brokers}
+    for name, broker in brokers.items():
+        await broker.start(recorders[name])
+    alpha, beta, gamma = brokers.values()
+    try:
+        recorders["alpha"].taking["alpha.1"] = None
+        await alpha.take_requests("chat", "alpha.1", True)
+        await gamma.take_requests("chat", "gamma.1", True)  # the newest
+        await gamma.take_requests("elsewhere", "gamma.2", True)
+        await gamma.close()  # gone without a word: its inbox has no reader
+        assert await beta.hand_request("chat", "{}") is None
+        assert recorders["alpha"].requests == [("alpha.1", "chat", "{}")]
+        async with _client(redis_server.url) as redis:
+            assert await redis.zrange("tr:q:chat", 0, -1) == [b"alpha.1"]
+            # Once its lease has lapsed, another process removes what it registered.
+            await eventually(lambda: _gone(redis, "tr:q:elsewhere", "tr:qc:gamma"), 10)
+            assert await redis.smembers("tr:qc:alpha") == {b"chat"}
+    finally:
+        for name in ("alpha", "beta"):
+            await brokers[name].close()
+
+
+async def _gone(redis: Redis, *keys: str) -> bool:
+    return not await redis.exists(*keys)
+
+
+async def test_registrations_are_made_again_after_redis_restarts_empty(
+    two_brokers: tuple[Broker, Broker], redis_server: RedisServer
+) -> None:
+    alpha, beta = two_brokers
+    recorder_of(alpha).taking["alpha.1"] = None
+    await alpha.take_requests("chat", "alpha.1", True)
+    redis_server.kill()
+    await until(lambda: not alpha.healthy and not beta.healthy, 5)
+    with pytest.raises(BrokerUnavailable):
+        await beta.hand_request("chat", "{}")
+    redis_server.start()  # empty: it keeps nothing on disk
+    await until(lambda: alpha.healthy and beta.healthy, 6)
+
+    async def handed() -> bool:
+        with contextlib.suppress(BrokerUnavailable):
+            return await beta.hand_request("chat", "{}") is None
+        return False
+
+    await eventually(handed, 10)
+    assert recorder_of(alpha).requests[-1] == ("alpha.1", "chat", "{}")

@@ -94,7 +94,7 @@ async def _gateway(
             await answer(producer, request)
 
     async with RelayProducer(running.url, channel=chat) as producer:
-        await eventually(lambda: running.relay.producers.listener(chat) is not None)
+        await eventually(lambda: takes_requests(running, chat))
         task = asyncio.create_task(serve(producer))
         try:
             yield got
@@ -102,6 +102,11 @@ async def _gateway(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def takes_requests(running: RunningRelay, chat: str) -> bool:
+    """Whether a producer of the relay (in this process) takes ``chat``'s requests."""
+    return any(channel == chat for channel, _ in running.relay.producers.takers.values())
 
 
 async def _ended(sub: Any) -> dict[str, Any]:
@@ -405,7 +410,7 @@ async def test_one_request_per_chat_and_bounded_requests() -> None:
     async with _relay() as running:
         relay = running.relay
         async with RelayProducer(running.url, channel=CHAT):
-            await eventually(lambda: relay.producers.listener(CHAT) is not None)
+            await eventually(lambda: takes_requests(running, CHAT))
             async with connect(_ws(running)) as ws:
                 await send_json(ws, _send("a"))
                 await send_json(ws, _send("b"))
@@ -442,7 +447,7 @@ async def test_the_documented_gateway_client_and_frames_are_what_runs(
         gateway_file.write_text(_substitute(docs_block("ai-sdk-ws-gateway"), {8765: port}))
         gateway = await asyncio.create_subprocess_exec(sys.executable, str(gateway_file))
         try:
-            await eventually(lambda: running.relay.producers.listener("chat-42") is not None, 30)
+            await eventually(lambda: takes_requests(running, "chat-42"), 30)
             client_file = js_clients / "doc_ws_client.mjs"
             client_file.write_text(_substitute(docs_block("ai-sdk-ws-client"), {8765: port}))
             node = await asyncio.create_subprocess_exec(
@@ -481,7 +486,7 @@ async def test_the_gateway_recipe_answers_and_stops(js_clients: Path) -> None:
             sys.executable, str(GATEWAY_RECIPE), env=environment
         )
         try:
-            await eventually(lambda: running.relay.producers.listener(CHAT) is not None, 30)
+            await eventually(lambda: takes_requests(running, CHAT), 30)
             held = await _node(js_clients, "send", _ws(running), CHAT)
             relayed = await _ended(sub)
             assert held["ok"], held

@@ -20,6 +20,11 @@ through a broker:
   it; the router (:mod:`token_relay.core.router`) drops those, whenever they arrive.
 * **Cancel.** A cancel for a channel and id reaches the producers that own it,
   whichever process they are on.
+* **Chat requests.** A producer that takes a chat's requests on a channel (a WebSocket
+  producer connected with ``?channel=``) is registered with the broker while it is
+  connected; a request (the ``send`` of the AI SDK's ``WebSocketChatTransport``) goes to
+  the newest one registered, whichever process it is on, and the process that serves the
+  request learns whether it was handed over (``no_producer``, ``producer_busy``).
 * **Webhooks.** With ``--webhook``, each terminal frame of a channel the webhooks take is
   put in the broker's :class:`WebhookStore` in the same step that gives it its offset, and
   one process at a time takes the outbox's entries to deliver them
@@ -40,7 +45,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, ErrorCode
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage, Payload
 from ..core.sessions import SessionState
 from ..core.settings import Settings
@@ -93,6 +98,11 @@ class BrokerListener(Protocol):
 
     def on_restored(self) -> None:
         """The broker came back after an outage: events may have been missed meanwhile."""
+
+    def on_request(self, owner: str, channel: str, payload: Payload) -> ErrorCode | None:
+        """Hand a chat request on ``channel`` to the local producer ``owner``: None once it
+        is on its way, else why not (:attr:`ErrorCode.NO_PRODUCER`: not connected here
+        now; :attr:`ErrorCode.PRODUCER_BUSY`: not reading)."""
 
 
 class WebhookStore(Protocol):
@@ -335,6 +345,16 @@ class Broker(Protocol):
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Send a ``cancel`` frame to every owner of the message; returns how many there are."""
+
+    async def take_requests(self, channel: str, owner: str, taking: bool) -> None:
+        """Register (``taking``) or unregister the local producer ``owner`` as one that
+        takes the chat requests of ``channel``. A registration is kept by this process too,
+        and made again after an outage of the broker."""
+
+    async def hand_request(self, channel: str, payload: str) -> ErrorCode | None:
+        """Hand a chat request to the newest producer registered for ``channel``, on any
+        process: None once it is on its way, else :attr:`ErrorCode.NO_PRODUCER` (none
+        takes it) or :attr:`ErrorCode.PRODUCER_BUSY` (the newest is not reading)."""
 
     async def ready(self) -> bool:
         """Check the broker end to end (for readiness probes)."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.codec import encode_chunks
-from ..core.errors import FrameRejected, id_in_use
+from ..core.errors import ErrorCode, FrameRejected, id_in_use
 from ..core.events import CatchUp, Delta, FrameKind, LiveMessage
 from ..core.history import HistoryStore
 from ..core.inflight import InflightIndex
@@ -161,6 +161,8 @@ class MemoryBroker:
         self._listener: BrokerListener | None = None
         self.webhooks: WebhookStore | None = MemoryWebhooks(settings) if settings.webhooks else None
         self._wants_webhook = webhook_filter(settings)
+        self._takers: dict[str, dict[str, None]] = {}
+        """Per channel, the owners that take its chat requests, oldest first."""
 
     @property
     def healthy(self) -> bool:
@@ -347,6 +349,26 @@ class MemoryBroker:
             for owner in owners:
                 self._listener.on_cancel(owner, frame)
         return len(owners)
+
+    async def take_requests(self, channel: str, owner: str, taking: bool) -> None:
+        """Register or unregister ``owner`` for the chat requests of ``channel``."""
+        takers = self._takers.setdefault(channel, {})
+        takers.pop(owner, None)
+        if taking:
+            takers[owner] = None
+        elif not takers:
+            del self._takers[channel]
+
+    async def hand_request(self, channel: str, payload: str) -> ErrorCode | None:
+        """Hand the request to the newest owner registered for ``channel``."""
+        listener = self._listener
+        if listener is None:
+            return ErrorCode.NO_PRODUCER
+        for owner in reversed(list(self._takers.get(channel, ()))):
+            code = listener.on_request(owner, channel, payload)
+            if code is not ErrorCode.NO_PRODUCER:
+                return code
+        return ErrorCode.NO_PRODUCER
 
     async def ready(self) -> bool:
         """Always ready."""

@@ -16,7 +16,9 @@ stream, and every frame of the channel it is sent becomes, through the request's
 * ``send`` hands the chat's messages to a producer of the channel as a ``request`` frame
   (:class:`~token_relay.core.protocol.ChatRequest`) naming the id its reply must have,
   and serves that reply as it streams; ``error`` (``no_producer``) if no producer
-  listens on the channel (one connected with ``?channel=`` naming it, on this process).
+  listens on the channel (one connected with ``?channel=`` naming it, on any process of
+  the broker: the broker hands the request to the newest such producer, wherever it is
+  connected; ``producer_busy`` if that one is not reading).
 * ``abort`` is Stop: a ``cancel`` to the reply's producer, as ``POST /ai-sdk/{channel}/stop``
   sends. The reply then ends as its producer ends it, and its ``end`` follows.
 
@@ -454,11 +456,6 @@ class ChatEndpoint:
 
     async def _send(self, connection: _Connection, frame: ChatSend) -> None:
         channel = frame.id
-        producer = self.producers.listener(channel)
-        if producer is None:
-            raise FrameRejected(
-                ErrorCode.NO_PRODUCER, f"no producer listens on channel '{channel}'"
-            )
         reply_id = "chat-" + secrets.token_urlsafe(12)
         log = _Log(self.budget, channel)
         self._remember(frame.requestId, log)
@@ -479,10 +476,13 @@ class ChatEndpoint:
             body=frame.body,
             metadata=frame.metadata,
         )
-        if not self.writer.offer(producer, encode(handed)):
-            raise FrameRejected(
-                ErrorCode.PRODUCER_BUSY, f"the producer of channel '{channel}' is not reading"
-            )
+        refused = await self.producers.hand_request(channel, encode(handed))
+        if refused is ErrorCode.NO_PRODUCER:
+            raise FrameRejected(refused, f"no producer listens on channel '{channel}'")
+        if refused is not None:
+            raise FrameRejected(refused, f"the producer of channel '{channel}' is not reading")
+        if request.ended:
+            return
         request.timer = asyncio.get_running_loop().call_later(
             REPLY_START_SECONDS, _no_reply, request
         )

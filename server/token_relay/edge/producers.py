@@ -178,6 +178,9 @@ class ProducerEndpoint:
         for them."""
         self._memory_checked = -MEMORY_CHECK_SECONDS
         self._replies: dict[ProducerPeer, _Replies] = {}
+        self.takers: dict[str, tuple[str, WebSocket]] = {}
+        """Per owner, the channel whose chat requests it takes and its connection: a
+        WebSocket producer connected with ``?channel=``, while it is connected."""
         """Per producer connection, its replies still waiting for the broker, in order."""
         self.sessions: SessionTable[ProducerPeer] = SessionTable(
             broker.instance,
@@ -214,6 +217,9 @@ class ProducerEndpoint:
         )
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
+        taker = connection if channel is not None and isinstance(connection, WebSocket) else None
+        if taker is not None:
+            await self._take_requests(session.owner, channel, taker, True)
         received, waiting, streams = self.metrics.frames_in_producer, self._replies, session.streams
         self.clock = loop_time = loop_clock(loop)
 
@@ -238,6 +244,8 @@ class ProducerEndpoint:
         except _Stopped:
             pass
         finally:
+            if taker is not None:
+                await self._take_requests(session.owner, channel, taker, False)
             # Every final's fate is settled (published, or kept for a retry) before the
             # session is parked or ended.
             replies = self._replies.get(connection)
@@ -842,14 +850,40 @@ class ProducerEndpoint:
         session = self.sessions.by_owner.get(owner)
         return None if session is None else session.streams.live_parts(message_id)
 
-    def listener(self, channel: str) -> WebSocket | None:
-        """The producer that takes a chat's requests on ``channel`` (the WebSocket chat
-        transport's ``send``): the newest connected WebSocket producer whose URL names the
-        channel (``?channel=``), or None."""
-        for session in reversed(self.sessions.by_owner.values()):
-            connection = session.connection
-            if session.streams.default_channel == channel and isinstance(connection, WebSocket):
-                return connection
+    async def _take_requests(
+        self, owner: str, channel: str | None, connection: WebSocket, taking: bool
+    ) -> None:
+        """Register a producer connection as the one of ``owner`` that takes ``channel``'s
+        chat requests, or unregister it (unless a newer connection of the owner took its
+        place). The broker is told in the order these calls are made."""
+        if channel is None:
+            return
+        if taking:
+            self.takers[owner] = (channel, connection)
+        else:
+            taker = self.takers.get(owner)
+            if taker is not None and taker[1] is connection:
+                del self.takers[owner]
+            elif taker is not None and taker[0] == channel:
+                return  # a newer connection of the owner takes them now
+        with contextlib.suppress(BrokerUnavailable):  # made again once it is back
+            await self.broker.take_requests(channel, owner, taking)
+
+    async def hand_request(self, channel: str, payload: str) -> ErrorCode | None:
+        """Hand a chat request (the WebSocket chat transport's ``send``) to the newest
+        producer, on any process, connected with ``?channel=`` naming ``channel``."""
+        try:
+            return await self.broker.hand_request(channel, payload)
+        except BrokerUnavailable:
+            raise broker_rejected(None) from None
+
+    def on_request(self, owner: str, channel: str, payload: Payload) -> ErrorCode | None:
+        """Hand a chat request to the local producer ``owner``, if it takes ``channel``'s."""
+        taker = self.takers.get(owner)
+        if taker is None or taker[0] != channel:
+            return ErrorCode.NO_PRODUCER
+        if not self.writer.offer(taker[1], payload):
+            return ErrorCode.PRODUCER_BUSY
         return None
 
     def owned_messages(self) -> list[tuple[str, str, str]]:

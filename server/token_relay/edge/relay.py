@@ -400,6 +400,10 @@ class Relay:
         """Every message in progress on this process's producers."""
         return self.producers.owned_messages()
 
+    def on_request(self, owner: str, channel: str, payload: Payload) -> ErrorCode | None:
+        """Hand a chat request to the local producer ``owner``."""
+        return self.producers.on_request(owner, channel, payload)
+
     def on_session_moved(self, owner: str) -> None:
         """Another process took over a local producer session: let go of it."""
         self.producers.session_moved(owner)

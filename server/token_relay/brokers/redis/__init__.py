@@ -30,7 +30,8 @@ offset, joins the history and is published in one step, and a catch-up reads
 offset, epoch, ``seq``, history and texts as one consistent cut.
 
 Pub/sub topics: ``tr:m:C`` (terminal frames), ``tr:d:C`` (deltas, structured messages' chunks and
-snapshots) and ``tr:i:INSTANCE`` (cancels for that process's producers). A
+snapshots) and ``tr:i:INSTANCE`` (notes to that process: cancels for its producers, chat requests
+for them and the answers about those). A
 process subscribes to a channel's topics only while it has a local subscriber
 there (``tr:d:C`` only for a deltas subscriber), so traffic reaches only the
 processes that need it. A published event is ``KIND|SEQ|FRAME``: the frame is
@@ -67,6 +68,8 @@ The package, one module per concept, behind :class:`RedisBroker` (``broker``):
 * ``reader``: the pub/sub reader;
 * ``catchup``: a channel's cut;
 * ``sessions`` and ``leases``: producer sessions, and the reaping of a gone process's;
+* ``requests``: the producers that take each channel's chat requests (``tr:q:C``), and
+  handing a request to the newest, through its process's inbox;
 * ``webhooks``: the webhook outbox.
 """
 

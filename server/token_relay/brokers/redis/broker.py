@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...core.errors import BrokerUnavailable
+from ...core.errors import BrokerUnavailable, ErrorCode
 from ...core.events import CatchUp
 from ...core.sessions import SessionState
 from ...core.settings import Settings
@@ -22,6 +22,7 @@ from .outbox import Deferred, Outbox
 from .partlog import chunk_entry, delta_entry
 from .pipeline import Pipeline
 from .reader import Reader
+from .requests import Requests
 from .sessions import Sessions
 from .webhooks import RedisWebhooks
 from .writes import (
@@ -60,14 +61,24 @@ class RedisBroker:
         self._runs = self._pipeline.runs
         self._dirty = self._pipeline.dirty
         self._reader = Reader(self._connections, self._health, instance)
+        self._requests = Requests(self._connections, self._health, instance)
+        self._reader.requests = self._requests
         self._catch_ups = CatchUps(self._connections, self._health, settings)
         self._sessions = Sessions(
             self._connections, self._health, self._pipeline, instance, self._text_ttl
         )
         self._leases = Leases(
-            self._connections, self._health, self._pipeline, settings, instance, self._terminal
+            self._connections,
+            self._health,
+            self._pipeline,
+            settings,
+            instance,
+            self._terminal,
+            self._requests.reap,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._restoring: asyncio.Future[None] | None = None
+        """The registrations for chat requests being made again after an outage."""
         self.webhooks: WebhookStore | None = (
             RedisWebhooks(settings, instance, self._connections.client, self._connections.run)
             if settings.webhooks
@@ -87,7 +98,7 @@ class RedisBroker:
 
     async def start(self, listener: BrokerListener) -> None:
         """Connect (if Redis is up) and start the reader, writer and probe tasks."""
-        self._pipeline.listener = self._reader.listener = listener
+        self._pipeline.listener = self._reader.listener = self._requests.listener = listener
         self._connections.open()
         connected = asyncio.get_running_loop().create_future()
         self._tasks = [
@@ -131,6 +142,7 @@ class RedisBroker:
         progress here, and tell the listener."""
         self._drain_outbox()
         self._pipeline.resync_all()
+        self._restoring = asyncio.ensure_future(self._requests.restore())
         if self._pipeline.listener is not None:
             self._pipeline.listener.on_restored()
 
@@ -312,6 +324,14 @@ class RedisBroker:
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Publish the cancel to each process owning the message; count those that got it."""
         return await self._reader.cancel(channel, message_id, frame)
+
+    async def take_requests(self, channel: str, owner: str, taking: bool) -> None:
+        """Register or unregister a local owner for ``channel``'s chat requests."""
+        await self._requests.take(channel, owner, taking)
+
+    async def hand_request(self, channel: str, payload: str) -> ErrorCode | None:
+        """Hand a chat request to the newest owner registered for ``channel``."""
+        return await self._requests.hand(channel, payload)
 
     # ------------------------------------------------------------------ sessions
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from pydantic import MISSING
@@ -68,6 +69,7 @@ class Leases:
         settings: Settings,
         instance: str,
         terminal_write: TerminalWrites,
+        reap_requests: Callable[[str], Awaitable[None]],
     ) -> None:
         self._connections = connections
         self._health = health
@@ -75,6 +77,7 @@ class Leases:
         self._settings = settings
         self._instance = instance
         self._terminal_write = terminal_write
+        self._reap_requests = reap_requests
         self._lease = settings.lease_seconds
         self.leaving = False
         """This process handed its sessions over: it holds no lease and reaps nothing."""
@@ -164,6 +167,7 @@ class Leases:
                     if not isinstance(await done, int):
                         aborted += 1
             await redis.delete(*session_keys(token, owner))
+        await self._reap_requests(instance)
         await redis.delete(key("sessions", instance), key("leaving", instance))
         await redis.srem(INSTANCES, instance)
         log.warning(

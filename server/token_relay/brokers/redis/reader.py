@@ -1,6 +1,7 @@
 """The pub/sub reader: the topics this process listens to, the one task that reads them,
 reconnecting with backoff, and what each message read means; and the notes other
-processes' inboxes read (a cancel for their producers)."""
+processes' inboxes read (a cancel for their producers; chat requests, handed to
+:mod:`.requests`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
 
@@ -20,7 +21,7 @@ from .connections import DOWN, Connections
 from .health import Health
 from .keys import key, text
 
-__all__ = ["PUBSUB_DEAD", "PUBSUB_QUIET", "Reader"]
+__all__ = ["PUBSUB_DEAD", "PUBSUB_QUIET", "Notes", "Reader"]
 
 log = logging.getLogger("token_relay.redis")
 
@@ -28,6 +29,13 @@ PUBSUB_QUIET = 3.0
 """Seconds of pub/sub silence after which the connection is pinged."""
 PUBSUB_DEAD = 5.0
 """Seconds a pub/sub ping may go unanswered before the connection is replaced."""
+
+
+class Notes(Protocol):
+    """Takes inbox notes of one concern (chat requests: :mod:`.requests`)."""
+
+    def on_note(self, kind: bytes, name: bytes, payload: bytes) -> None:
+        """One note, ``KIND|NAME|PAYLOAD``."""
 
 
 class Reader:
@@ -39,6 +47,8 @@ class Reader:
         self._health = health
         self.inbox = key("i", instance)
         self.listener: BrokerListener | None = None
+        self.requests: Notes | None = None
+        """Takes the inbox's notes about chat requests (``q`` and ``r``)."""
         self._pubsub: Any = None
         self._topics: set[str] = set()
         self._confirmed: dict[str, asyncio.Future[None]] = {}
@@ -209,6 +219,9 @@ class Reader:
                     waiter.set_result(None)
             elif what == b"x":
                 listener.on_session_moved(name.decode())
+            elif what in (b"q", b"r"):
+                if self.requests is not None:
+                    self.requests.on_note(what, name, payload)
             else:
                 listener.on_cancel(name.decode(), payload)
             return

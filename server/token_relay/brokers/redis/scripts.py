@@ -480,7 +480,18 @@ return 1
 """
 """A message's merged metadata in ``tr:meta:OWNER`` (set, or forgotten with '')."""
 
+REGISTER = """
+local n = redis.call('INCR', KEYS[2])
+redis.call('ZADD', KEYS[1], n, ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[2])
+return n
+"""
+"""Register owner ``ARGV[1]`` in ``tr:q:C`` (``KEYS[1]``) under the next number of
+``tr:qseq`` (``KEYS[2]``), and channel ``ARGV[2]`` in the process's ``tr:qc:INSTANCE``
+(``KEYS[3]``)."""
+
 SCRIPTS = {
+    "register": REGISTER,
     "meta": META,
     "open": OPEN,
     "delta": DELTA,
