@@ -407,21 +407,19 @@ async def test_unknown_sequence_and_bad_frames() -> None:
 
 
 async def test_one_request_per_chat_and_bounded_requests() -> None:
-    async with _relay() as running:
-        relay = running.relay
-        async with RelayProducer(running.url, channel=CHAT):
-            await eventually(lambda: takes_requests(running, CHAT))
-            async with connect(_ws(running)) as ws:
-                await send_json(ws, _send("a"))
-                await send_json(ws, _send("b"))
-                frame = await recv_json(ws)
-                assert frame["requestId"] == "b"
-                assert frame["errorText"].startswith("request_in_progress: ")
-                for index in range(MAX_REQUESTS):
-                    resume = {"type": "resume", "requestId": f"r{index}", "id": f"other-{index}"}
-                    await send_json(ws, resume)
-                frames = [await recv_json(ws) for _ in range(MAX_REQUESTS)]
-                assert all(frame["type"] == "no-active" for frame in frames)
+    async with _relay() as running, RelayProducer(running.url, channel=CHAT):
+        await eventually(lambda: takes_requests(running, CHAT))
+        async with connect(_ws(running)) as ws:
+            await send_json(ws, _send("a"))
+            await send_json(ws, _send("b"))
+            frame = await recv_json(ws)
+            assert frame["requestId"] == "b"
+            assert frame["errorText"].startswith("request_in_progress: ")
+            for index in range(MAX_REQUESTS):
+                resume = {"type": "resume", "requestId": f"r{index}", "id": f"other-{index}"}
+                await send_json(ws, resume)
+            frames = [await recv_json(ws) for _ in range(MAX_REQUESTS)]
+            assert all(frame["type"] == "no-active" for frame in frames)
 
 
 async def test_the_token_must_grant_the_chat() -> None:
