@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from token_relay.client import RelayProducer
+from token_relay.client import producer as producer_module
 from token_relay.core.grants import Role
 from token_relay.core.protocol import Cancel, ChatRequest
 from token_relay.edge.aisdkws import MAX_REQUESTS
@@ -529,3 +530,36 @@ async def test_a_resumed_reply_can_be_stopped() -> None:
     assert [f["chunk"]["type"] for f in rest[:-1]] == ["text-end", "finish"]
     assert [f["sequence"] for f in rest[:-1]] == [3, 4]
     assert rest[-1] == {"type": "end", "requestId": "q1"}
+
+
+async def test_a_request_past_the_gateways_unread_bound_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(producer_module, "MAX_UNREAD_REQUESTS", 2)
+    async with (
+        _relay() as running,
+        RelayProducer(running.url, channel=CHAT) as gateway,
+        connect(f"{running.url}/subscribe?channel={CHAT}") as sub,
+    ):
+        assert (await recv_json(sub))["type"] == "subscribed"
+        await eventually(lambda: takes_requests(running, CHAT))
+        transports = [await connect(_ws(running)) for _ in range(3)]
+        try:
+            for index, ws in enumerate(transports[:2]):
+                await send_json(ws, _send(f"r{index}"))
+                await eventually(lambda n=index + 1: gateway.unread_requests == n)
+            await send_json(transports[2], _send("r2"))
+            # The third is past the two the gateway holds unread: its reply ends at once.
+            refused = await _ended(sub)
+            frames = await _frames_until_end(transports[2])
+            unread = gateway.requests()
+            held = [await anext(unread), await anext(unread)]
+        finally:
+            for ws in transports:
+                await ws.close()
+    assert refused["type"] == "aborted" and refused["reason"] == "error"
+    assert refused["meta"]["errorText"].startswith("the gateway has 2 chat requests")
+    assert [request.request for request in held] == ["r0", "r1"]
+    chunks = [frame["chunk"] for frame in frames if frame["type"] == "chunk"]
+    assert {"type": "error", "errorText": refused["meta"]["errorText"]} in chunks
+    assert frames[-1] == {"type": "end", "requestId": "r2"}

@@ -42,6 +42,13 @@ RESEND_BATCH = 500
 MAX_FAILED = 10_000
 """Failed message ids remembered, so a later event for one raises instead of starting anew."""
 
+MAX_UNREAD_REQUESTS = 1000
+"""Chat requests held until :meth:`RelayProducer.requests` reads them. One past them is
+refused at once: its reply is opened and aborted with reason ``error`` (``meta.errorText``
+says why), so the chat ends it at once rather than waiting for ``no_reply``."""
+MAX_REFUSING = 100
+"""Refusals being sent at once; past them a request is dropped (the relay's ``no_reply``
+ends it)."""
 RETRY_DELAY = 0.25
 """Seconds before sending again what the relay refused for now (rate limit, broker down)."""
 
@@ -74,7 +81,8 @@ class RelayProducer(Background):
         self._buffered = 0
         self._acks: dict[str, asyncio.Future[Ack]] = {}
         self._cancels: asyncio.Queue[Cancel] = asyncio.Queue(1000)
-        self._requests: asyncio.Queue[ChatRequest] = asyncio.Queue(1000)
+        self._requests: asyncio.Queue[ChatRequest] = asyncio.Queue(MAX_UNREAD_REQUESTS)
+        self._refusing = 0
         self._retrying: set[str] = set()
         self._failed: collections.OrderedDict[str, MessageFailed] = collections.OrderedDict()
         """Ids the relay gave up, most recent last (bounded): their events raise again."""
@@ -202,11 +210,20 @@ class RelayProducer(Background):
         while True:
             yield await self._cancels.get()
 
+    @property
+    def unread_requests(self) -> int:
+        """Chat requests received and not yet read from :meth:`requests`."""
+        return self._requests.qsize()
+
     async def requests(self) -> AsyncIterator[ChatRequest]:
         """Chat requests of the channel (a ``send`` of the AI SDK's ``WebSocketChatTransport``
         at ``/ai-sdk/ws``), as they arrive; only a producer connected with ``channel=`` gets
         them. Answer each by streaming a reply under ``request.id`` (:meth:`send`,
-        :meth:`send_chunk`, :meth:`finish`, with ``channel=request.channel``)."""
+        :meth:`send_chunk`, :meth:`finish`, with ``channel=request.channel``).
+
+        At most :data:`MAX_UNREAD_REQUESTS` requests wait to be read; one past them is
+        refused at once: its reply ends ``aborted``, reason ``error``, its
+        ``meta.errorText`` saying why."""
         while True:
             yield await self._requests.get()
 
@@ -320,8 +337,10 @@ class RelayProducer(Background):
             with contextlib.suppress(asyncio.QueueFull):
                 self._cancels.put_nowait(frame)
         elif isinstance(frame, ChatRequest):
-            with contextlib.suppress(asyncio.QueueFull):
+            try:
                 self._requests.put_nowait(frame)
+            except asyncio.QueueFull:
+                self._refuse(frame)
         elif isinstance(frame, ErrorFrame):
             if frame.code in RETRIED:
                 # Transient: send again shortly; what was applied meanwhile is dropped by seq.
@@ -359,6 +378,24 @@ class RelayProducer(Background):
                 self._retrying.discard(key)
 
         task = asyncio.create_task(retry())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, request: ChatRequest) -> None:
+        """A chat request past :data:`MAX_UNREAD_REQUESTS`: end its reply as an error."""
+        if self._refusing >= MAX_REFUSING:
+            return
+
+        async def refuse() -> None:
+            why = f"the gateway has {MAX_UNREAD_REQUESTS} chat requests it has not read yet"
+            try:
+                await self.send(request.id, "", channel=request.channel, meta={"errorText": why})
+                await self.abort(request.id, reason="error", channel=request.channel)
+            finally:
+                self._refusing -= 1
+
+        self._refusing += 1
+        task = asyncio.create_task(refuse())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
