@@ -138,3 +138,25 @@ async def test_a_gateway_whose_process_died_is_passed_over_at_once(
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(doomed.__aexit__(None, None, None), 5)
+
+
+async def test_sends_reach_the_gateway_again_after_redis_restarts_empty(
+    redis_server: RedisServer, js_clients: Path
+) -> None:
+    async with (
+        relays_on(redis_server.url) as (first, second),
+        _gateway(first, redis_server.url, _structured) as requests,
+    ):
+        redis_server.kill()
+        await eventually(lambda: _unready(second), 10)
+        redis_server.start()  # empty: it keeps nothing on disk
+        # The gateway's process registers it again once Redis is back.
+        await _registered(redis_server.url, CHAT)
+        held = await _node(js_clients, "send", _ws(second), CHAT)
+    assert held["ok"], held
+    assert held["id"] == requests[-1].id
+    assert [part["type"] for part in held["parts"]] == ["reasoning", "tool-weather", "text"]
+
+
+async def _unready(relay: ServiceProcess) -> bool:
+    return await relay.http_status("/readyz") == 503
