@@ -32,7 +32,8 @@ INCLUDED = {
         "test_the_documented_producer_route_aborts_its_model_on_stop"
     ),
     "client_demo/integrations/fastapi_app.py": (
-        "tests/e2e/test_ai_sdk.py::test_the_documented_fastapi_app_answers_use_chat"
+        "tests/e2e/test_ai_sdk.py::"
+        "test_the_documented_fastapi_app_answers_use_chat_and_stops_its_model"
     ),
     "client_demo/integrations/ws_gateway.py": (
         "tests/e2e/test_ai_sdk_ws.py::test_the_gateway_recipe_answers_and_stops"
