@@ -48,7 +48,7 @@ async def generate(chat_id: str, reply_id: str, messages: list[Any]) -> None:
         await producer.finish(reply_id)
 
 
-async def model(messages: list[Any]) -> AsyncGenerator[str]:
+async def model(messages: list[Any]) -> AsyncGenerator[str, None]:
     """Stands in for your model client: it echoes the last message, word by word."""
     text = "".join(part.get("text", "") for part in messages[-1]["parts"])
     try:
