@@ -7,8 +7,6 @@ exactly, with no message twice; Stop reaches the gateway."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,32 +23,6 @@ from ..harness import eventually
 from .test_ai_sdk_ws import STRUCTURED_HEAD, STRUCTURED_TAIL, _ended, _gateway, _until_stopped
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-APP = Path(__file__).resolve().parents[1] / "js" / "ws-chat-app"
-
-
-@pytest.fixture(scope="module")
-def chat_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The page, installed from its lockfile (npm reaches the registry) and bundled for the
-    browser (minified: the relay serves files of at most 1 MiB)."""
-    npm = shutil.which("npm")
-    assert npm is not None
-    folder = tmp_path_factory.mktemp("ws-chat-app")
-    for name in ("package.json", "package-lock.json", "app.jsx", "index.html"):
-        shutil.copy(APP / name, folder / name)
-    subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder, check=True, timeout=300,
-    )  # fmt: skip
-    dist = folder / "dist"
-    subprocess.run(
-        [str(folder / "node_modules" / ".bin" / "esbuild"), "app.jsx", "--bundle",
-         "--format=esm", "--jsx=automatic", "--minify", f"--outfile={dist / 'app.js'}",
-         "--log-level=warning"],
-        cwd=folder, check=True, timeout=120,
-    )  # fmt: skip
-    shutil.copy(folder / "index.html", dist / "index.html")
-    return dist
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -21,16 +21,18 @@ ROLES = frozenset({"system", "user", "assistant"})
 """The roles a ``UIMessage`` may have (``ai`` 7), each a Chat Completions role as well."""
 
 
-def openai_messages(ui_messages: Iterable[Any]) -> list[dict[str, str]]:
+def openai_messages(ui_messages: Iterable[Any]) -> list[Any]:
     """The text of ``ui_messages`` (``UIMessage`` dicts, oldest first) as Chat Completions
-    messages, ``[{"role": "user", "content": "..."}, ...]``.
+    messages, ``[{"role": "user", "content": "..."}, ...]``: each a ``dict[str, str]``,
+    typed ``Any`` so that it passes as the ``openai`` SDK's message types (typed dicts, one
+    per role) with no cast.
 
     Raises :class:`~token_relay.core.errors.UsageError` naming the message's index if one
     is not a ``UIMessage``: not an object, a ``role`` other than ``system``, ``user`` and
     ``assistant``, ``parts`` not a list of objects, or a text part whose ``text`` is not a
     string.
     """
-    converted: list[dict[str, str]] = []
+    converted: list[Any] = []
     for index, message in enumerate(ui_messages):
         if not isinstance(message, dict):
             raise UsageError(f"messages[{index}] is not a UIMessage object")
