@@ -58,7 +58,7 @@ async def test_use_chat_sends_and_holds_exactly_the_relays_parts(
         await _open(page, running, "browser-1")
         await page.click("#send")
         relayed = await _ended(sub)
-        await page.wait_for_function("window.chat.status === 'ready'")
+        await page.wait_for_function("window.chat?.status === 'ready'")
     question, answer = await _messages(page)
     assert question["role"] == "user" and requests[0].messages[-1]["id"] == question["id"]
     assert answer["id"] == relayed["id"]
@@ -85,7 +85,7 @@ async def test_a_reload_mid_reply_resumes_it_exactly(running: RunningRelay, page
         await _open(page, running, "browser-2")
         await page.click("#send")
         await page.wait_for_function(
-            "window.chat.messages.at(-1)?.parts.some((p) => p.type === 'tool-weather')"
+            "window.chat?.messages.at(-1)?.parts.some((p) => p.type === 'tool-weather')"
         )
         await page.reload()
         # The reloaded page resumed: its socket joined the channel (with the subscriber's).
@@ -93,7 +93,7 @@ async def test_a_reload_mid_reply_resumes_it_exactly(running: RunningRelay, page
         go_on.set()
         relayed = await _ended(sub)
         await page.wait_for_function(
-            "window.chat.status === 'ready' && window.chat.messages.length === 1"
+            "window.chat?.status === 'ready' && window.chat.messages.length === 1"
             " && window.chat.messages[0].parts.some((p) => p.type === 'text' && p.state === 'done')"
         )
     (answer,) = await _messages(page)  # the reply once, never twice; the question is not kept
@@ -114,7 +114,7 @@ async def test_stop_reaches_the_gateway(running: RunningRelay, page: Page) -> No
         assert (await recv_json(sub))["type"] == "subscribed"
         await _open(page, running, "browser-3")
         await page.click("#send")
-        await page.wait_for_function("window.chat.messages.at(-1)?.role === 'assistant'")
+        await page.wait_for_function("window.chat?.messages.at(-1)?.role === 'assistant'")
         await page.click("#stop")
         await asyncio.wait_for(stopped.wait(), 30)
         relayed = await _ended(sub)

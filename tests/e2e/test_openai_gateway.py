@@ -55,7 +55,7 @@ async def _messages(page: Page) -> Any:
 async def _replying(page: Page, text: str) -> str:
     """Wait until the page's last message is a reply holding ``text``; its id."""
     await page.wait_for_function(
-        "(text) => { const m = window.chat.messages.at(-1); return m?.role === 'assistant'"
+        "(text) => { const m = window.chat?.messages.at(-1); return m?.role === 'assistant'"
         " && m.parts.some((p) => p.type === 'text' && p.text === text); }",
         arg=text,
     )
@@ -66,7 +66,7 @@ async def _replying(page: Page, text: str) -> str:
 async def _settled(page: Page, count: int) -> None:
     """Wait until the page is ready again, holding ``count`` messages."""
     await page.wait_for_function(
-        "(count) => window.chat.status === 'ready' && window.chat.messages.length === count",
+        "(count) => window.chat?.status === 'ready' && window.chat.messages.length === count",
         arg=count,
     )
 
