@@ -32,10 +32,15 @@ INCLUDED = {
         "test_the_documented_producer_route_aborts_its_model_on_stop"
     ),
     "client_demo/integrations/fastapi_app.py": (
-        "tests/e2e/test_ai_sdk.py::test_the_documented_fastapi_app_answers_use_chat"
+        "tests/e2e/test_ai_sdk.py::"
+        "test_the_documented_fastapi_app_answers_use_chat_and_stops_its_model"
     ),
     "client_demo/integrations/ws_gateway.py": (
         "tests/e2e/test_ai_sdk_ws.py::test_the_gateway_recipe_answers_and_stops"
+    ),
+    "client_demo/integrations/openai_gateway.py": (
+        "tests/e2e/test_openai_gateway.py::"
+        "test_the_openai_gateway_recipe_sends_resumes_stops_and_restores_a_chat"
     ),
     "deploy/nginx.conf": "tests/e2e/test_nginx.py",
     "deploy/token-relay.service": "tests/e2e/test_deploy.py",
@@ -68,6 +73,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         "client_demo/integrations/nextjs_route.ts",
         "client_demo/integrations/fastapi_app.py",
         "client_demo/integrations/ws_gateway.py",
+        "client_demo/integrations/openai_gateway.py",
     ):
         assert (ROOT / path).read_text().strip() in text, path
 

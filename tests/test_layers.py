@@ -168,6 +168,7 @@ def test_the_client_loads_the_protocol_the_errors_and_the_parts_only() -> None:
         "token_relay.client.base",
         "token_relay.client.producer",
         "token_relay.client.subscriber",
+        "token_relay.client.ui_messages",  # pure: openai_messages, importing no SDK
     }
 
 

@@ -1,9 +1,12 @@
 # app.py: the chat endpoint useChat posts to, in FastAPI. It starts the model, whose reply
-# goes to the relay as it is generated, and answers with the relay's stream of it.
+# goes to the relay as it is generated, and answers with the relay's stream of it. A Stop of
+# the reply (POST /ai-sdk/CHAT/stop?id=REPLY on the relay, from any page) stops the model.
 import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -33,14 +36,25 @@ async def chat(request: Request) -> StreamingResponse:
     )
 
 
-async def generate(chat_id: str, reply_id: str, messages: list[object]) -> None:
+async def generate(chat_id: str, reply_id: str, messages: list[Any]) -> None:
     async with RelayProducer(RELAY.replace("http", "ws", 1), channel=chat_id) as producer:
-        async for token in model(messages):
-            await producer.send(reply_id, token)
+        stop = producer.stop_requested(reply_id)  # set when a Stop of this reply comes
+        async with contextlib.aclosing(model(messages)) as tokens:  # closing it stops the model
+            async for token in tokens:
+                if stop.is_set():
+                    await producer.abort(reply_id)  # the reply ends "cancelled"
+                    return
+                await producer.send(reply_id, token)
         await producer.finish(reply_id)
 
 
-async def model(messages: list[object]) -> AsyncIterator[str]:
-    """Stands in for your model client."""
-    for token in ["Hello", " from", " the", " relay", f" ({len(messages)} messages)"]:
-        yield token
+async def model(messages: list[Any]) -> AsyncGenerator[str, None]:
+    """Stands in for your model client: it echoes the last message, word by word."""
+    text = "".join(part.get("text", "") for part in messages[-1]["parts"])
+    try:
+        for word in f"You said: {text}".split(" "):
+            yield word + " "
+            await asyncio.sleep(0.05)  # a model's pace
+    except GeneratorExit:  # closed before its end: a real client closes its request here
+        print(f"model: stopped ({len(messages)} messages)", flush=True)
+        raise

@@ -6,12 +6,17 @@
   one. A module that uses ``page`` marks itself ``pytest.mark.asyncio(loop_scope="module")``:
   it shares one browser (launching it costs more than most of these tests), and each test
   still gets a fresh browser context of its own, so no page state is shared between tests.
+* ``chat_page``: the useChat page on the AI SDK's ``WebSocketChatTransport``, built for the
+  browser, for a relay's ``--web-root``.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -87,3 +92,31 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
         yield await context.new_page()
     finally:
         await context.close()
+
+
+WS_CHAT_APP = Path(__file__).resolve().parents[1] / "js" / "ws-chat-app"
+
+
+@pytest.fixture(scope="module")
+def chat_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The page of tests/js/ws-chat-app (useChat with the AI SDK's WebSocketChatTransport),
+    installed from its lockfile (npm reaches the registry) and bundled for the
+    browser (minified: the relay serves files of at most 1 MiB)."""
+    npm = shutil.which("npm")
+    assert npm is not None
+    folder = tmp_path_factory.mktemp("ws-chat-app")
+    for name in ("package.json", "package-lock.json", "app.jsx", "index.html"):
+        shutil.copy(WS_CHAT_APP / name, folder / name)
+    subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=folder, check=True, timeout=300,
+    )  # fmt: skip
+    dist = folder / "dist"
+    subprocess.run(
+        [str(folder / "node_modules" / ".bin" / "esbuild"), "app.jsx", "--bundle",
+         "--format=esm", "--jsx=automatic", "--minify", f"--outfile={dist / 'app.js'}",
+         "--log-level=warning"],
+        cwd=folder, check=True, timeout=120,
+    )  # fmt: skip
+    shutil.copy(folder / "index.html", dist / "index.html")
+    return dist

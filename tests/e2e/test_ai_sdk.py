@@ -210,8 +210,12 @@ async def test_the_documented_nextjs_route_answers_use_chat(js_clients: Path) ->
         assert (stored["id"], stored["text"]) == (got["id"], got["text"])
 
 
-async def test_the_documented_fastapi_app_answers_use_chat(js_clients: Path) -> None:
-    """The chat-app tutorial's FastAPI app, served by uvicorn, answering the AI SDK's transport."""
+async def test_the_documented_fastapi_app_answers_use_chat_and_stops_its_model(
+    js_clients: Path,
+) -> None:
+    """The chat-app tutorial's FastAPI app, served by uvicorn, answering the AI SDK's
+    transport; a Stop pressed on the relay mid-reply closes its model and ends the reply
+    cancelled."""
     assert (INTEGRATIONS / "fastapi_app.py").is_file()
     assert '--8<-- "client_demo/integrations/fastapi_app.py"' in CHAT_APP.read_text()
     running, relay = await start_relay()
@@ -220,8 +224,10 @@ async def test_the_documented_fastapi_app_answers_use_chat(js_clients: Path) -> 
     server = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "uvicorn", "fastapi_app:app", "--app-dir", str(INTEGRATIONS),
         "--port", str(port), "--log-level", "warning",
-        env={**os.environ, "RELAY_URL": relay_url},
+        stdout=asyncio.subprocess.PIPE, env={**os.environ, "RELAY_URL": relay_url},
     )  # fmt: skip
+    assert server.stdout is not None
+    long_question = " ".join(f"word{index}" for index in range(60))
     try:
         async with relay, running.connect("/subscribe?channel=chat-py") as sub:
             await recv_json(sub)
@@ -234,22 +240,51 @@ async def test_the_documented_fastapi_app_answers_use_chat(js_clients: Path) -> 
                 return False
 
             await eventually(listening, 15)
+            api = f"http://127.0.0.1:{port}/api/chat"
             node = await asyncio.create_subprocess_exec(
-                "node",
-                str(js_clients / "use_chat.mjs"),
-                f"http://127.0.0.1:{port}/api/chat",
-                "chat-py",
+                "node", str(js_clients / "use_chat.mjs"), api, "chat-py",
                 stdout=asyncio.subprocess.PIPE,
-            )
+            )  # fmt: skip
             out, _ = await asyncio.wait_for(node.communicate(), 30)
             assert node.returncode == 0
             got = json.loads(out)
-            assert got["text"] == "Hello from the relay (1 messages)"
-            stored = await recv_json(sub)
+            assert got["text"] == "You said: hi "
+            stored = await recv_json(sub)  # what the app's backend would keep
             assert (stored["id"], stored["text"]) == (got["id"], got["text"])
+
+            # Stop, pressed on the relay while the model echoes 62 words, 50 ms apart.
+            node = await asyncio.create_subprocess_exec(
+                "node", str(js_clients / "use_chat_stopped.mjs"), api, "chat-py",
+                long_question, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            assert node.stdout is not None
+            replying = json.loads(await asyncio.wait_for(node.stdout.readline(), 30))
+            reply_id = replying["replying"]
+            assert await _post(running, f"/ai-sdk/chat-py/stop?id={reply_id}") == 204
+            model_said = await asyncio.wait_for(server.stdout.readline(), 30)
+            cut = await _ended(sub)
+            out, _ = await asyncio.wait_for(node.communicate(), 30)
+            assert node.returncode == 0
+            held = json.loads(out)
     finally:
         server.terminate()
         await server.wait()
+    # The model's generator was closed before its end: a real client closes its request there.
+    assert model_said == b"model: stopped (1 messages)\n"
+    assert (cut["type"], cut["id"], cut["reason"]) == ("aborted", reply_id, "cancelled")
+    whole = f"You said: {long_question} "
+    assert whole.startswith(cut["text"]) and 0 < len(cut["text"]) < len(whole)
+    # The page holds the reply as far as it got, still streaming, as the AI SDK leaves a Stop.
+    assert held["id"] == reply_id
+    assert held["parts"] == [{"type": "text", "text": cut["text"], "state": "streaming"}]
+
+
+async def _ended(sub: Any) -> dict[str, Any]:
+    """The next ``message`` or ``aborted`` frame of a subscriber."""
+    while True:
+        frame = await recv_json(sub, 10)
+        if frame["type"] in ("message", "aborted"):
+            return frame
 
 
 async def test_the_stream_has_the_ui_message_stream_headers() -> None:

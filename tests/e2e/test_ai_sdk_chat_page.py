@@ -5,7 +5,9 @@
 Next.js calls it, against a relay on another origin. A reply is sent and streams in; a reload
 in the middle resumes it to its exact end; Stop stops the reply and the route aborts its
 model, on a reply streamed from the start and on one resumed after a reload; and a reload
-restores the chat's replies from the relay's history."""
+restores the chat's replies from the relay's history. The same page runs against recipe 2,
+the FastAPI gateway (``client_demo/integrations/fastapi_app.py``, served by uvicorn): send,
+resume, Stop that closes its model, history."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,7 @@ from playwright.async_api import Page, Response
 from websockets.asyncio.client import ClientConnection
 
 from ..conftest import RunningRelay, recv_json, start_relay
-from ..harness import eventually
+from ..harness import eventually, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP_FILES = ROOT / "tests" / "js" / "chat-app"
 PAGE = ROOT / "client_demo" / "integrations" / "nextjs_chat_page.tsx"
 ROUTE = ROOT / "client_demo" / "integrations" / "nextjs_produce_route.ts"
+FASTAPI_APP = ROOT / "client_demo" / "integrations" / "fastapi_app.py"
 CHAT_APP = ROOT / "docs" / "tutorials" / "chat-app.md"
 
 WHOLE = "".join(f"word{n} " for n in range(40))
@@ -93,10 +98,19 @@ class AppServer:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def app_server(chat_app: Path, chat_relay: RunningRelay) -> AsyncIterator[AppServer]:
+    async with _app_server(chat_app, chat_app / "build" / "route.js", chat_relay) as server:
+        yield server
+
+
+@asynccontextmanager
+async def _app_server(
+    chat_app: Path, route: Path, chat_relay: RunningRelay, **env: str
+) -> AsyncIterator[AppServer]:
+    """The app's Node server, with ``route`` as its ``/api/chat``."""
     node = await asyncio.create_subprocess_exec(
-        "node", "server.mjs", str(chat_app / "build" / "route.js"), str(chat_app / "dist"),
+        "node", "server.mjs", str(route), str(chat_app / "dist"),
         cwd=chat_app, stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "RELAY_URL": _http(chat_relay)},
+        env={**os.environ, "RELAY_URL": _http(chat_relay), **env},
     )  # fmt: skip
     assert node.stdout is not None
     try:
@@ -235,3 +249,88 @@ async def test_the_recipe_sends_resumes_stops_and_restores_a_chat(
     assert errors == []
     # The tutorial shows the page that ran here.
     assert '--8<-- "client_demo/integrations/nextjs_chat_page.tsx"' in CHAT_APP.read_text()
+
+
+@asynccontextmanager
+async def _fastapi_app(chat_relay: RunningRelay) -> AsyncIterator[tuple[str, list[str]]]:
+    """Recipe 2's FastAPI app, as it is, served by uvicorn: its URL, and what it printed."""
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "uvicorn", "fastapi_app:app", "--app-dir", str(FASTAPI_APP.parent),
+        "--port", str(port), "--log-level", "warning",
+        stdout=asyncio.subprocess.PIPE, env={**os.environ, "RELAY_URL": _http(chat_relay)},
+    )  # fmt: skip
+    printed: list[str] = []
+
+    async def read() -> None:
+        assert server.stdout is not None
+        async for line in server.stdout:
+            printed.append(line.decode().rstrip("\n"))
+
+    async def listening() -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        return True
+
+    reading = asyncio.ensure_future(read())
+    try:
+        await eventually(listening, 30, what="uvicorn listening")
+        yield f"http://127.0.0.1:{port}", printed
+    finally:
+        server.terminate()
+        await server.wait()
+        reading.cancel()
+
+
+async def test_the_recipe_page_on_the_fastapi_gateway_resumes_stops_its_model_and_restores(
+    chat_relay: RunningRelay, chat_app: Path, page: Page
+) -> None:
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    chat = "chat-fastapi"
+    question = " ".join(f"word{n}" for n in range(200))
+    whole = f"You said: {question} "  # what the app's stand-in model writes, word by word
+    proxy = APP_FILES / "fastapi_route.mjs"
+    async with (
+        _fastapi_app(chat_relay) as (fastapi_url, printed),
+        _app_server(chat_app, chat_app / proxy.name, chat_relay, FASTAPI_URL=fastapi_url) as app,
+        chat_relay.connect(f"/subscribe?channel={chat}") as watcher,
+    ):
+        assert (await recv_json(watcher))["type"] == "subscribed"
+        await page.goto(f"{app.url}/?chat={chat}")
+        await page.wait_for_selector('main[data-status="ready"]')
+
+        # Send, and reload in the middle: the page resumes the reply to its exact end.
+        first = await _send(page, question)
+        resumed = await _reload(page, chat)
+        assert resumed.status == 200
+        await resumed.finished()
+        frame = await _ended(watcher)
+        assert (frame["type"], frame["id"], frame["text"]) == ("message", first, whole)
+        await page.wait_for_selector(f'li[data-id="{first}"] span[data-state="done"]')
+        assert await _shown(page) == [[first, "assistant", [[whole, "done"]]]]
+
+        # Stop: the relay ends the reply cancelled, and the app closes its model.
+        second = await _send(page, question)
+        await page.click('button:text("Stop")')
+        frame = await _ended(watcher)
+        assert (frame["type"], frame["id"], frame["reason"]) == ("aborted", second, "cancelled")
+        stopped = frame["text"]
+        assert whole.startswith(stopped) and len(stopped) < len(whole)
+        await eventually(
+            lambda: printed == ["model: stopped (2 messages)"], 10, what="the model's stop"
+        )
+        await page.wait_for_selector('main[data-status="ready"]')
+
+        # Reload: the replies come back from the relay's history.
+        await (await _reload(page, chat)).finished()
+        await page.wait_for_selector('main[data-status="ready"]')
+        assert await _shown(page) == [
+            [first, "assistant", [[whole, "done"]]],
+            [second, "assistant", [[stopped, "streaming"]]],
+        ]
+    assert errors == []
+    assert '--8<-- "client_demo/integrations/fastapi_app.py"' in CHAT_APP.read_text()

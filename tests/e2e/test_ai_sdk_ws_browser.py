@@ -7,8 +7,6 @@ exactly, with no message twice; Stop reaches the gateway."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,32 +23,6 @@ from ..harness import eventually
 from .test_ai_sdk_ws import STRUCTURED_HEAD, STRUCTURED_TAIL, _ended, _gateway, _until_stopped
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-APP = Path(__file__).resolve().parents[1] / "js" / "ws-chat-app"
-
-
-@pytest.fixture(scope="module")
-def chat_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The page, installed from its lockfile (npm reaches the registry) and bundled for the
-    browser (minified: the relay serves files of at most 1 MiB)."""
-    npm = shutil.which("npm")
-    assert npm is not None
-    folder = tmp_path_factory.mktemp("ws-chat-app")
-    for name in ("package.json", "package-lock.json", "app.jsx", "index.html"):
-        shutil.copy(APP / name, folder / name)
-    subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder, check=True, timeout=300,
-    )  # fmt: skip
-    dist = folder / "dist"
-    subprocess.run(
-        [str(folder / "node_modules" / ".bin" / "esbuild"), "app.jsx", "--bundle",
-         "--format=esm", "--jsx=automatic", "--minify", f"--outfile={dist / 'app.js'}",
-         "--log-level=warning"],
-        cwd=folder, check=True, timeout=120,
-    )  # fmt: skip
-    shutil.copy(folder / "index.html", dist / "index.html")
-    return dist
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -86,7 +58,7 @@ async def test_use_chat_sends_and_holds_exactly_the_relays_parts(
         await _open(page, running, "browser-1")
         await page.click("#send")
         relayed = await _ended(sub)
-        await page.wait_for_function("window.chat.status === 'ready'")
+        await page.wait_for_function("window.chat?.status === 'ready'")
     question, answer = await _messages(page)
     assert question["role"] == "user" and requests[0].messages[-1]["id"] == question["id"]
     assert answer["id"] == relayed["id"]
@@ -113,7 +85,7 @@ async def test_a_reload_mid_reply_resumes_it_exactly(running: RunningRelay, page
         await _open(page, running, "browser-2")
         await page.click("#send")
         await page.wait_for_function(
-            "window.chat.messages.at(-1)?.parts.some((p) => p.type === 'tool-weather')"
+            "window.chat?.messages.at(-1)?.parts.some((p) => p.type === 'tool-weather')"
         )
         await page.reload()
         # The reloaded page resumed: its socket joined the channel (with the subscriber's).
@@ -121,7 +93,7 @@ async def test_a_reload_mid_reply_resumes_it_exactly(running: RunningRelay, page
         go_on.set()
         relayed = await _ended(sub)
         await page.wait_for_function(
-            "window.chat.status === 'ready' && window.chat.messages.length === 1"
+            "window.chat?.status === 'ready' && window.chat.messages.length === 1"
             " && window.chat.messages[0].parts.some((p) => p.type === 'text' && p.state === 'done')"
         )
     (answer,) = await _messages(page)  # the reply once, never twice; the question is not kept
@@ -142,7 +114,7 @@ async def test_stop_reaches_the_gateway(running: RunningRelay, page: Page) -> No
         assert (await recv_json(sub))["type"] == "subscribed"
         await _open(page, running, "browser-3")
         await page.click("#send")
-        await page.wait_for_function("window.chat.messages.at(-1)?.role === 'assistant'")
+        await page.wait_for_function("window.chat?.messages.at(-1)?.role === 'assistant'")
         await page.click("#stop")
         await asyncio.wait_for(stopped.wait(), 30)
         relayed = await _ended(sub)

@@ -8,11 +8,19 @@ test's event loop), answers ``POST /v1/chat/completions``, ``/v1/responses`` and
 A request whose ``model`` is ``"hold"`` gets the first :data:`HELD` events of its script,
 then nothing more until the client closes the connection: :attr:`Request.closed_early`
 is then set. That is how a test sees that a Stop closed the upstream stream.
+
+A Chat Completions request whose ``model`` is :data:`GATED` gets a plain text reply
+(:data:`TEXT_REPLY`): its first :data:`HELD` events at once, and the rest once the test sets
+:attr:`Provider.go_on`; a client that closes the connection before that gets nothing more,
+and :attr:`Request.closed_early` is set. A test so holds a reply in the middle for as long
+as it needs (a reload, a Stop), with no timing.
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,12 +68,27 @@ CHAT: list[dict[str, Any]] = [
 CHAT_USAGE = {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
 
 
+GATED = "gated"
+"""The model whose Chat Completions reply is :data:`TEXT_REPLY`, held after :data:`HELD`
+events until :attr:`Provider.go_on` is set."""
+TEXT_REPLY = ["It is ", "sunny ", "in Paris, ", "21 °C, ", "with ", "a light ", "breeze."]
+"""The text deltas of the gated reply, in order."""
+TEXT_USAGE = {"prompt_tokens": 14, "completion_tokens": 7, "total_tokens": 21}
+GATED_CHAT: list[dict[str, Any]] = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+    *({"choices": [{"index": 0, "delta": {"content": delta}}]} for delta in TEXT_REPLY),
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+]
+
+
 def _chat(body: dict[str, Any]) -> list[str]:
-    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x"}
-    events = [{**base, **event} for event in CHAT]
+    gated = body.get("model") == GATED
+    model = GATED if gated else "gpt-x"
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model}
+    events = [{**base, **event} for event in (GATED_CHAT if gated else CHAT)]
     if (body.get("stream_options") or {}).get("include_usage"):
         events = [{**event, "usage": None} for event in events]
-        events.append({**base, "choices": [], "usage": CHAT_USAGE})
+        events.append({**base, "choices": [], "usage": TEXT_USAGE if gated else CHAT_USAGE})
     return [json.dumps(event) for event in events] + ["[DONE]"]
 
 
@@ -281,11 +304,30 @@ class Request:
     """A held request's client closed the connection."""
 
 
+def _released(connection: socket.socket, go_on: threading.Event) -> bool:
+    """Wait until ``go_on`` is set (True) or the client closes ``connection`` (False); a
+    client silent for two minutes counts as gone."""
+    for _ in range(6000):
+        if go_on.wait(0.01):
+            return True
+        readable, _, _ = select.select([connection], [], [], 0.01)
+        if readable:
+            try:
+                if connection.recv(1) == b"":
+                    return False
+            except OSError:
+                return False
+    return False
+
+
 class Provider:
     """The provider, serving on 127.0.0.1 (``base_url``) until :meth:`close`."""
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
+        self.go_on = threading.Event()
+        """Set: a gated reply goes on past its first :data:`HELD` events (clear it to hold
+        the next one)."""
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -309,15 +351,16 @@ class Provider:
                 self.end_headers()
                 events = script(body)
                 held = body.get("model") == "hold"
+                gated = body.get("model") == GATED and self.path == "/v1/chat/completions"
                 try:
-                    for event in events[:HELD] if held else events:
-                        self.wfile.write(
-                            (event if event.startswith("event:") else f"data: {event}").encode()
-                            + b"\n\n"
-                        )
-                        self.wfile.flush()
+                    self._write(events[:HELD] if held or gated else events)
+                    if gated:
+                        if not _released(self.connection, provider.go_on):
+                            request.closed_early.set()
+                            return
+                        self._write(events[HELD:])
                 except OSError:  # the client closed it while its first events were written
-                    if held:
+                    if held or gated:
                         request.closed_early.set()
                     return
                 if held:
@@ -331,6 +374,14 @@ class Provider:
                     return
                 request.finished = True
                 self.close_connection = True
+
+            def _write(self, events: list[str]) -> None:
+                for event in events:
+                    self.wfile.write(
+                        (event if event.startswith("event:") else f"data: {event}").encode()
+                        + b"\n\n"
+                    )
+                    self.wfile.flush()
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

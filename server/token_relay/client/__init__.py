@@ -17,6 +17,8 @@ reply (reasoning, tool calls, sources, data) goes as AI SDK chunks with
 ``send_chunk``, numbered and resent the same way. ``forward`` takes an ``openai`` or
 ``anthropic`` SDK stream as it is (:mod:`token_relay.client.forward`), and closes it when
 a subscriber presses Stop.
+``openai_messages`` turns a chat request's ``UIMessage``\\ s into the model's messages
+(:mod:`token_relay.client.ui_messages`).
 
 A subscriber iterates over typed frames, reconnecting and resuming by offset
 and positions, and never yields the same completed message twice::
@@ -31,5 +33,12 @@ from __future__ import annotations
 from ..core.errors import MessageFailed, RelayProtocolError
 from .producer import RelayProducer
 from .subscriber import RelaySubscriber
+from .ui_messages import openai_messages
 
-__all__ = ["MessageFailed", "RelayProducer", "RelayProtocolError", "RelaySubscriber"]
+__all__ = [
+    "MessageFailed",
+    "RelayProducer",
+    "RelayProtocolError",
+    "RelaySubscriber",
+    "openai_messages",
+]
