@@ -2,7 +2,8 @@
 # on ws://RELAY/ai-sdk/ws, answered by an OpenAI model. The relay hands it each message sent;
 # it asks the model with the chat so far, and forwards the model's stream as the reply (text,
 # reasoning and tool calls as parts; usage and the finish reason as its metadata). Stop on any
-# page closes the model's stream, so the model stops, and the reply ends cancelled.
+# page closes the model's stream, so the model stops, and the reply ends cancelled. A request
+# the model refuses ends as an error the page shows.
 import asyncio
 import os
 
@@ -17,12 +18,16 @@ client = AsyncOpenAI()  # OPENAI_API_KEY (and OPENAI_BASE_URL) from the environm
 
 
 async def answer(relay: RelayProducer, request: ChatRequest) -> None:
-    stream = await client.chat.completions.create(
-        model=MODEL,
-        messages=openai_messages(request.messages),
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    try:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=openai_messages(request.messages),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    except Exception as error:  # the model refused it: the page shows why
+        await relay.fail(request.id, str(error), channel=request.channel)
+        return
     await relay.forward(stream, id=request.id, channel=request.channel)
 
 

@@ -21,8 +21,8 @@ from websockets.asyncio.client import connect
 
 from ..conftest import RunningRelay, recv_json, start_relay
 from ..harness import eventually
-from ..harness.providers import GATED, HELD, TEXT_REPLY, TEXT_USAGE, Provider
-from .test_ai_sdk_ws import _ended
+from ..harness.providers import GATED, HELD, REFUSAL, REFUSED, TEXT_REPLY, TEXT_USAGE, Provider
+from .test_ai_sdk_ws import _ended, _node, takes_requests
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -89,7 +89,7 @@ async def test_the_openai_gateway_recipe_sends_resumes_stops_and_restores_a_chat
     try:
         async with connect(f"{running.url}/subscribe?channel={chat}") as sub:
             assert (await recv_json(sub))["type"] == "subscribed"
-            await eventually(lambda: running.relay.producers.listener(chat) is not None, 30)
+            await eventually(lambda: takes_requests(running, chat), 30)
             http = running.url.replace("ws://", "http://")
             await page.goto(f"{http}/index.html?chat={chat}")
             await page.wait_for_selector('#status[data-status="ready"]')
@@ -164,3 +164,33 @@ async def test_the_openai_gateway_recipe_sends_resumes_stops_and_restores_a_chat
     finally:
         gateway.kill()
         await gateway.wait()
+
+
+async def test_a_request_the_model_refuses_ends_as_its_error(
+    running: RunningRelay, provider: Provider, js_clients: Path
+) -> None:
+    chat = "refused-chat"
+    environment = {
+        **os.environ,
+        "RELAY_URL": running.url,
+        "CHAT_ID": chat,
+        "OPENAI_BASE_URL": provider.base_url,
+        "OPENAI_API_KEY": "sk-local",
+        "OPENAI_MODEL": REFUSED,
+        "OPENAI_MAX_RETRIES": "0",
+    }
+    gateway = await asyncio.create_subprocess_exec(sys.executable, str(RECIPE), env=environment)
+    try:
+        async with connect(f"{running.url}/subscribe?channel={chat}") as sub:
+            assert (await recv_json(sub))["type"] == "subscribed"
+            await eventually(lambda: takes_requests(running, chat), 30)
+            held = await _node(js_clients, "send", running.url + "/ai-sdk/ws", chat)
+            ended = await _ended(sub)
+    finally:
+        gateway.kill()
+        await gateway.wait()
+    assert (ended["type"], ended["reason"]) == ("aborted", "error")
+    assert REFUSAL in ended["meta"]["errorText"]
+    # The chat gets the reply's start, then its error (whose errorText is the meta's).
+    assert held["ok"] and held["id"] == ended["id"], held
+    assert held["chunks"] == ["start", "error"]

@@ -68,6 +68,10 @@ CHAT: list[dict[str, Any]] = [
 CHAT_USAGE = {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
 
 
+REFUSED = "refused"
+"""The model whose every request is answered 400, with :data:`REFUSAL` as its message."""
+REFUSAL = "The model refused the request."
+
 GATED = "gated"
 """The model whose Chat Completions reply is :data:`TEXT_REPLY`, held after :data:`HELD`
 events until :attr:`Provider.go_on` is set."""
@@ -345,6 +349,9 @@ class Provider:
                     return
                 request = Request(self.path, body)
                 provider.requests.append(request)
+                if body.get("model") == REFUSED:
+                    self._refuse()
+                    return
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("connection", "close")
@@ -374,6 +381,15 @@ class Provider:
                     return
                 request.finished = True
                 self.close_connection = True
+
+            def _refuse(self) -> None:
+                error = {"message": REFUSAL, "type": "invalid_request_error", "code": None}
+                answer = json.dumps({"error": error}).encode()
+                self.send_response(400)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
 
             def _write(self, events: list[str]) -> None:
                 for event in events:

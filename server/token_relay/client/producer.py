@@ -176,6 +176,16 @@ class RelayProducer(Background):
             future.cancel()
         await self._release(message_id)
 
+    async def fail(self, message_id: str, error_text: str, *, channel: str | None = None) -> None:
+        """End a reply as an error, begun or not (its model refused, or failed before its
+        first token): subscribers get it ``aborted``, reason ``error``, with ``error_text``
+        as its ``meta.errorText`` (a chat transport shows it as the reply's error). A reply
+        not begun yet is opened by an empty delta first, since an abort has nothing to end
+        otherwise."""
+        meta: Meta = {"errorText": error_text}
+        await self.send(message_id, "", channel=channel, meta=meta)
+        await self.abort(message_id, reason="error", channel=channel)
+
     async def forward(self, stream: Any, *, id: str, channel: str | None = None) -> Ack | None:
         """Forward a model's stream as message ``id``, as it is: the ``openai`` SDK's Chat
         Completions or Responses stream, or the ``anthropic`` SDK's Messages stream (raw
@@ -389,8 +399,7 @@ class RelayProducer(Background):
         async def refuse() -> None:
             why = f"the gateway has {MAX_UNREAD_REQUESTS} chat requests it has not read yet"
             try:
-                await self.send(request.id, "", channel=request.channel, meta={"errorText": why})
-                await self.abort(request.id, reason="error", channel=request.channel)
+                await self.fail(request.id, why, channel=request.channel)
             finally:
                 self._refusing -= 1
 
