@@ -105,6 +105,34 @@ async def test_producer_sends_chunks_across_cuts_and_the_parts_arrive_exact_once
     ]  # fmt: skip
 
 
+async def test_both_clients_reconnect_after_a_handshake_cut_before_its_answer() -> None:
+    running, relay = await start_relay(session_grace=10)
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
+        RelaySubscriber(proxy.url, ["c"], backoff=(0.05, 0.05)) as feed,
+    ):
+        await recv_json(sub)
+        frames = aiter(feed)
+        assert isinstance(await asyncio.wait_for(anext(frames), 10), Subscribed)
+        await producer.send("m", "one ")
+        # Every connection's next two handshakes are dropped before the relay answers them.
+        proxy.drop_requests = 4
+        proxy.cut()
+        await producer.send("m", "two")
+        ack = await asyncio.wait_for(producer.finish("m"), 15)
+        assert ack.id == "m"
+        frame = await recv_json(sub)
+        assert (frame["type"], frame["text"]) == ("message", "one two")
+        while not isinstance(got := await asyncio.wait_for(anext(frames), 15), MessageFrame):
+            pass
+        assert got.text == "one two"
+        assert proxy.drop_requests == 0
+        assert producer.reconnects >= 2 and feed.reconnects >= 2
+
+
 async def test_a_chunk_the_relay_refuses_fails_its_message_by_name(relay: RunningRelay) -> None:
     async with RelayProducer(relay.url, channel="c") as producer:
         await producer.send_chunk("bad", {"type": "text-delta", "id": "nowhere", "delta": "x"})

@@ -17,6 +17,9 @@ class Proxy:
         self.cuts = 0
         self.delay = 0.0
         """Seconds each chunk of bytes waits before it is passed on (latency; order kept)."""
+        self.drop_requests = 0
+        """The next connections to drop once their first bytes (an HTTP request, a WebSocket
+        handshake) arrive, before anything is answered."""
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._frozen: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -63,6 +66,12 @@ class Proxy:
         return [self.target_port]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.drop_requests:
+            self.drop_requests -= 1
+            with contextlib.suppress(ConnectionError, OSError):
+                await reader.read(1)
+            writer.transport.abort()
+            return
         for port in self._ports():
             try:
                 up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)

@@ -13,7 +13,7 @@ from typing import Self
 from urllib.parse import urlencode
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from ..core.errors import HandshakeRefused, RelayError
 
@@ -123,7 +123,9 @@ class Background(ABC):
                 if exc.response.status_code in PERMANENT:
                     raise HandshakeRefused(exc.response.status_code, self.url) from None
                 log.info("%s connection refused (%s); retrying", self._role, exc)
-            except (OSError, ConnectionClosed, TimeoutError) as exc:
+            except (OSError, ConnectionClosed, TimeoutError, InvalidHandshake) as exc:
+                # InvalidHandshake: the connection ended (or a proxy answered nonsense)
+                # before the relay's answer to the handshake.
                 if not self._closed:
                     log.info("%s connection lost (%s); reconnecting", self._role, exc)
             if self._closed:
