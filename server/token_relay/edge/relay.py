@@ -53,6 +53,8 @@ from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream, ui_message
 from .aisdkws import AiSdkSocket, ChatEndpoint
+from .durable import DurableStreams
+from .durablesse import DurableSse
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
@@ -103,6 +105,7 @@ class Relay:
         self.chat = ChatEndpoint(
             self.settings, self.metrics, self.writer, self.subscribers, self.producers
         )
+        self.durable = DurableStreams(self.settings)
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
@@ -244,7 +247,9 @@ class Relay:
         try:
             # A peer that vanishes without a close frame just ends its iteration: that
             # is the world's doing, not an error of ours to log.
-            if isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
+            if isinstance(route, routes.StreamRequest) and isinstance(connection, DurableSse):
+                await self.durable.serve_sse(connection, route)
+            elif isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
                 await self.producers.serve(connection, route.channel, grant, route.session)
             elif isinstance(route, routes.AiSdkSocket) and isinstance(connection, AiSdkSocket):
                 await self.chat.serve(connection, grant)
@@ -297,6 +302,8 @@ class Relay:
         r"""A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, the
         replies as ``UIMessage``\ s, or the dead letters."""
         route = request.route
+        if isinstance(route, routes.StreamRequest):
+            return await self.durable.serve(request, body)
         if isinstance(route, routes.DeadLetters):
             return await self._dead_letters(request)
         if isinstance(route, routes.AiSdkMessages):

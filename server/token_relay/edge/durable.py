@@ -1,0 +1,359 @@
+"""The Durable Streams protocol over HTTP, at ``/v1/stream/{path}``: each request read, the
+store asked (:mod:`token_relay.core.durablestore`), and its answer written.
+
+``PUT`` creates (or forks), ``POST`` appends or closes, ``DELETE`` deletes, ``HEAD`` reads the
+metadata, and ``GET`` reads: a catch-up read from ``?offset=`` (``-1``, the start, by
+default; ``now``, the tail), a long-poll (``?live=long-poll``) that waits up to
+``--long-poll-timeout`` for data at the tail, or an SSE stream (``?live=sse``,
+:mod:`token_relay.edge.durablesse`). The rules are the core's; this module maps headers to
+values and values to headers, and owns the waiting: each live reader waits on its stream's
+path, and every append, close or delete there wakes them.
+
+Expired streams are swept at most once a second, on the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import time
+from collections.abc import Callable
+
+from ..core.durable import (
+    BEGINNING,
+    TAIL,
+    Chunk,
+    DurableStream,
+    Limits,
+    media_type,
+    offset_text,
+    position_of,
+)
+from ..core.durablejson import json_array
+from ..core.durablerequests import (
+    closed_of,
+    cursor,
+    expiry_of,
+    producer_of,
+    sub_offset_of,
+)
+from ..core.durablestore import Create, MemoryStore
+from ..core.errors import StreamRefused
+from ..core.settings import Settings
+from .durablesse import DurableSse, sse_event
+from .http import HttpRequest, ReadBody, Reply
+from .routes import StreamRequest
+
+__all__ = ["SSE_LIFETIME", "DurableStreams"]
+
+Headers = tuple[tuple[str, str], ...]
+
+SSE_LIFETIME = 60.0
+"""Seconds an SSE response lasts before it ends (its client reconnects from its offset), so
+that a proxy's cache can gather its readers."""
+CURSOR_JITTER = (1, 180)
+"""Cursor intervals added to a client's cursor that is not behind (20 s to an hour)."""
+SWEEP_EVERY = 1.0
+PUBLIC_CACHE = "public, max-age=60, stale-while-revalidate=300"
+PRIVATE_CACHE = "private, max-age=60, stale-while-revalidate=300"
+
+
+class DurableStreams:
+    """Every Durable Streams request of one relay process."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.store = MemoryStore(
+            max_streams=settings.max_durable_streams,
+            max_total_bytes=settings.max_memory_bytes,
+            limits=Limits(
+                max_bytes=settings.max_durable_stream_bytes,
+                max_producers=settings.max_durable_producers,
+            ),
+        )
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._swept = 0.0
+        self._cache = PUBLIC_CACHE if settings.open_access else PRIVATE_CACHE
+
+    # ------------------------------------------------------------------ waiting
+
+    def _wake(self, path: str) -> None:
+        for waiter in self._waiters.pop(path, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
+        if timeout <= 0:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(path, set()).add(waiter)
+        try:
+            await asyncio.wait((waiter,), timeout=timeout)
+        finally:
+            waiting = self._waiters.get(path)
+            if waiting is not None:
+                waiting.discard(waiter)
+                if not waiting:
+                    del self._waiters[path]
+
+    def _now(self) -> float:
+        now = self.clock()
+        if now - self._swept >= SWEEP_EVERY:
+            self._swept = now
+            for path in self.store.expire(now):
+                self._wake(path)
+        return now
+
+    # ------------------------------------------------------------------ requests
+
+    async def serve(self, reading: ReadBody, body: bytes) -> Reply:
+        """Answer one request (anything but an SSE read)."""
+        route = reading.route
+        assert isinstance(route, StreamRequest)
+        request = reading.request
+        try:
+            if route.method == "PUT":
+                return self._create(route, request, body)
+            if route.method == "POST":
+                return self._append(route, request, body)
+            if route.method == "DELETE":
+                self.store.delete(route.stream, self._now())
+                self._wake(route.stream)
+                return Reply(204, b"")
+            if route.method == "HEAD":
+                return self._head(route)
+            return await self._read(route, request)
+        except StreamRefused as exc:
+            return refusal(exc)
+
+    def _create(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+        content_type = request.header("content-type")
+        forked_from = _optional(request, "stream-forked-from")
+        created = self.store.create(
+            route.stream,
+            Create(
+                content_type=content_type or None,
+                expiry=expiry_of(request.header("stream-ttl"), request.header("stream-expires-at")),
+                closed=closed_of(request.header("stream-closed")),
+                body=body,
+                forked_from=forked_from,
+                fork_offset=_optional(request, "stream-fork-offset"),
+                fork_sub_offset=sub_offset_of(request.header("stream-fork-sub-offset")),
+            ),
+            self._now(),
+        )
+        stream = created.stream
+        headers: Headers = (("Stream-Next-Offset", offset_text(stream.tail)),)
+        if stream.closed:
+            headers += (("Stream-Closed", "true"),)
+        if created.created:
+            return Reply(201, b"", stream.content_type, (("Location", route.stream), *headers))
+        return Reply(200, b"", stream.content_type, headers)
+
+    def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+        producer = producer_of(
+            _optional(request, "producer-id"),
+            _optional(request, "producer-epoch"),
+            _optional(request, "producer-seq"),
+        )
+        appended = self.store.append(
+            route.stream,
+            body,
+            content_type=request.header("content-type"),
+            close=closed_of(request.header("stream-closed")),
+            now=self._now(),
+            stream_seq=_optional(request, "stream-seq"),
+            producer=producer,
+        )
+        if not appended.duplicate:
+            self._wake(route.stream)
+        headers: Headers = (("Stream-Next-Offset", offset_text(appended.next)),)
+        if appended.closed:
+            headers += (("Stream-Closed", "true"),)
+        if appended.producer_epoch is not None:
+            headers += (
+                ("Producer-Epoch", str(appended.producer_epoch)),
+                ("Producer-Seq", str(appended.producer_seq)),
+            )
+        status = 200 if producer is not None and not appended.duplicate else 204
+        return Reply(status, b"", headers=headers)
+
+    def _head(self, route: StreamRequest) -> Reply:
+        stream = self.store.get(route.stream, self._now())
+        headers: Headers = (
+            ("Stream-Next-Offset", offset_text(stream.tail)),
+            ("Cache-Control", "no-store"),
+        )
+        if stream.expiry.ttl is not None:
+            headers += (("Stream-TTL", str(stream.expiry.ttl)),)
+        if stream.expiry.expires_at_text is not None:
+            headers += (("Stream-Expires-At", stream.expiry.expires_at_text),)
+        if stream.closed:
+            headers += (("Stream-Closed", "true"),)
+        return Reply(200, b"", stream.content_type, headers)
+
+    def _start(self, stream: DurableStream, offset: str | None) -> int:
+        """Where a read starts: ``-1`` (or none) is the beginning, ``now`` the tail."""
+        if offset is None or offset == BEGINNING:
+            return 0
+        if offset == TAIL:
+            return stream.tail
+        position = position_of(offset)
+        if position > stream.tail:
+            raise StreamRefused(400, "bad_offset", "the offset is past the stream's tail")
+        return position
+
+    async def _read(self, route: StreamRequest, request: HttpRequest) -> Reply:
+        now = self._now()
+        stream = self.store.get(route.stream, now)
+        stream.touch(now)
+        position = self._start(stream, route.offset)
+        if route.live == "long-poll":
+            deadline = now + self.settings.long_poll_timeout
+            while position >= stream.tail and not stream.closed:
+                left = deadline - self.clock()
+                if left <= 0:
+                    return Reply(
+                        204,
+                        b"",
+                        headers=(
+                            ("Stream-Next-Offset", offset_text(stream.tail)),
+                            ("Stream-Up-To-Date", "true"),
+                            ("Stream-Cursor", self._cursor(route)),
+                            ("Cache-Control", "no-store"),
+                        ),
+                    )
+                await self._wait(route.stream, left)
+                stream = self.store.get(route.stream, self._now())
+            if position >= stream.tail:
+                return Reply(
+                    204,
+                    b"",
+                    headers=(
+                        ("Stream-Next-Offset", offset_text(stream.tail)),
+                        ("Stream-Up-To-Date", "true"),
+                        ("Stream-Closed", "true"),
+                        ("Cache-Control", "no-store"),
+                    ),
+                )
+        chunk = stream.read(position)
+        body = _body(stream, chunk)
+        up_to_date = chunk.next >= stream.tail
+        etag = stream.etag(position, chunk.next)
+        headers: Headers = (
+            ("Stream-Next-Offset", offset_text(chunk.next)),
+            ("ETag", etag),
+        )
+        if up_to_date:
+            headers += (("Stream-Up-To-Date", "true"),)
+            if stream.closed:
+                headers += (("Stream-Closed", "true"),)
+        if route.live or not stream.closed:
+            headers += (("Stream-Cursor", self._cursor(route)),)
+        tail_read = route.offset == TAIL or up_to_date
+        headers += (("Cache-Control", "no-store" if tail_read else self._cache),)
+        if not route.live and etag in _tags(request.header("if-none-match")):
+            return Reply(304, b"", headers=headers)
+        return Reply(200, body, stream.content_type, headers)
+
+    def _cursor(self, route: StreamRequest) -> str:
+        return cursor(self.clock(), route.cursor, random.randint(*CURSOR_JITTER))
+
+    # ------------------------------------------------------------------ SSE
+
+    async def serve_sse(self, sse: DurableSse, route: StreamRequest) -> None:
+        """A live read as Server-Sent Events: what there is from ``?offset=``, each batch a
+        ``data`` event and a ``control`` event, then new data as it comes, until the stream
+        closes (or is deleted), the client goes, or :data:`SSE_LIFETIME` passes."""
+        try:
+            now = self._now()
+            stream = self.store.get(route.stream, now)
+            stream.touch(now)
+            position = self._start(stream, route.offset)
+        except StreamRefused as exc:
+            sse.refuse(refusal(exc))
+            return
+        text = stream.json or media_type(stream.content_type).startswith("text/")
+        headers: Headers = (
+            ("Content-Type", "text/event-stream"),
+            ("Cache-Control", "no-cache"),
+            ("X-Accel-Buffering", "no"),
+        )
+        if not text:
+            headers += (("Stream-SSE-Data-Encoding", "base64"),)
+        sse.begin(headers)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + SSE_LIFETIME
+        told = False
+        while sse.open:
+            chunk = stream.read(position) if position < stream.tail else Chunk((), position)
+            at_tail = chunk.next >= stream.tail
+            if chunk.entries or not told or (at_tail and stream.closed):
+                events = b""
+                if chunk.entries:
+                    events += sse_event("data", _sse_data(stream, chunk, text))
+                control: dict[str, object] = {"streamNextOffset": offset_text(chunk.next)}
+                if at_tail and stream.closed:
+                    control["streamClosed"] = True
+                    control["upToDate"] = True
+                else:
+                    control["streamCursor"] = self._cursor(route)
+                    if at_tail:
+                        control["upToDate"] = True
+                events += sse_event("control", json.dumps(control, separators=(",", ":")))
+                sse.event(events)
+                told = True
+                position = chunk.next
+                await sse.drain()
+                if at_tail and stream.closed:
+                    return
+                if not at_tail:
+                    continue
+            if stream.tail > position or stream.closed:
+                continue  # it changed while the events were written
+            left = ends - loop.time()
+            if left <= 0:
+                return
+            await self._wait(route.stream, left)
+            try:
+                stream = self.store.get(route.stream, self._now())
+            except StreamRefused:
+                return
+
+
+def refusal(exc: StreamRefused) -> Reply:
+    """A refused request: the protocol's headers, and an ``error`` frame as JSON."""
+    body = json.dumps({"type": "error", "code": exc.code, "message": exc.message})
+    return Reply(exc.status, body.encode(), "application/json", exc.headers)
+
+
+def _optional(request: HttpRequest, name: str) -> str | None:
+    """A header's last value, or None when it was not sent (not even empty)."""
+    found: str | None = None
+    for key, value in request.headers:
+        if key == name:
+            found = value
+    return found
+
+
+def _tags(header: str) -> set[str]:
+    return {tag.strip() for tag in header.split(",") if tag.strip()}
+
+
+def _body(stream: DurableStream, chunk: Chunk) -> bytes:
+    if stream.json:
+        return json_array(list(chunk.entries))
+    return b"".join(chunk.entries)
+
+
+def _sse_data(stream: DurableStream, chunk: Chunk, text: bool) -> str:
+    if stream.json:
+        return json_array(list(chunk.entries)).decode()
+    joined = b"".join(chunk.entries)
+    if text:
+        return joined.decode(errors="replace")
+    return base64.b64encode(joined).decode()
