@@ -44,8 +44,12 @@ __all__ = [
     "position_of",
 ]
 
-OFFSET_WIDTH = 20
-"""Digits of an offset: every position below 10**20 sorts as text as it does as a number."""
+OFFSET_WIDTH = 16
+"""Digits of an offset's position: every position below 10**16 sorts as text as it does as a
+number."""
+OFFSET_EPOCH = "0" * OFFSET_WIDTH
+"""The first part of every offset (``EPOCH_POSITION``): the same for every stream, so that
+offsets look like the reference server's, which clients and the conformance suite know."""
 BEGINNING = "-1"
 TAIL = "now"
 OCTET_STREAM = "application/octet-stream"
@@ -53,16 +57,22 @@ OCTET_STREAM = "application/octet-stream"
 
 def offset_text(position: int) -> str:
     """The offset of a position."""
-    return f"{position:0{OFFSET_WIDTH}d}"
+    return f"{OFFSET_EPOCH}_{position:0{OFFSET_WIDTH}d}"
 
 
 def position_of(offset: str) -> int:
     """The position an offset names; :class:`StreamRefused` (400) for a malformed one."""
-    if len(offset) != OFFSET_WIDTH or not offset.isascii() or not offset.isdigit():
+    epoch, _, position = offset.partition("_")
+    if (
+        epoch != OFFSET_EPOCH
+        or len(position) != OFFSET_WIDTH
+        or not position.isascii()
+        or not position.isdigit()
+    ):
         raise StreamRefused(
             400, "bad_offset", f"{offset[:64]!r} is not an offset: use -1, now or one we sent"
         )
-    return int(offset)
+    return int(position)
 
 
 def media_type(content_type: str) -> str:

@@ -53,6 +53,8 @@ class Create:
     fork_offset: str | None = None
     """``Stream-Fork-Offset``; None: the source's tail."""
     fork_sub_offset: int = 0
+    fork_sub_offset_given: bool = False
+    """Whether ``Stream-Fork-Sub-Offset`` was sent (0 included)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,20 @@ class MemoryStore:
         source, position = None, 0
         content_type = request.content_type or OCTET_STREAM
         expiry = request.expiry
+        if request.forked_from is None and request.fork_sub_offset_given:
+            raise StreamRefused(
+                400, "bad_fork_offset", "Stream-Fork-Sub-Offset needs Stream-Forked-From"
+            )
+        if request.forked_from is None and request.fork_offset is not None:
+            raise StreamRefused(
+                400, "bad_fork_offset", "Stream-Fork-Offset needs Stream-Forked-From"
+            )
         if request.forked_from is not None:
+            found = self._lookup(request.forked_from, now)
+            if found is not None and found.deleted:
+                raise StreamRefused(
+                    409, "stream_gone", f"the source {request.forked_from} was deleted"
+                )
             source = self.get(request.forked_from, now)
             if request.content_type is None:
                 content_type = source.content_type
@@ -212,6 +227,7 @@ class MemoryStore:
             and request.closed == stream.closed
             and request.forked_from == made.forked_from
             and (request.forked_from is None or request.fork_offset in (None, made.fork_offset))
+            and request.fork_sub_offset == made.fork_sub_offset
         )
 
     # ------------------------------------------------------------------ append

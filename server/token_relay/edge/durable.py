@@ -143,6 +143,7 @@ class DurableStreams:
                 forked_from=forked_from,
                 fork_offset=_optional(request, "stream-fork-offset"),
                 fork_sub_offset=sub_offset_of(request.header("stream-fork-sub-offset")),
+                fork_sub_offset_given=_optional(request, "stream-fork-sub-offset") is not None,
             ),
             self._now(),
         )
@@ -151,7 +152,8 @@ class DurableStreams:
         if stream.closed:
             headers += (("Stream-Closed", "true"),)
         if created.created:
-            return Reply(201, b"", stream.content_type, (("Location", route.stream), *headers))
+            location = f"http://{request.header('host') or 'localhost'}{route.stream}"
+            return Reply(201, b"", stream.content_type, (("Location", location), *headers))
         return Reply(200, b"", stream.content_type, headers)
 
     def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
@@ -179,7 +181,7 @@ class DurableStreams:
                 ("Producer-Epoch", str(appended.producer_epoch)),
                 ("Producer-Seq", str(appended.producer_seq)),
             )
-        status = 200 if producer is not None and not appended.duplicate else 204
+        status = 200 if producer is not None and not appended.duplicate and body else 204
         return Reply(status, b"", headers=headers)
 
     def _head(self, route: StreamRequest) -> Reply:

@@ -23,9 +23,12 @@ __all__ = ["DurableSse", "sse_event"]
 
 def sse_event(kind: str, text: str) -> bytes:
     """One event: ``event: KIND``, then each line of ``text`` as a ``data:`` line (a line
-    break of any kind, CR LF, CR or LF, starts a new one, as readers split them)."""
+    break of any kind, CR LF, CR or LF, starts a new one, as readers split them: a reader
+    joins them with LF)."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    body = "".join(f"data: {line}\n" for line in lines)
+    # One space after the colon is not part of the data: it is written only before a line
+    # that starts with one.
+    body = "".join(f"data: {line}\n" if line[:1] == " " else f"data:{line}\n" for line in lines)
     return f"event: {kind}\n{body}\n".encode()
 
 
