@@ -9,7 +9,9 @@ default; ``now``, the tail), a long-poll (``?live=long-poll``) that waits up to
 values and values to headers, and owns the waiting: each live reader waits on its stream's
 path, and every append, close or delete there wakes them.
 
-Expired streams are swept at most once a second, on the next request.
+Expired streams are swept at most once a second, on the next request. The streams live in
+this process: with a shared broker (``redis://``) every request is refused with 501
+(``not_shared``) rather than each process serving streams of its own.
 """
 
 from __future__ import annotations
@@ -63,8 +65,16 @@ PRIVATE_CACHE = "private, max-age=60, stale-while-revalidate=300"
 class DurableStreams:
     """Every Durable Streams request of one relay process."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        elsewhere: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
+        self.elsewhere = elsewhere
+        """Bytes of ``--max-memory-bytes`` held by the relay's messages (as last counted):
+        stream data may take what they leave."""
         self.clock = clock
         self.store = MemoryStore(
             max_streams=settings.max_durable_streams,
@@ -100,7 +110,16 @@ class DurableStreams:
                 if not waiting:
                     del self._waiters[path]
 
+    def _check_shared(self) -> None:
+        """Streams live in this process: with a shared broker, another process would not
+        see them, so none is served (yet) rather than each process serving its own."""
+        if not self.settings.broker.startswith("memory:"):
+            raise StreamRefused(
+                501, "not_shared", "durable streams are served with --broker memory:// only"
+            )
+
     def _now(self) -> float:
+        self.store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
         now = self.clock()
         if now - self._swept >= SWEEP_EVERY:
             self._swept = now
@@ -116,6 +135,7 @@ class DurableStreams:
         assert isinstance(route, StreamRequest)
         request = reading.request
         try:
+            self._check_shared()
             if route.method == "PUT":
                 return self._create(route, request, body)
             if route.method == "POST":
@@ -272,6 +292,7 @@ class DurableStreams:
         ``data`` event and a ``control`` event, then new data as it comes, until the stream
         closes (or is deleted), the client goes, or :data:`SSE_LIFETIME` passes."""
         try:
+            self._check_shared()
             now = self._now()
             stream = self.store.get(route.stream, now)
             stream.touch(now)

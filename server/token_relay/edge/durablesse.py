@@ -11,6 +11,7 @@ an idle one, as on every SSE stream.
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
 import h11
 from websockets import CloseCode
@@ -35,6 +36,11 @@ def sse_event(kind: str, text: str) -> bytes:
 class DurableSse(SseStream):
     """One Durable Streams SSE response."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._quiet = False
+        """The response ends normally: no comment after its last event."""
+
     def start(self) -> None:
         """Nothing yet: the head waits for the stream to be found (:meth:`begin`)."""
 
@@ -46,6 +52,18 @@ class DurableSse(SseStream):
         """Write one or more whole events."""
         if self.open:
             self._write(chunk)
+
+    def start_close(self, code: int, reason: str = "") -> None:
+        """End the response. A normal end (the stream closed, or the response's time is up)
+        ends it after its last event, with no comment: the client reads the events only."""
+        if code == CloseCode.NORMAL_CLOSURE and self.head_sent and not self._ended:
+            self._quiet = True
+        super().start_close(code, reason)
+
+    def _write(self, body: bytes) -> None:
+        if self._quiet and body.startswith(b": closed"):
+            return
+        super()._write(body)
 
     def refuse(self, reply: Reply) -> None:
         """Answer with a whole plain response instead (a refusal), then close."""

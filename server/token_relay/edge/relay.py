@@ -105,12 +105,16 @@ class Relay:
         self.chat = ChatEndpoint(
             self.settings, self.metrics, self.writer, self.subscribers, self.producers
         )
-        self.durable = DurableStreams(self.settings)
+        self.durable = DurableStreams(self.settings, lambda: self.producers.memory_used)
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
         metrics = self.metrics
-        metrics.memory.set_function(self.producers.memory_in_use)
+        metrics.memory.set_function(
+            lambda: self.producers.memory_in_use() + self.durable.store.total_bytes
+        )
+        metrics.durable_streams.set_function(lambda: len(self.durable.store))
+        metrics.durable_bytes.set_function(lambda: self.durable.store.total_bytes)
         metrics.memory_limit.set(self.settings.max_memory_bytes)
         metrics.parked.set_function(lambda: len(self.producers.sessions.parked))
         metrics.broker_healthy.set_function(lambda: float(self.broker.healthy))

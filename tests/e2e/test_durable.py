@@ -1,0 +1,155 @@
+"""Durable Streams at ``/v1/stream/`` on a real relay, over real sockets: what the protocol's
+conformance suite does not hold the relay to (its bounds, tokens, the 501 with a shared
+broker, its metrics), and the documentation's recipe, run as printed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from token_relay.core.grants import Role
+from token_relay.tokens import mint
+
+from ..conftest import RunningRelay, start_relay
+from ..docs.blocks import docs_block
+from ..harness import RedisServer, eventually
+
+SECRET = "s" * 32
+TEXT = {"Content-Type": "text/plain"}
+
+
+def _http(running: RunningRelay) -> str:
+    return running.url.replace("ws://", "http://")
+
+
+@asynccontextmanager
+async def relay_with(**settings: Any) -> AsyncIterator[RunningRelay]:
+    """A relay with ``settings``, stopped on the way out."""
+    running, server = await start_relay(**settings)
+    async with server:
+        yield running
+
+
+async def test_the_documented_recipe_prints_what_the_page_shows(relay: RunningRelay) -> None:
+    port = relay.url.rsplit(":", 1)[1]
+    script = re.sub(r"\b8765\b", port, docs_block("durable-curl"))
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err
+    assert out.decode() == docs_block("durable-curl-output")
+
+
+async def test_streams_and_bytes_are_bounded_and_a_refusal_changes_nothing() -> None:
+    async with relay_with(max_durable_streams=2, max_durable_stream_bytes=10) as running:
+        base = _http(running) + "/v1/stream/"
+        async with httpx.AsyncClient() as client:
+            assert (
+                await client.put(base + "a", headers=TEXT, content=b"12345678")
+            ).status_code == 201
+            assert (await client.put(base + "b", headers=TEXT)).status_code == 201
+            third = await client.put(base + "c", headers=TEXT)
+            assert third.status_code == 507
+            assert third.json() == {
+                "type": "error",
+                "code": "too_many_streams",
+                "message": "the relay holds all the streams it may",
+            }
+            full = await client.post(base + "a", headers=TEXT, content=b"abc")
+            assert (full.status_code, full.json()["code"]) == (413, "stream_full")
+            read = await client.get(base + "a", params={"offset": "-1"})
+            assert read.content == b"12345678"
+            assert (await client.delete(base + "b")).status_code == 204
+            assert (await client.put(base + "c", headers=TEXT)).status_code == 201
+            metrics = (await client.get(_http(running) + "/metrics")).text
+    assert re.search(r"^relay_durable_streams 2\.0$", metrics, re.M), metrics
+    assert re.search(r"^relay_durable_bytes 8\.0$", metrics, re.M), metrics
+
+
+async def test_all_streams_data_counts_in_max_memory_bytes() -> None:
+    async with relay_with(max_memory_bytes=12) as running, httpx.AsyncClient() as client:
+        base = _http(running) + "/v1/stream/"
+        assert (await client.put(base + "a", headers=TEXT, content=b"1234567")).status_code == 201
+        assert (await client.put(base + "b", headers=TEXT, content=b"12345")).status_code == 201
+        refused = await client.post(base + "b", headers=TEXT, content=b"x")
+        assert (refused.status_code, refused.json()["code"]) == (507, "store_full")
+        assert (await client.delete(base + "a")).status_code == 204
+        assert (await client.post(base + "b", headers=TEXT, content=b"x")).status_code == 204
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", **TEXT}
+
+
+async def test_with_a_secret_reads_and_writes_need_tokens_granting_the_stream() -> None:
+    writer = mint(SECRET, Role.PRODUCE, ["chat-*"], 600)
+    reader = mint(SECRET, Role.SUBSCRIBE, ["chat-1"], 600)
+    async with relay_with(secret=SECRET) as running, httpx.AsyncClient() as client:
+        base = _http(running) + "/v1/stream/"
+        anonymous = await client.put(base + "chat-1", headers=TEXT)
+        assert (anonymous.status_code, anonymous.json()["code"]) == (401, "token_required")
+        made = await client.put(base + "chat-1", headers=_bearer(writer), content=b"hi")
+        assert made.status_code == 201
+        elsewhere = await client.put(base + "other", headers=_bearer(writer))
+        assert (elsewhere.status_code, elsewhere.json()["code"]) == (403, "forbidden")
+        wrong = await client.post(base + "chat-1", headers=_bearer(reader), content=b"x")
+        assert (wrong.status_code, wrong.json()["code"]) == (403, "wrong_role")
+        read = await client.get(base + "chat-1", params={"offset": "-1", "token": reader})
+        assert (read.status_code, read.content) == (200, b"hi")
+        not_granted = await client.head(base + "chat-2", headers=_bearer(reader))
+        assert not_granted.status_code == 403
+
+
+async def test_with_a_shared_broker_streams_are_refused_with_501(
+    redis_server: RedisServer,
+) -> None:
+    running, server = await start_relay(broker=redis_server.url)
+    async with server, httpx.AsyncClient() as client:
+        response = await client.put(_http(running) + "/v1/stream/a")
+        live = await client.get(_http(running) + "/v1/stream/a?offset=-1&live=sse")
+    assert (response.status_code, response.json()["code"]) == (501, "not_shared")
+    assert (live.status_code, live.json()["code"]) == (501, "not_shared")
+
+
+async def test_a_long_poll_is_answered_by_the_append_it_waits_for(relay: RunningRelay) -> None:
+    base = _http(relay) + "/v1/stream/wait"
+    async with httpx.AsyncClient() as client:
+        made = await client.put(base, headers={"Content-Type": "application/json"})
+        tail = made.headers["stream-next-offset"]
+        waiting = asyncio.create_task(
+            client.get(base, params={"offset": tail, "live": "long-poll"}, timeout=30)
+        )
+        # The append is sent once the long-poll is known to wait: its request is counted.
+        await eventually(lambda: bool(relay.relay.durable._waiters), what="a waiting long-poll")
+        await client.post(base, headers={"Content-Type": "application/json"}, content=b'{"n":1}')
+        answer = await waiting
+    assert answer.status_code == 200
+    assert json.loads(answer.content) == [{"n": 1}]
+    assert answer.headers["stream-up-to-date"] == "true"
+    assert answer.headers["stream-cursor"].isdigit()
+
+
+def test_every_durable_refusal_code_is_in_the_errors_page() -> None:
+    root = Path(__file__).resolve().parents[2]
+    package = root / "server" / "token_relay"
+    sources = [*(package / "core").glob("durable*.py"), *(package / "edge").glob("durable*.py")]
+    raised: set[str] = set()
+    for source in sources:
+        raised |= set(re.findall(r'StreamRefused\(\s*\d+,\s*"(\w+)"', source.read_text()))
+    gate = (package / "edge" / "http.py").read_text()
+    raised |= set(re.findall(r'_stream_error\(\s*(?:\d+|\w+\.status),\s*"(\w+)"', gate))
+    routes = (package / "edge" / "routes.py").read_text()
+    raised |= set(re.findall(r'Refusal\(400, "(bad_live|offset_required)"', routes))
+    page = (root / "docs" / "reference" / "errors.md").read_text()
+    section = page[page.index("## Durable Streams refusals") :]
+    section = section[: section.index("\n## ")]
+    documented = set(re.findall(r"`(\w+)`", section))
+    assert len(raised) >= 25, sorted(raised)
+    assert raised - documented == set()
