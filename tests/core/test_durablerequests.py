@@ -8,6 +8,8 @@ from token_relay.core.durableproducers import MAX_PRODUCER_NUMBER, Producer
 from token_relay.core.durablerequests import (
     CURSOR_EPOCH,
     CURSOR_INTERVAL,
+    MAX_VALUE_LENGTH,
+    bounded,
     closed_of,
     cursor,
     expiry_of,
@@ -86,3 +88,15 @@ def test_the_cursor_is_the_interval_and_never_goes_back() -> None:
     assert cursor(now, "5000", 3) == "5003"
     assert cursor(now, "5000", 0) == "5001"
     assert cursor(now, "junk", 7) == "1000"
+
+
+def test_kept_values_are_bounded() -> None:
+    assert bounded("Stream-Seq", None) is None
+    assert bounded("Stream-Seq", "s" * MAX_VALUE_LENGTH) == "s" * MAX_VALUE_LENGTH
+    for name, code in (("Stream-Seq", "bad_stream_seq"), ("Content-Type", "bad_content_type")):
+        with pytest.raises(StreamRefused) as caught:
+            bounded(name, "s" * (MAX_VALUE_LENGTH + 1))
+        assert (caught.value.status, caught.value.code) == (400, code)
+    assert producer_of("p" * MAX_VALUE_LENGTH, "0", "0") is not None
+    with pytest.raises(StreamRefused):
+        producer_of("p" * (MAX_VALUE_LENGTH + 1), "0", "0")

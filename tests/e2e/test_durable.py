@@ -142,11 +142,13 @@ def test_every_durable_refusal_code_is_in_the_errors_page() -> None:
     sources = [*(package / "core").glob("durable*.py"), *(package / "edge").glob("durable*.py")]
     raised: set[str] = set()
     for source in sources:
-        raised |= set(re.findall(r'StreamRefused\(\s*\d+,\s*"(\w+)"', source.read_text()))
+        text = source.read_text()
+        raised |= set(re.findall(r'StreamRefused\(\s*\d+,\s*"(\w+)"', text))
+        raised |= set(re.findall(r'"(bad_\w+)" if name', text))
     gate = (package / "edge" / "http.py").read_text()
     raised |= set(re.findall(r'_stream_error\(\s*(?:\d+|\w+\.status),\s*"(\w+)"', gate))
     routes = (package / "edge" / "routes.py").read_text()
-    raised |= set(re.findall(r'Refusal\(400, "(bad_live|offset_required)"', routes))
+    raised |= set(re.findall(r'Refusal\(\s*400,\s*"(bad_live|offset_required|bad_path)"', routes))
     page = (root / "docs" / "reference" / "errors.md").read_text()
     section = page[page.index("## Durable Streams refusals") :]
     section = section[: section.index("\n## ")]

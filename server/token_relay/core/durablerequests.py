@@ -18,6 +18,8 @@ from .errors import StreamRefused
 __all__ = [
     "CURSOR_EPOCH",
     "CURSOR_INTERVAL",
+    "MAX_VALUE_LENGTH",
+    "bounded",
     "closed_of",
     "cursor",
     "expiry_of",
@@ -27,6 +29,9 @@ __all__ = [
 
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+MAX_VALUE_LENGTH = 256
+"""Characters a ``Producer-Id``, a ``Stream-Seq`` or a ``Content-Type`` may have: each is
+kept per stream (a producer's id per producer), so each is bounded."""
 MAX_TTL_DIGITS = 12
 """Digits a ``Stream-TTL`` may have (over 30,000 years)."""
 CURSOR_EPOCH = 1728432000.0
@@ -90,11 +95,22 @@ def producer_of(producer_id: str | None, epoch: str | None, seq: str | None) -> 
             "bad_producer",
             "give Producer-Id, Producer-Epoch and Producer-Seq together",
         )
-    if not producer_id.strip():
-        raise StreamRefused(400, "bad_producer", "Producer-Id must not be empty")
+    if not producer_id.strip() or len(producer_id) > MAX_VALUE_LENGTH:
+        raise StreamRefused(
+            400, "bad_producer", f"Producer-Id is 1 to {MAX_VALUE_LENGTH} characters"
+        )
     return Producer(
         producer_id, _number("Producer-Epoch", epoch.strip()), _number("Producer-Seq", seq.strip())
     )
+
+
+def bounded(name: str, value: str | None) -> str | None:
+    """A ``Stream-Seq`` or ``Content-Type`` of at most :data:`MAX_VALUE_LENGTH` characters
+    (None when not sent)."""
+    if value is not None and len(value) > MAX_VALUE_LENGTH:
+        code = "bad_stream_seq" if name == "Stream-Seq" else "bad_content_type"
+        raise StreamRefused(400, code, f"{name} is at most {MAX_VALUE_LENGTH} characters")
+    return value
 
 
 def sub_offset_of(text: str) -> int:

@@ -20,7 +20,7 @@ than one stream:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from .durable import (
@@ -205,7 +205,7 @@ class MemoryStore:
         self._next_id += 1
         stream.extend(entries)
         stream.closed = request.closed
-        self.requests[stream.stream_id] = request
+        self.requests[stream.stream_id] = replace(request, body=b"")  # its data is the log's
         self.total_bytes += size
         self.streams[path] = stream
         self.paths[stream.stream_id] = path

@@ -35,6 +35,7 @@ from ..core.durable import (
 )
 from ..core.durablejson import json_array
 from ..core.durablerequests import (
+    bounded,
     closed_of,
     cursor,
     expiry_of,
@@ -151,7 +152,7 @@ class DurableStreams:
             return refusal(exc)
 
     def _create(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
-        content_type = request.header("content-type")
+        content_type = bounded("Content-Type", request.header("content-type"))
         forked_from = _optional(request, "stream-forked-from")
         created = self.store.create(
             route.stream,
@@ -188,7 +189,7 @@ class DurableStreams:
             content_type=request.header("content-type"),
             close=closed_of(request.header("stream-closed")),
             now=self._now(),
-            stream_seq=_optional(request, "stream-seq"),
+            stream_seq=bounded("Stream-Seq", _optional(request, "stream-seq")),
             producer=producer,
         )
         if not appended.duplicate:

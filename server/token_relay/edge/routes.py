@@ -53,6 +53,7 @@ __all__ = [
     "DEAD_LETTERS_PATH",
     "MAX_QUERY_DIGITS",
     "MAX_QUERY_NUMBER",
+    "MAX_STREAM_PATH",
     "MAX_WAIT_SECONDS",
     "PRODUCE_PATH",
     "SSE_PATH",
@@ -95,6 +96,8 @@ more than the channel's history holds (``--history-size``)."""
 AI_SDK_SOCKET_PATH = "/ai-sdk/ws"
 STREAM_PREFIX = "/v1/stream/"
 """Where the Durable Streams protocol's streams are (:mod:`token_relay.edge.durable`)."""
+MAX_STREAM_PATH = 1024
+"""Characters of a durable stream's path (``/v1/stream/`` included), as sent."""
 
 MAX_QUERY_DIGITS = 9
 """Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
@@ -452,6 +455,10 @@ def _ai_sdk(
 
 
 def _stream_request(method: str, path: str, query: str) -> StreamRequest | Refusal:
+    if path == STREAM_PREFIX or len(path) > MAX_STREAM_PATH:
+        return Refusal(
+            400, "bad_path", f"a stream's path is {STREAM_PREFIX}NAME, at most {MAX_STREAM_PATH}"
+        )
     arguments = _arguments(query)
     offset = arguments.get("offset")
     live = _last(arguments, "live")
