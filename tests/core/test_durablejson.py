@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from token_relay.core.durablejson import InvalidJson, json_array, messages_of
+from token_relay.core.durablejson import json_array, messages_of
+from token_relay.core.errors import StreamRefused
 
 
 @pytest.mark.parametrize(
@@ -47,8 +48,9 @@ def test_a_body_is_its_messages_one_level_of_array_flattened(
     ],
 )
 def test_what_is_not_one_json_text_is_refused(body: bytes) -> None:
-    with pytest.raises(InvalidJson):
+    with pytest.raises(StreamRefused) as caught:
         messages_of(body)
+    assert (caught.value.status, caught.value.code) == (400, "invalid_json")
 
 
 def test_messages_read_back_as_one_array() -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from .durablejson import InvalidJson, messages_of
+from .durablejson import messages_of
 from .durableproducers import Producer, Producers, Verdict
 from .errors import StreamRefused
 
@@ -249,10 +249,7 @@ class DurableStream:
             return [body] if body else []
         if not body:
             return []
-        try:
-            messages = messages_of(body)
-        except InvalidJson as exc:
-            raise StreamRefused(400, "invalid_json", str(exc)) from None
+        messages = messages_of(body)
         if not messages and not creating:
             raise StreamRefused(400, "empty_batch", "an empty JSON array appends nothing")
         return messages

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["InvalidJson", "json_array", "messages_of"]
+from .errors import StreamRefused
+
+__all__ = ["json_array", "messages_of"]
 
 _WHITESPACE = " \t\n\r"
 
 
-class InvalidJson(ValueError):
-    """The body is not a JSON text (its message says where)."""
+def _invalid(message: str) -> StreamRefused:
+    """The body is not a JSON text: 400, ``invalid_json`` (its message says where)."""
+    return StreamRefused(400, "invalid_json", message)
 
 
 def _no_constant(name: str) -> object:
-    raise InvalidJson(f"{name} is not JSON")
+    raise _invalid(f"{name} is not JSON")
 
 
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
@@ -39,24 +42,25 @@ def _value(text: str, index: int) -> int:
     try:
         _, end = _DECODER.raw_decode(text, index)
     except json.JSONDecodeError as exc:
-        raise InvalidJson(f"invalid JSON: {exc.msg} at character {exc.pos}") from None
+        raise _invalid(f"invalid JSON: {exc.msg} at character {exc.pos}") from None
     return end
 
 
 def messages_of(body: bytes) -> list[bytes]:
-    """The messages of a JSON body, in order (none for ``[]``); :class:`InvalidJson` if it
-    is not one JSON text."""
+    """The messages of a JSON body, in order (none for ``[]``);
+    :class:`~token_relay.core.errors.StreamRefused` (400, ``invalid_json``) if it is not one
+    JSON text."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidJson("the body is not UTF-8") from None
+        raise _invalid("the body is not UTF-8") from None
     start = _skip(text, 0)
     if start == len(text):
-        raise InvalidJson("the body is empty: no JSON value")
+        raise _invalid("the body is empty: no JSON value")
     if text[start] != "[":
         end = _value(text, start)
         if _skip(text, end) != len(text):
-            raise InvalidJson(f"invalid JSON: extra data at character {_skip(text, end)}")
+            raise _invalid(f"invalid JSON: extra data at character {_skip(text, end)}")
         return [text[start:end].encode()]
     messages: list[bytes] = []
     index = _skip(text, start + 1)
@@ -73,9 +77,9 @@ def messages_of(body: bytes) -> list[bytes]:
             if index < len(text) and text[index] == "]":
                 index += 1
                 break
-            raise InvalidJson(f"invalid JSON: expected ',' or ']' at character {index}")
+            raise _invalid(f"invalid JSON: expected ',' or ']' at character {index}")
     if _skip(text, index) != len(text):
-        raise InvalidJson(f"invalid JSON: extra data at character {_skip(text, index)}")
+        raise _invalid(f"invalid JSON: extra data at character {_skip(text, index)}")
     return messages
 
 
