@@ -155,3 +155,23 @@ def test_every_durable_refusal_code_is_in_the_errors_page() -> None:
     documented = set(re.findall(r"`(\w+)`", section))
     assert len(raised) >= 25, sorted(raised)
     assert raised - documented == set()
+
+
+async def test_a_shutdown_answers_a_waiting_long_poll_at_once() -> None:
+    running, server = await start_relay(long_poll_timeout=600.0)
+    base = _http(running) + "/v1/stream/quiet"
+    async with server, httpx.AsyncClient() as client:
+        made = await client.put(base, headers=TEXT)
+        waiting = asyncio.create_task(
+            client.get(
+                base,
+                params={"offset": made.headers["stream-next-offset"], "live": "long-poll"},
+                timeout=60,
+            )
+        )
+        await eventually(lambda: bool(server.durable._waiters), what="a waiting long-poll")
+        await server.stop()
+        answer = await waiting
+    assert answer.status_code == 204
+    assert answer.headers["stream-up-to-date"] == "true"
+    assert answer.headers["stream-next-offset"] == made.headers["stream-next-offset"]

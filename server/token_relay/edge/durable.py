@@ -87,6 +87,11 @@ class DurableStreams:
         )
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._swept = 0.0
+        self._polls = 0
+        """Long-polls in progress (their answer is written in the step that ends them)."""
+        self.stopping = False
+        """The relay is shutting down: live reads answer now (204, or the end of an SSE
+        response) instead of waiting."""
         self._cache = PUBLIC_CACHE if settings.open_access else PRIVATE_CACHE
 
     # ------------------------------------------------------------------ waiting
@@ -110,6 +115,19 @@ class DurableStreams:
                 waiting.discard(waiter)
                 if not waiting:
                     del self._waiters[path]
+
+    def sweep(self) -> None:
+        """Drop expired streams (at most once a second), waking their readers."""
+        self._now()
+
+    async def stop(self) -> None:
+        """The relay is shutting down: every long-poll answers at once (204), and this
+        returns once their answers are written, before their sockets close."""
+        self.stopping = True
+        for path in list(self._waiters):
+            self._wake(path)
+        while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
+            await asyncio.sleep(0)
 
     def _check_shared(self) -> None:
         """Streams live in this process: with a shared broker, another process would not
@@ -236,33 +254,52 @@ class DurableStreams:
         stream.touch(now)
         position = self._start(stream, route.offset)
         if route.live == "long-poll":
-            deadline = now + self.settings.long_poll_timeout
-            while position >= stream.tail and not stream.closed:
-                left = deadline - self.clock()
-                if left <= 0:
-                    return Reply(
-                        204,
-                        b"",
-                        headers=(
-                            ("Stream-Next-Offset", offset_text(stream.tail)),
-                            ("Stream-Up-To-Date", "true"),
-                            ("Stream-Cursor", self._cursor(route)),
-                            ("Cache-Control", "no-store"),
-                        ),
-                    )
-                await self._wait(route.stream, left)
-                stream = self.store.get(route.stream, self._now())
-            if position >= stream.tail:
+            self._polls += 1
+            try:
+                return await self._poll(route, request, stream, position)
+            finally:
+                self._polls -= 1
+        return self._catch_up(route, request, stream, position)
+
+    async def _poll(
+        self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
+    ) -> Reply:
+        """A long-poll: a catch-up read once there is data past ``position``, or 204 at the
+        timeout (at once at the tail of a closed stream, or when the relay stops)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.long_poll_timeout
+        while position >= stream.tail and not stream.closed:
+            left = deadline - loop.time()
+            if left <= 0 or self.stopping:
                 return Reply(
                     204,
                     b"",
                     headers=(
                         ("Stream-Next-Offset", offset_text(stream.tail)),
                         ("Stream-Up-To-Date", "true"),
-                        ("Stream-Closed", "true"),
+                        ("Stream-Cursor", self._cursor(route)),
                         ("Cache-Control", "no-store"),
                     ),
                 )
+            await self._wait(route.stream, left)
+            stream = self.store.get(route.stream, self._now())
+        if position >= stream.tail:
+            return Reply(
+                204,
+                b"",
+                headers=(
+                    ("Stream-Next-Offset", offset_text(stream.tail)),
+                    ("Stream-Up-To-Date", "true"),
+                    ("Stream-Closed", "true"),
+                    ("Cache-Control", "no-store"),
+                ),
+            )
+        return self._catch_up(route, request, stream, position)
+
+    def _catch_up(
+        self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
+    ) -> Reply:
+        """What there is from ``position``, as a catch-up read (or a long-poll's data)."""
         chunk = stream.read(position)
         body = _body(stream, chunk)
         up_to_date = chunk.next >= stream.tail
@@ -340,7 +377,7 @@ class DurableStreams:
             if stream.tail > position or stream.closed:
                 continue  # it changed while the events were written
             left = ends - loop.time()
-            if left <= 0:
+            if left <= 0 or self.stopping:
                 return
             await self._wait(route.stream, left)
             try:

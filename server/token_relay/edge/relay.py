@@ -151,6 +151,9 @@ class Relay:
             return
         self._stopping = self.producers.stopping = True
         deadline = time.monotonic() + self.settings.shutdown_timeout
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.shutdown_timeout):
+                await self.durable.stop()  # long-polls answered before their sockets close
         server = self.server
         if server is not None:
             server.close()
@@ -428,12 +431,14 @@ class Relay:
     # ---------------------------------------------------------------- background
 
     async def _expire_idle(self) -> None:
-        """Abort messages with no event for ``idle_timeout`` seconds."""
+        """Abort messages with no event for ``idle_timeout`` seconds, and drop expired
+        durable streams."""
         timeout = self.settings.idle_timeout
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(timeout / 4, 1.0))
             await self.producers.expire_idle(loop.time() - timeout)
+            self.durable.sweep()
 
     async def _publish_metrics(self) -> None:
         """With ``--workers N``: write this worker's metrics for the others, every second."""
