@@ -175,3 +175,22 @@ async def test_a_shutdown_answers_a_waiting_long_poll_at_once() -> None:
     assert answer.status_code == 204
     assert answer.headers["stream-up-to-date"] == "true"
     assert answer.headers["stream-next-offset"] == made.headers["stream-next-offset"]
+
+
+async def test_a_text_sse_read_cut_by_its_budget_never_splits_a_character(
+    relay: RunningRelay,
+) -> None:
+    base = _http(relay) + "/v1/stream/accents"
+    # Two appends of 600,001 bytes: the second one's characters start at odd offsets, and
+    # the first read's budget (1 MiB, even) ends inside one of them.
+    text = "é" * 300_000 + "a"
+    async with httpx.AsyncClient() as client:
+        assert (await client.put(base, headers=TEXT, content=text.encode())).status_code == 201
+        more = await client.post(base, headers=TEXT, content=text.encode(), timeout=30)
+        assert more.status_code == 204
+        await client.post(base, headers={"Stream-Closed": "true"})
+        response = await client.get(base, params={"offset": "-1", "live": "sse"}, timeout=30)
+    events = [block for block in response.text.split("\n\n") if block.startswith("event: data")]
+    assert len(events) == 2
+    received = "".join("\n".join(line[5:] for line in block.split("\n")[1:]) for block in events)
+    assert received == text * 2

@@ -352,6 +352,8 @@ class DurableStreams:
         told = False
         while sse.open:
             chunk = stream.read(position) if position < stream.tail else Chunk((), position)
+            if text and not stream.json and chunk.next < stream.tail:
+                chunk = _whole_characters(chunk, position)
             at_tail = chunk.next >= stream.tail
             if chunk.entries or not told or (at_tail and stream.closed):
                 events = b""
@@ -409,6 +411,23 @@ def _body(stream: DurableStream, chunk: Chunk) -> bytes:
     if stream.json:
         return json_array(list(chunk.entries))
     return b"".join(chunk.entries)
+
+
+def _whole_characters(chunk: Chunk, position: int) -> Chunk:
+    """A text read the read budget cut: without the start of a character its next bytes
+    complete, so that each event is whole UTF-8 (the next read starts at that character)."""
+    data = b"".join(chunk.entries)
+    end = len(data)
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[end - back]
+        if byte & 0xC0 != 0x80:  # the last character's first byte
+            length = 1 if byte < 0x80 else 2 if byte >> 5 == 6 else 3 if byte >> 4 == 14 else 4
+            if length > back:
+                end -= back
+            break
+    if end == len(data) or end == 0:
+        return chunk
+    return Chunk((data[:end],), position + end)
 
 
 def _sse_data(stream: DurableStream, chunk: Chunk, text: bool) -> str:
