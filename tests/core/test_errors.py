@@ -32,6 +32,7 @@ def test_every_exception_sits_under_the_root_with_its_blame() -> None:
         "FrameRejected",
         "PartRejected",
         "StreamRefused",
+        "SubscriptionError",
         "InvalidToken",
         "RelayProtocolError",
         "HandshakeRefused",

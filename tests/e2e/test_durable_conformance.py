@@ -3,8 +3,9 @@ in ``tests/durable``), run by Node and vitest against a real relay process at ``
 
 The relay runs with a short ``--long-poll-timeout``: the suite waits for a long-poll that
 times out, within vitest's five seconds per test. Each of the suite's tests is one result in
-vitest's JSON report; every test in :data:`PASSING` must pass (the suite's webhook
-subscription tests are not run: the relay has no subscriptions yet).
+vitest's JSON report; every test in :data:`PASSING` must pass. The subscription tests run
+too (``subscriptions: true``): their webhook receivers listen on 127.0.0.1, which the relay
+allows as a webhook URL for development.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SUITE = Path(__file__).resolve().parents[1] / "durable"
 LONG_POLL_SECONDS = 1.0
 SUITE_TIMEOUT = 600.0
 SUITE_TESTS = 338
-"""Tests in the pinned suite, the subscription tests (not run) included."""
+"""Tests in the pinned suite."""
 PASSING = SUITE / "passing.txt"
 """The suite's tests the relay passes, one full name a line: each must pass."""
 
@@ -67,6 +68,7 @@ async def run_suite(folder: Path, base_url: str) -> dict[str, str]:
         **os.environ,
         "CONFORMANCE_TEST_URL": base_url,
         "CONFORMANCE_LONG_POLL_MS": str(int(LONG_POLL_SECONDS * 1000)),
+        "CONFORMANCE_SUBSCRIPTIONS": "1",
         "NO_COLOR": "1",
     }
     process = await asyncio.create_subprocess_exec(

@@ -13,7 +13,9 @@ The tree::
     │   ├── PartRejected            a chunk for a message's parts was refused (``code``
     │   │                           a str: ``invalid_chunk``, ``unknown_part``...)
     │   ├── StreamRefused           a Durable Streams request was refused and changed
-    │   │                           nothing (``status`` its HTTP status, ``code`` a str)
+    │   │   │                       nothing (``status`` its HTTP status, ``code`` a str)
+    │   │   └── SubscriptionError   one of its subscription APIs' (``/v1/stream/__ds/``),
+    │   │                           answered ``{"error": {"code": …}}``
     │   ├── InvalidToken            a connection token is missing, malformed, badly
     │   │                           signed or expired; the handshake gets 401
     │   ├── RelayProtocolError      (client) the relay sent what the protocol rules out
@@ -58,6 +60,7 @@ __all__ = [
     "RelayError",
     "RelayProtocolError",
     "StreamRefused",
+    "SubscriptionError",
     "UsageError",
     "binary_rejected",
     "broker_rejected",
@@ -201,6 +204,16 @@ class StreamRefused(PeerError):
         self.code = code
         self.message = message
         self.headers = headers
+
+
+class SubscriptionError(StreamRefused):
+    """A refused Durable Streams subscription request: its body is ``{"error": {"code":
+    CODE, ...}}``, the protocol's shape for these APIs (``details`` are more fields of
+    ``error``: ``current_holder``, ``generation``)."""
+
+    def __init__(self, status: int, code: str, message: str, **details: object) -> None:
+        super().__init__(status, code, message)
+        self.details = details
 
 
 class InvalidToken(PeerError):

@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from ..core.durable import (
     BEGINNING,
@@ -45,11 +47,14 @@ from ..core.durablerequests import (
 from ..core.durablestore import Create, MemoryStore
 from ..core.errors import StreamRefused
 from ..core.settings import Settings
+from .durablehooks import CONTROL_PREFIX, HttpPoster, Post, SubscriptionEndpoints
 from .durablesse import DurableSse, sse_event
 from .http import HttpRequest, ReadBody, Reply
-from .routes import StreamRequest
+from .routes import STREAM_PREFIX, StreamRequest
 
 __all__ = ["SSE_LIFETIME", "DurableStreams"]
+
+log = logging.getLogger("token_relay")
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -71,6 +76,8 @@ class DurableStreams:
         settings: Settings,
         elsewhere: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.time,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+        post: Post | None = None,
     ) -> None:
         self.settings = settings
         self.elsewhere = elsewhere
@@ -87,6 +94,15 @@ class DurableStreams:
         )
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._swept = 0.0
+        self.poster = HttpPoster(settings.webhook_timeout)
+        self.hooks = SubscriptionEndpoints(
+            tail_of=self._tail_of,
+            paths=self._paths,
+            append_wake=self._append_wake,
+            spawn=spawn or _run_soon,
+            post=post or self.poster,
+            clock=clock,
+        )
         self._polls = 0
         """Long-polls in progress (their answer is written in the step that ends them)."""
         self.stopping = False
@@ -117,8 +133,10 @@ class DurableStreams:
                     del self._waiters[path]
 
     def sweep(self) -> None:
-        """Drop expired streams (at most once a second), waking their readers."""
+        """Drop expired streams (at most once a second), waking their readers; and deliver
+        the subscriptions' wakes that are due (retries, leases run out)."""
         self._now()
+        self.hooks.tick()
 
     async def stop(self) -> None:
         """The relay is shutting down: every long-poll answers at once (204), and this
@@ -128,6 +146,44 @@ class DurableStreams:
             self._wake(path)
         while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
             await asyncio.sleep(0)
+        await self.poster.close()
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def _changed(self, path: str, before: int) -> None:
+        """The stream at ``path`` got data past ``before``: wake its readers, and the
+        subscriptions it concerns."""
+        self._wake(path)
+        self.hooks.appended(path.removeprefix(STREAM_PREFIX), before)
+
+    def _gone(self, path: str) -> None:
+        """The stream at ``path`` was deleted or expired."""
+        self._wake(path)
+        self.hooks.deleted(path.removeprefix(STREAM_PREFIX))
+
+    def _tail_of(self, path: str) -> int | None:
+        stream = self.store.streams.get(STREAM_PREFIX + path)
+        return None if stream is None or stream.deleted else stream.tail
+
+    def _paths(self) -> list[str]:
+        return [
+            path.removeprefix(STREAM_PREFIX)
+            for path, stream in self.store.streams.items()
+            if not stream.deleted
+        ]
+
+    def _append_wake(self, path: str, body: bytes) -> None:
+        """A pull-wake's events, appended to its wake stream (if it is there)."""
+        key = STREAM_PREFIX + path
+        try:
+            before = self.store.get(key, self.clock()).tail
+            self.store.append(
+                key, body, content_type="application/json", close=False, now=self.clock()
+            )
+        except StreamRefused as exc:
+            log.warning("wake events not written to %s: %s", path, exc.message)
+            return
+        self._changed(key, before)
 
     def _check_shared(self) -> None:
         """Streams live in this process: with a shared broker, another process would not
@@ -143,7 +199,7 @@ class DurableStreams:
         if now - self._swept >= SWEEP_EVERY:
             self._swept = now
             for path in self.store.expire(now):
-                self._wake(path)
+                self._gone(path)
         return now
 
     # ------------------------------------------------------------------ requests
@@ -155,13 +211,18 @@ class DurableStreams:
         request = reading.request
         try:
             self._check_shared()
+            control = route.stream.removeprefix(STREAM_PREFIX)
+            if control.startswith(CONTROL_PREFIX):
+                return self.hooks.serve(
+                    route.method, control.removeprefix(CONTROL_PREFIX), request, body
+                )
             if route.method == "PUT":
                 return self._create(route, request, body)
             if route.method == "POST":
                 return self._append(route, request, body)
             if route.method == "DELETE":
                 self.store.delete(route.stream, self._now())
-                self._wake(route.stream)
+                self._gone(route.stream)
                 return Reply(204, b"")
             if route.method == "HEAD":
                 return self._head(route)
@@ -187,6 +248,8 @@ class DurableStreams:
             self._now(),
         )
         stream = created.stream
+        if created.created:
+            self._changed(route.stream, stream.fork_position)
         headers: Headers = (("Stream-Next-Offset", offset_text(stream.tail)),)
         if stream.closed:
             headers += (("Stream-Closed", "true"),)
@@ -201,6 +264,7 @@ class DurableStreams:
             _optional(request, "producer-epoch"),
             _optional(request, "producer-seq"),
         )
+        before = self.store.get(route.stream, self._now()).tail
         appended = self.store.append(
             route.stream,
             body,
@@ -210,8 +274,10 @@ class DurableStreams:
             stream_seq=bounded("Stream-Seq", _optional(request, "stream-seq")),
             producer=producer,
         )
-        if not appended.duplicate:
-            self._wake(route.stream)
+        if appended.next > before:
+            self._changed(route.stream, before)
+        elif not appended.duplicate:
+            self._wake(route.stream)  # closed: its readers learn it now
         headers: Headers = (("Stream-Next-Offset", offset_text(appended.next)),)
         if appended.closed:
             headers += (("Stream-Closed", "true"),)
@@ -331,6 +397,8 @@ class DurableStreams:
         closes (or is deleted), the client goes, or :data:`SSE_LIFETIME` passes."""
         try:
             self._check_shared()
+            if route.stream.removeprefix(STREAM_PREFIX).startswith(CONTROL_PREFIX):
+                raise StreamRefused(404, "stream_not_found", "the control APIs are not streams")
             now = self._now()
             stream = self.store.get(route.stream, now)
             stream.touch(now)
@@ -386,6 +454,10 @@ class DurableStreams:
                 stream = self.store.get(route.stream, self._now())
             except StreamRefused:
                 return
+
+
+def _run_soon(coroutine: Coroutine[Any, Any, None]) -> None:
+    asyncio.ensure_future(coroutine)  # noqa: RUF006 - the relay passes its own spawn
 
 
 def refusal(exc: StreamRefused) -> Reply:

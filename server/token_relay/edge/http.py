@@ -257,6 +257,13 @@ class Gate:
             return _stream_error(
                 405, "method_not_allowed", f"a stream takes {allow[0][1]}", headers + allow
             )
+        if route.self_authorized:
+            # A wake's token is checked by the subscription; the signing keys are public.
+            if self.per_address.get(request.client, 0) >= self.settings.max_connections_per_ip:
+                return _stream_error(
+                    429, "too_many_connections", "too many connections from this address", headers
+                )
+            return ReadBody(request, route, OPEN, headers=headers)
         role = Role.SUBSCRIBE if request.method in PLAIN_METHODS else Role.PRODUCE
         decision = self._decide(role, request, route)
         if isinstance(decision, Refusal):

@@ -105,7 +105,9 @@ class Relay:
         self.chat = ChatEndpoint(
             self.settings, self.metrics, self.writer, self.subscribers, self.producers
         )
-        self.durable = DurableStreams(self.settings, lambda: self.producers.memory_used)
+        self.durable = DurableStreams(
+            self.settings, lambda: self.producers.memory_used, spawn=self._spawn
+        )
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None

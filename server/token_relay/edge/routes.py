@@ -41,6 +41,7 @@ count of the address's connections (429 first), as it always has.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote
 
@@ -96,6 +97,9 @@ more than the channel's history holds (``--history-size``)."""
 AI_SDK_SOCKET_PATH = "/ai-sdk/ws"
 STREAM_PREFIX = "/v1/stream/"
 """Where the Durable Streams protocol's streams are (:mod:`token_relay.edge.durable`)."""
+_SELF_AUTHORIZED = re.compile(
+    r"/v1/stream/__ds/(jwks\.json|subscriptions/[^/]+/(callback|ack|release))"
+)
 MAX_STREAM_PATH = 1024
 """Characters of a durable stream's path (``/v1/stream/`` included), as sent."""
 
@@ -255,6 +259,12 @@ class StreamRequest(Admitted):
     def sse(self) -> bool:
         """A live read as Server-Sent Events (a streamed response)."""
         return self.method == "GET" and self.live == "sse"
+
+    @property
+    def self_authorized(self) -> bool:
+        """A request that carries its own authority, or needs none: a subscription's
+        callback, ack or release (its wake's token), or the webhook signing keys."""
+        return _SELF_AUTHORIZED.fullmatch(self.stream) is not None
 
 
 @dataclass(frozen=True, slots=True)
