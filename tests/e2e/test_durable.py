@@ -155,6 +155,12 @@ def test_every_durable_refusal_code_is_in_the_errors_page() -> None:
     documented = set(re.findall(r"`(\w+)`", section))
     assert len(raised) >= 25, sorted(raised)
     assert raised - documented == set()
+    subscription_codes: set[str] = set()
+    for name in ("core/durablesubs.py", "edge/durablehooks.py"):
+        text = (package / name).read_text()
+        subscription_codes |= set(re.findall(r'SubscriptionError\(\s*\d+,\s*"(\w+)"', text))
+    assert len(subscription_codes) >= 9, sorted(subscription_codes)
+    assert subscription_codes - documented == set()
 
 
 async def test_a_shutdown_answers_a_waiting_long_poll_at_once() -> None:
