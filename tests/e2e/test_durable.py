@@ -5,6 +5,7 @@ broker, its metrics), and the documentation's recipe, run as printed."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, start_relay
 from ..docs.blocks import docs_block
-from ..harness import RedisServer, eventually
+from ..harness import RedisServer, WebhookReceiver, eventually
 
 SECRET = "s" * 32
 TEXT = {"Content-Type": "text/plain"}
@@ -200,3 +201,76 @@ async def test_a_text_sse_read_cut_by_its_budget_never_splits_a_character(
     assert len(events) == 2
     received = "".join("\n".join(line[5:] for line in block.split("\n")[1:]) for block in events)
     assert received == text * 2
+
+
+def _verify(signature: str, body: bytes, jwks: dict[str, Any]) -> bool:
+    """A ``Webhook-Signature`` checked as a receiver checks it: by its ``kid``'s key."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    fields = dict(part.split("=", 1) for part in signature.split(","))
+    (key,) = [key for key in jwks["keys"] if key["kid"] == fields["kid"]]
+    public = Ed25519PublicKey.from_public_bytes(
+        base64.urlsafe_b64decode(key["x"] + "=" * (-len(key["x"]) % 4))
+    )
+    signed = base64.urlsafe_b64decode(fields["ed25519"] + "=" * (-len(fields["ed25519"]) % 4))
+    try:
+        public.verify(signed, f"{fields['t']}.".encode() + body)
+    except InvalidSignature:
+        return False
+    return True
+
+
+async def test_a_failed_webhook_is_sent_again_signed_then_acked_by_its_callback(
+    relay: RunningRelay,
+) -> None:
+    base = _http(relay) + "/v1/stream/"
+    with WebhookReceiver(lambda n, body: 500 if n == 0 else 200) as receiver:
+        async with httpx.AsyncClient() as client:
+            config = {
+                "type": "webhook",
+                "pattern": "jobs/*",
+                "webhook": {"url": receiver.url},
+                "lease_ttl_ms": 60_000,
+            }
+            made = await client.put(base + "__ds/subscriptions/jobs", json=config)
+            assert made.status_code == 201
+            jwks = (await client.get(base + "__ds/jwks.json")).json()
+            stream = await client.put(base + "jobs/1", headers=TEXT, content=b"work")
+            tail = stream.headers["stream-next-offset"]
+            await eventually(lambda: len(receiver.received) == 2, timeout=15, what="a retry")
+            first, second = receiver.received
+            assert (first.status, second.status) == (500, 200)
+            assert first.json()["wake_id"] == second.json()["wake_id"]
+            assert first.json()["generation"] == second.json()["generation"] == 1
+            for post in (first, second):
+                assert _verify(post.headers["webhook-signature"], post.body, jwks)
+            assert not _verify(second.headers["webhook-signature"], second.body + b" ", jwks)
+            wake = second.json()
+            assert wake["streams"] == [
+                {
+                    "path": "jobs/1",
+                    "link_type": "glob",
+                    "acked_offset": "0000000000000000_0000000000000000",
+                    "tail_offset": tail,
+                    "has_pending": True,
+                }
+            ]
+            assert wake["callback_url"] == base + "__ds/subscriptions/jobs/callback"
+            ack = {
+                "wake_id": wake["wake_id"],
+                "generation": wake["generation"],
+                "acks": [{"stream": "jobs/1", "offset": tail}],
+                "done": True,
+            }
+            bearer = {"Authorization": f"Bearer {wake['callback_token']}"}
+            called = await client.post(wake["callback_url"], json=ack, headers=bearer)
+            assert (called.status_code, called.json()) == (200, {"ok": True, "next_wake": False})
+            again = await client.post(wake["callback_url"], json=ack, headers=bearer)
+            assert (again.status_code, again.json()["error"]["code"]) == (409, "FENCED")
+            state = (await client.get(base + "__ds/subscriptions/jobs")).json()
+    assert state["status"] == "active"
+    assert state["streams"] == [
+        {"path": "jobs/1", "link_type": "glob", "acked_offset": tail},
+    ]
+    assert len(receiver.received) == 2
