@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import unquote
 
-from ..core.durablesubs import Subscription, Subscriptions, TailOf, Wake, config_of
+from ..core.durablesubconfig import config_of
+from ..core.durablesubs import Subscription, Subscriptions, TailOf, Wake
 from ..core.errors import StreamRefused, SubscriptionError
 from .http import HttpRequest, Reply
 
