@@ -274,3 +274,24 @@ async def test_a_failed_webhook_is_sent_again_signed_then_acked_by_its_callback(
         {"path": "jobs/1", "link_type": "glob", "acked_offset": tail},
     ]
     assert len(receiver.received) == 2
+
+
+async def test_a_long_poll_on_a_stream_deleted_and_made_again_is_404(relay: RunningRelay) -> None:
+    base = _http(relay) + "/v1/stream/again"
+    async with httpx.AsyncClient() as client:
+        made = await client.put(base, headers=TEXT, content=b"old data")
+        waiting = asyncio.create_task(
+            client.get(
+                base,
+                params={"offset": made.headers["stream-next-offset"], "live": "long-poll"},
+                timeout=30,
+            )
+        )
+        await eventually(lambda: bool(relay.relay.durable._waiters), what="a waiting long-poll")
+        # Deleted and made again before the waiting read runs: it must not read the new one.
+        relay.relay.durable.store.delete("/v1/stream/again", 0.0)
+        assert (
+            await client.put(base, headers=TEXT, content=b"new data, longer")
+        ).status_code == 201
+        answer = await waiting
+    assert (answer.status_code, answer.json()["code"]) == (404, "stream_not_found")

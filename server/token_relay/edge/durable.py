@@ -348,7 +348,7 @@ class DurableStreams:
                     ),
                 )
             await self._wait(route.stream, left)
-            stream = self.store.get(route.stream, self._now())
+            stream = self._same(route.stream, stream)
         if position >= stream.tail:
             return Reply(
                 204,
@@ -385,6 +385,15 @@ class DurableStreams:
         if not route.live and etag in _tags(request.header("if-none-match")):
             return Reply(304, b"", headers=headers)
         return Reply(200, body, stream.content_type, headers)
+
+    def _same(self, path: str, stream: DurableStream) -> DurableStream:
+        """The stream a live read follows, still at its path: 404 once it was deleted (or
+        expired), even if another stream was made there since."""
+        now = self._now()
+        found = self.store.get(path, now)
+        if found is not stream:
+            raise StreamRefused(404, "stream_not_found", f"the stream at {path} was deleted")
+        return found
 
     def _cursor(self, route: StreamRequest) -> str:
         return cursor(self.clock(), route.cursor, random.randint(*CURSOR_JITTER))
@@ -451,7 +460,7 @@ class DurableStreams:
                 return
             await self._wait(route.stream, left)
             try:
-                stream = self.store.get(route.stream, self._now())
+                stream = self._same(route.stream, stream)
             except StreamRefused:
                 return
 
