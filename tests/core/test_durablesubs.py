@@ -233,3 +233,32 @@ def test_explicit_links_add_and_remove_beside_glob_links() -> None:
     assert list(links) == ["manual/a"]
     subscriptions.delete("s")
     assert _refusal(subscriptions.get, "s").code == "NOT_FOUND"
+
+
+def test_an_explicit_link_that_a_pattern_also_matches_stays_when_unlinked() -> None:
+    subscriptions = _subscriptions()
+    tails = Streams()
+    subscriptions.put("s", _config(streams=["events/a"]), 0.0, [], tails)
+    tails.tails["events/a"] = 1
+    subscriptions.appended("events/a", 0, 1.0, tails)
+    subscriptions.remove_stream("s", "events/a")
+    assert subscriptions.get("s").links["events/a"].kind == "glob"
+
+
+def test_a_stream_made_again_at_an_explicit_path_is_read_from_its_start() -> None:
+    subscriptions = _subscriptions()
+    tails = Streams(manual__a=9)
+    subscriptions.put("s", _config(pattern=None, streams=["manual/a"]), 0.0, [], tails)
+    subscriptions.deleted("manual/a")
+    tails.tails["manual/a"] = 2  # a new stream, shorter than the old one
+    (wake,) = subscriptions.appended("manual/a", 0, 1.0, tails)
+    assert wake.streams[0]["acked_offset"] == offset_text(0)
+
+
+def test_adding_too_many_explicit_streams_adds_none() -> None:
+    subscriptions = _subscriptions()
+    subscriptions.put("s", _config(streams=["x"]), 0.0, [], Streams())
+    many = [f"m/{n}" for n in range(1000)]
+    refused = _refusal(subscriptions.add_streams, "s", many, Streams())
+    assert (refused.status, refused.code) == (400, "INVALID_REQUEST")
+    assert list(subscriptions.get("s").links) == ["x"]

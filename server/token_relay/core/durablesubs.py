@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .durable import offset_text, position_of
-from .durablesubconfig import MAX_EXPLICIT_STREAMS, SubscriptionConfig, glob_match
+from .durablesubconfig import MAX_EXPLICIT_STREAMS, MAX_TEXT, SubscriptionConfig, glob_match
 from .errors import StreamRefused, SubscriptionError
 
 __all__ = ["Subscription", "Subscriptions", "TailOf", "Wake"]
@@ -187,8 +187,17 @@ class Subscriptions:
         del self.subscriptions[subscription_id]
 
     def add_streams(self, subscription_id: str, paths: list[str], tail_of: TailOf) -> None:
-        """Link streams explicitly, at their tails (again: nothing changes)."""
+        """Link streams explicitly, at their tails (again: nothing changes); all of them or,
+        past :data:`MAX_EXPLICIT_STREAMS`, none."""
         subscription = self.get(subscription_id)
+        new = {path for path in paths if path not in subscription.links}
+        explicit = sum(1 for link in subscription.links.values() if link.explicit)
+        if explicit + len(new) > MAX_EXPLICIT_STREAMS or any(len(p) > MAX_TEXT for p in paths):
+            raise SubscriptionError(
+                400,
+                "INVALID_REQUEST",
+                f"at most {MAX_EXPLICIT_STREAMS} explicit streams of {MAX_TEXT} characters",
+            )
         for path in paths:
             self._link_explicit(subscription, path, tail_of)
 
@@ -228,12 +237,15 @@ class Subscriptions:
         for subscription in self.subscriptions.values():
             pattern = subscription.config.pattern
             if (
-                path not in subscription.links
-                and pattern is not None
+                pattern is not None
                 and self._may_link(subscription, path)
                 and glob_match(pattern, path)
             ):
-                subscription.links[path] = _Link(before, glob=True)
+                link = subscription.links.get(path)
+                if link is None:
+                    subscription.links[path] = _Link(before, glob=True)
+                else:
+                    link.glob = True
             if path in subscription.links:
                 wake = self._wake_if_pending(subscription, now, tail_of)
                 if wake is not None:
@@ -241,11 +253,15 @@ class Subscriptions:
         return wakes
 
     def deleted(self, path: str) -> None:
-        """A stream is gone: its glob links go (an explicit one stays, for a stream made
-        again at that path)."""
+        """A stream is gone: its glob links go; an explicit one stays, at the start, for a
+        stream made again at that path."""
         for subscription in self.subscriptions.values():
             link = subscription.links.get(path)
-            if link is not None and not link.explicit:
+            if link is None:
+                continue
+            if link.explicit:
+                link.acked, link.glob = 0, False
+            else:
                 del subscription.links[path]
 
     def _wake_if_pending(
