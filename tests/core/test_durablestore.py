@@ -137,3 +137,12 @@ def test_bounds_on_streams_and_bytes_refuse_and_change_nothing() -> None:
     store.delete("/a", 0.0)
     store.append("/b", b"abc", content_type=TEXT, close=False, now=0.0)
     assert store.total_bytes == 3
+
+
+def test_tails_and_paths_are_of_live_streams_only() -> None:
+    store = _store()
+    store.create("/a", Create(TEXT, body=b"abc"), 0.0)
+    store.create("/b", Create(forked_from="/a"), 0.0)
+    store.delete("/a", 0.0)  # a tombstone: /b still reads it
+    assert (store.tail_of("/a"), store.tail_of("/b"), store.tail_of("/none")) == (None, 3, None)
+    assert store.paths() == ["/b"]

@@ -69,6 +69,22 @@ class Created:
 class DurableStore(Protocol):
     """What the HTTP edge asks of a store of durable streams."""
 
+    max_total_bytes: int
+    """Bytes all streams' data may take (the edge sets it from what ``--max-memory-bytes``
+    leaves)."""
+    total_bytes: int
+    """Bytes all streams' data take now."""
+
+    def __len__(self) -> int:
+        """Streams held, tombstones included."""
+
+    def tail_of(self, path: str) -> int | None:
+        """The tail position of the live stream at ``path``, or None (none, or a tombstone);
+        expiry is not applied."""
+
+    def paths(self) -> list[str]:
+        """The paths of every live stream."""
+
     def create(self, path: str, request: Create, now: float) -> Created:
         """Create a stream (or a fork), or confirm an existing one with the same
         configuration."""
@@ -105,7 +121,7 @@ class MemoryStore:
         self.limits = limits
         self.streams: dict[str, DurableStream] = {}
         """Every path in use, tombstones included."""
-        self.paths: dict[int, str] = {}
+        self.path_of: dict[int, str] = {}
         """The path of each stream still at one, by stream id."""
         self.requests: dict[int, Create] = {}
         """The ``PUT`` that created each stream still at a path, by stream id (a second
@@ -116,6 +132,15 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return len(self.streams)
+
+    def tail_of(self, path: str) -> int | None:
+        """The tail position of the live stream at ``path``, or None."""
+        stream = self.streams.get(path)
+        return None if stream is None or stream.deleted else stream.tail
+
+    def paths(self) -> list[str]:
+        """The paths of every live stream."""
+        return [path for path, stream in self.streams.items() if not stream.deleted]
 
     # ------------------------------------------------------------------ lookups
 
@@ -208,7 +233,7 @@ class MemoryStore:
         self.requests[stream.stream_id] = replace(request, body=b"")  # its data is the log's
         self.total_bytes += size
         self.streams[path] = stream
-        self.paths[stream.stream_id] = path
+        self.path_of[stream.stream_id] = path
         if source is not None:
             source.forks += 1
         return Created(stream, created=True)
@@ -284,7 +309,7 @@ class MemoryStore:
             stream.deleted = True
             return
         self.streams.pop(path, None)
-        self.paths.pop(stream.stream_id, None)
+        self.path_of.pop(stream.stream_id, None)
         self.requests.pop(stream.stream_id, None)
         self.total_bytes -= stream.own_bytes
         source = stream.source
@@ -292,7 +317,7 @@ class MemoryStore:
             source.forks -= 1
             if source.forks > 0 or not source.deleted:
                 break
-            source_path = self.paths.pop(source.stream_id, None)
+            source_path = self.path_of.pop(source.stream_id, None)
             self.requests.pop(source.stream_id, None)
             if source_path is not None:
                 self.streams.pop(source_path, None)

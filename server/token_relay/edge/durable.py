@@ -44,7 +44,7 @@ from ..core.durablerequests import (
     producer_of,
     sub_offset_of,
 )
-from ..core.durablestore import Create, MemoryStore
+from ..core.durablestore import Create, DurableStore, MemoryStore
 from ..core.errors import StreamRefused
 from ..core.settings import Settings
 from .durablehooks import CONTROL_PREFIX, HttpPoster, Post, SubscriptionEndpoints
@@ -84,7 +84,7 @@ class DurableStreams:
         """Bytes of ``--max-memory-bytes`` held by the relay's messages (as last counted):
         stream data may take what they leave."""
         self.clock = clock
-        self.store = MemoryStore(
+        self.store: DurableStore = MemoryStore(
             max_streams=settings.max_durable_streams,
             max_total_bytes=settings.max_memory_bytes,
             limits=Limits(
@@ -162,15 +162,10 @@ class DurableStreams:
         self.hooks.deleted(path.removeprefix(STREAM_PREFIX))
 
     def _tail_of(self, path: str) -> int | None:
-        stream = self.store.streams.get(STREAM_PREFIX + path)
-        return None if stream is None or stream.deleted else stream.tail
+        return self.store.tail_of(STREAM_PREFIX + path)
 
     def _paths(self) -> list[str]:
-        return [
-            path.removeprefix(STREAM_PREFIX)
-            for path, stream in self.store.streams.items()
-            if not stream.deleted
-        ]
+        return [path.removeprefix(STREAM_PREFIX) for path in self.store.paths()]
 
     def _append_wake(self, path: str, body: bytes) -> None:
         """A pull-wake's events, appended to its wake stream (if it is there)."""
