@@ -17,7 +17,6 @@ this process: with a shared broker (``redis://``) every request is refused with 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import random
@@ -31,7 +30,6 @@ from ..core.durable import (
     Chunk,
     DurableStream,
     Limits,
-    media_type,
     offset_text,
     position_of,
 )
@@ -48,19 +46,16 @@ from ..core.durablestore import Create, DurableStore, MemoryStore
 from ..core.errors import StreamRefused
 from ..core.settings import Settings
 from .durablehooks import CONTROL_PREFIX, HttpPoster, Post, SubscriptionEndpoints
-from .durablesse import DurableSse, sse_event
+from .durablesse import DurableSse, follow
 from .http import HttpRequest, ReadBody, Reply
 from .routes import STREAM_PREFIX, StreamRequest
 
-__all__ = ["SSE_LIFETIME", "DurableStreams"]
+__all__ = ["DurableStreams"]
 
 log = logging.getLogger("token_relay")
 
 Headers = tuple[tuple[str, str], ...]
 
-SSE_LIFETIME = 60.0
-"""Seconds an SSE response lasts before it ends (its client reconnects from its offset), so
-that a proxy's cache can gather its readers."""
 CURSOR_JITTER = (1, 180)
 """Cursor intervals added to a client's cursor that is not behind (20 s to an hour)."""
 SWEEP_EVERY = 1.0
@@ -117,7 +112,7 @@ class DurableStreams:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
+    async def wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
         """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
         if timeout <= 0:
             return
@@ -338,12 +333,12 @@ class DurableStreams:
                     headers=(
                         ("Stream-Next-Offset", offset_text(stream.tail)),
                         ("Stream-Up-To-Date", "true"),
-                        ("Stream-Cursor", self._cursor(route)),
+                        ("Stream-Cursor", self.cursor(route)),
                         ("Cache-Control", "no-store"),
                     ),
                 )
-            await self._wait(route.stream, left)
-            stream = self._same(route.stream, stream)
+            await self.wait(route.stream, left)
+            stream = self.same(route.stream, stream)
         if position >= stream.tail:
             return Reply(
                 204,
@@ -374,14 +369,14 @@ class DurableStreams:
             if stream.closed:
                 headers += (("Stream-Closed", "true"),)
         if route.live or not stream.closed:
-            headers += (("Stream-Cursor", self._cursor(route)),)
+            headers += (("Stream-Cursor", self.cursor(route)),)
         tail_read = route.offset == TAIL or up_to_date
         headers += (("Cache-Control", "no-store" if tail_read else self._cache),)
         if not route.live and etag in _tags(request.header("if-none-match")):
             return Reply(304, b"", headers=headers)
         return Reply(200, body, stream.content_type, headers)
 
-    def _same(self, path: str, stream: DurableStream) -> DurableStream:
+    def same(self, path: str, stream: DurableStream) -> DurableStream:
         """The stream a live read follows, still at its path: 404 once it was deleted (or
         expired), even if another stream was made there since."""
         now = self._now()
@@ -390,7 +385,7 @@ class DurableStreams:
             raise StreamRefused(404, "stream_not_found", f"the stream at {path} was deleted")
         return found
 
-    def _cursor(self, route: StreamRequest) -> str:
+    def cursor(self, route: StreamRequest) -> str:
         return cursor(self.clock(), route.cursor, random.randint(*CURSOR_JITTER))
 
     # ------------------------------------------------------------------ SSE
@@ -410,54 +405,7 @@ class DurableStreams:
         except StreamRefused as exc:
             sse.refuse(refusal(exc))
             return
-        text = stream.json or media_type(stream.content_type).startswith("text/")
-        headers: Headers = (
-            ("Content-Type", "text/event-stream"),
-            ("Cache-Control", "no-cache"),
-            ("X-Accel-Buffering", "no"),
-        )
-        if not text:
-            headers += (("Stream-SSE-Data-Encoding", "base64"),)
-        sse.begin(headers)
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + SSE_LIFETIME
-        told = False
-        while sse.open:
-            chunk = stream.read(position) if position < stream.tail else Chunk((), position)
-            if text and not stream.json and chunk.next < stream.tail:
-                chunk = _whole_characters(chunk, position)
-            at_tail = chunk.next >= stream.tail
-            if chunk.entries or not told or (at_tail and stream.closed):
-                events = b""
-                if chunk.entries:
-                    events += sse_event("data", _sse_data(stream, chunk, text))
-                control: dict[str, object] = {"streamNextOffset": offset_text(chunk.next)}
-                if at_tail and stream.closed:
-                    control["streamClosed"] = True
-                    control["upToDate"] = True
-                else:
-                    control["streamCursor"] = self._cursor(route)
-                    if at_tail:
-                        control["upToDate"] = True
-                events += sse_event("control", json.dumps(control, separators=(",", ":")))
-                sse.event(events)
-                told = True
-                position = chunk.next
-                await sse.drain()
-                if at_tail and stream.closed:
-                    return
-                if not at_tail:
-                    continue
-            if stream.tail > position or stream.closed:
-                continue  # it changed while the events were written
-            left = ends - loop.time()
-            if left <= 0 or self.stopping:
-                return
-            await self._wait(route.stream, left)
-            try:
-                stream = self._same(route.stream, stream)
-            except StreamRefused:
-                return
+        await follow(sse, self, route, stream, position)
 
 
 def _run_soon(coroutine: Coroutine[Any, Any, None]) -> None:
@@ -487,29 +435,3 @@ def _body(stream: DurableStream, chunk: Chunk) -> bytes:
     if stream.json:
         return json_array(list(chunk.entries))
     return b"".join(chunk.entries)
-
-
-def _whole_characters(chunk: Chunk, position: int) -> Chunk:
-    """A text read the read budget cut: without the start of a character its next bytes
-    complete, so that each event is whole UTF-8 (the next read starts at that character)."""
-    data = b"".join(chunk.entries)
-    end = len(data)
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[end - back]
-        if byte & 0xC0 != 0x80:  # the last character's first byte
-            length = 1 if byte < 0x80 else 2 if byte >> 5 == 6 else 3 if byte >> 4 == 14 else 4
-            if length > back:
-                end -= back
-            break
-    if end == len(data) or end == 0:
-        return chunk
-    return Chunk((data[:end],), position + end)
-
-
-def _sse_data(stream: DurableStream, chunk: Chunk, text: bool) -> str:
-    if stream.json:
-        return json_array(list(chunk.entries)).decode()
-    joined = b"".join(chunk.entries)
-    if text:
-        return joined.decode(errors="replace")
-    return base64.b64encode(joined).decode()

@@ -3,23 +3,53 @@
 Unlike the relay's own SSE streams, its response head is not written when the request is
 admitted: the stream must be looked up first, and a missing one gets a plain 404
 (:meth:`DurableSse.refuse`). Once it exists, :meth:`DurableSse.begin` writes the head and
-every event is a ``data`` or ``control`` event (:mod:`token_relay.edge.durable` writes them).
+every event is a ``data`` or ``control`` event (:func:`follow` writes them).
 The server's comment line every ``--sse-heartbeat`` seconds keeps proxies from timing out
 an idle one, as on every SSE stream.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 from websockets import CloseCode
 
+from ..core.durable import Chunk, DurableStream, media_type, offset_text
+from ..core.durablejson import json_array
+from ..core.errors import StreamRefused
 from .http import Reply
+from .routes import StreamRequest
 from .sse import SseStream
 
-__all__ = ["DurableSse", "sse_event"]
+__all__ = ["SSE_LIFETIME", "DurableSse", "Live", "follow", "sse_event"]
+
+SSE_LIFETIME = 60.0
+"""Seconds an SSE response lasts before it ends (its client reconnects from its offset), so
+that a proxy's cache can gather its readers."""
+
+Headers = tuple[tuple[str, str], ...]
+
+
+class Live(Protocol):
+    """What following a stream asks of the service that holds it."""
+
+    @property
+    def stopping(self) -> bool:
+        """The relay is shutting down: the response ends."""
+
+    async def wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
+
+    def same(self, path: str, stream: DurableStream) -> DurableStream:
+        """The stream, still at its path (:class:`StreamRefused` once it is not)."""
+
+    def cursor(self, route: StreamRequest) -> str:
+        """A live response's cursor."""
 
 
 def sse_event(kind: str, text: str) -> bytes:
@@ -88,3 +118,85 @@ class DurableSse(SseStream):
         self._code = CloseCode.NORMAL_CLOSURE
         self._ended = True
         self.transport.close()
+
+
+async def follow(
+    sse: DurableSse, live: Live, route: StreamRequest, stream: DurableStream, position: int
+) -> None:
+    """Send what there is from ``position``, each batch a ``data`` event and a ``control``
+    event, then new data as it comes, until the stream closes (or is deleted), the client
+    goes, the relay stops, or :data:`SSE_LIFETIME` passes."""
+    text = stream.json or media_type(stream.content_type).startswith("text/")
+    headers: Headers = (
+        ("Content-Type", "text/event-stream"),
+        ("Cache-Control", "no-cache"),
+        ("X-Accel-Buffering", "no"),
+    )
+    if not text:
+        headers += (("Stream-SSE-Data-Encoding", "base64"),)
+    sse.begin(headers)
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + SSE_LIFETIME
+    told = False
+    while sse.open:
+        chunk = stream.read(position) if position < stream.tail else Chunk((), position)
+        if text and not stream.json and chunk.next < stream.tail:
+            chunk = _whole_characters(chunk, position)
+        at_tail = chunk.next >= stream.tail
+        if chunk.entries or not told or (at_tail and stream.closed):
+            events = b""
+            if chunk.entries:
+                events += sse_event("data", _sse_data(stream, chunk, text))
+            control: dict[str, object] = {"streamNextOffset": offset_text(chunk.next)}
+            if at_tail and stream.closed:
+                control["streamClosed"] = True
+                control["upToDate"] = True
+            else:
+                control["streamCursor"] = live.cursor(route)
+                if at_tail:
+                    control["upToDate"] = True
+            events += sse_event("control", json.dumps(control, separators=(",", ":")))
+            sse.event(events)
+            told = True
+            position = chunk.next
+            await sse.drain()
+            if at_tail and stream.closed:
+                return
+            if not at_tail:
+                continue
+        if stream.tail > position or stream.closed:
+            continue  # it changed while the events were written
+        left = ends - loop.time()
+        if left <= 0 or live.stopping:
+            return
+        await live.wait(route.stream, left)
+        try:
+            stream = live.same(route.stream, stream)
+        except StreamRefused:
+            return
+
+
+def _whole_characters(chunk: Chunk, position: int) -> Chunk:
+    """A text read the read budget cut: without the start of a character its next bytes
+    complete, so that each event is whole UTF-8 (the next read starts at that character)."""
+    data = b"".join(chunk.entries)
+    end = len(data)
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[end - back]
+        if byte & 0xC0 != 0x80:  # the last character's first byte
+            length = 1 if byte < 0x80 else 2 if byte >> 5 == 6 else 3 if byte >> 4 == 14 else 4
+            if length > back:
+                end -= back
+            break
+    if end == len(data) or end == 0:
+        return chunk
+    return Chunk((data[:end],), position + end)
+
+
+def _sse_data(stream: DurableStream, chunk: Chunk, text: bool) -> str:
+    if stream.json:
+        return json_array(list(chunk.entries)).decode()
+    joined = b"".join(chunk.entries)
+    if text:
+        return joined.decode(errors="replace")
+    return base64.b64encode(joined).decode()
