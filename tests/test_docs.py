@@ -159,6 +159,10 @@ def test_the_supported_versions_page_names_the_pinned_clients() -> None:
     assert app_pins["ai"] == ai
     for name in ("@ai-sdk/react", "react", "vite"):
         assert f"| {app_pins[name]} |" in page, name
+    durable = json.loads((ROOT / "tests" / "durable" / "package.json").read_text())
+    suite = durable["dependencies"]["@durable-streams/server-conformance-tests"]
+    assert f"| Durable Streams conformance suite | {suite} (" in page
+    assert f"vitest {durable['dependencies']['vitest']}" in page
     requires = re.search(r'requires-python = ">=(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text())
     assert requires is not None and f"| Python | {requires.group(1)} (" in page
 

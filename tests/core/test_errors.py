@@ -31,6 +31,8 @@ def test_every_exception_sits_under_the_root_with_its_blame() -> None:
         "PeerError",
         "FrameRejected",
         "PartRejected",
+        "StreamRefused",
+        "SubscriptionError",
         "InvalidToken",
         "RelayProtocolError",
         "HandshakeRefused",
@@ -42,6 +44,7 @@ def test_every_exception_sits_under_the_root_with_its_blame() -> None:
     assert blames["FrameRejected"] is blames["InvalidToken"] is Blame.PEER
     assert blames["MessageFailed"] is blames["RelayProtocolError"] is Blame.PEER
     assert blames["HandshakeRefused"] is blames["PartRejected"] is Blame.PEER
+    assert blames["StreamRefused"] is Blame.PEER
     assert blames["BrokerUnavailable"] is Blame.WORLD
     # The docstring draws the tree: every class is named in it.
     assert all(name in (errors.__doc__ or "") for name in tree)

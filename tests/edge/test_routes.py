@@ -28,6 +28,7 @@ from token_relay.edge.routes import (
     Refusal,
     Sse,
     Static,
+    StreamRequest,
     Subscribe,
     cross_origin,
     parse_route,
@@ -417,3 +418,42 @@ def test_the_parser_loads_no_loop_no_socket_library() -> None:
     )
     tops = {name.split(".")[0] for name in loaded}
     assert tops & {"asyncio", "websockets", "h11", "redis", "prometheus_client"} == set()
+
+
+# ---------------------------------------------------------------------- Durable Streams
+
+
+def test_a_durable_stream_request_is_named_by_its_whole_path() -> None:
+    assert route("/v1/stream/chat/42", "PUT", upgrade=False) == StreamRequest(
+        method="PUT", stream="/v1/stream/chat/42"
+    )
+    assert route(
+        "/v1/stream/a?offset=0000000000000000_0000000000000003&live=sse&cursor=7&token=t"
+    ) == StreamRequest(
+        token="t",
+        method="GET",
+        stream="/v1/stream/a",
+        offset="0000000000000000_0000000000000003",
+        live="sse",
+        cursor="7",
+    )
+    parsed = route("/v1/stream/a?offset=-1&live=sse")
+    assert isinstance(parsed, StreamRequest) and parsed.sse
+    polled = route("/v1/stream/a?offset=now&live=long-poll")
+    assert isinstance(polled, StreamRequest) and not polled.sse
+    assert route("/v1/stream/a?offset=") == StreamRequest(
+        method="GET", stream="/v1/stream/a", offset=""
+    )
+
+
+def test_a_durable_stream_request_is_refused_for_its_query_or_path() -> None:
+    assert route("/v1/stream/a?live=sse") == Refusal(
+        400, "offset_required", "a live read needs ?offset="
+    )
+    assert route("/v1/stream/a?offset=-1&live=ws") == Refusal(
+        400, "bad_live", "?live= is long-poll or sse"
+    )
+    too_long = Refusal(400, "bad_path", "a stream's path is /v1/stream/NAME, at most 1024")
+    assert route("/v1/stream/") == too_long
+    assert route("/v1/stream/" + "x" * 1014) == too_long
+    assert isinstance(route("/v1/stream/" + "x" * 1013), StreamRequest)

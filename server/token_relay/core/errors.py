@@ -12,6 +12,10 @@ The tree::
     │   │                           answers it with an ``error`` frame and keeps serving
     │   ├── PartRejected            a chunk for a message's parts was refused (``code``
     │   │                           a str: ``invalid_chunk``, ``unknown_part``...)
+    │   ├── StreamRefused           a Durable Streams request was refused and changed
+    │   │   │                       nothing (``status`` its HTTP status, ``code`` a str)
+    │   │   └── SubscriptionError   one of its subscription APIs' (``/v1/stream/__ds/``),
+    │   │                           answered ``{"error": {"code": …}}``
     │   ├── InvalidToken            a connection token is missing, malformed, badly
     │   │                           signed or expired; the handshake gets 401
     │   ├── RelayProtocolError      (client) the relay sent what the protocol rules out
@@ -55,6 +59,8 @@ __all__ = [
     "PeerError",
     "RelayError",
     "RelayProtocolError",
+    "StreamRefused",
+    "SubscriptionError",
     "UsageError",
     "binary_rejected",
     "broker_rejected",
@@ -176,6 +182,38 @@ class PartRejected(PeerError):
         self.message = message
         self.part_id = part_id
         """The chunk id or tool call id the chunk named, if any."""
+
+
+class StreamRefused(PeerError):
+    """A Durable Streams request (``/v1/stream/...``) was refused, and changed nothing.
+
+    ``status`` is its HTTP status, ``code`` a machine-readable code (see the errors
+    reference), and ``headers`` the protocol's headers the refusal carries
+    (``Stream-Closed``, ``Producer-Epoch``, ``Producer-Expected-Seq``...).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+class SubscriptionError(StreamRefused):
+    """A refused Durable Streams subscription request: its body is ``{"error": {"code":
+    CODE, ...}}``, the protocol's shape for these APIs (``details`` are more fields of
+    ``error``: ``current_holder``, ``generation``)."""
+
+    def __init__(self, status: int, code: str, message: str, **details: object) -> None:
+        super().__init__(status, code, message)
+        self.details = details
 
 
 class InvalidToken(PeerError):

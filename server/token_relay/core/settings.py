@@ -80,6 +80,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "history_ttl",
         "max_history_channels",
     ),
+    "durable streams": (
+        "long_poll_timeout",
+        "max_durable_streams",
+        "max_durable_stream_bytes",
+        "max_durable_producers",
+    ),
     "broker (Redis)": ("broker", "lease_seconds"),
     "webhooks": (
         "webhooks",
@@ -236,6 +242,18 @@ class Settings:
     webhook_max_dead_bytes: int = 16 * MIB
     """Bytes of dead letters (as JSON) kept; past it the oldest are dropped, counted and
     logged (a letter bigger than this is dropped at once)."""
+    long_poll_timeout: float = 30.0
+    """Seconds a Durable Streams long-poll (``GET /v1/stream/S?live=long-poll``) waits for
+    data before it answers 204."""
+    max_durable_streams: int = 10_000
+    """Durable streams this process keeps; creating one more is refused with 507
+    (``too_many_streams``)."""
+    max_durable_stream_bytes: int = 64 * MIB
+    """Bytes one durable stream may hold; an append past it is refused with 413
+    (``stream_full``). All streams together count in ``max_memory_bytes``."""
+    max_durable_producers: int = 1_000
+    """Idempotent producers (``Producer-Id``) remembered per durable stream; past it the
+    one that wrote least recently is forgotten."""
     loop: str = "asyncio"
     """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
     log_format: str = "plain"
@@ -259,6 +277,7 @@ class Settings:
             "handshake_timeout",
             "ping_interval",
             "sse_heartbeat",
+            "long_poll_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")

@@ -51,6 +51,7 @@ from . import routes
 from .aisdk import AiSdkStream
 from .aisdkproduce import AiSdkProducer
 from .aisdkws import AiSdkSocket
+from .durablesse import DurableSse
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .httpproducer import NDJSON, HttpProducer
@@ -515,7 +516,17 @@ class HttpConnection(asyncio.Protocol):
         assert self.transport is not None
         request, route = admit.request, admit.route
         stream: SseStream
-        if isinstance(route, routes.AiSdkStream):
+        if isinstance(route, routes.StreamRequest):
+            stream = DurableSse(
+                self.transport,
+                self.h11,
+                path=request.target,
+                client=request.client,
+                grant=admit.grant,
+                positions={},
+                headers=admit.headers,
+            )
+        elif isinstance(route, routes.AiSdkStream):
             stream = AiSdkStream(
                 self.transport,
                 self.h11,

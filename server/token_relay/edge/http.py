@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,30 @@ __all__ = [
 ]
 
 PLAIN_METHODS = frozenset({"GET", "HEAD"})
+STREAM_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "DELETE"})
+"""The methods of a Durable Streams stream (and ``OPTIONS``, its preflight)."""
+STREAM_SECURITY_HEADERS = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("Cross-Origin-Resource-Policy", "cross-origin"),
+    (
+        "Access-Control-Expose-Headers",
+        "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, ETag, "
+        "Location, Content-Type, Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, "
+        "Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq",
+    ),
+)
+"""What every Durable Streams response carries: no MIME sniffing, readable from any
+origin, and the protocol's headers readable by a browser's script."""
+STREAM_PREFLIGHT_HEADERS = (
+    ("Access-Control-Allow-Methods", "GET, HEAD, PUT, POST, DELETE, OPTIONS"),
+    (
+        "Access-Control-Allow-Headers",
+        "authorization, content-type, if-none-match, last-event-id, stream-ttl, "
+        "stream-expires-at, stream-seq, stream-closed, stream-forked-from, stream-fork-offset, "
+        "stream-fork-sub-offset, producer-id, producer-epoch, producer-seq",
+    ),
+    ("Access-Control-Max-Age", "600"),
+)
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 log = logging.getLogger("token_relay")
@@ -122,7 +147,14 @@ class Reply:
         return cls(status, (text.rstrip("\n") + "\n").encode(), headers=headers)
 
 
-Streams = routes.Produce | routes.Subscribe | routes.Sse | routes.AiSdkStream | routes.AiSdkSocket
+Streams = (
+    routes.Produce
+    | routes.Subscribe
+    | routes.Sse
+    | routes.AiSdkStream
+    | routes.AiSdkSocket
+    | routes.StreamRequest
+)
 """The routes an :class:`Admit` admits: a WebSocket, or a streamed response."""
 Bodies = (
     routes.HttpProduce
@@ -131,6 +163,7 @@ Bodies = (
     | routes.AiSdkMessages
     | routes.Cancel
     | routes.DeadLetters
+    | routes.StreamRequest
 )
 """The routes a :class:`ReadBody` admits: each takes a body (the replies' list an empty one)."""
 
@@ -150,7 +183,7 @@ class Admit:
     @property
     def streamed(self) -> bool:
         """A streamed response (SSE, AI SDK), not a WebSocket."""
-        return isinstance(self.route, routes.Sse | routes.AiSdkStream)
+        return isinstance(self.route, routes.Sse | routes.AiSdkStream | routes.StreamRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +225,54 @@ class Gate:
         every response names the request's ``Origin`` as allowed, if ``--allowed-origin``
         allows it (any, when none is given); another origin gets 403.
         """
+        if request.path.startswith(routes.STREAM_PREFIX):
+            return self._durable(request)
         if routes.cross_origin(request.method, request.path):
             return self._cors(request)
         return self._route(request)
+
+    def _durable(self, request: HttpRequest) -> Reply | Admit | ReadBody:
+        """A Durable Streams request (``/v1/stream/...``): every response carries the
+        browser security headers and CORS (any origin, unless ``--allowed-origin`` names
+        them); a preflight gets 204. With ``--secret``, reads (``GET``, ``HEAD``) need a
+        subscriber's token and writes a producer's, granting the stream's name (its path
+        after ``/v1/stream/``)."""
+        origin = request.header("origin")
+        allowed = self.settings.allowed_origins
+        if origin and allowed and origin not in allowed:
+            return _stream_error(403, "origin_not_allowed", f"origin {origin!r} is not allowed")
+        headers = STREAM_SECURITY_HEADERS + (
+            (("Access-Control-Allow-Origin", origin), ("Vary", "Origin"))
+            if origin
+            else (("Access-Control-Allow-Origin", "*"),)
+        )
+        if request.method == "OPTIONS":
+            return Reply(204, b"", headers=headers + STREAM_PREFLIGHT_HEADERS)
+        route = routes.parse_route(request.method, request.path, request.query)
+        if isinstance(route, Refusal):
+            return _stream_error(route.status, route.code, route.reason, headers)
+        assert isinstance(route, routes.StreamRequest)
+        if request.method not in STREAM_METHODS:
+            allow = (("Allow", ", ".join(sorted(STREAM_METHODS))),)
+            return _stream_error(
+                405, "method_not_allowed", f"a stream takes {allow[0][1]}", headers + allow
+            )
+        if route.self_authorized:
+            # A wake's token is checked by the subscription; the signing keys are public.
+            if self.per_address.get(request.client, 0) >= self.settings.max_connections_per_ip:
+                return _stream_error(
+                    429, "too_many_connections", "too many connections from this address", headers
+                )
+            return ReadBody(request, route, OPEN, headers=headers)
+        role = Role.SUBSCRIBE if request.method in PLAIN_METHODS else Role.PRODUCE
+        decision = self._decide(role, request, route)
+        if isinstance(decision, Refusal):
+            return _stream_error(decision.status, decision.code, decision.reason, headers)
+        if not decision.allows(request.path.removeprefix(routes.STREAM_PREFIX)):
+            return _stream_error(403, "forbidden", "this token does not grant the stream", headers)
+        if route.sse:
+            return Admit(request, route, decision, headers=headers)
+        return ReadBody(request, route, decision, headers=headers)
 
     def _cors(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         origin = request.header("origin")
@@ -379,6 +457,14 @@ class Gate:
             self.per_address[address] = left
         else:
             self.per_address.pop(address, None)
+
+
+def _stream_error(
+    status: int, code: str, message: str, headers: tuple[tuple[str, str], ...] = ()
+) -> Reply:
+    """A refused Durable Streams request: an ``error`` frame, as JSON."""
+    body = json.dumps({"type": "error", "code": code, "message": message})
+    return Reply(status, body.encode(), "application/json", headers)
 
 
 def _loopback(address: str) -> bool:

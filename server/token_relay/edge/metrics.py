@@ -199,12 +199,21 @@ class Metrics:
         )
         self.memory = Gauge(
             "relay_memory_bytes",
-            "Bytes of text held: messages, parked sessions, history, the broker's outbox, and "
+            "Bytes of text held: messages, parked sessions, history, the broker's outbox, durable "
+            "stream data, and "
             "with the memory broker the webhook outbox and dead letters.",
             registry=registry,
         )
         self.memory_limit = Gauge(
             "relay_memory_limit_bytes", "--max-memory-bytes.", registry=registry
+        )
+        self.durable_streams = Gauge(
+            "relay_durable_streams",
+            "Durable streams held (deleted ones that forks still read included).",
+            registry=registry,
+        )
+        self.durable_bytes = Gauge(
+            "relay_durable_bytes", "Bytes of durable stream data held.", registry=registry
         )
         self.parked = Gauge(
             "relay_parked_sessions",

@@ -53,6 +53,8 @@ from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream, ui_message
 from .aisdkws import AiSdkSocket, ChatEndpoint
+from .durable import DurableStreams
+from .durablesse import DurableSse
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
@@ -103,11 +105,18 @@ class Relay:
         self.chat = ChatEndpoint(
             self.settings, self.metrics, self.writer, self.subscribers, self.producers
         )
+        self.durable = DurableStreams(
+            self.settings, lambda: self.producers.memory_used, spawn=self._spawn
+        )
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
         metrics = self.metrics
-        metrics.memory.set_function(self.producers.memory_in_use)
+        metrics.memory.set_function(
+            lambda: self.producers.memory_in_use() + self.durable.store.total_bytes
+        )
+        metrics.durable_streams.set_function(lambda: len(self.durable.store))
+        metrics.durable_bytes.set_function(lambda: self.durable.store.total_bytes)
         metrics.memory_limit.set(self.settings.max_memory_bytes)
         metrics.parked.set_function(lambda: len(self.producers.sessions.parked))
         metrics.broker_healthy.set_function(lambda: float(self.broker.healthy))
@@ -144,6 +153,9 @@ class Relay:
             return
         self._stopping = self.producers.stopping = True
         deadline = time.monotonic() + self.settings.shutdown_timeout
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.shutdown_timeout):
+                await self.durable.stop()  # long-polls answered before their sockets close
         server = self.server
         if server is not None:
             server.close()
@@ -244,7 +256,9 @@ class Relay:
         try:
             # A peer that vanishes without a close frame just ends its iteration: that
             # is the world's doing, not an error of ours to log.
-            if isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
+            if isinstance(route, routes.StreamRequest) and isinstance(connection, DurableSse):
+                await self.durable.serve_sse(connection, route)
+            elif isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
                 await self.producers.serve(connection, route.channel, grant, route.session)
             elif isinstance(route, routes.AiSdkSocket) and isinstance(connection, AiSdkSocket):
                 await self.chat.serve(connection, grant)
@@ -297,6 +311,8 @@ class Relay:
         r"""A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, the
         replies as ``UIMessage``\ s, or the dead letters."""
         route = request.route
+        if isinstance(route, routes.StreamRequest):
+            return await self.durable.serve(request, body)
         if isinstance(route, routes.DeadLetters):
             return await self._dead_letters(request)
         if isinstance(route, routes.AiSdkMessages):
@@ -421,12 +437,14 @@ class Relay:
     # ---------------------------------------------------------------- background
 
     async def _expire_idle(self) -> None:
-        """Abort messages with no event for ``idle_timeout`` seconds."""
+        """Abort messages with no event for ``idle_timeout`` seconds, and drop expired
+        durable streams."""
         timeout = self.settings.idle_timeout
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(timeout / 4, 1.0))
             await self.producers.expire_idle(loop.time() - timeout)
+            self.durable.sweep()
 
     async def _publish_metrics(self) -> None:
         """With ``--workers N``: write this worker's metrics for the others, every second."""

@@ -23,6 +23,7 @@ Routes
 ``GET /ai-sdk/ws`` (WebSocket)             :class:`AiSdkSocket`
 ``POST /cancel``                           :class:`Cancel`
 ``GET``/``POST /webhooks/dead``            :class:`DeadLetters`
+any method on ``/v1/stream/{path}``        :class:`StreamRequest` (Durable Streams)
 ``/healthz``, ``/readyz``, ``/metrics``    :class:`Health`, :class:`Ready`, :class:`MetricsPage`
 anything else                              :class:`Static` (a file of ``--web-root``, or 404)
 =========================================  ==============================
@@ -40,6 +41,7 @@ count of the address's connections (429 first), as it always has.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote
 
@@ -52,9 +54,11 @@ __all__ = [
     "DEAD_LETTERS_PATH",
     "MAX_QUERY_DIGITS",
     "MAX_QUERY_NUMBER",
+    "MAX_STREAM_PATH",
     "MAX_WAIT_SECONDS",
     "PRODUCE_PATH",
     "SSE_PATH",
+    "STREAM_PREFIX",
     "SUBSCRIBE_PATH",
     "Admitted",
     "AiSdkMessages",
@@ -73,6 +77,7 @@ __all__ = [
     "Route",
     "Sse",
     "Static",
+    "StreamRequest",
     "Subscribe",
     "cross_origin",
     "parse_route",
@@ -90,6 +95,13 @@ MAX_UI_MESSAGES = 1000
 """Replies ``GET /ai-sdk/{channel}/messages`` returns at most (and by default); it returns no
 more than the channel's history holds (``--history-size``)."""
 AI_SDK_SOCKET_PATH = "/ai-sdk/ws"
+STREAM_PREFIX = "/v1/stream/"
+"""Where the Durable Streams protocol's streams are (:mod:`token_relay.edge.durable`)."""
+_SELF_AUTHORIZED = re.compile(
+    r"/v1/stream/__ds/(jwks\.json|subscriptions/[^/]+/(callback|ack|release))"
+)
+MAX_STREAM_PATH = 1024
+"""Characters of a durable stream's path (``/v1/stream/`` included), as sent."""
 
 MAX_QUERY_DIGITS = 9
 """Digits a numeric query argument may have (``?rewind=``, ``?wait=``): more get 400."""
@@ -228,6 +240,33 @@ class DeadLetters(Admitted):
     """``GET`` (list) or ``POST`` (replay) ``/webhooks/dead``: an operator's request."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamRequest(Admitted):
+    """Any request on ``/v1/stream/{path}``: a Durable Streams stream
+    (:mod:`token_relay.edge.durable`), named by its whole path, as sent."""
+
+    method: str
+    stream: str
+    """The request's path: the stream's name (and a fork's ``Stream-Forked-From``)."""
+    offset: str | None = None
+    """``?offset=``, or None when not given."""
+    live: str = ""
+    """``?live=``: ``long-poll``, ``sse``, or '' for a catch-up read."""
+    cursor: str = ""
+    """``?cursor=``, the last ``Stream-Cursor`` the client was sent."""
+
+    @property
+    def sse(self) -> bool:
+        """A live read as Server-Sent Events (a streamed response)."""
+        return self.method == "GET" and self.live == "sse"
+
+    @property
+    def self_authorized(self) -> bool:
+        """A request that carries its own authority, or needs none: a subscription's
+        callback, ack or release (its wake's token), or the webhook signing keys."""
+        return _SELF_AUTHORIZED.fullmatch(self.stream) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Health:
     """``/healthz``."""
@@ -262,6 +301,7 @@ Route = (
     | AiSdkSocket
     | Cancel
     | DeadLetters
+    | StreamRequest
     | Health
     | Ready
     | MetricsPage
@@ -276,6 +316,8 @@ def parse_route(
 ) -> Route | Refusal:
     """The route of a request: ``path`` is its target's path (percent-encoded, as sent),
     ``query`` the query string after ``?``; ``upgrade`` whether it asks for a WebSocket."""
+    if path.startswith(STREAM_PREFIX):
+        return _stream_request(method, path, query)
     if path == SSE_PATH:
         if method != "GET":
             return _wrong_method(path, "GET")
@@ -419,6 +461,28 @@ def _ai_sdk(
         wanted=wanted,
         wait=wait,
         rewind=_rewind(arguments),
+    )
+
+
+def _stream_request(method: str, path: str, query: str) -> StreamRequest | Refusal:
+    if path == STREAM_PREFIX or len(path) > MAX_STREAM_PATH:
+        return Refusal(
+            400, "bad_path", f"a stream's path is {STREAM_PREFIX}NAME, at most {MAX_STREAM_PATH}"
+        )
+    arguments = _arguments(query)
+    offset = arguments.get("offset")
+    live = _last(arguments, "live")
+    if live not in ("", "long-poll", "sse"):
+        return Refusal(400, "bad_live", "?live= is long-poll or sse")
+    if live and offset is None:
+        return Refusal(400, "offset_required", "a live read needs ?offset=")
+    return StreamRequest(
+        token=_last(arguments, "token"),
+        method=method,
+        stream=path,
+        offset=offset[-1] if offset else None,
+        live=live,
+        cursor=_last(arguments, "cursor"),
     )
 
 

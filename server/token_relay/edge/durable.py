@@ -1,0 +1,437 @@
+"""The Durable Streams protocol over HTTP, at ``/v1/stream/{path}``: each request read, the
+store asked (:mod:`token_relay.core.durablestore`), and its answer written.
+
+``PUT`` creates (or forks), ``POST`` appends or closes, ``DELETE`` deletes, ``HEAD`` reads the
+metadata, and ``GET`` reads: a catch-up read from ``?offset=`` (``-1``, the start, by
+default; ``now``, the tail), a long-poll (``?live=long-poll``) that waits up to
+``--long-poll-timeout`` for data at the tail, or an SSE stream (``?live=sse``,
+:mod:`token_relay.edge.durablesse`). The rules are the core's; this module maps headers to
+values and values to headers, and owns the waiting: each live reader waits on its stream's
+path, and every append, close or delete there wakes them.
+
+Expired streams are swept at most once a second, on the next request. The streams live in
+this process: with a shared broker (``redis://``) every request is refused with 501
+(``not_shared``) rather than each process serving streams of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ..core.durable import (
+    BEGINNING,
+    TAIL,
+    Chunk,
+    DurableStream,
+    Limits,
+    offset_text,
+    position_of,
+)
+from ..core.durablejson import json_array
+from ..core.durablerequests import (
+    bounded,
+    closed_of,
+    cursor,
+    expiry_of,
+    producer_of,
+    sub_offset_of,
+)
+from ..core.durablestore import Create, DurableStore, MemoryStore
+from ..core.errors import StreamRefused
+from ..core.settings import Settings
+from .durablehooks import CONTROL_PREFIX, HttpPoster, Post, SubscriptionEndpoints
+from .durablesse import DurableSse, follow
+from .http import HttpRequest, ReadBody, Reply
+from .routes import STREAM_PREFIX, StreamRequest
+
+__all__ = ["DurableStreams"]
+
+log = logging.getLogger("token_relay")
+
+Headers = tuple[tuple[str, str], ...]
+
+CURSOR_JITTER = (1, 180)
+"""Cursor intervals added to a client's cursor that is not behind (20 s to an hour)."""
+SWEEP_EVERY = 1.0
+PUBLIC_CACHE = "public, max-age=60, stale-while-revalidate=300"
+PRIVATE_CACHE = "private, max-age=60, stale-while-revalidate=300"
+
+
+class DurableStreams:
+    """Every Durable Streams request of one relay process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        elsewhere: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.time,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+        post: Post | None = None,
+    ) -> None:
+        self.settings = settings
+        self.elsewhere = elsewhere
+        """Bytes of ``--max-memory-bytes`` held by the relay's messages (as last counted):
+        stream data may take what they leave."""
+        self.clock = clock
+        self.store: DurableStore = MemoryStore(
+            max_streams=settings.max_durable_streams,
+            max_total_bytes=settings.max_memory_bytes,
+            limits=Limits(
+                max_bytes=settings.max_durable_stream_bytes,
+                max_producers=settings.max_durable_producers,
+            ),
+        )
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._swept = 0.0
+        self.poster = HttpPoster(settings.webhook_timeout)
+        self.hooks = SubscriptionEndpoints(
+            tail_of=self._tail_of,
+            paths=self._paths,
+            append_wake=self._append_wake,
+            spawn=spawn or _run_soon,
+            post=post or self.poster,
+            clock=clock,
+        )
+        self._polls = 0
+        """Long-polls in progress (their answer is written in the step that ends them)."""
+        self.stopping = False
+        """The relay is shutting down: live reads answer now (204, or the end of an SSE
+        response) instead of waiting."""
+        self._cache = PUBLIC_CACHE if settings.open_access else PRIVATE_CACHE
+
+    # ------------------------------------------------------------------ waiting
+
+    def _wake(self, path: str) -> None:
+        for waiter in self._waiters.pop(path, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
+        """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
+        if timeout <= 0:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(path, set()).add(waiter)
+        try:
+            await asyncio.wait((waiter,), timeout=timeout)
+        finally:
+            waiting = self._waiters.get(path)
+            if waiting is not None:
+                waiting.discard(waiter)
+                if not waiting:
+                    del self._waiters[path]
+
+    def sweep(self) -> None:
+        """Drop expired streams (at most once a second), waking their readers; and deliver
+        the subscriptions' wakes that are due (retries, leases run out)."""
+        self._now()
+        self.hooks.tick()
+
+    async def stop(self) -> None:
+        """The relay is shutting down: every long-poll answers at once (204), and this
+        returns once their answers are written, before their sockets close."""
+        self.stopping = True
+        for path in list(self._waiters):
+            self._wake(path)
+        while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
+            await asyncio.sleep(0)
+        await self.poster.close()
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def _changed(self, path: str, before: int) -> None:
+        """The stream at ``path`` got data past ``before``: wake its readers, and the
+        subscriptions it concerns."""
+        self._wake(path)
+        self.hooks.appended(path.removeprefix(STREAM_PREFIX), before)
+
+    def _gone(self, path: str) -> None:
+        """The stream at ``path`` was deleted or expired."""
+        self._wake(path)
+        self.hooks.deleted(path.removeprefix(STREAM_PREFIX))
+
+    def _tail_of(self, path: str) -> int | None:
+        return self.store.tail_of(STREAM_PREFIX + path)
+
+    def _paths(self) -> list[str]:
+        return [path.removeprefix(STREAM_PREFIX) for path in self.store.paths()]
+
+    def _append_wake(self, path: str, body: bytes) -> None:
+        """A pull-wake's events, appended to its wake stream (if it is there)."""
+        key = STREAM_PREFIX + path
+        try:
+            before = self.store.get(key, self.clock()).tail
+            self.store.append(
+                key, body, content_type="application/json", close=False, now=self.clock()
+            )
+        except StreamRefused as exc:
+            log.warning("wake events not written to %s: %s", path, exc.message)
+            return
+        self._changed(key, before)
+
+    def _check_shared(self) -> None:
+        """Streams live in this process: with a shared broker, another process would not
+        see them, so none is served (yet) rather than each process serving its own."""
+        if not self.settings.broker.startswith("memory:"):
+            raise StreamRefused(
+                501, "not_shared", "durable streams are served with --broker memory:// only"
+            )
+
+    def _now(self) -> float:
+        self.store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
+        now = self.clock()
+        if now - self._swept >= SWEEP_EVERY:
+            self._swept = now
+            for path in self.store.expire(now):
+                self._gone(path)
+        return now
+
+    # ------------------------------------------------------------------ requests
+
+    async def serve(self, reading: ReadBody, body: bytes) -> Reply:
+        """Answer one request (anything but an SSE read)."""
+        route = reading.route
+        assert isinstance(route, StreamRequest)
+        request = reading.request
+        try:
+            self._check_shared()
+            control = route.stream.removeprefix(STREAM_PREFIX)
+            if control.startswith(CONTROL_PREFIX):
+                return self.hooks.serve(
+                    route.method, control.removeprefix(CONTROL_PREFIX), request, body
+                )
+            if route.method == "PUT":
+                return self._create(route, request, body)
+            if route.method == "POST":
+                return self._append(route, request, body)
+            if route.method == "DELETE":
+                self.store.delete(route.stream, self._now())
+                self._gone(route.stream)
+                return Reply(204, b"")
+            if route.method == "HEAD":
+                return self._head(route)
+            return await self._read(route, request)
+        except StreamRefused as exc:
+            return refusal(exc)
+
+    def _create(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+        content_type = bounded("Content-Type", request.header("content-type"))
+        forked_from = _optional(request, "stream-forked-from")
+        created = self.store.create(
+            route.stream,
+            Create(
+                content_type=content_type or None,
+                expiry=expiry_of(request.header("stream-ttl"), request.header("stream-expires-at")),
+                closed=closed_of(request.header("stream-closed")),
+                body=body,
+                forked_from=forked_from,
+                fork_offset=_optional(request, "stream-fork-offset"),
+                fork_sub_offset=sub_offset_of(request.header("stream-fork-sub-offset")),
+                fork_sub_offset_given=_optional(request, "stream-fork-sub-offset") is not None,
+            ),
+            self._now(),
+        )
+        stream = created.stream
+        if created.created:
+            self._changed(route.stream, stream.fork_position)
+        headers: Headers = (("Stream-Next-Offset", offset_text(stream.tail)),)
+        if stream.closed:
+            headers += (("Stream-Closed", "true"),)
+        if created.created:
+            location = f"http://{request.header('host') or 'localhost'}{route.stream}"
+            return Reply(201, b"", stream.content_type, (("Location", location), *headers))
+        return Reply(200, b"", stream.content_type, headers)
+
+    def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+        producer = producer_of(
+            _optional(request, "producer-id"),
+            _optional(request, "producer-epoch"),
+            _optional(request, "producer-seq"),
+        )
+        before = self.store.get(route.stream, self._now()).tail
+        appended = self.store.append(
+            route.stream,
+            body,
+            content_type=request.header("content-type"),
+            close=closed_of(request.header("stream-closed")),
+            now=self._now(),
+            stream_seq=bounded("Stream-Seq", _optional(request, "stream-seq")),
+            producer=producer,
+        )
+        if appended.next > before:
+            self._changed(route.stream, before)
+        elif not appended.duplicate:
+            self._wake(route.stream)  # closed: its readers learn it now
+        headers: Headers = (("Stream-Next-Offset", offset_text(appended.next)),)
+        if appended.closed:
+            headers += (("Stream-Closed", "true"),)
+        if appended.producer_epoch is not None:
+            headers += (
+                ("Producer-Epoch", str(appended.producer_epoch)),
+                ("Producer-Seq", str(appended.producer_seq)),
+            )
+        status = 200 if producer is not None and not appended.duplicate and body else 204
+        return Reply(status, b"", headers=headers)
+
+    def _head(self, route: StreamRequest) -> Reply:
+        stream = self.store.get(route.stream, self._now())
+        headers: Headers = (
+            ("Stream-Next-Offset", offset_text(stream.tail)),
+            ("Cache-Control", "no-store"),
+        )
+        if stream.expiry.ttl is not None:
+            headers += (("Stream-TTL", str(stream.expiry.ttl)),)
+        if stream.expiry.expires_at_text is not None:
+            headers += (("Stream-Expires-At", stream.expiry.expires_at_text),)
+        if stream.closed:
+            headers += (("Stream-Closed", "true"),)
+        return Reply(200, b"", stream.content_type, headers)
+
+    def _start(self, stream: DurableStream, offset: str | None) -> int:
+        """Where a read starts: ``-1`` (or none) is the beginning, ``now`` the tail."""
+        if offset is None or offset == BEGINNING:
+            return 0
+        if offset == TAIL:
+            return stream.tail
+        position = position_of(offset)
+        if position > stream.tail:
+            raise StreamRefused(400, "bad_offset", "the offset is past the stream's tail")
+        return position
+
+    async def _read(self, route: StreamRequest, request: HttpRequest) -> Reply:
+        now = self._now()
+        stream = self.store.get(route.stream, now)
+        stream.touch(now)
+        position = self._start(stream, route.offset)
+        if route.live == "long-poll":
+            self._polls += 1
+            try:
+                return await self._poll(route, request, stream, position)
+            finally:
+                self._polls -= 1
+        return self._catch_up(route, request, stream, position)
+
+    async def _poll(
+        self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
+    ) -> Reply:
+        """A long-poll: a catch-up read once there is data past ``position``, or 204 at the
+        timeout (at once at the tail of a closed stream, or when the relay stops)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.long_poll_timeout
+        while position >= stream.tail and not stream.closed:
+            left = deadline - loop.time()
+            if left <= 0 or self.stopping:
+                return Reply(
+                    204,
+                    b"",
+                    headers=(
+                        ("Stream-Next-Offset", offset_text(stream.tail)),
+                        ("Stream-Up-To-Date", "true"),
+                        ("Stream-Cursor", self.cursor(route)),
+                        ("Cache-Control", "no-store"),
+                    ),
+                )
+            await self.wait(route.stream, left)
+            stream = self.same(route.stream, stream)
+        if position >= stream.tail:
+            return Reply(
+                204,
+                b"",
+                headers=(
+                    ("Stream-Next-Offset", offset_text(stream.tail)),
+                    ("Stream-Up-To-Date", "true"),
+                    ("Stream-Closed", "true"),
+                    ("Cache-Control", "no-store"),
+                ),
+            )
+        return self._catch_up(route, request, stream, position)
+
+    def _catch_up(
+        self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
+    ) -> Reply:
+        """What there is from ``position``, as a catch-up read (or a long-poll's data)."""
+        chunk = stream.read(position)
+        body = _body(stream, chunk)
+        up_to_date = chunk.next >= stream.tail
+        etag = stream.etag(position, chunk.next)
+        headers: Headers = (
+            ("Stream-Next-Offset", offset_text(chunk.next)),
+            ("ETag", etag),
+        )
+        if up_to_date:
+            headers += (("Stream-Up-To-Date", "true"),)
+            if stream.closed:
+                headers += (("Stream-Closed", "true"),)
+        if route.live or not stream.closed:
+            headers += (("Stream-Cursor", self.cursor(route)),)
+        tail_read = route.offset == TAIL or up_to_date
+        headers += (("Cache-Control", "no-store" if tail_read else self._cache),)
+        if not route.live and etag in _tags(request.header("if-none-match")):
+            return Reply(304, b"", headers=headers)
+        return Reply(200, body, stream.content_type, headers)
+
+    def same(self, path: str, stream: DurableStream) -> DurableStream:
+        """The stream a live read follows, still at its path: 404 once it was deleted (or
+        expired), even if another stream was made there since."""
+        now = self._now()
+        found = self.store.get(path, now)
+        if found is not stream:
+            raise StreamRefused(404, "stream_not_found", f"the stream at {path} was deleted")
+        return found
+
+    def cursor(self, route: StreamRequest) -> str:
+        return cursor(self.clock(), route.cursor, random.randint(*CURSOR_JITTER))
+
+    # ------------------------------------------------------------------ SSE
+
+    async def serve_sse(self, sse: DurableSse, route: StreamRequest) -> None:
+        """A live read as Server-Sent Events: what there is from ``?offset=``, each batch a
+        ``data`` event and a ``control`` event, then new data as it comes, until the stream
+        closes (or is deleted), the client goes, or :data:`SSE_LIFETIME` passes."""
+        try:
+            self._check_shared()
+            if route.stream.removeprefix(STREAM_PREFIX).startswith(CONTROL_PREFIX):
+                raise StreamRefused(404, "stream_not_found", "the control APIs are not streams")
+            now = self._now()
+            stream = self.store.get(route.stream, now)
+            stream.touch(now)
+            position = self._start(stream, route.offset)
+        except StreamRefused as exc:
+            sse.refuse(refusal(exc))
+            return
+        await follow(sse, self, route, stream, position)
+
+
+def _run_soon(coroutine: Coroutine[Any, Any, None]) -> None:
+    asyncio.ensure_future(coroutine)  # noqa: RUF006 - the relay passes its own spawn
+
+
+def refusal(exc: StreamRefused) -> Reply:
+    """A refused request: the protocol's headers, and an ``error`` frame as JSON."""
+    body = json.dumps({"type": "error", "code": exc.code, "message": exc.message})
+    return Reply(exc.status, body.encode(), "application/json", exc.headers)
+
+
+def _optional(request: HttpRequest, name: str) -> str | None:
+    """A header's last value, or None when it was not sent (not even empty)."""
+    found: str | None = None
+    for key, value in request.headers:
+        if key == name:
+            found = value
+    return found
+
+
+def _tags(header: str) -> set[str]:
+    return {tag.strip() for tag in header.split(",") if tag.strip()}
+
+
+def _body(stream: DurableStream, chunk: Chunk) -> bytes:
+    if stream.json:
+        return json_array(list(chunk.entries))
+    return b"".join(chunk.entries)
