@@ -289,7 +289,7 @@ async def test_a_long_poll_on_a_stream_deleted_and_made_again_is_404(relay: Runn
         )
         await eventually(lambda: bool(relay.relay.durable._waiters), what="a waiting long-poll")
         # Deleted and made again before the waiting read runs: it must not read the new one.
-        relay.relay.durable.store.delete("/v1/stream/again", 0.0)
+        await relay.relay.durable.store.delete("/v1/stream/again", 0.0)
         assert (
             await client.put(base, headers=TEXT, content=b"new data, longer")
         ).status_code == 201

@@ -113,6 +113,16 @@ class Producers:
             )
         return Verdict.NEW
 
+    def states(self) -> list[tuple[str, int, int]]:
+        """Every producer's id, epoch and last seq, the least recent first (to store them)."""
+        return [(name, state.epoch, state.last_seq) for name, state in self._states.items()]
+
+    def restore(self, states: list[tuple[str, int, int]]) -> None:
+        """Take back what :meth:`states` gave (the least recent first), within the limit."""
+        self._states.clear()
+        for name, epoch, last_seq in states[-self.limit :] if self.limit else []:
+            self._states[name] = _State(epoch, last_seq)
+
     def record(self, producer: Producer) -> None:
         """The producer's request was appended: it is the producer's last seq now."""
         state = self._states.pop(producer.id, None)

@@ -20,12 +20,14 @@ than one stream:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from .durable import (
     OCTET_STREAM,
     Appended,
+    Chunk,
     DurableStream,
     Expiry,
     Limits,
@@ -35,7 +37,15 @@ from .durable import (
 from .durableproducers import Producer
 from .errors import StreamRefused
 
-__all__ = ["Create", "Created", "DurableStore", "MemoryStore"]
+__all__ = [
+    "Create",
+    "Created",
+    "DurableStore",
+    "LocalStore",
+    "MemoryStore",
+    "plan_create",
+    "same_request",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,32 +77,45 @@ class Created:
 
 
 class DurableStore(Protocol):
-    """What the HTTP edge asks of a store of durable streams."""
+    """What the HTTP edge asks of a store of durable streams (in this process, or shared
+    through Redis). A change made elsewhere wakes the readers here through :attr:`wake`,
+    for the paths :meth:`watch` was asked for."""
 
     max_total_bytes: int
     """Bytes all streams' data may take (the edge sets it from what ``--max-memory-bytes``
     leaves)."""
-    total_bytes: int
-    """Bytes all streams' data take now."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes all streams' data take now (as last counted, for a shared store)."""
+
+    shared: bool
+    """Whether other relay processes serve the same streams."""
+    wake: Callable[[str], None]
+    """Called with a path changed by another process (one :meth:`watch` was asked for)."""
 
     def __len__(self) -> int:
-        """Streams held, tombstones included."""
+        """Streams held, tombstones included (as last counted, for a shared store)."""
 
     def tail_of(self, path: str) -> int | None:
         """The tail position of the live stream at ``path``, or None (none, or a tombstone);
-        expiry is not applied."""
+        expiry is not applied. A shared store answers None: subscriptions are local."""
 
     def paths(self) -> list[str]:
-        """The paths of every live stream."""
+        """The paths of every live stream (of this process's store only)."""
 
-    def create(self, path: str, request: Create, now: float) -> Created:
+    async def create(self, path: str, request: Create, now: float) -> Created:
         """Create a stream (or a fork), or confirm an existing one with the same
         configuration."""
 
-    def get(self, path: str, now: float) -> DurableStream:
-        """The live stream at ``path``: 404 if there is none, 410 for a tombstone."""
+    async def get(self, path: str, now: float, *, touch: bool = False) -> DurableStream:
+        """The live stream at ``path``: 404 if there is none, 410 for a tombstone; with
+        ``touch``, its sliding TTL starts again (a read)."""
 
-    def append(
+    async def read(self, stream: DurableStream, position: int) -> Chunk:
+        """What ``stream`` (as :meth:`get` gave it) holds from ``position``."""
+
+    async def append(
         self,
         path: str,
         body: bytes,
@@ -105,11 +128,21 @@ class DurableStore(Protocol):
     ) -> Appended:
         """Append to (and maybe close) the stream at ``path``."""
 
-    def delete(self, path: str, now: float) -> None:
+    async def delete(self, path: str, now: float) -> None:
         """Delete the stream at ``path`` (a tombstone while forks read it)."""
 
-    def expire(self, now: float) -> list[str]:
+    async def expire(self, now: float) -> list[str]:
         """Drop every stream past its expiry; the paths that went."""
+
+    async def watch(self, path: str) -> bool:
+        """Make sure a change at ``path`` made elsewhere calls :attr:`wake`; True when that
+        starts now (the caller looks again: a change may have come before)."""
+
+    async def unwatch(self, keep: set[str]) -> None:
+        """Stop watching every path but ``keep``."""
+
+    async def close(self) -> None:
+        """Let go of what the store holds open."""
 
 
 class MemoryStore:
@@ -167,93 +200,31 @@ class MemoryStore:
         """A ``PUT`` at ``path``: 201 for a new stream, 200 for one that exists with the same
         configuration, 409 for one that differs (or a tombstone)."""
         existing = self._lookup(path, now)
-        if existing is not None:
-            if existing.deleted:
-                raise StreamRefused(
-                    409, "stream_gone", f"the stream at {path} was deleted; its forks live on"
-                )
-            if not self._same(existing, self.requests[existing.stream_id], request):
-                raise StreamRefused(
-                    409, "stream_exists", f"a stream with another configuration is at {path}"
-                )
-            return Created(existing, created=False)
-        if len(self.streams) >= self.max_streams:
-            raise StreamRefused(507, "too_many_streams", "the relay holds all the streams it may")
-        source, position = None, 0
-        content_type = request.content_type or OCTET_STREAM
-        expiry = request.expiry
-        if request.forked_from is None and request.fork_sub_offset_given:
-            raise StreamRefused(
-                400, "bad_fork_offset", "Stream-Fork-Sub-Offset needs Stream-Forked-From"
-            )
-        if request.forked_from is None and request.fork_offset is not None:
-            raise StreamRefused(
-                400, "bad_fork_offset", "Stream-Fork-Offset needs Stream-Forked-From"
-            )
-        if request.forked_from is not None:
-            found = self._lookup(request.forked_from, now)
-            if found is not None and found.deleted:
-                raise StreamRefused(
-                    409, "stream_gone", f"the source {request.forked_from} was deleted"
-                )
-            source = self.get(request.forked_from, now)
-            if request.content_type is None:
-                content_type = source.content_type
-            elif media_type(request.content_type) != media_type(source.content_type):
-                raise StreamRefused(
-                    409,
-                    "content_type_mismatch",
-                    f"a fork's type is its source's, {source.content_type}",
-                )
-            position = source.tail
-            if request.fork_offset is not None:
-                position = position_of(request.fork_offset)
-                if position > source.tail:
-                    raise StreamRefused(
-                        400, "bad_fork_offset", "the fork offset is past the source's tail"
-                    )
-            if request.fork_sub_offset:
-                position = source.position_past(position, request.fork_sub_offset)
-            if expiry.ttl is None and expiry.expires_at is None:
-                expiry = source.expiry
-        stream = DurableStream(
-            stream_id=self._next_id,
-            content_type=content_type,
-            expiry=expiry,
-            limits=self.limits,
-            now=now,
+        source = None if request.forked_from is None else self._lookup(request.forked_from, now)
+        created = plan_create(
+            path,
+            request,
+            existing=existing,
+            made=None if existing is None else self.requests.get(existing.stream_id),
             source=source,
-            fork_position=position,
+            stream_id=self._next_id,
+            limits=self.limits,
+            streams=len(self.streams),
+            max_streams=self.max_streams,
+            room=self.max_total_bytes - self.total_bytes,
+            now=now,
         )
-        entries = stream.entries_of(request.body, creating=True)
-        size = stream.check_room(entries, self.max_total_bytes - self.total_bytes)
+        if not created.created:
+            return created
+        stream = created.stream
         self._next_id += 1
-        stream.extend(entries)
-        stream.closed = request.closed
         self.requests[stream.stream_id] = replace(request, body=b"")  # its data is the log's
-        self.total_bytes += size
+        self.total_bytes += stream.own_bytes
         self.streams[path] = stream
         self.path_of[stream.stream_id] = path
-        if source is not None:
-            source.forks += 1
-        return Created(stream, created=True)
-
-    @staticmethod
-    def _same(stream: DurableStream, made: Create, request: Create) -> bool:
-        """Whether a ``PUT`` asks for the stream that is there (``made`` by its first
-        ``PUT``): type, expiry, closure and fork alike."""
-        wanted_type = request.content_type or (
-            stream.content_type if request.forked_from is not None else OCTET_STREAM
-        )
-        return (
-            media_type(wanted_type) == media_type(stream.content_type)
-            and request.expiry.ttl == made.expiry.ttl
-            and request.expiry.expires_at == made.expiry.expires_at
-            and request.closed == stream.closed
-            and request.forked_from == made.forked_from
-            and (request.forked_from is None or request.fork_offset in (None, made.fork_offset))
-            and request.fork_sub_offset == made.fork_sub_offset
-        )
+        if stream.source is not None:
+            stream.source.forks += 1
+        return created
 
     # ------------------------------------------------------------------ append
 
@@ -323,3 +294,184 @@ class MemoryStore:
                 self.streams.pop(source_path, None)
             self.total_bytes -= source.own_bytes
             source = source.source
+
+
+def plan_create(
+    path: str,
+    request: Create,
+    *,
+    existing: DurableStream | None,
+    made: Create | None,
+    source: DurableStream | None,
+    stream_id: int,
+    limits: Limits,
+    streams: int,
+    max_streams: int,
+    room: int,
+    now: float,
+) -> Created:
+    """The rules of a ``PUT`` at ``path``, for any store: ``existing`` is what is at the path
+    (``made`` by its first ``PUT``), ``source`` what is at ``request.forked_from`` (expiry
+    applied to both), ``streams`` the paths in use and ``room`` the bytes left. The stream
+    confirmed (``created`` False), or a new one under ``stream_id`` with its body appended
+    and its closure set, that the store is to keep (and its source's forks to count)."""
+    if existing is not None:
+        if existing.deleted:
+            raise StreamRefused(
+                409, "stream_gone", f"the stream at {path} was deleted; its forks live on"
+            )
+        if made is None or not same_request(existing, made, request):
+            raise StreamRefused(
+                409, "stream_exists", f"a stream with another configuration is at {path}"
+            )
+        return Created(existing, created=False)
+    if streams >= max_streams:
+        raise StreamRefused(507, "too_many_streams", "the relay holds all the streams it may")
+    position = 0
+    content_type = request.content_type or OCTET_STREAM
+    expiry = request.expiry
+    if request.forked_from is None and request.fork_sub_offset_given:
+        raise StreamRefused(
+            400, "bad_fork_offset", "Stream-Fork-Sub-Offset needs Stream-Forked-From"
+        )
+    if request.forked_from is None and request.fork_offset is not None:
+        raise StreamRefused(400, "bad_fork_offset", "Stream-Fork-Offset needs Stream-Forked-From")
+    if request.forked_from is not None:
+        if source is None:
+            raise StreamRefused(404, "stream_not_found", f"no stream at {request.forked_from}")
+        if source.deleted:
+            raise StreamRefused(409, "stream_gone", f"the source {request.forked_from} was deleted")
+        if request.content_type is None:
+            content_type = source.content_type
+        elif media_type(request.content_type) != media_type(source.content_type):
+            raise StreamRefused(
+                409,
+                "content_type_mismatch",
+                f"a fork's type is its source's, {source.content_type}",
+            )
+        position = source.tail
+        if request.fork_offset is not None:
+            position = position_of(request.fork_offset)
+            if position > source.tail:
+                raise StreamRefused(
+                    400, "bad_fork_offset", "the fork offset is past the source's tail"
+                )
+        if request.fork_sub_offset:
+            position = source.position_past(position, request.fork_sub_offset)
+        if expiry.ttl is None and expiry.expires_at is None:
+            expiry = source.expiry
+    stream = DurableStream(
+        stream_id=stream_id,
+        content_type=content_type,
+        expiry=expiry,
+        limits=limits,
+        now=now,
+        source=source,
+        fork_position=position,
+    )
+    entries = stream.entries_of(request.body, creating=True)
+    stream.check_room(entries, room)
+    stream.extend(entries)
+    stream.closed = request.closed
+    return Created(stream, created=True)
+
+
+def same_request(stream: DurableStream, made: Create, request: Create) -> bool:
+    """Whether a ``PUT`` asks for the stream that is there (``made`` by its first ``PUT``):
+    type, expiry, closure and fork alike."""
+    wanted_type = request.content_type or (
+        stream.content_type if request.forked_from is not None else OCTET_STREAM
+    )
+    return (
+        media_type(wanted_type) == media_type(stream.content_type)
+        and request.expiry.ttl == made.expiry.ttl
+        and request.expiry.expires_at == made.expiry.expires_at
+        and request.closed == stream.closed
+        and request.forked_from == made.forked_from
+        and (request.forked_from is None or request.fork_offset in (None, made.fork_offset))
+        and request.fork_sub_offset == made.fork_sub_offset
+    )
+
+
+class LocalStore:
+    """The :class:`DurableStore` contract over a :class:`MemoryStore`: the streams of this
+    process (``--broker memory://``). Nothing is elsewhere, so nothing is watched."""
+
+    shared = False
+
+    def __init__(self, memory: MemoryStore) -> None:
+        self.memory = memory
+        self.wake: Callable[[str], None] = _nobody
+
+    @property
+    def max_total_bytes(self) -> int:
+        return self.memory.max_total_bytes
+
+    @max_total_bytes.setter
+    def max_total_bytes(self, value: int) -> None:
+        self.memory.max_total_bytes = value
+
+    @property
+    def total_bytes(self) -> int:
+        return self.memory.total_bytes
+
+    def __len__(self) -> int:
+        return len(self.memory)
+
+    def tail_of(self, path: str) -> int | None:
+        return self.memory.tail_of(path)
+
+    def paths(self) -> list[str]:
+        return self.memory.paths()
+
+    async def create(self, path: str, request: Create, now: float) -> Created:
+        return self.memory.create(path, request, now)
+
+    async def get(self, path: str, now: float, *, touch: bool = False) -> DurableStream:
+        stream = self.memory.get(path, now)
+        if touch:
+            stream.touch(now)
+        return stream
+
+    async def read(self, stream: DurableStream, position: int) -> Chunk:
+        return stream.read(position)
+
+    async def append(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        content_type: str,
+        close: bool,
+        now: float,
+        stream_seq: str | None = None,
+        producer: Producer | None = None,
+    ) -> Appended:
+        return self.memory.append(
+            path,
+            body,
+            content_type=content_type,
+            close=close,
+            now=now,
+            stream_seq=stream_seq,
+            producer=producer,
+        )
+
+    async def delete(self, path: str, now: float) -> None:
+        self.memory.delete(path, now)
+
+    async def expire(self, now: float) -> list[str]:
+        return self.memory.expire(now)
+
+    async def watch(self, path: str) -> bool:
+        return False
+
+    async def unwatch(self, keep: set[str]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def _nobody(path: str) -> None:
+    """No reader is woken from elsewhere: nothing is elsewhere."""

@@ -9,9 +9,13 @@ default; ``now``, the tail), a long-poll (``?live=long-poll``) that waits up to
 values and values to headers, and owns the waiting: each live reader waits on its stream's
 path, and every append, close or delete there wakes them.
 
-Expired streams are swept at most once a second, on the next request. The streams live in
-this process: with a shared broker (``redis://``) every request is refused with 501
-(``not_shared``) rather than each process serving streams of its own.
+Expired streams are swept at most once a second, on the next request. With the memory
+broker the streams live in this process (:class:`~token_relay.core.durablestore.LocalStore`);
+with ``--broker redis://`` they live in Redis (:mod:`token_relay.brokers.redis.durable`), and
+every relay process serves every stream: a change made on another process wakes the live
+readers here through the store's :meth:`~token_relay.core.durablestore.DurableStore.watch`.
+Webhook subscriptions stay per process, so with a shared store their control APIs are
+refused with 501 (``not_shared``).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from ..core.durablerequests import (
     producer_of,
     sub_offset_of,
 )
-from ..core.durablestore import Create, DurableStore, MemoryStore
+from ..core.durablestore import Create, DurableStore, LocalStore, MemoryStore
 from ..core.errors import StreamRefused
 from ..core.settings import Settings
 from .durablehooks import CONTROL_PREFIX, HttpPoster, Post, SubscriptionEndpoints
@@ -73,20 +77,15 @@ class DurableStreams:
         clock: Callable[[], float] = time.time,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
         post: Post | None = None,
+        store: DurableStore | None = None,
     ) -> None:
         self.settings = settings
         self.elsewhere = elsewhere
         """Bytes of ``--max-memory-bytes`` held by the relay's messages (as last counted):
         stream data may take what they leave."""
         self.clock = clock
-        self.store: DurableStore = MemoryStore(
-            max_streams=settings.max_durable_streams,
-            max_total_bytes=settings.max_memory_bytes,
-            limits=Limits(
-                max_bytes=settings.max_durable_stream_bytes,
-                max_producers=settings.max_durable_producers,
-            ),
-        )
+        self.store: DurableStore = store or store_for(settings)
+        self.store.wake = self._wake
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._swept = 0.0
         self.poster = HttpPoster(settings.webhook_timeout)
@@ -116,6 +115,8 @@ class DurableStreams:
         """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
         if timeout <= 0:
             return
+        if await self.store.watch(path):
+            return  # watched from now on: the caller looks again, for a change before
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(path, set()).add(waiter)
         try:
@@ -127,10 +128,15 @@ class DurableStreams:
                 if not waiting:
                     del self._waiters[path]
 
-    def sweep(self) -> None:
-        """Drop expired streams (at most once a second), waking their readers; and deliver
-        the subscriptions' wakes that are due (retries, leases run out)."""
-        self._now()
+    async def sweep(self) -> None:
+        """Drop expired streams (at most once a second), waking their readers; deliver
+        the subscriptions' wakes that are due (retries, leases run out); and stop watching
+        the paths no reader waits on."""
+        try:
+            await self._now()
+            await self.store.unwatch(set(self._waiters))
+        except StreamRefused as exc:
+            log.warning("durable streams not swept: %s", exc.message)
         self.hooks.tick()
 
     async def stop(self) -> None:
@@ -142,6 +148,7 @@ class DurableStreams:
         while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
             await asyncio.sleep(0)
         await self.poster.close()
+        await self.store.close()
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -164,10 +171,13 @@ class DurableStreams:
 
     def _append_wake(self, path: str, body: bytes) -> None:
         """A pull-wake's events, appended to its wake stream (if it is there)."""
+        self.hooks.spawn(self._append_wake_now(path, body))
+
+    async def _append_wake_now(self, path: str, body: bytes) -> None:
         key = STREAM_PREFIX + path
         try:
-            before = self.store.get(key, self.clock()).tail
-            self.store.append(
+            before = (await self.store.get(key, self.clock())).tail
+            await self.store.append(
                 key, body, content_type="application/json", close=False, now=self.clock()
             )
         except StreamRefused as exc:
@@ -175,20 +185,12 @@ class DurableStreams:
             return
         self._changed(key, before)
 
-    def _check_shared(self) -> None:
-        """Streams live in this process: with a shared broker, another process would not
-        see them, so none is served (yet) rather than each process serving its own."""
-        if not self.settings.broker.startswith("memory:"):
-            raise StreamRefused(
-                501, "not_shared", "durable streams are served with --broker memory:// only"
-            )
-
-    def _now(self) -> float:
+    async def _now(self) -> float:
         self.store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
         now = self.clock()
         if now - self._swept >= SWEEP_EVERY:
             self._swept = now
-            for path in self.store.expire(now):
+            for path in await self.store.expire(now):
                 self._gone(path)
         return now
 
@@ -200,30 +202,35 @@ class DurableStreams:
         assert isinstance(route, StreamRequest)
         request = reading.request
         try:
-            self._check_shared()
             control = route.stream.removeprefix(STREAM_PREFIX)
             if control.startswith(CONTROL_PREFIX):
+                if self.store.shared:
+                    raise StreamRefused(
+                        501,
+                        "not_shared",
+                        "subscriptions are kept per process: not served with a shared store",
+                    )
                 return self.hooks.serve(
                     route.method, control.removeprefix(CONTROL_PREFIX), request, body
                 )
             if route.method == "PUT":
-                return self._create(route, request, body)
+                return await self._create(route, request, body)
             if route.method == "POST":
-                return self._append(route, request, body)
+                return await self._append(route, request, body)
             if route.method == "DELETE":
-                self.store.delete(route.stream, self._now())
+                await self.store.delete(route.stream, await self._now())
                 self._gone(route.stream)
                 return Reply(204, b"")
             if route.method == "HEAD":
-                return self._head(route)
+                return await self._head(route)
             return await self._read(route, request)
         except StreamRefused as exc:
             return refusal(exc)
 
-    def _create(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+    async def _create(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
         content_type = bounded("Content-Type", request.header("content-type"))
         forked_from = _optional(request, "stream-forked-from")
-        created = self.store.create(
+        created = await self.store.create(
             route.stream,
             Create(
                 content_type=content_type or None,
@@ -235,7 +242,7 @@ class DurableStreams:
                 fork_sub_offset=sub_offset_of(request.header("stream-fork-sub-offset")),
                 fork_sub_offset_given=_optional(request, "stream-fork-sub-offset") is not None,
             ),
-            self._now(),
+            await self._now(),
         )
         stream = created.stream
         if created.created:
@@ -248,19 +255,19 @@ class DurableStreams:
             return Reply(201, b"", stream.content_type, (("Location", location), *headers))
         return Reply(200, b"", stream.content_type, headers)
 
-    def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+    async def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
         producer = producer_of(
             _optional(request, "producer-id"),
             _optional(request, "producer-epoch"),
             _optional(request, "producer-seq"),
         )
-        before = self.store.get(route.stream, self._now()).tail
-        appended = self.store.append(
+        before = (await self.store.get(route.stream, await self._now())).tail
+        appended = await self.store.append(
             route.stream,
             body,
             content_type=request.header("content-type"),
             close=closed_of(request.header("stream-closed")),
-            now=self._now(),
+            now=await self._now(),
             stream_seq=bounded("Stream-Seq", _optional(request, "stream-seq")),
             producer=producer,
         )
@@ -279,8 +286,8 @@ class DurableStreams:
         status = 200 if producer is not None and not appended.duplicate and body else 204
         return Reply(status, b"", headers=headers)
 
-    def _head(self, route: StreamRequest) -> Reply:
-        stream = self.store.get(route.stream, self._now())
+    async def _head(self, route: StreamRequest) -> Reply:
+        stream = await self.store.get(route.stream, await self._now())
         headers: Headers = (
             ("Stream-Next-Offset", offset_text(stream.tail)),
             ("Cache-Control", "no-store"),
@@ -305,9 +312,7 @@ class DurableStreams:
         return position
 
     async def _read(self, route: StreamRequest, request: HttpRequest) -> Reply:
-        now = self._now()
-        stream = self.store.get(route.stream, now)
-        stream.touch(now)
+        stream = await self.store.get(route.stream, await self._now(), touch=True)
         position = self._start(stream, route.offset)
         if route.live == "long-poll":
             self._polls += 1
@@ -315,7 +320,7 @@ class DurableStreams:
                 return await self._poll(route, request, stream, position)
             finally:
                 self._polls -= 1
-        return self._catch_up(route, request, stream, position)
+        return await self._catch_up(route, request, stream, position)
 
     async def _poll(
         self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
@@ -338,7 +343,7 @@ class DurableStreams:
                     ),
                 )
             await self.wait(route.stream, left)
-            stream = self.same(route.stream, stream)
+            stream = await self.same(route.stream, stream)
         if position >= stream.tail:
             return Reply(
                 204,
@@ -350,13 +355,13 @@ class DurableStreams:
                     ("Cache-Control", "no-store"),
                 ),
             )
-        return self._catch_up(route, request, stream, position)
+        return await self._catch_up(route, request, stream, position)
 
-    def _catch_up(
+    async def _catch_up(
         self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
     ) -> Reply:
         """What there is from ``position``, as a catch-up read (or a long-poll's data)."""
-        chunk = stream.read(position)
+        chunk = await self.store.read(stream, position)
         body = _body(stream, chunk)
         up_to_date = chunk.next >= stream.tail
         etag = stream.etag(position, chunk.next)
@@ -376,14 +381,17 @@ class DurableStreams:
             return Reply(304, b"", headers=headers)
         return Reply(200, body, stream.content_type, headers)
 
-    def same(self, path: str, stream: DurableStream) -> DurableStream:
+    async def same(self, path: str, stream: DurableStream) -> DurableStream:
         """The stream a live read follows, still at its path: 404 once it was deleted (or
         expired), even if another stream was made there since."""
-        now = self._now()
-        found = self.store.get(path, now)
-        if found is not stream:
+        found = await self.store.get(path, await self._now())
+        if found.stream_id != stream.stream_id:
             raise StreamRefused(404, "stream_not_found", f"the stream at {path} was deleted")
         return found
+
+    async def read(self, stream: DurableStream, position: int) -> Chunk:
+        """What ``stream`` holds from ``position``."""
+        return await self.store.read(stream, position)
 
     def cursor(self, route: StreamRequest) -> str:
         return cursor(self.clock(), route.cursor, random.randint(*CURSOR_JITTER))
@@ -395,17 +403,33 @@ class DurableStreams:
         ``data`` event and a ``control`` event, then new data as it comes, until the stream
         closes (or is deleted), the client goes, or :data:`SSE_LIFETIME` passes."""
         try:
-            self._check_shared()
             if route.stream.removeprefix(STREAM_PREFIX).startswith(CONTROL_PREFIX):
                 raise StreamRefused(404, "stream_not_found", "the control APIs are not streams")
-            now = self._now()
-            stream = self.store.get(route.stream, now)
-            stream.touch(now)
+            stream = await self.store.get(route.stream, await self._now(), touch=True)
             position = self._start(stream, route.offset)
         except StreamRefused as exc:
             sse.refuse(refusal(exc))
             return
         await follow(sse, self, route, stream, position)
+
+
+def store_for(settings: Settings) -> DurableStore:
+    """The store of ``settings``'s broker: in this process with ``memory://``, in Redis
+    with ``redis://`` (imported only then)."""
+    if settings.broker.startswith(("redis://", "rediss://", "unix://")):
+        from ..brokers.redis.durable import RedisStore
+
+        return RedisStore(settings)
+    return LocalStore(
+        MemoryStore(
+            max_streams=settings.max_durable_streams,
+            max_total_bytes=settings.max_memory_bytes,
+            limits=Limits(
+                max_bytes=settings.max_durable_stream_bytes,
+                max_producers=settings.max_durable_producers,
+            ),
+        )
+    )
 
 
 def _run_soon(coroutine: Coroutine[Any, Any, None]) -> None:

@@ -45,8 +45,11 @@ class Live(Protocol):
     async def wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
         """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
 
-    def same(self, path: str, stream: DurableStream) -> DurableStream:
+    async def same(self, path: str, stream: DurableStream) -> DurableStream:
         """The stream, still at its path (:class:`StreamRefused` once it is not)."""
+
+    async def read(self, stream: DurableStream, position: int) -> Chunk:
+        """What ``stream`` holds from ``position``."""
 
     def cursor(self, route: StreamRequest) -> str:
         """A live response's cursor."""
@@ -139,7 +142,7 @@ async def follow(
     ends = loop.time() + SSE_LIFETIME
     told = False
     while sse.open:
-        chunk = stream.read(position) if position < stream.tail else Chunk((), position)
+        chunk = await live.read(stream, position) if position < stream.tail else Chunk((), position)
         if text and not stream.json and chunk.next < stream.tail:
             chunk = _whole_characters(chunk, position)
         at_tail = chunk.next >= stream.tail
@@ -171,7 +174,7 @@ async def follow(
             return
         await live.wait(route.stream, left)
         try:
-            stream = live.same(route.stream, stream)
+            stream = await live.same(route.stream, stream)
         except StreamRefused:
             return
 

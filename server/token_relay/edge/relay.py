@@ -444,7 +444,7 @@ class Relay:
         while True:
             await asyncio.sleep(min(timeout / 4, 1.0))
             await self.producers.expire_idle(loop.time() - timeout)
-            self.durable.sweep()
+            await self.durable.sweep()
 
     async def _publish_metrics(self) -> None:
         """With ``--workers N``: write this worker's metrics for the others, every second."""
