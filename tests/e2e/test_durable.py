@@ -1,6 +1,5 @@
 """Durable Streams at ``/v1/stream/`` on a real relay, over real sockets: what the protocol's
-conformance suite does not hold the relay to (its bounds, tokens, the 501 with a shared
-broker, its metrics), and the documentation's recipe, run as printed."""
+conformance suite does not hold the relay to (its bounds, tokens, its metrics), and the documentation's recipe, run as printed."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, start_relay
 from ..docs.blocks import docs_block
-from ..harness import RedisServer, WebhookReceiver, eventually
+from ..harness import WebhookReceiver, eventually
 
 SECRET = "s" * 32
 TEXT = {"Content-Type": "text/plain"}
@@ -106,17 +105,6 @@ async def test_with_a_secret_reads_and_writes_need_tokens_granting_the_stream() 
         assert (read.status_code, read.content) == (200, b"hi")
         not_granted = await client.head(base + "chat-2", headers=_bearer(reader))
         assert not_granted.status_code == 403
-
-
-async def test_with_a_shared_broker_streams_are_refused_with_501(
-    redis_server: RedisServer,
-) -> None:
-    running, server = await start_relay(broker=redis_server.url)
-    async with server, httpx.AsyncClient() as client:
-        response = await client.put(_http(running) + "/v1/stream/a")
-        live = await client.get(_http(running) + "/v1/stream/a?offset=-1&live=sse")
-    assert (response.status_code, response.json()["code"]) == (501, "not_shared")
-    assert (live.status_code, live.json()["code"]) == (501, "not_shared")
 
 
 async def test_a_long_poll_is_answered_by_the_append_it_waits_for(relay: RunningRelay) -> None:

@@ -277,6 +277,18 @@ class DurableStream:
         self.own_bytes += added
         return added
 
+    def logged(self) -> list[tuple[int, bytes]]:
+        """The entries this object holds, each with its start position (a store that keeps
+        the log elsewhere writes what an append added here)."""
+        return list(zip(self._starts, self._entries, strict=True))
+
+    def hold(self, entries: list[tuple[int, bytes]]) -> None:
+        """Hold these entries of the log (with their start positions, in order) for
+        :meth:`read`: a store that keeps the log elsewhere reads a window of it into a
+        stream whose state it loaded."""
+        self._starts = [start for start, _ in entries]
+        self._entries = [entry for _, entry in entries]
+
     def append(
         self,
         body: bytes,

@@ -1,0 +1,200 @@
+"""Durable Streams kept in Redis, on real relay processes' servers over real sockets: two
+relays on one real ``redis-server`` serve every stream, a reader on one is woken by a write
+on the other, the checks hold across both, and a Redis outage is answered 503 until Redis
+is back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import httpx
+import pytest
+
+from ..conftest import RunningRelay, start_relay
+from ..harness import RedisServer, eventually
+
+JSON = {"Content-Type": "application/json"}
+TEXT = {"Content-Type": "text/plain"}
+
+
+def _http(running: RunningRelay) -> str:
+    return running.url.replace("ws://", "http://") + "/v1/stream/"
+
+
+@pytest.fixture
+async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[RunningRelay, RunningRelay]]:
+    """Two relays on one redis-server."""
+    async with AsyncExitStack() as stack:
+        relays = []
+        for _ in range(2):
+            running, server = await start_relay(broker=redis_server.url)
+            await stack.enter_async_context(server)
+            relays.append(running)
+        yield relays[0], relays[1]
+
+
+async def test_a_stream_made_on_one_relay_is_appended_and_read_on_the_other(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    a, b = (_http(running) + "s" for running in pair)
+    async with httpx.AsyncClient() as client:
+        made = await client.put(a, headers=TEXT, content=b"hello ")
+        assert made.status_code == 201
+        again = await client.put(b, headers=TEXT)
+        assert again.status_code == 200  # the same stream, seen from the other relay
+        appended = await client.post(b, headers=TEXT, content=b"world")
+        assert appended.status_code == 204
+        read = await client.get(a, params={"offset": "-1"})
+        assert (read.status_code, read.content) == (200, b"hello world")
+        assert read.headers["stream-next-offset"] == appended.headers["stream-next-offset"]
+        middle = await client.get(b, params={"offset": made.headers["stream-next-offset"]})
+        assert middle.content == b"world"
+        assert (await client.delete(a)).status_code == 204
+        assert (await client.head(b)).status_code == 404
+
+
+async def test_producer_fencing_and_sequences_hold_across_relays(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    a, b = (_http(running) + "p" for running in pair)
+
+    def producer(epoch: int, seq: int) -> dict[str, str]:
+        return {
+            **JSON,
+            "Producer-Id": "w",
+            "Producer-Epoch": str(epoch),
+            "Producer-Seq": str(seq),
+        }
+
+    async with httpx.AsyncClient() as client:
+        await client.put(a, headers=JSON)
+        assert (await client.post(a, headers=producer(0, 0), content=b"[1]")).status_code == 200
+        duplicate = await client.post(b, headers=producer(0, 0), content=b"[1]")
+        assert duplicate.status_code == 204
+        gap = await client.post(b, headers=producer(0, 2), content=b"[3]")
+        assert (gap.status_code, gap.headers["producer-expected-seq"]) == (409, "1")
+        assert (await client.post(b, headers=producer(1, 0), content=b"[2]")).status_code == 200
+        fenced = await client.post(a, headers=producer(0, 1), content=b"[9]")
+        assert (fenced.status_code, fenced.headers["producer-epoch"]) == (403, "1")
+        seq = {**JSON, "Stream-Seq": "b"}
+        assert (await client.post(a, headers=seq, content=b"[4]")).status_code == 204
+        regress = await client.post(b, headers={**JSON, "Stream-Seq": "a"}, content=b"[5]")
+        assert regress.status_code == 409
+        read = await client.get(b, params={"offset": "-1"})
+    assert json.loads(read.content) == [1, 2, 4]
+
+
+async def test_concurrent_producers_on_both_relays_never_pass_one_check_twice(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    urls = [_http(running) + "race" for running in pair]
+    async with httpx.AsyncClient() as client:
+        await client.put(urls[0], headers=JSON)
+
+        async def send(index: int) -> int:
+            headers = {**JSON, "Producer-Id": "one", "Producer-Epoch": "0", "Producer-Seq": "0"}
+            answer = await client.post(urls[index % 2], headers=headers, content=f"[{index}]")
+            return answer.status_code
+
+        statuses = await asyncio.gather(*(send(index) for index in range(20)))
+        read = await client.get(urls[1], params={"offset": "-1"})
+    assert sorted(statuses) == [200] + [204] * 19  # one appended, every other a duplicate
+    assert len(json.loads(read.content)) == 1
+
+
+async def test_a_long_poll_on_one_relay_is_woken_by_an_append_on_the_other(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    a, b = (_http(running) + "wake" for running in pair)
+    async with httpx.AsyncClient() as client:
+        made = await client.put(a, headers=JSON)
+        waiting = asyncio.create_task(
+            client.get(
+                b,
+                params={"offset": made.headers["stream-next-offset"], "live": "long-poll"},
+                timeout=30,
+            )
+        )
+        # Sent once the poll on B waits with its topic subscribed: the wake must cross.
+        await eventually(
+            lambda: bool(pair[1].relay.durable._waiters)
+            and bool(pair[1].relay.durable.store._wakes._topics),  # type: ignore[attr-defined]
+            what="a long-poll waiting on B",
+        )
+        assert (await client.post(a, headers=JSON, content=b'{"n":1}')).status_code == 204
+        answer = await waiting
+    assert answer.status_code == 200
+    assert json.loads(answer.content) == [{"n": 1}]
+
+
+async def test_an_sse_reader_on_one_relay_gets_appends_made_on_the_other(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    a, b = (_http(running) + "sse" for running in pair)
+    async with httpx.AsyncClient(timeout=30) as client:
+        await client.put(a, headers=TEXT, content=b"one")
+        async with client.stream("GET", b, params={"offset": "-1", "live": "sse"}) as events:
+            lines = events.aiter_lines()
+            seen: list[str] = []
+            while "data:one" not in seen:
+                seen.append(await anext(lines))
+            await client.post(a, headers={**TEXT, "Stream-Closed": "true"}, content=b"two")
+            async for line in lines:
+                seen.append(line)
+    assert "data:two" in seen
+    assert any('"streamClosed":true' in line for line in seen)
+
+
+async def test_bounds_are_counted_in_redis_for_every_relay(redis_server: RedisServer) -> None:
+    async with AsyncExitStack() as stack:
+        urls = []
+        for _ in range(2):
+            running, server = await start_relay(
+                broker=redis_server.url, max_durable_streams=2, max_durable_stream_bytes=10
+            )
+            await stack.enter_async_context(server)
+            urls.append(_http(running))
+        async with httpx.AsyncClient() as client:
+            assert (await client.put(urls[0] + "x", headers=TEXT)).status_code == 201
+            assert (await client.put(urls[1] + "y", headers=TEXT)).status_code == 201
+            third = await client.put(urls[1] + "z", headers=TEXT)
+            assert (third.status_code, third.json()["code"]) == (507, "too_many_streams")
+            full = await client.post(urls[1] + "x", headers=TEXT, content=b"12345678901")
+            assert (full.status_code, full.json()["code"]) == (413, "stream_full")
+            assert (await client.delete(urls[0] + "y")).status_code == 204
+            assert (await client.put(urls[1] + "z", headers=TEXT)).status_code == 201
+
+
+async def test_streams_refuse_503_while_redis_is_down_and_serve_once_it_is_back(
+    redis_server: RedisServer,
+) -> None:
+    running, server = await start_relay(broker=redis_server.url)
+    url = _http(running) + "down"
+    async with server, httpx.AsyncClient() as client:
+        assert (await client.put(url, headers=TEXT, content=b"x")).status_code == 201
+        redis_server.kill()
+        down = await client.get(url, params={"offset": "-1"})
+        assert (down.status_code, down.json()["code"]) == (503, "broker_unavailable")
+        refused = await client.post(url, headers=TEXT, content=b"y")
+        assert (refused.status_code, refused.json()["code"]) == (503, "broker_unavailable")
+        redis_server.start()  # a restart loses every stream: Redis keeps none on disk
+
+        async def made() -> bool:
+            return (await client.put(url, headers=TEXT, content=b"z")).status_code == 201
+
+        await eventually_async(made)
+        read = await client.get(url, params={"offset": "-1"})
+    assert (read.status_code, read.content) == (200, b"z")
+
+
+async def eventually_async(check: object) -> None:
+    """Until ``check()`` is true (Redis reconnects in the background)."""
+    assert callable(check)
+    for _ in range(200):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("never true")
