@@ -1,5 +1,6 @@
 """Durable Streams at ``/v1/stream/`` on a real relay, over real sockets: what the protocol's
-conformance suite does not hold the relay to (its bounds, tokens, its metrics), and the documentation's recipe, run as printed."""
+conformance suite does not hold the relay to (its bounds, tokens, its metrics), and the
+documentation's recipe, run as printed."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ..harness import relay_process
+from ..harness import Nginx, RedisServer, relay_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -100,3 +100,37 @@ async def test_the_conformance_suite_passes(conformance_suite: Path) -> None:
     missing = sorted(expected - passed)
     assert not missing, f"{len(passed)} passed; these should pass and did not: {missing}"
     assert relay.tracebacks == 0, relay.log
+
+
+SUBSCRIPTIONS = "Reserved subscription APIs"
+"""The describe block of the suite's webhook subscription tests: subscriptions are kept per
+process, so on a cluster their control APIs are refused (501, ``not_shared``)."""
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
+
+
+async def test_the_conformance_suite_passes_on_two_relays_behind_nginx(
+    conformance_suite: Path, tmp_path: Path
+) -> None:
+    redis = RedisServer(tmp_path)
+    redis.start()
+    args = ("--broker", redis.url, "--long-poll-timeout", str(LONG_POLL_SECONDS))
+    relays = [relay_process(*args, name="relay-a"), relay_process(*args, name="relay-b")]
+    nginx: Nginx | None = None
+    try:
+        await asyncio.gather(*(relay.start() for relay in relays))
+        nginx = Nginx(DEPLOY, [relay.port for relay in relays], tmp_path)
+        nginx.start()
+        results = await run_suite(conformance_suite, nginx.url.replace("ws://", "http://"))
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        await asyncio.gather(*(relay.stop() for relay in relays))
+        redis.kill()
+    assert len(results) == SUITE_TESTS, len(results)
+    passed = {name for name, status in results.items() if status == "passed"}
+    expected = set(PASSING.read_text().splitlines())
+    shared = {name for name in expected if SUBSCRIPTIONS not in name}
+    missing = sorted(shared - passed)
+    assert not missing, f"{len(passed)} passed; these should pass and did not: {missing}"
+    assert len(expected - shared) == 6
+    assert all(relay.tracebacks == 0 for relay in relays), [relay.log for relay in relays]

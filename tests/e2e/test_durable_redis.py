@@ -120,8 +120,10 @@ async def test_a_long_poll_on_one_relay_is_woken_by_an_append_on_the_other(
         )
         # Sent once the poll on B waits with its topic subscribed: the wake must cross.
         await eventually(
-            lambda: bool(pair[1].relay.durable._waiters)
-            and bool(pair[1].relay.durable.store._wakes._topics),  # type: ignore[attr-defined]
+            lambda: (
+                bool(pair[1].relay.durable._waiters)
+                and bool(pair[1].relay.durable.store._wakes._topics)
+            ),  # type: ignore[attr-defined]
             what="a long-poll waiting on B",
         )
         assert (await client.post(a, headers=JSON, content=b'{"n":1}')).status_code == 204
@@ -185,16 +187,6 @@ async def test_streams_refuse_503_while_redis_is_down_and_serve_once_it_is_back(
         async def made() -> bool:
             return (await client.put(url, headers=TEXT, content=b"z")).status_code == 201
 
-        await eventually_async(made)
+        await eventually(made, timeout=20, what="a stream made once Redis is back")
         read = await client.get(url, params={"offset": "-1"})
     assert (read.status_code, read.content) == (200, b"z")
-
-
-async def eventually_async(check: object) -> None:
-    """Until ``check()`` is true (Redis reconnects in the background)."""
-    assert callable(check)
-    for _ in range(200):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("never true")
