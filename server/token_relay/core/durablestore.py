@@ -1,9 +1,11 @@
-"""The durable streams of one relay process, by path: create, fork, append, delete and expiry.
+"""The durable streams by path: the async store contract, and the streams of one process
+(create, fork, append, delete and expiry).
 
-:class:`DurableStore` is the contract the HTTP edge holds a store to; :class:`MemoryStore`
-keeps the streams in this process (a store shared through Redis is to follow it). Both keep
-the protocol's rules of :mod:`token_relay.core.durable`; the store adds what concerns more
-than one stream:
+:class:`DurableStore` is the async contract the HTTP edge holds a store to; :class:`MemoryStore`
+keeps the streams in this process, synchronously (:class:`LocalStore` is the contract over
+it), and :mod:`token_relay.brokers.redis.durable` keeps them in Redis for every process.
+Both keep the protocol's rules of :mod:`token_relay.core.durable`, and the rules of a ``PUT``
+(:func:`plan_create`); the store adds what concerns more than one stream:
 
 * **Paths.** A path names one stream at a time. A deleted (or expired) stream's path is free
   again at once, unless forks still read the stream: then the path is a tombstone, answered
