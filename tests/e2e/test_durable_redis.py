@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
 from ..conftest import RunningRelay, start_relay
 from ..harness import RedisServer, eventually
@@ -190,3 +191,31 @@ async def test_streams_refuse_503_while_redis_is_down_and_serve_once_it_is_back(
         await eventually(made, timeout=20, what="a stream made once Redis is back")
         read = await client.get(url, params={"offset": "-1"})
     assert (read.status_code, read.content) == (200, b"z")
+
+
+async def test_keys_are_named_as_documented_and_expire_after_the_stream(
+    pair: tuple[RunningRelay, RunningRelay], redis_server: RedisServer
+) -> None:
+    url = _http(pair[0]) + "keys"
+    async with httpx.AsyncClient() as client:
+        made = await client.put(url, headers={**TEXT, "Stream-TTL": "100"}, content=b"abc")
+        assert made.status_code == 201
+        subscriptions = await client.get(_http(pair[1]) + "__ds/subscriptions")
+    assert (subscriptions.status_code, subscriptions.json()["code"]) == (501, "not_shared")
+    redis = Redis.from_url(redis_server.url)
+    try:
+        stream_id = await redis.get("tr:ds:p:/v1/stream/keys")
+        assert stream_id is not None
+        fields = await redis.hgetall(f"tr:ds:s:{stream_id.decode()}")
+        assert (fields[b"bytes"], fields[b"ttl"], fields[b"path"]) == (
+            b"3",
+            b"100",
+            b"/v1/stream/keys",
+        )
+        assert await redis.hgetall(f"tr:ds:l:{stream_id.decode()}") == {b"0": b"abc"}
+        assert await redis.mget("tr:ds:count", "tr:ds:bytes") == [b"1", b"3"]
+        for key in ("tr:ds:p:/v1/stream/keys", f"tr:ds:s:{stream_id.decode()}"):
+            # The stream's TTL, and the sweep's minute of grace after it.
+            assert 100_000 < await redis.pttl(key) <= 160_000
+    finally:
+        await redis.aclose()
