@@ -187,3 +187,14 @@ def test_the_etag_changes_with_the_data_and_the_closure() -> None:
     _append(stream, b"", close=True)
     assert stream.etag(0, 3) != open_tag
     assert stream.etag(0, 3).endswith(':c"')
+
+
+def test_a_stream_holds_a_window_of_its_log_read_elsewhere() -> None:
+    stream = _stream()
+    _append(stream, b"abc")
+    _append(stream, b"de")
+    assert stream.logged() == [(0, b"abc"), (3, b"de")]
+    loaded = _stream()
+    loaded.tail = 5
+    loaded.hold([(3, b"de")])  # only the entries a read from 4 needs
+    assert loaded.read(4) == Chunk((b"e",), 5)

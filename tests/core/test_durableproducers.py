@@ -83,3 +83,17 @@ def test_past_the_limit_the_least_recent_producer_is_forgotten() -> None:
     assert producers.last_seq("a") == 0
     # Forgotten, it is new again: seq 0 is new data, not a duplicate.
     assert producers.judge(Producer("b", 0, 0)) is Verdict.NEW
+
+
+def test_states_are_restored_in_their_order_and_within_the_limit() -> None:
+    producers = Producers(limit=2)
+    for name in ("a", "b"):
+        _accept(producers, Producer(name, 1, 0))
+    _accept(producers, Producer("a", 1, 1))  # a wrote last
+    assert producers.states() == [("b", 1, 0), ("a", 1, 1)]
+    again = Producers(limit=2)
+    again.restore([("old", 0, 0), *producers.states()])  # past the limit: the oldest goes
+    assert again.states() == [("b", 1, 0), ("a", 1, 1)]
+    assert _accept(again, Producer("a", 1, 1)) is Verdict.DUPLICATE
+    _accept(again, Producer("c", 0, 0))  # b, the least recent, is forgotten
+    assert again.epoch("b") is None

@@ -1,0 +1,128 @@
+"""The same scenarios against every durable store behind the async contract: the streams of
+one process (``LocalStore``) and the streams in a real ``redis-server`` (``RedisStore``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from token_relay.brokers.redis.durable import RedisStore
+from token_relay.core.durable import Expiry, Limits
+from token_relay.core.durableproducers import Producer
+from token_relay.core.durablestore import Create, DurableStore, LocalStore, MemoryStore
+from token_relay.core.errors import StreamRefused
+from token_relay.core.settings import Settings
+
+from ..harness import RedisServer
+
+TEXT = "text/plain"
+BOUNDS: dict[str, Any] = {
+    "max_durable_streams": 3,
+    "max_durable_stream_bytes": 20,
+    "max_durable_producers": 4,
+}
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[DurableStore]:
+    if request.param == "memory":
+        yield LocalStore(
+            MemoryStore(
+                max_streams=3,
+                max_total_bytes=1000,
+                limits=Limits(max_bytes=20, max_producers=4),
+            )
+        )
+        return
+    redis = RedisServer(tmp_path)
+    redis.start()
+    made = RedisStore(Settings(broker=redis.url, **BOUNDS))
+    made.max_total_bytes = 1000
+    try:
+        yield made
+    finally:
+        await made.close()
+        redis.kill()
+
+
+async def _refused(call: Any, *args: Any, **kwargs: Any) -> StreamRefused:
+    with pytest.raises(StreamRefused) as refused:
+        await call(*args, **kwargs)
+    return refused.value
+
+
+async def _text(store: DurableStore, path: str, position: int = 0) -> bytes:
+    stream = await store.get(path, 0.0)
+    return b"".join((await store.read(stream, position)).entries)
+
+
+async def test_a_fork_reads_its_source_and_keeps_it_as_a_tombstone(store: DurableStore) -> None:
+    await store.create("/s", Create(TEXT, body=b"abc"), 0.0)
+    await store.create("/f", Create(TEXT, forked_from="/s", body=b"de"), 0.0)
+    await store.append("/s", b"xyz", content_type=TEXT, close=False, now=0.0)
+    assert await _text(store, "/f") == b"abcde"
+    assert await _text(store, "/f", 2) == b"cde"
+    assert await _text(store, "/s") == b"abcxyz"
+    await store.delete("/s", 0.0)
+    assert (await _refused(store.get, "/s", 0.0)).status == 410
+    assert (await _refused(store.create, "/s", Create(TEXT), 0.0)).code == "stream_gone"
+    assert await _text(store, "/f") == b"abcde"
+    assert len(store) == 2
+    await store.delete("/f", 0.0)
+    await store.expire(0.0)  # a shared store counts again as it sweeps
+    assert (len(store), store.total_bytes) == (0, 0)
+    assert (await store.create("/s", Create(TEXT), 0.0)).created  # the path is free again
+
+
+async def test_a_sliding_ttl_is_kept_by_reads_and_the_sweep_drops_the_stream(
+    store: DurableStore,
+) -> None:
+    # Times from now on: Redis expires a stream's keys by its own clock, a minute after.
+    start = time.time()
+    await store.create("/t", Create(TEXT, expiry=Expiry(ttl=10), body=b"ab"), start)
+    await store.get("/t", start + 5, touch=True)  # slides to 15
+    assert await store.expire(start + 14) == []
+    assert (await store.get("/t", start + 14)).tail == 2
+    assert await store.expire(start + 15) == ["/t"]
+    assert (await _refused(store.get, "/t", start + 15)).status == 404
+    assert (len(store), store.total_bytes) == (0, 0)
+
+
+async def test_bounds_refuse_and_change_nothing(store: DurableStore) -> None:
+    await store.create("/a", Create(TEXT, body=b"x" * 15), 0.0)
+    full = await _refused(store.append, "/a", b"y" * 6, content_type=TEXT, close=False, now=0.0)
+    assert (full.status, full.code) == (413, "stream_full")
+    await store.create("/b", Create(TEXT), 0.0)
+    await store.create("/c", Create(TEXT), 0.0)
+    many = await _refused(store.create, "/d", Create(TEXT), 0.0)
+    assert (many.status, many.code) == (507, "too_many_streams")
+    store.max_total_bytes = 18
+    total = await _refused(store.append, "/b", b"z" * 4, content_type=TEXT, close=False, now=0.0)
+    assert (total.status, total.code) == (507, "store_full")
+    assert (await store.get("/b", 0.0)).tail == 0
+    assert store.total_bytes == 15
+
+
+async def test_producers_and_closure_are_kept_with_the_stream(store: DurableStore) -> None:
+    await store.create("/p", Create("application/json"), 0.0)
+
+    async def send(epoch: int, seq: int, body: bytes = b"[1]", close: bool = False) -> Any:
+        return await store.append(
+            "/p",
+            body,
+            content_type="application/json",
+            close=close,
+            now=0.0,
+            producer=Producer("w", epoch, seq),
+        )
+
+    assert not (await send(0, 0)).duplicate
+    assert (await send(0, 0)).duplicate
+    assert (await _refused(send, 0, 2)).code == "producer_seq_gap"
+    assert (await send(1, 0, b"[2]", close=True)).closed
+    assert (await _refused(send, 0, 1)).code == "stream_closed"  # closure is judged first
+    assert (await send(1, 0, b"[2]", close=True)).duplicate  # the closing write, retried
+    stream = await store.get("/p", 0.0)
+    assert (stream.tail, stream.closed) == (2, True)
