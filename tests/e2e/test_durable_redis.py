@@ -178,7 +178,16 @@ async def test_streams_refuse_503_while_redis_is_down_and_serve_once_it_is_back(
     url = _http(running) + "down"
     async with server, httpx.AsyncClient() as client:
         assert (await client.put(url, headers=TEXT, content=b"x")).status_code == 201
-        redis_server.kill()
+        async with client.stream("GET", url, params={"offset": "-1", "live": "sse"}) as events:
+            lines = events.aiter_lines()
+            while await anext(lines) != "data:x":
+                pass
+            await eventually(
+                lambda: bool(running.relay.durable._waiters), what="the SSE read waiting"
+            )
+            redis_server.kill()
+            rest = [line async for line in lines]  # the live read ends: Redis is gone
+        assert "data:x" not in rest
         down = await client.get(url, params={"offset": "-1"})
         assert (down.status_code, down.json()["code"]) == (503, "broker_unavailable")
         refused = await client.post(url, headers=TEXT, content=b"y")

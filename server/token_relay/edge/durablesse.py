@@ -142,7 +142,12 @@ async def follow(
     ends = loop.time() + SSE_LIFETIME
     told = False
     while sse.open:
-        chunk = await live.read(stream, position) if position < stream.tail else Chunk((), position)
+        try:
+            chunk = (
+                await live.read(stream, position) if position < stream.tail else Chunk((), position)
+            )
+        except StreamRefused:
+            return  # its store is out of reach: the client reconnects from its offset
         if text and not stream.json and chunk.next < stream.tail:
             chunk = _whole_characters(chunk, position)
         at_tail = chunk.next >= stream.tail
