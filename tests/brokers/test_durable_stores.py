@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from token_relay.brokers.redis.durable import RedisStore
 from token_relay.core.durable import Expiry, Limits
 from token_relay.core.durableproducers import Producer
@@ -126,3 +127,31 @@ async def test_producers_and_closure_are_kept_with_the_stream(store: DurableStor
     assert (await send(1, 0, b"[2]", close=True)).duplicate  # the closing write, retried
     stream = await store.get("/p", 0.0)
     assert (stream.tail, stream.closed) == (2, True)
+
+
+async def test_a_stream_whose_keys_redis_expired_first_leaves_the_counts_at_the_sweep(
+    tmp_path: Any,
+) -> None:
+    redis = RedisServer(tmp_path)
+    redis.start()
+    store = RedisStore(Settings(broker=redis.url, **BOUNDS))
+    client = Redis.from_url(redis.url)
+    try:
+        start = time.time()
+        await store.create("/src", Create(TEXT, body=b"abc"), start)
+        made = Create(TEXT, expiry=Expiry(ttl=10), forked_from="/src", body=b"de")
+        fork = (await store.create("/fork", made, start)).stream
+        await store.delete("/src", start)  # a tombstone: the fork reads it
+        assert (len(store), store.total_bytes) == (2, 5)
+        # As if no relay swept within the minute of grace: Redis forgot the fork's keys.
+        removed = await client.delete(
+            "tr:ds:p:/fork", *(f"tr:ds:{kind}:{fork.stream_id}" for kind in "sla")
+        )
+        assert removed == 4
+        assert await store.expire(start + 100) == []  # nothing left to wake anyone about
+        assert (len(store), store.total_bytes) == (0, 0)  # the tombstone went with it
+        assert await client.keys("tr:ds:[psla]:*") == []
+    finally:
+        await client.aclose()
+        await store.close()
+        redis.kill()

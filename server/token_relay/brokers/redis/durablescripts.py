@@ -6,8 +6,11 @@ Keys (the ``tr:ds:`` prefix, :mod:`token_relay.brokers.redis.durable` describes 
 version, ``state`` its protocol state as JSON, ``touched``, ``forks``, ``deleted``, ``bytes``,
 ``path``, ``source``, ``n`` its entries, ``ttl`` and ``exp``); ``tr:ds:l:ID`` its entries by
 index; ``tr:ds:a:ID`` each entry's index scored by its start position; ``tr:ds:count`` and
-``tr:ds:bytes`` the streams and bytes of all; ``tr:ds:deadlines`` each stream's expiry time.
-A change publishes on ``tr:ds:w:PATH``.
+``tr:ds:bytes`` the streams and bytes of all; ``tr:ds:deadlines`` each stream's expiry time;
+``tr:ds:held`` each stream's bytes and source (``BYTES|SOURCE``), which never expire: a
+stream whose keys Redis expired before the sweep dropped it is still counted there, and the
+sweep takes it off the counts (and its source's forks). A change publishes on
+``tr:ds:w:PATH``.
 """
 
 from __future__ import annotations
@@ -60,10 +63,41 @@ local function remove(id)
   if path and redis.call('GET', 'tr:ds:p:' .. path) == id then
     redis.call('DEL', 'tr:ds:p:' .. path)
   end
-  redis.call('DECR', 'tr:ds:count')
-  redis.call('DECRBY', 'tr:ds:bytes', tonumber(redis.call('HGET', meta, 'bytes') or '0'))
+  local held = redis.call('HGET', 'tr:ds:held', id)
+  if held then
+    local sep = string.find(held, '|', 1, true)
+    redis.call('DECR', 'tr:ds:count')
+    redis.call('DECRBY', 'tr:ds:bytes', tonumber(string.sub(held, 1, sep - 1)))
+    redis.call('HDEL', 'tr:ds:held', id)
+  end
   redis.call('ZREM', 'tr:ds:deadlines', id)
   redis.call('DEL', meta, 'tr:ds:l:' .. id, 'tr:ds:a:' .. id)
+end
+local function hold(id, added, source)
+  local held = redis.call('HGET', 'tr:ds:held', id)
+  local size = 0
+  if held then
+    local sep = string.find(held, '|', 1, true)
+    size = tonumber(string.sub(held, 1, sep - 1))
+    source = string.sub(held, sep + 1)
+  end
+  redis.call('HSET', 'tr:ds:held', id, (size + added) .. '|' .. source)
+end
+local function release(source)
+  while source and source ~= '' do
+    local held = 'tr:ds:s:' .. source
+    if redis.call('EXISTS', held) == 0 then
+      break
+    end
+    local forks = redis.call('HINCRBY', held, 'forks', -1)
+    if forks > 0 or redis.call('HGET', held, 'deleted') ~= '1' then
+      schedule(source)
+      break
+    end
+    local next_source = redis.call('HGET', held, 'source')
+    remove(source)
+    source = next_source
+  end
 end
 local function totals()
   return {{tonumber(redis.call('GET', 'tr:ds:count') or '0'),
@@ -162,6 +196,7 @@ redis.call('HSET', meta, 'v', 1, 'state', ARGV[3], 'touched', ARGV[4], 'forks', 
   'ttl', ARGV[9], 'exp', ARGV[10])
 redis.call('INCR', 'tr:ds:count')
 redis.call('INCRBY', 'tr:ds:bytes', added)
+hold(id, added, source)
 if source ~= '' then
   redis.call('HINCRBY', 'tr:ds:s:' .. source, 'forks', 1)
   schedule(source)
@@ -196,6 +231,7 @@ redis.call('HSET', meta, 'state', ARGV[3], 'n', n)
 redis.call('HINCRBY', meta, 'v', 1)
 redis.call('HINCRBY', meta, 'bytes', added)
 redis.call('INCRBY', 'tr:ds:bytes', added)
+hold(id, added, '')
 if tonumber(ARGV[4]) > tonumber(redis.call('HGET', meta, 'touched')) then
   redis.call('HSET', meta, 'touched', ARGV[4])
 end
@@ -229,7 +265,16 @@ DROP = (
     + """
 local id = ARGV[1]
 local meta = 'tr:ds:s:' .. id
-if redis.call('EXISTS', meta) == 0 or redis.call('HGET', meta, 'deleted') == '1' then
+if redis.call('EXISTS', meta) == 0 then
+  local held = redis.call('HGET', 'tr:ds:held', id)
+  if held then  -- Redis expired its keys first: off the counts, and off its source's forks
+    remove(id)
+    release(string.sub(held, string.find(held, '|', 1, true) + 1))
+  end
+  redis.call('ZREM', 'tr:ds:deadlines', id)
+  return false
+end
+if redis.call('HGET', meta, 'deleted') == '1' then
   return false
 end
 if ARGV[3] == '1' then
@@ -248,20 +293,7 @@ if tonumber(redis.call('HGET', meta, 'forks')) > 0 then
 end
 local source = redis.call('HGET', meta, 'source')
 remove(id)
-while source and source ~= '' do
-  local held = 'tr:ds:s:' .. source
-  if redis.call('EXISTS', held) == 0 then
-    break
-  end
-  local forks = redis.call('HINCRBY', held, 'forks', -1)
-  if forks > 0 or redis.call('HGET', held, 'deleted') ~= '1' then
-    schedule(source)
-    break
-  end
-  local next_source = redis.call('HGET', held, 'source')
-  remove(source)
-  source = next_source
-end
+release(source)
 return path
 """
 )
