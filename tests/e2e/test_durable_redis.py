@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from ..conftest import RunningRelay, start_relay
-from ..harness import RedisServer, eventually
+from ..harness import RedisServer, eventually, relays_on
 
 JSON = {"Content-Type": "application/json"}
 TEXT = {"Content-Type": "text/plain"}
@@ -228,3 +228,35 @@ async def test_keys_are_named_as_documented_and_expire_after_the_stream(
             assert 100_000 < await redis.pttl(key) <= 160_000
     finally:
         await redis.aclose()
+
+
+async def test_two_relay_processes_a_long_poll_on_one_woken_by_an_append_on_the_other(
+    redis_server: RedisServer,
+) -> None:
+    topic = "tr:ds:w:/v1/stream/procs"
+    redis = Redis.from_url(redis_server.url)
+    async with relays_on(redis_server.url, "--long-poll-timeout", "60") as (first, second):
+        a, b = (
+            relay.url.replace("ws://", "http://") + "/v1/stream/procs" for relay in (first, second)
+        )
+        try:
+            async with httpx.AsyncClient(timeout=90) as client:
+                made = await client.put(a, headers=JSON)
+                offset = made.headers["stream-next-offset"]
+                waiting = asyncio.create_task(
+                    client.get(b, params={"offset": offset, "live": "long-poll"})
+                )
+
+                async def subscribed() -> bool:
+                    return dict(await redis.pubsub_numsub(topic)).get(topic.encode()) == 1
+
+                # B listens on the path's topic only while its long-poll waits, and it looked
+                # at the tail once subscribed: the append sent now reaches it through Redis.
+                await eventually(subscribed, what="the long-poll on B waiting")
+                assert not waiting.done()
+                assert (await client.post(a, headers=JSON, content=b'"hi"')).status_code == 204
+                answer = await waiting
+        finally:
+            await redis.aclose()
+        assert (first.tracebacks, second.tracebacks) == (0, 0)
+    assert (answer.status_code, json.loads(answer.content)) == (200, ["hi"])
