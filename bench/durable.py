@@ -59,6 +59,13 @@ async def install() -> None:
 @contextlib.asynccontextmanager
 async def running_durable() -> AsyncIterator[int]:
     """Run ``bench/durable/serve.mjs`` (in memory, a free port); yields the port."""
+    async with running_reference() as (port, _):
+        yield port
+
+
+@contextlib.asynccontextmanager
+async def running_reference() -> AsyncIterator[tuple[int, int]]:
+    """Run ``bench/durable/serve.mjs`` (in memory, a free port); yields its port and pid."""
     if (node := shutil.which("node")) is None:
         raise BenchError("the durable-streams peer needs Node.js (node on PATH)")
     process = await asyncio.create_subprocess_exec(
@@ -69,7 +76,7 @@ async def running_durable() -> AsyncIterator[int]:
     try:
         port = await listening(process.stderr)
         drain = asyncio.create_task(process.stderr.read())  # a full pipe must not block it
-        yield port
+        yield port, process.pid
         drain.cancel()
     finally:
         if process.returncode is None:
@@ -280,17 +287,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     relay = relay_process(*RELAY_FLAGS, name="relay")
     await relay.start()
     try:
-        async with running_durable() as port:
+        async with running_reference() as (port, pid):
             durable = {
                 "appends": await durable_appends(port, throughput),
                 "sse": await durable_sse_latency(port, latency, args.rate),
             }
-            reference = await protocol.figures(f"http://127.0.0.1:{port}/", load, latency)
+            base = f"http://127.0.0.1:{port}/"
+            reference = await protocol.figures(base, load, latency, [pid])
         ours = {
             "publish": await relay_http_publish(relay.port, "bench-http", throughput),
             "sse": await relay_sse_latency(relay.port, "bench-sse", latency, args.rate),
         }
-        streams = await protocol.figures(f"http://127.0.0.1:{relay.port}/v1/stream/", load, latency)
+        base = f"http://127.0.0.1:{relay.port}/v1/stream/"
+        streams = await protocol.figures(base, load, latency, [relay.pid])
+        # The relay's cheapest request, over the same HTTP edge: its ceiling per request.
+        health = await protocol.loaded(
+            f"http://127.0.0.1:{relay.port}/healthz", load.seconds, [relay.pid], append=False
+        )
     finally:
         await relay.terminate()
     cluster = await cluster_figures(load, latency) if args.cluster else None
@@ -301,6 +314,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             side[name] = {key: round(value, 3) for key, value in record.items()}
     result = {"relay": ours, "durable_streams": durable}
     figures = {"relay": streams, "reference": reference, "clients_on_nginx": ceiling}
+    figures["relay_healthz"] = {
+        key: health[key] for key in ("per_second", "server_cpu_percent", "cpu_us_per_request")
+    }
     if cluster is not None:
         figures["two_relays_on_redis"] = cluster
     return result | {"durable_streams_protocol": _rounded(figures)}
@@ -326,7 +342,8 @@ async def cluster_figures(load: protocol.Load, latency: Sequence[Message]) -> di
                 relays_on(redis.url, *RELAY_FLAGS) as relays,
                 protocol.running_nginx([relay.port for relay in relays]) as port,
             ):
-                return await protocol.figures(f"http://127.0.0.1:{port}/v1/stream/", load, latency)
+                base = f"http://127.0.0.1:{port}/v1/stream/"
+                return await protocol.figures(base, load, latency, [r.pid for r in relays])
         finally:
             redis.kill()
 
@@ -355,14 +372,20 @@ def protocol_rows(figures: dict[str, Any]) -> list[tuple[str, Any, Any, float | 
         ("append -> SSE reader p99 (ms)", ("sse", "p99_ms"), False),
         ("append -> SSE reader p50 (ms)", ("sse", "p50_ms"), False),
         ("catch-up read of 10 MB (MB/s)", ("catch_up", "mb_per_second"), True),
+        ("server CPU during the appends (%)", ("appends", "server_cpu_percent"), None),
+        ("CPU per append (us)", ("appends", "cpu_us_per_append"), False),
+        ("reads/s of a 90-byte stream, 16 conns", ("appends", "small_reads_per_second"), True),
+        ("CPU per read of a 90-byte stream (us)", ("appends", "cpu_us_per_small_read"), False),
     ):
         ours, theirs = at("relay", *keys), at("reference", *keys)
         ratio = (ours / theirs if higher else theirs / ours) if theirs and ours else None
+        ratio = None if higher is None else ratio
         rows.append((name, ours, theirs, ratio))
-        if "two_relays_on_redis" in figures:
+        if "two_relays_on_redis" in figures and len(rows) < 8:
             cluster = at("two_relays_on_redis", *keys)
             both = isinstance(cluster, float) and isinstance(theirs, float)
             ratio = (cluster / theirs if higher else theirs / cluster) if both else None
+            ratio = None if higher is None else ratio
             rows.append(("  two relays on Redis, behind nginx", cluster, theirs, ratio))
     return rows
 
@@ -372,25 +395,31 @@ def _cell(value: Any) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The figures side by side, and relay / durable-streams."""
+    """The figures side by side, and their ratio, relay / reference for a rate and
+    reference / relay for a time or a cost: above 1.0, the relay does better."""
     ours, peer = result["relay"], result["durable_streams"]
-    rows = [
+    pairs = [
         ("completed messages/s, sequential POSTs", ours["publish"]["messages_per_second"],
-         peer["appends"]["appends_per_second"], None),
-        ("SSE latency p50 (ms), /sse vs append", ours["sse"]["p50_ms"], peer["sse"]["p50_ms"],
-         None),
-        ("SSE latency p99 (ms), /sse vs append", ours["sse"]["p99_ms"], peer["sse"]["p99_ms"],
-         None),
+         peer["appends"]["appends_per_second"]),
+        ("SSE latency p50 (ms), /sse vs append", ours["sse"]["p50_ms"], peer["sse"]["p50_ms"]),
+        ("SSE latency p99 (ms), /sse vs append", ours["sse"]["p99_ms"], peer["sse"]["p99_ms"]),
     ]  # fmt: skip
-    rows = [(name, a, b, a / b) for name, a, b, _ in rows]
+    rows: list[tuple[str, Any, Any, float | None]] = [
+        (name, a, b, a / b if "/s" in name else b / a) for name, a, b in pairs
+    ]
     rows += protocol_rows(result["durable_streams_protocol"])
     lines = [f"{'':42} {'relay':>12} {'reference':>12} {'ratio':>7}"]
     for name, a, b, ratio in rows:
         shown = f"{ratio:>7.3f}" if ratio is not None else f"{'-':>7}"
         lines.append(f"{name:42} {_cell(a)} {_cell(b)} {shown}")
+    health = result["durable_streams_protocol"]["relay_healthz"]
+    lines.append(
+        f"relay GET /healthz, 16 connections (its HTTP edge): {health['per_second']:,.0f}/s, "
+        f"{health['cpu_us_per_request']:,.0f} us CPU each, CPU {health['server_cpu_percent']:.0f}%"
+    )
     ceiling = result["durable_streams_protocol"]["clients_on_nginx"]
     lines.append(
-        f"clients on nginx (their ceiling): wrk {ceiling['appends_per_second']:,.0f} "
+        f"clients on nginx (their ceiling): wrk {ceiling['requests_per_second']:,.0f} "
         f"requests/s over 16 connections; aiohttp reads 10 MB at "
         f"{ceiling['catch_up']['mb_per_second']:,.0f} MB/s"
     )

@@ -97,15 +97,16 @@ async def read_all(http: aiohttp.ClientSession, url: str) -> bytes:
                 return b"".join(parts)
 
 
-def wrk(url: str, seconds: float, body: str = APPEND_TEXT) -> dict[str, Any]:
-    """``wrk`` appending ``body`` over :data:`CONNECTIONS` connections for ``seconds``."""
+def wrk(url: str, seconds: float, append: bool = True) -> dict[str, Any]:
+    """``wrk`` over :data:`CONNECTIONS` connections for ``seconds``: appending
+    :data:`APPEND_TEXT` to ``url``, or (not ``append``) getting it."""
     if (binary := shutil.which("wrk")) is None:
         raise BenchError("the append figure needs wrk on the PATH (apt-get install wrk)")
     command = [
         binary, "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
         "-s", str(DIRECTORY / "append.lua"), url,
     ]  # fmt: skip
-    environment = os.environ | {"APPEND_TEXT": body}
+    environment = os.environ | {"APPEND_TEXT": APPEND_TEXT if append else ""}
     done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
     lines = [line for line in done.stderr.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -115,21 +116,51 @@ def wrk(url: str, seconds: float, body: str = APPEND_TEXT) -> dict[str, Any]:
     return summary
 
 
-async def appends(base: str, load: Load) -> dict[str, Any]:
-    """Appends per second over 16 connections to one stream, each one checked."""
+def cpu(pids: Sequence[int]) -> float:
+    """CPU seconds the processes have used so far, all together."""
+    from tests.harness.machine import cpu_seconds
+
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+async def loaded(url: str, seconds: float, pids: Sequence[int], append: bool) -> dict[str, Any]:
+    """One ``wrk`` run, with the servers' CPU time over its wall time."""
+    used, started = cpu(pids), time.perf_counter()
+    summary = await asyncio.to_thread(wrk, url, seconds, append)
+    used, wall = cpu(pids) - used, time.perf_counter() - started
+    summary["server_cpu_percent"] = 100 * used / wall
+    summary["cpu_us_per_request"] = 1e6 * used / max(1, summary["requests"])
+    return summary
+
+
+async def appends(base: str, load: Load, pids: Sequence[int]) -> dict[str, Any]:
+    """Appends per second over 16 connections to one stream, each one checked; and, as a
+    yardstick of the server's cost per request, catch-up reads of a 90-byte stream."""
     url = f"{base}bench/appends-{time.monotonic_ns()}"
+    small = f"{base}bench/small-{time.monotonic_ns()}"
     async with session() as http:
+        await create(http, small)
+        await append(http, small, APPEND_TEXT.encode())
+        reads = await loaded(f"{small}?offset=-1", load.seconds, pids, append=False)
         await create(http, url)
-        summary = await asyncio.to_thread(wrk, url, load.seconds)
+        summary = await loaded(url, load.seconds, pids, append=True)
         stored = await read_all(http, url)
     failed = sum(summary[key] for key in ("non2xx", "connect", "read", "write", "timeout"))
     size, count = len(APPEND_TEXT.encode()), summary["requests"]
     # Appends in flight when wrk stopped may have landed without being counted.
+    failed += sum(reads[key] for key in ("non2xx", "connect", "read", "write", "timeout"))
     if failed or not count * size <= len(stored) <= (count + CONNECTIONS) * size:
         raise BenchError(f"appends to {url}: {summary}, {len(stored)} bytes stored")
     if stored != APPEND_TEXT.encode() * (len(stored) // size):
         raise BenchError(f"appends to {url}: the stream read back is not the appends")
-    return {"appends_per_second": summary["per_second"], "appends": count}
+    return {
+        "appends_per_second": summary["per_second"],
+        "appends": count,
+        "server_cpu_percent": summary["server_cpu_percent"],
+        "cpu_us_per_append": summary["cpu_us_per_request"],
+        "small_reads_per_second": reads["per_second"],
+        "cpu_us_per_small_read": reads["cpu_us_per_request"],
+    }
 
 
 async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str]]:
@@ -227,12 +258,15 @@ async def timed_reads(url: str, reads: int, content: bytes, whole: bool) -> dict
     return {"read_ms": median * 1000, "mb_per_second": len(content) / median / 1e6}
 
 
-async def figures(base: str, load: Load, messages: Sequence[Message]) -> dict[str, Any]:
-    """The three figures for the server at ``base``; a setup request refused (such as 501
-    while streams are not shared between processes) is reported as such."""
+async def figures(
+    base: str, load: Load, messages: Sequence[Message], pids: Sequence[int]
+) -> dict[str, Any]:
+    """The three figures for the server at ``base`` (its processes: ``pids``); a setup
+    request refused (such as 501 while streams are not shared between processes) is
+    reported as such."""
     try:
         return {
-            "appends": await appends(base, load),
+            "appends": await appends(base, load, pids),
             "sse": await sse_latency(base, messages, load.rate),
             "catch_up": await catch_up(base, load, catch_up_content()),
         }
@@ -311,6 +345,6 @@ async def client_ceiling(load: Load) -> dict[str, Any]:
     """The two clients against nginx, which does next to nothing: what they can measure."""
     async with running_nginx() as port:
         base = f"http://127.0.0.1:{port}"
-        summary = await asyncio.to_thread(wrk, f"{base}/noop", load.seconds)
+        summary = await asyncio.to_thread(wrk, f"{base}/noop", load.seconds, True)
         read = await timed_reads(f"{base}/file", load.reads, catch_up_content(), whole=True)
-    return {"appends_per_second": summary["per_second"], "catch_up": read}
+    return {"requests_per_second": summary["per_second"], "catch_up": read}

@@ -1,8 +1,12 @@
--- wrk: every request appends the same text (APPEND_TEXT) to the stream wrk was given.
+-- wrk: with APPEND_TEXT set, every request appends that text to the stream wrk was given;
+-- with it empty, every request is a plain GET of the URL.
 -- At the end, one JSON line on stderr: the requests completed, the errors, the wall time.
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "text/plain; charset=utf-8"
-wrk.body = os.getenv("APPEND_TEXT") or "x"
+local text = os.getenv("APPEND_TEXT") or ""
+if text ~= "" then
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "text/plain; charset=utf-8"
+  wrk.body = text
+end
 
 function done(summary, latency, requests)
   local e = summary.errors
