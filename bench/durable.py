@@ -398,15 +398,13 @@ def table(result: dict[str, Any]) -> str:
     """The figures side by side, and their ratio, relay / reference for a rate and
     reference / relay for a time or a cost: above 1.0, the relay does better."""
     ours, peer = result["relay"], result["durable_streams"]
-    pairs = [
-        ("completed messages/s, sequential POSTs", ours["publish"]["messages_per_second"],
-         peer["appends"]["appends_per_second"]),
-        ("SSE latency p50 (ms), /sse vs append", ours["sse"]["p50_ms"], peer["sse"]["p50_ms"]),
-        ("SSE latency p99 (ms), /sse vs append", ours["sse"]["p99_ms"], peer["sse"]["p99_ms"]),
-    ]  # fmt: skip
+    rates = ours["publish"]["messages_per_second"], peer["appends"]["appends_per_second"]
     rows: list[tuple[str, Any, Any, float | None]] = [
-        (name, a, b, a / b if "/s" in name else b / a) for name, a, b in pairs
+        ("completed messages/s, sequential POSTs", *rates, rates[0] / rates[1])
     ]
+    for stat in ("p50", "p99"):
+        times = ours["sse"][f"{stat}_ms"], peer["sse"][f"{stat}_ms"]
+        rows.append((f"SSE latency {stat} (ms), /sse vs append", *times, times[1] / times[0]))
     rows += protocol_rows(result["durable_streams_protocol"])
     lines = [f"{'':42} {'relay':>12} {'reference':>12} {'ratio':>7}"]
     for name, a, b, ratio in rows:
