@@ -108,6 +108,8 @@ class Relay:
         self.durable = DurableStreams(
             self.settings, lambda: self.producers.memory_used, spawn=self._spawn
         )
+        # Both count against --max-memory-bytes: each takes what the other leaves.
+        self.producers.held_elsewhere = lambda: self.durable.store.total_bytes
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
