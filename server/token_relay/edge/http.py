@@ -35,7 +35,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..core.errors import FrameRejected, InvalidToken
-from ..core.forwarded import Network, client_address
+from ..core.forwarded import Network, client_address, scheme
 from ..core.grants import OPEN, Grant, Role
 from ..core.resume import decode_positions
 from ..core.settings import Settings
@@ -102,6 +102,9 @@ class HttpRequest:
     """The peer's address, or the one a trusted proxy forwarded for."""
     query: str = ""
     """The query string, after ``?``: parsed once, into the route."""
+    scheme: str = "http"
+    """``https`` when a trusted proxy says the client used it (see
+    :func:`~token_relay.core.forwarded.scheme`): for the URLs the relay builds."""
 
     @classmethod
     def of(
@@ -116,7 +119,8 @@ class HttpRequest:
         lowered = tuple((name.lower(), value) for name, value in headers)
         parts = urlsplit(target)
         client = client_address(peer, lowered, trusted)
-        return cls(method, target, parts.path, lowered, client, parts.query)
+        used = scheme(peer, lowered, trusted) if trusted else "http"
+        return cls(method, target, parts.path, lowered, client, parts.query, used)
 
     def header(self, name: str) -> str:
         """The last value of a header, or ''."""
