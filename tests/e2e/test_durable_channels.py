@@ -295,3 +295,46 @@ async def test_with_redis_a_long_poll_on_one_relay_is_woken_by_a_reply_on_anothe
         assert answer.status_code == 200
         assert [f["id"] for f in answer.json()] == ["after"]
         assert answer.headers["stream-next-offset"] == _offset(answer.json()[0])
+
+
+async def test_an_ai_sdk_chat_carried_by_the_durable_streams_transport(
+    relay: RunningRelay, ds_clients: Path
+) -> None:
+    """``@durable-streams/aisdk-transport`` with ``ai`` 7: the app's route appends the reply's
+    UI message chunks to a stream on the relay; the chat reads them, and reads them again
+    from the start when it resumes mid-reply, with no part twice."""
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        "aisdk_chat.mjs",
+        _http(relay),
+        cwd=ds_clients,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    chat = json.loads(out)
+    assert chat["sent"] == {
+        "id": "reply-1",
+        "role": "assistant",
+        "parts": [{"type": "text", "text": "Hello, ", "state": "streaming"}],
+    }
+    assert chat["resumed"] == {
+        "id": "reply-1",
+        "role": "assistant",
+        "parts": [{"type": "text", "text": "Hello, durable world!", "state": "done"}],
+    }
+    assert chat["idle"] is None
+    # What the relay holds: the reply's chunks, one item each, and the stream closed.
+    async with httpx.AsyncClient() as client:
+        stored = await client.get(
+            _http(relay) + "/v1/stream/chats/chat-1/1", params={"offset": "-1"}
+        )
+    assert stored.headers["stream-closed"] == "true"
+    assert [chunk["type"] for chunk in stored.json()] == [
+        "start",
+        "text-start",
+        *["text-delta"] * 5,
+        "text-end",
+        "finish",
+    ]
