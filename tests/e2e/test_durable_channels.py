@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from token_relay.core.resume import decode_positions, encode_positions
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
+from ..docs.blocks import docs_block
 from ..harness import RedisServer
 from ..harness.sse import SseReader
 
@@ -338,3 +340,35 @@ async def test_an_ai_sdk_chat_carried_by_the_durable_streams_transport(
         "text-end",
         "finish",
     ]
+
+
+async def test_the_documented_recipes_print_what_the_page_shows(
+    relay: RunningRelay, ds_clients: Path
+) -> None:
+    port = str(_port(relay))
+    script = re.sub(r"\b8765\b", port, docs_block("durable-channel-curl"))
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err
+    epoch = json.loads(out.decode().splitlines()[0])[0]["epoch"]
+    assert out.decode() == docs_block("durable-channel-curl-output").replace("k3J9xQ2vLm0A", epoch)
+    # The client's recipe, as printed: it prints the frame history holds, then the next.
+    (ds_clients / "recipe.mjs").write_text(
+        re.sub(r"\b8765\b", port, docs_block("durable-channel-client"))
+    )
+    reader = await asyncio.create_subprocess_exec(
+        "node", "recipe.mjs", cwd=ds_clients, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert reader.stdout is not None
+        first = await asyncio.wait_for(reader.stdout.readline(), 30)
+        assert first.decode() == f"message reply-1 Hello {epoch}_{1:016d}\n"
+        async with relay.connect("/produce?channel=chat-42") as producer:
+            await _produce(producer, "reply-2", ["Hel", "lo ", "again"])
+        second = await asyncio.wait_for(reader.stdout.readline(), 30)
+        assert second.decode() == f"message reply-2 Hello again {epoch}_{2:016d}\n"
+    finally:
+        reader.kill()
+        await reader.wait()
