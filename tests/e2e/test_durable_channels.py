@@ -372,3 +372,46 @@ async def test_the_documented_recipes_print_what_the_page_shows(
     finally:
         reader.kill()
         await reader.wait()
+
+
+async def test_a_reply_with_parts_reads_with_its_parts_as_subscribers_get_it(
+    relay: RunningRelay,
+) -> None:
+    chunks = [
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r1"},
+        {"type": "reasoning-delta", "id": "r1", "delta": "Thinking."},
+        {"type": "reasoning-end", "id": "r1"},
+        {"type": "text-start", "id": "t1"},
+        {"type": "text-delta", "id": "t1", "delta": "It is 21 °C."},
+        {"type": "text-end", "id": "t1"},
+    ]
+    async with (
+        connect(relay.url + "/subscribe?channel=parts") as sub,
+        relay.connect("/produce?channel=parts") as producer,
+    ):
+        assert (await recv_json(sub))["type"] == "subscribed"
+        for chunk in chunks:
+            await send_json(producer, {"id": "reply-7", "chunk": chunk})
+        await send_json(producer, {"id": "reply-7", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+        [frame] = await _subscriber_frames(sub, 1)
+    assert [part["type"] for part in frame["parts"]] == ["step-start", "reasoning", "text"]
+    async with httpx.AsyncClient() as client:
+        read = await client.get(_http(relay) + CHANNEL_PATH + "parts", params={"offset": "-1"})
+    assert read.json() == [frame]
+
+
+async def test_a_shutdown_answers_a_waiting_channel_long_poll_at_once() -> None:
+    running, server = await start_relay(long_poll_timeout=300)
+    url = _http(running) + CHANNEL_PATH + "c"
+    async with httpx.AsyncClient(timeout=60) as client:
+        tail = (await client.head(url)).headers["stream-next-offset"]
+        poll = asyncio.ensure_future(client.get(url, params={"offset": tail, "live": "long-poll"}))
+        while not running.relay.channels.listening("c"):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        await server.stop()
+        answer = await poll
+    assert answer.status_code == 204
+    assert answer.headers["stream-next-offset"] == tail
+    assert answer.headers["stream-up-to-date"] == "true"

@@ -72,6 +72,8 @@ class ChannelStreams:
         self._readers: dict[str, int] = {}
         """Live reads in progress, per channel: while any, the channel's frames are wanted."""
         self.stopping = False
+        self._polls = 0
+        """Long-polls in progress (their answer is written in the step that ends them)."""
 
     # ------------------------------------------------------------------ the broker
 
@@ -86,10 +88,13 @@ class ChannelStreams:
                 waiter.set_result(None)
 
     async def stop(self) -> None:
-        """The relay is shutting down: every live read answers now."""
+        """The relay is shutting down: every live read answers now (a long-poll 204), and
+        this returns once the long-polls' answers are written, before their sockets close."""
         self.stopping = True
         for channel in list(self._waiters):
             self.on_frame(channel)
+        while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
+            await asyncio.sleep(0)
 
     async def _follow(self, channel: str) -> None:
         self._readers[channel] = self._readers.get(channel, 0) + 1
@@ -169,7 +174,11 @@ class ChannelStreams:
                 (("Stream-Next-Offset", channel_offset(items.end)), ("Cache-Control", "no-store")),
             )
         if route.live == "long-poll":
-            return await self._poll(channel, route)
+            self._polls += 1
+            try:
+                return await self._poll(channel, route)
+            finally:
+                self._polls -= 1
         items = await self.read(channel, route.offset)
         tag = etag(items)
         headers: Headers = (
