@@ -49,7 +49,7 @@ def test_offsets_are_the_channel_positions_and_back() -> None:
         "k3J9_000000000000001",
         "k3J9_00000000000000001",
         "k3J9_000000000000001x",
-        "k3J9_０００００００００００００００1",
+        "k3J9_" + "\uff10" * 15 + "1",  # str.isdigit takes fullwidth digits
         "k3/9_0000000000000001",
         "k3J9",
         "x" * 65 + "_0000000000000001",
