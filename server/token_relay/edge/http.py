@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..core.errors import FrameRejected, InvalidToken
+from ..core.durablechannels import channel_of
+from ..core.errors import FrameRejected, InvalidToken, StreamRefused
 from ..core.forwarded import Network, client_address, scheme
 from ..core.grants import OPEN, Grant, Role
 from ..core.resume import decode_positions
@@ -272,7 +273,14 @@ class Gate:
         decision = self._decide(role, request, route)
         if isinstance(decision, Refusal):
             return _stream_error(decision.status, decision.code, decision.reason, headers)
-        if not decision.allows(request.path.removeprefix(routes.STREAM_PREFIX)):
+        try:
+            # A channel's stream is granted as its channel is.
+            name = channel_of(route.stream.removeprefix(routes.STREAM_PREFIX))
+        except StreamRefused as exc:
+            return _stream_error(exc.status, exc.code, exc.message, headers)
+        if name is None:
+            name = request.path.removeprefix(routes.STREAM_PREFIX)
+        if not decision.allows(name):
             return _stream_error(403, "forbidden", "this token does not grant the stream", headers)
         if route.sse:
             return Admit(request, route, decision, headers=headers)
