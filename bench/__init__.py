@@ -10,7 +10,9 @@ and 10,000 subscribers held by a few client processes (:mod:`bench.subscribers`)
 WebSockets and SSE, beside a bare ``os.write`` per socket (:mod:`bench.floor`) and with
 ``--workers 2`` on Redis; latency beside the floor; relay memory per idle WebSocket, SSE
 stream and message in flight; the Redis paths; and HTTP publishing and SSE delivery beside the
-``@durable-streams/server`` reference server (:mod:`bench.durable`, Node). Producer frames
+``@durable-streams/server`` reference server (:mod:`bench.durable`, Node), with the Durable
+Streams protocol's own figures (:mod:`bench.durableprotocol`: appends over 16 connections
+with ``wrk``, append -> SSE p99, a 10 MB catch-up). Producer frames
 are built before the clock starts (:mod:`bench.wire`), every message is checked, and every
 process started is stopped however the run ends. ``--markdown PATH`` writes the table and the
 targets as the docs' performance page shows them.

@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from tests.harness import ServiceProcess
 
 from . import cases, durable
+from . import durableprotocol as protocol
 from .cases import ASSEMBLERS, ROUTES, run_assembler
 from .report import (
     Results,
@@ -35,7 +36,7 @@ from .report import (
     to_json,
 )
 from .subscribers import SubscriberPool
-from .wire import BenchError, build_messages
+from .wire import BenchError, Message, build_messages
 
 NOTE = (
     "Every row was measured in this run; each cell is the median over the repetitions (for "
@@ -75,6 +76,8 @@ class Config:
     fanout_processes: int = option(4)  # subscriber processes for the largest fan-out
     durable_messages: int = option(2_000, 300, "messages per run, HTTP publish vs durable-streams")
     durable_rate: float = option(200.0, help="messages per second, SSE latency vs durable-streams")
+    durable_seconds: float = option(5.0, 2.0, "seconds per wrk run, Durable Streams appends")
+    durable_reads: int = option(5, 2)  # catch-up reads of 10 MB per repetition
     messages: int = option(2_000, 300, "messages per throughput run on the Redis paths")
     rate: float = option(1000.0, help="messages per second, latency case")
     latency_messages: int = option(600, 100, "messages per latency run")
@@ -299,8 +302,12 @@ class Run:
         paced = build_messages(min(config.durable_messages, 300), config.deltas, prefix="l")
         _progress("starting the @durable-streams/server reference server (Node)")
         await durable.install()
-        async with durable.running_durable() as port:
+        load = protocol.Load(
+            config.durable_seconds, len(paced), config.durable_rate, config.durable_reads
+        )
+        async with durable.running_reference() as (port, pid):
             for n in range(1, config.repeat + 1):
+                await self.durable_protocol(relay, port, pid, load, paced, n)
                 channel = self.channel("publish", n)
                 ours = await durable.relay_http_publish(relay.port, channel, throughput)
                 theirs = await durable.durable_appends(port, throughput)
@@ -319,6 +326,37 @@ class Run:
                     f"posts/s, durable-streams {theirs['appends_per_second']:,.0f} appends/s; "
                     f"SSE p99 {ours_sse['p99_ms']:.2f} vs {theirs_sse['p99_ms']:.2f} ms"
                 )
+
+    async def durable_protocol(
+        self,
+        relay: ServiceProcess,
+        port: int,
+        pid: int,
+        load: protocol.Load,
+        paced: Sequence[Message],
+        n: int,
+    ) -> None:
+        """The Durable Streams figures (:mod:`bench.durableprotocol`): the relay's
+        ``/v1/stream/`` beside the reference server."""
+        sides = (
+            ("relay", f"http://127.0.0.1:{relay.port}/v1/stream/", relay.pid),
+            ("peer", f"http://127.0.0.1:{port}/", pid),
+        )
+        for side, base, server in sides:
+            record = await protocol.figures(base, load, paced, [server])
+            if "refused" in record:
+                raise BenchError(f"Durable Streams at {base}: {record['refused']['request']}")
+            prefix = f"durable.{side}.stream"
+            self.results.add(f"{prefix}.appends", record["appends"]["appends_per_second"])
+            self.results.add(f"{prefix}.sse.p99", record["sse"]["p99_ms"])
+            self.results.add(f"{prefix}.catch_up", record["catch_up"]["mb_per_second"])
+            self.results.detail(f"{prefix}", record)
+            _progress(
+                f"[{n}/{self.config.repeat}] Durable Streams, {side}: "
+                f"{record['appends']['appends_per_second']:,.0f} appends/s, "
+                f"SSE p99 {record['sse']['p99_ms']:.2f} ms, "
+                f"10 MB at {record['catch_up']['mb_per_second']:,.0f} MB/s"
+            )
 
     async def __call__(self) -> None:
         """Measure every case."""

@@ -8,6 +8,13 @@ by Node from ``bench/durable``): ``python -m bench.durable`` (from the repositor
 * **SSE latency**: one live SSE reader (``GET /STREAM?offset=-1&live=sse``; the relay's ``GET
   /sse?channel=C``), then the same POSTs at ``--rate`` per second; from just before a POST to
   when the reader holds the message's whole text, each message once, in order, exact.
+* **The Durable Streams protocol** (:mod:`bench.durableprotocol`): appends per second over
+  16 connections (``wrk``), append -> SSE reader p99, and a catch-up read of a 10 MB stream,
+  for the relay's ``/v1/stream/`` and the reference server, with ratios (above 1.0, the
+  relay does better); the same on two relays on one ``redis-server`` behind nginx
+  (round-robin), which reports a refusal (501 while streams are not shared) as such; and
+  what bounds them: each server's CPU per request, the relay's ``/healthz`` over the same
+  connections, and the clients against nginx. ``--quick`` is a smoke run.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -25,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from . import durableprotocol as protocol
 from .cases import percentile
 from .wire import BenchError, Message, build_messages
 
@@ -57,6 +66,13 @@ async def install() -> None:
 @contextlib.asynccontextmanager
 async def running_durable() -> AsyncIterator[int]:
     """Run ``bench/durable/serve.mjs`` (in memory, a free port); yields the port."""
+    async with running_reference() as (port, _):
+        yield port
+
+
+@contextlib.asynccontextmanager
+async def running_reference() -> AsyncIterator[tuple[int, int]]:
+    """Run ``bench/durable/serve.mjs`` (in memory, a free port); yields its port and pid."""
     if (node := shutil.which("node")) is None:
         raise BenchError("the durable-streams peer needs Node.js (node on PATH)")
     process = await asyncio.create_subprocess_exec(
@@ -67,7 +83,7 @@ async def running_durable() -> AsyncIterator[int]:
     try:
         port = await listening(process.stderr)
         drain = asyncio.create_task(process.stderr.read())  # a full pipe must not block it
-        yield port
+        yield port, process.pid
         drain.cancel()
     finally:
         if process.returncode is None:
@@ -274,42 +290,144 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await install()
     throughput = build_messages(args.messages, args.deltas)
     latency = build_messages(args.latency_messages, args.deltas, prefix="l")
-    relay = relay_process(
-        "--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000",
-        name="relay",
-    )  # fmt: skip
+    load = protocol.Load(args.seconds, args.latency_messages, args.rate, args.reads)
+    relay = relay_process(*RELAY_FLAGS, name="relay")
     await relay.start()
     try:
-        async with running_durable() as port:
+        async with running_reference() as (port, pid):
             durable = {
                 "appends": await durable_appends(port, throughput),
                 "sse": await durable_sse_latency(port, latency, args.rate),
             }
+            base = f"http://127.0.0.1:{port}/"
+            reference = await protocol.figures(base, load, latency, [pid])
         ours = {
             "publish": await relay_http_publish(relay.port, "bench-http", throughput),
             "sse": await relay_sse_latency(relay.port, "bench-sse", latency, args.rate),
         }
+        base = f"http://127.0.0.1:{relay.port}/v1/stream/"
+        streams = await protocol.figures(base, load, latency, [relay.pid])
+        # The relay's cheapest request, over the same HTTP edge: its ceiling per request.
+        health = await protocol.loaded(
+            f"http://127.0.0.1:{relay.port}/healthz", load.seconds, [relay.pid], append=False
+        )
     finally:
         await relay.terminate()
-    result = {"relay": ours, "durable_streams": durable}
-    for side in result.values():
+    cluster = await cluster_figures(load, latency) if args.cluster else None
+    ceiling = await protocol.client_ceiling(load)
+    for side in (ours, durable):
         side["sse"]["samples"] = len(side["sse"].pop("samples_ms"))
         for name, record in side.items():
             side[name] = {key: round(value, 3) for key, value in record.items()}
-    return result
+    result = {"relay": ours, "durable_streams": durable}
+    figures = {"relay": streams, "reference": reference, "clients_on_nginx": ceiling}
+    figures["relay_healthz"] = {
+        key: health[key] for key in ("per_second", "server_cpu_percent", "cpu_us_per_request")
+    }
+    if cluster is not None:
+        figures["two_relays_on_redis"] = cluster
+    return result | {"durable_streams_protocol": _rounded(figures)}
+
+
+RELAY_FLAGS = ("--max-events-per-second", "1000000000", "--max-connections-per-ip", "100000")
+
+
+async def cluster_figures(load: protocol.Load, latency: Sequence[Message]) -> dict[str, Any]:
+    """The figures on two relays on one ``redis-server``, behind nginx (round-robin)."""
+    import tempfile
+
+    from tests.harness import relays_on
+    from tests.harness.redis_server import RedisServer
+
+    if shutil.which("redis-server") is None:
+        raise BenchError("the two-relay figures need redis-server on the PATH")
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as folder:
+        redis = RedisServer(Path(folder))
+        redis.start()
+        try:
+            async with (
+                relays_on(redis.url, *RELAY_FLAGS) as relays,
+                protocol.running_nginx([relay.port for relay in relays]) as port,
+            ):
+                base = f"http://127.0.0.1:{port}/v1/stream/"
+                return await protocol.figures(base, load, latency, [r.pid for r in relays])
+        finally:
+            redis.kill()
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def protocol_rows(figures: dict[str, Any]) -> list[tuple[str, Any, Any, float | None]]:
+    """The three figures: relay, reference, and relay / reference (for the latency,
+    reference / relay, so that above 1.0 is better on every row)."""
+
+    def at(side: str, *keys: str) -> Any:
+        record = figures[side]
+        if "refused" in record:
+            return f"{record['refused']['status']} refused"
+        for key in keys:
+            record = record[key]
+        return record
+
+    rows: list[tuple[str, Any, Any, float | None]] = []
+    for name, keys, higher in (
+        ("appends/s, 16 connections, one stream", ("appends", "appends_per_second"), True),
+        ("append -> SSE reader p99 (ms)", ("sse", "p99_ms"), False),
+        ("append -> SSE reader p50 (ms)", ("sse", "p50_ms"), False),
+        ("catch-up read of 10 MB (MB/s)", ("catch_up", "mb_per_second"), True),
+        ("server CPU during the appends (%)", ("appends", "server_cpu_percent"), None),
+        ("CPU per append (us)", ("appends", "cpu_us_per_append"), False),
+        ("reads/s of a 90-byte stream, 16 conns", ("appends", "small_reads_per_second"), True),
+        ("CPU per read of a 90-byte stream (us)", ("appends", "cpu_us_per_small_read"), False),
+    ):
+        ours, theirs = at("relay", *keys), at("reference", *keys)
+        ratio = (ours / theirs if higher else theirs / ours) if theirs and ours else None
+        ratio = None if higher is None else ratio
+        rows.append((name, ours, theirs, ratio))
+        if "two_relays_on_redis" in figures and len(rows) < 8:
+            cluster = at("two_relays_on_redis", *keys)
+            both = isinstance(cluster, float) and isinstance(theirs, float)
+            ratio = (cluster / theirs if higher else theirs / cluster) if both else None
+            ratio = None if higher is None else ratio
+            rows.append(("  two relays on Redis, behind nginx", cluster, theirs, ratio))
+    return rows
+
+
+def _cell(value: Any) -> str:
+    return f"{value:>12,.6g}" if isinstance(value, float | int) else f"{value:>12}"
 
 
 def table(result: dict[str, Any]) -> str:
-    """The figures side by side, and relay / durable-streams."""
+    """The figures side by side, and their ratio, relay / reference for a rate and
+    reference / relay for a time or a cost: above 1.0, the relay does better."""
     ours, peer = result["relay"], result["durable_streams"]
-    rows = [
-        ("completed messages/s, sequential POSTs", ours["publish"]["messages_per_second"],
-         peer["appends"]["appends_per_second"]),
-        ("SSE latency p50 (ms)", ours["sse"]["p50_ms"], peer["sse"]["p50_ms"]),
-        ("SSE latency p99 (ms)", ours["sse"]["p99_ms"], peer["sse"]["p99_ms"]),
-    ]  # fmt: skip
-    lines = [f"{'':40} {'relay':>10} {'durable':>10} {'ratio':>7}"]
-    lines += [f"{name:40} {a:>10,.6g} {b:>10,.6g} {a / b:>7.3f}" for name, a, b in rows]
+    rates = ours["publish"]["messages_per_second"], peer["appends"]["appends_per_second"]
+    rows: list[tuple[str, Any, Any, float | None]] = [
+        ("completed messages/s, sequential POSTs", *rates, rates[0] / rates[1])
+    ]
+    for stat in ("p50", "p99"):
+        times = ours["sse"][f"{stat}_ms"], peer["sse"][f"{stat}_ms"]
+        rows.append((f"SSE latency {stat} (ms), /sse vs append", *times, times[1] / times[0]))
+    rows += protocol_rows(result["durable_streams_protocol"])
+    lines = [f"{'':42} {'relay':>12} {'reference':>12} {'ratio':>7}"]
+    for name, a, b, ratio in rows:
+        shown = f"{ratio:>7.3f}" if ratio is not None else f"{'-':>7}"
+        lines.append(f"{name:42} {_cell(a)} {_cell(b)} {shown}")
+    health = result["durable_streams_protocol"]["relay_healthz"]
+    lines.append(
+        f"relay GET /healthz, 16 connections (its HTTP edge): {health['per_second']:,.0f}/s, "
+        f"{health['cpu_us_per_request']:,.0f} us CPU each, CPU {health['server_cpu_percent']:.0f}%"
+    )
+    ceiling = result["durable_streams_protocol"]["clients_on_nginx"]
+    lines.append(
+        f"clients on nginx (their ceiling): wrk {ceiling['requests_per_second']:,.0f} "
+        f"requests/s over 16 connections; aiohttp reads 10 MB at "
+        f"{ceiling['catch_up']['mb_per_second']:,.0f} MB/s"
+    )
     return "\n".join(lines)
 
 
@@ -319,10 +437,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-messages", type=int, default=300, help="for SSE latency")
     parser.add_argument("--rate", type=float, default=200.0, help="messages per second (SSE)")
     parser.add_argument("--deltas", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per wrk run of appends")
+    parser.add_argument("--reads", type=int, default=5, help="catch-up reads of 10 MB")
+    parser.add_argument(
+        "--no-cluster", dest="cluster", action="store_false",
+        help="skip the figures on two relays on Redis behind nginx",
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--quick", action="store_true", help="a smoke run")
     args = parser.parse_args(argv)
-    result = asyncio.run(run(args))
+    if args.quick:
+        args.messages, args.latency_messages, args.seconds, args.reads = 300, 100, 2.0, 2
+    try:
+        result = asyncio.run(run(args))
+    except BenchError as exc:
+        print(f"bench failed: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2))
     print(table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -195,6 +195,23 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
                     compared * (side == "relay"),
                 )
             )
+    if r.samples.get("durable.relay.stream.appends"):
+        ours, peer = "durable.relay.stream", "durable.peer.stream"
+        for what, key, unit in (
+            ("appends, 16 connections, one stream", "appends", "appends/s"),
+            ("catch-up read of a 10 MB stream", "catch_up", "MB/s"),
+        ):
+            compared = versus(f"{ours}.{key}", f"{peer}.{key}", "reference")
+            text = _rate(r.median(f"{ours}.{key}"), unit)
+            rows.append(("durable", f"relay /v1/stream/: {what}", text, compared))
+            rows.append(
+                ("durable", f"  reference: {what}", _rate(r.median(f"{peer}.{key}"), unit), "")
+            )
+        compared = versus(f"{ours}.sse.p99", f"{peer}.sse.p99", "reference's p99")
+        text = f"p99 {_ms(r.median(f'{ours}.sse.p99'))} ms"
+        rows.append(("durable", "relay /v1/stream/: append -> SSE reader", text, compared))
+        text = f"p99 {_ms(r.median(f'{peer}.sse.p99'))} ms"
+        rows.append(("durable", "  reference: append -> SSE reader", text, ""))
     for key, (label, _, _) in ROUTES.items():
         prefix, base = f"routes.{key}", "routes.single"
         compared = versus(prefix + ".throughput", base + ".throughput", "throughput")
@@ -320,6 +337,27 @@ def targets(results: Results, cores: int = 0) -> list[Target]:
             r.ratio("fanout.sse.10000.plain.p99", "fanout.10000.plain.p99"),
             SSE_GOAL,
             "<=",
+        ),
+        ratio(
+            "durable_appends",
+            "Durable Streams appends (16 connections) >= 1.0x reference",
+            r.ratio("durable.relay.stream.appends", "durable.peer.stream.appends"),
+            1.0,
+            ">=",
+        ),
+        ratio(
+            "durable_sse",
+            "Durable Streams append -> SSE p99 <= 1.0x reference",
+            r.ratio("durable.relay.stream.sse.p99", "durable.peer.stream.sse.p99"),
+            1.0,
+            "<=",
+        ),
+        ratio(
+            "durable_catch_up",
+            "Durable Streams 10 MB catch-up >= 1.0x reference",
+            r.ratio("durable.relay.stream.catch_up", "durable.peer.stream.catch_up"),
+            1.0,
+            ">=",
         ),
         ratio(
             "http_ingest",

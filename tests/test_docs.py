@@ -20,6 +20,10 @@ from .docs.blocks import DOCS, README, ROOT, Block, all_blocks, docs_block, page
 
 # The files the pages include (`--8<-- "path"`), each with the test that runs it as it is.
 INCLUDED = {
+    "tests/dsbridge/aisdk_chat.mjs": (
+        "tests/e2e/test_durable_channels.py::"
+        "test_an_ai_sdk_chat_carried_by_the_durable_streams_transport"
+    ),
     "client_demo/integrations/nextjs_route.ts": (
         "tests/e2e/test_ai_sdk.py::test_the_documented_nextjs_route_answers_use_chat"
     ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from token_relay.core.forwarded import client_address, parse_networks
+from token_relay.core.forwarded import client_address, parse_networks, scheme
 
 TRUSTED = parse_networks(["10.0.0.0/8", "127.0.0.1", "2001:db8::/32"])
 
@@ -60,3 +60,31 @@ def test_bad_networks_are_refused() -> None:
         parse_networks(["10.0.0.0/33"])
     with pytest.raises(ValueError):
         parse_networks(["not-a-network"])
+
+
+@pytest.mark.parametrize(
+    ("peer", "headers", "expected"),
+    [
+        ("10.0.0.1", [("x-forwarded-proto", "https")], "https"),
+        ("10.0.0.1", [("X-Forwarded-Proto", "HTTPS")], "https"),
+        ("10.0.0.1", [("x-forwarded-proto", "http")], "http"),
+        ("10.0.0.1", [], "http"),
+        # The last value: the hop nearest the relay wrote it.
+        ("10.0.0.1", [("x-forwarded-proto", "http, https")], "https"),
+        ("10.0.0.1", [("x-forwarded-proto", "https, http")], "http"),
+        # Forwarded's proto wins over X-Forwarded-Proto, whatever their order.
+        ("10.0.0.1", [("forwarded", "for=1.2.3.4;proto=http"), ("x-forwarded-proto", "https")],
+         "http"),
+        ("10.0.0.1", [("x-forwarded-proto", "http"), ("forwarded", 'for=1.2.3.4;proto="https"')],
+         "https"),
+        # A Forwarded without proto leaves X-Forwarded-Proto in charge.
+        ("10.0.0.1", [("forwarded", "for=1.2.3.4"), ("x-forwarded-proto", "https")], "https"),
+        ("10.0.0.1", [("x-forwarded-proto", "gopher")], "http"),
+        # An untrusted peer can't say so.
+        ("192.0.2.9", [("x-forwarded-proto", "https")], "http"),
+    ],
+)  # fmt: skip
+def test_the_scheme_is_https_only_when_a_trusted_proxy_says_so(
+    peer: str, headers: list[tuple[str, str]], expected: str
+) -> None:
+    assert scheme(peer, headers, parse_networks(["10.0.0.0/8"])) == expected

@@ -268,11 +268,26 @@ async def test_abort_reaches_the_producer_and_ends_the_reply(js_clients: Path) -
         _gateway(running, endless) as requests,
         connect(f"{running.url}/subscribe?channel={CHAT}") as sub,
     ):
-        assert (await recv_json(sub))["type"] == "subscribed"
-        node = asyncio.create_task(_node(js_clients, "abort", _ws(running), CHAT, stdin=b"x\n"))
-        await asyncio.wait_for(stopped.wait(), 30)
-        relayed = await _ended(sub)
-        held = await node
+        held, relayed = await stop_mid_reply(js_clients, _ws(running), sub, stopped)
+    assert_stopped_early(held, relayed, cancelled, requests)
+
+
+async def stop_mid_reply(
+    js_clients: Path, url: str, sub: Any, stopped: asyncio.Event
+) -> tuple[Any, dict[str, Any]]:
+    """Send with the AI SDK's transport at ``url`` and press Stop once text arrives; what
+    the app held, and the reply as the subscriber ``sub`` got it."""
+    assert (await recv_json(sub))["type"] == "subscribed"
+    node = asyncio.create_task(_node(js_clients, "abort", url, CHAT, stdin=b"x\n"))
+    await asyncio.wait_for(stopped.wait(), 30)
+    relayed = await _ended(sub)
+    return await node, relayed
+
+
+def assert_stopped_early(
+    held: Any, relayed: dict[str, Any], cancelled: list[Cancel], requests: list[ChatRequest]
+) -> None:
+    """The Stop reached the gateway as one cancel of its reply, which ended early."""
     assert held["aborted"] and held["text"].startswith("word")
     (cancel,) = cancelled
     assert (cancel.channel, cancel.id) == (CHAT, requests[0].id)

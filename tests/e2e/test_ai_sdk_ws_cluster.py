@@ -17,7 +17,17 @@ from token_relay.core.protocol import Cancel, ChatRequest
 
 from ..conftest import connect, recv_json
 from ..harness import RedisServer, ServiceProcess, eventually, relay_process, relays_on
-from .test_ai_sdk_ws import CHAT, QUESTION, Gateway, _ended, _node, _structured, _until_stopped
+from .test_ai_sdk_ws import (
+    CHAT,
+    QUESTION,
+    Gateway,
+    _ended,
+    _node,
+    _structured,
+    _until_stopped,
+    assert_stopped_early,
+    stop_mid_reply,
+)
 
 
 async def _registered(redis_url: str, chat: str, count: int = 1) -> None:
@@ -90,16 +100,8 @@ async def test_stop_on_one_process_stops_the_gateway_on_another(
         _gateway(first, redis_server.url, endless) as requests,
         connect(f"{second.url}/subscribe?channel={CHAT}") as sub,
     ):
-        assert (await recv_json(sub))["type"] == "subscribed"
-        node = asyncio.create_task(_node(js_clients, "abort", _ws(second), CHAT, stdin=b"x\n"))
-        await asyncio.wait_for(stopped.wait(), 30)
-        relayed = await _ended(sub)
-        held = await node
-    assert held["aborted"] and held["text"].startswith("word")
-    (cancel,) = cancelled
-    assert (cancel.channel, cancel.id) == (CHAT, requests[0].id)
-    assert relayed["id"] == requests[0].id
-    assert relayed["text"].count("word") < 2000  # the reply ended early
+        held, relayed = await stop_mid_reply(js_clients, _ws(second), sub, stopped)
+    assert_stopped_early(held, relayed, cancelled, requests)
 
 
 async def test_with_two_workers_every_send_is_answered(

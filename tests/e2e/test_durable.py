@@ -288,3 +288,19 @@ async def test_a_long_poll_on_a_stream_deleted_and_made_again_is_404(relay: Runn
         ).status_code == 201
         answer = await waiting
     assert (answer.status_code, answer.json()["code"]) == (404, "stream_not_found")
+
+
+async def test_location_says_https_only_when_a_trusted_proxy_says_the_client_used_it() -> None:
+    https = {"X-Forwarded-Proto": "https", "Host": "relay.example"}
+    async with relay_with(trusted_proxies=("127.0.0.1/32",)) as proxied:
+        trusted = await _put(proxied, "/v1/stream/behind-tls", https)
+    async with relay_with() as direct:
+        untrusted = await _put(direct, "/v1/stream/behind-tls", https)
+    assert trusted.status_code == untrusted.status_code == 201
+    assert trusted.headers["location"] == "https://relay.example/v1/stream/behind-tls"
+    assert untrusted.headers["location"] == "http://relay.example/v1/stream/behind-tls"
+
+
+async def _put(running: RunningRelay, path: str, headers: dict[str, str]) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=_http(running)) as client:
+        return await client.put(path, headers=headers)

@@ -5,6 +5,7 @@ memory is free again, whole and once."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from token_relay.client import RelayProducer
 
@@ -62,3 +63,35 @@ async def test_past_the_memory_limit_new_messages_wait_and_old_ones_go_on() -> N
         assert (frame["id"], frame["text"]) == ("later", "patient text")
         assert await _metric(port, "relay_memory_bytes") < 10_000
         assert await _metric(port, "relay_overloaded_total") >= 2  # it was refused, and waited
+
+
+async def test_durable_stream_data_counts_against_the_limit_for_new_messages() -> None:
+    running, relay = await start_relay(max_memory_bytes=10_000)
+    http = running.url.replace("ws://", "http://")
+    async with relay, running.connect("/produce?channel=c") as producer:
+        await send_json(producer, {"id": "under-way", "delta": "x" * 20})
+        await eventually(lambda: relay.producers.memory_in_use() == 20, 5)
+        # The stream takes what the message leaves; the two together reach the limit.
+        assert await _http(http, "PUT", "/v1/stream/big", b"x" * 9_990) == 201
+        await eventually(lambda: relay.producers.overloaded(time.monotonic()), 5)
+        await send_json(producer, {"id": "after", "delta": "hello"})
+        refused = await recv_json(producer)
+        assert (refused["type"], refused["code"], refused["id"]) == ("error", "overloaded", "after")
+        # Freed by the stream's delete, it is taken again.
+        assert await _http(http, "DELETE", "/v1/stream/big") == 204
+        await eventually(lambda: not relay.producers.overloaded(time.monotonic()), 5)
+        await send_json(producer, {"id": "after", "delta": "hello", "final": True})
+        assert (await recv_json(producer))["type"] == "ack"
+
+
+async def _http(base: str, method: str, path: str, body: bytes = b"") -> int:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"{method} {path} HTTP/1.1\r\nHost: relay\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + body
+    )
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    return int(status_line.split()[1])

@@ -1,4 +1,5 @@
-"""The client's address behind trusted reverse proxies (``Forwarded``, ``X-Forwarded-For``).
+"""The client's address behind trusted reverse proxies (``Forwarded``, ``X-Forwarded-For``),
+and the scheme it used (``Forwarded: proto=``, ``X-Forwarded-Proto``).
 
 A connection from a trusted proxy (``--trusted-proxy CIDR``) names the addresses it
 forwarded for in ``Forwarded: for=…`` (RFC 7239) or ``X-Forwarded-For``, one per hop,
@@ -8,6 +9,11 @@ was written by that hop and could be forged. Headers from an untrusted peer are 
 and so is a hop that cannot be parsed (``unknown``, an obfuscated name): the walk stops
 there, at the last address it could trust.
 
+The scheme the client used (for the URLs the relay builds: ``Location``, a webhook's
+callback) is ``https`` only when a trusted proxy says so, in the last ``proto=`` of
+``Forwarded`` or else the last value of ``X-Forwarded-Proto`` (the hop nearest the relay
+wrote it); anything else is ``http``.
+
 Pure: no sockets, no name resolution.
 """
 
@@ -16,7 +22,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Network", "client_address", "is_trusted", "parse_networks"]
+__all__ = ["Network", "client_address", "is_trusted", "parse_networks", "scheme"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -83,3 +89,21 @@ def client_address(
         if not any(address in network for network in trusted):
             break
     return str(current)
+
+
+def scheme(peer: str, headers: Sequence[tuple[str, str]], trusted: Sequence[Network]) -> str:
+    """``https`` if a trusted proxy says the client used it, else ``http``."""
+    if not is_trusted(peer, trusted):
+        return "http"
+    said = ""
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "forwarded":
+            for element in value.split(","):
+                for pair in element.split(";"):
+                    key, _, item = pair.strip().partition("=")
+                    if key.lower() == "proto":
+                        said = "f:" + item.strip().strip('"')
+        elif lowered == "x-forwarded-proto" and not said.startswith("f:"):
+            said = "x:" + value.split(",")[-1].strip()
+    return "https" if said[2:].lower() == "https" else "http"

@@ -251,7 +251,7 @@ class DurableStreams:
         if stream.closed:
             headers += (("Stream-Closed", "true"),)
         if created.created:
-            location = f"http://{request.header('host') or 'localhost'}{route.stream}"
+            location = f"{request.scheme}://{request.header('host') or 'localhost'}{route.stream}"
             return Reply(201, b"", stream.content_type, (("Location", location), *headers))
         return Reply(200, b"", stream.content_type, headers)
 

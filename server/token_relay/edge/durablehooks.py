@@ -143,7 +143,8 @@ class SubscriptionEndpoints:
         self.clock = clock
         self._key: SigningKey | None = None
         self.bases: dict[str, str] = {}
-        """Each subscription's base URL (``http://HOST/v1/stream/``), from its ``PUT``."""
+        """Each subscription's base URL (``http://HOST/v1/stream/``, ``https`` behind a trusted
+        proxy that says so), from its ``PUT``."""
 
     @property
     def key(self) -> SigningKey:
@@ -156,7 +157,7 @@ class SubscriptionEndpoints:
 
     def serve(self, method: str, control: str, request: HttpRequest, body: bytes) -> Reply:
         """A request on ``/v1/stream/__ds/{control}``."""
-        base = f"http://{request.header('host') or 'localhost'}/v1/stream/"
+        base = f"{request.scheme}://{request.header('host') or 'localhost'}/v1/stream/"
         try:
             if control == "jwks.json" and method in ("GET", "HEAD"):
                 return Reply(

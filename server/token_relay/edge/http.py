@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..core.errors import FrameRejected, InvalidToken
-from ..core.forwarded import Network, client_address
+from ..core.durablechannels import channel_of
+from ..core.errors import FrameRejected, InvalidToken, StreamRefused
+from ..core.forwarded import Network, client_address, scheme
 from ..core.grants import OPEN, Grant, Role
 from ..core.resume import decode_positions
 from ..core.settings import Settings
@@ -102,6 +103,9 @@ class HttpRequest:
     """The peer's address, or the one a trusted proxy forwarded for."""
     query: str = ""
     """The query string, after ``?``: parsed once, into the route."""
+    scheme: str = "http"
+    """``https`` when a trusted proxy says the client used it (see
+    :func:`~token_relay.core.forwarded.scheme`): for the URLs the relay builds."""
 
     @classmethod
     def of(
@@ -116,7 +120,8 @@ class HttpRequest:
         lowered = tuple((name.lower(), value) for name, value in headers)
         parts = urlsplit(target)
         client = client_address(peer, lowered, trusted)
-        return cls(method, target, parts.path, lowered, client, parts.query)
+        used = scheme(peer, lowered, trusted) if trusted else "http"
+        return cls(method, target, parts.path, lowered, client, parts.query, used)
 
     def header(self, name: str) -> str:
         """The last value of a header, or ''."""
@@ -268,7 +273,14 @@ class Gate:
         decision = self._decide(role, request, route)
         if isinstance(decision, Refusal):
             return _stream_error(decision.status, decision.code, decision.reason, headers)
-        if not decision.allows(request.path.removeprefix(routes.STREAM_PREFIX)):
+        try:
+            # A channel's stream is granted as its channel is.
+            name = channel_of(route.stream.removeprefix(routes.STREAM_PREFIX))
+        except StreamRefused as exc:
+            return _stream_error(exc.status, exc.code, exc.message, headers)
+        if name is None:
+            name = request.path.removeprefix(routes.STREAM_PREFIX)
+        if not decision.allows(name):
             return _stream_error(403, "forbidden", "this token does not grant the stream", headers)
         if route.sse:
             return Admit(request, route, decision, headers=headers)

@@ -172,6 +172,9 @@ class ProducerEndpoint:
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
+        self.held_elsewhere: Callable[[], int] = lambda: 0
+        """Bytes of ``--max-memory-bytes`` held by the rest of the relay (the Durable
+        Streams' data): new messages may take only what they leave."""
         self.delta_channels: Collection[str] = ()
         """The channels a deltas subscriber of this process listens to (the relay's live
         set): a structured message's chunks go to a broker that keeps no sessions only
@@ -752,11 +755,12 @@ class ProducerEndpoint:
 
     def overloaded(self, now: float) -> bool:
         """Whether memory in use is past ``--max-memory-bytes``, as counted at most
-        :data:`MEMORY_CHECK_SECONDS` ago (a count walks every session)."""
+        :data:`MEMORY_CHECK_SECONDS` ago (a count walks every session), with what the rest
+        of the relay holds (:attr:`held_elsewhere`) counted now."""
         if now - self._memory_checked >= MEMORY_CHECK_SECONDS:
             self._memory_checked = now
             self.memory_used = self.memory_in_use()
-        return self.memory_used > self.settings.max_memory_bytes
+        return self.memory_used + self.held_elsewhere() > self.settings.max_memory_bytes
 
     def _overloaded(self, message_id: str) -> FrameRejected:
         self.metrics.overloaded.inc()

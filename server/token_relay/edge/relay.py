@@ -43,7 +43,7 @@ from typing import Any
 from websockets import CloseCode
 
 from ..brokers import Broker, open_broker
-from ..core.errors import BrokerUnavailable, ErrorCode, FrameRejected
+from ..core.errors import BrokerUnavailable, ErrorCode, FrameRejected, StreamRefused
 from ..core.events import Delta, FrameKind, Payload
 from ..core.grants import Grant
 from ..core.hub import ChannelHub
@@ -53,7 +53,8 @@ from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream, ui_message
 from .aisdkws import AiSdkSocket, ChatEndpoint
-from .durable import DurableStreams
+from .durable import DurableStreams, refusal
+from .durablechannels import ChannelStreams, channel_of_route
 from .durablesse import DurableSse
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import HttpProducer
@@ -108,6 +109,12 @@ class Relay:
         self.durable = DurableStreams(
             self.settings, lambda: self.producers.memory_used, spawn=self._spawn
         )
+        # Both count against --max-memory-bytes: each takes what the other leaves.
+        self.producers.held_elsewhere = lambda: self.durable.store.total_bytes
+        self.channels = ChannelStreams(
+            self.settings, self.broker, self.subscribers.update_interest, self._spawn
+        )
+        self.subscribers.also_listening = self.channels.listening
         self._delta_channels = self.subscribers.router.hub.delta_channels
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
@@ -155,6 +162,7 @@ class Relay:
         deadline = time.monotonic() + self.settings.shutdown_timeout
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.shutdown_timeout):
+                await self.channels.stop()
                 await self.durable.stop()  # long-polls answered before their sockets close
         server = self.server
         if server is not None:
@@ -257,7 +265,10 @@ class Relay:
             # A peer that vanishes without a close frame just ends its iteration: that
             # is the world's doing, not an error of ours to log.
             if isinstance(route, routes.StreamRequest) and isinstance(connection, DurableSse):
-                await self.durable.serve_sse(connection, route)
+                if _is_channel_stream(route):
+                    await self.channels.serve_sse(connection, route)
+                else:
+                    await self.durable.serve_sse(connection, route)
             elif isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
                 await self.producers.serve(connection, route.channel, grant, route.session)
             elif isinstance(route, routes.AiSdkSocket) and isinstance(connection, AiSdkSocket):
@@ -312,6 +323,11 @@ class Relay:
         replies as ``UIMessage``\ s, or the dead letters."""
         route = request.route
         if isinstance(route, routes.StreamRequest):
+            if _is_channel_stream(route):
+                try:
+                    return await self.channels.serve(route, request.request)
+                except StreamRefused as exc:
+                    return refusal(exc)
             return await self.durable.serve(request, body)
         if isinstance(route, routes.DeadLetters):
             return await self._dead_letters(request)
@@ -391,6 +407,8 @@ class Relay:
     def on_frame(self, channel: str, kind: FrameKind, seq: int, payload: Payload) -> None:
         """Deliver a terminal or snapshot frame to this process's subscribers of ``channel``."""
         self.subscribers.deliver(channel, kind, seq, payload)
+        if kind is FrameKind.TERMINAL:
+            self.channels.on_frame(channel)
 
     def on_delta(self, channel: str, seq: int, delta: Delta) -> None:
         """Deliver a delta to this process's deltas subscribers of ``channel``."""
@@ -487,3 +505,12 @@ def _moved(name: str, taken: int) -> FrameRejected:
         "ack (with seq, nothing is applied twice)",
         index=taken,
     )
+
+
+def _is_channel_stream(route: routes.StreamRequest) -> bool:
+    """A channel read as a Durable Stream (a name there that is no channel: its stream,
+    to be refused there)."""
+    try:
+        return channel_of_route(route) is not None
+    except StreamRefused:
+        return True

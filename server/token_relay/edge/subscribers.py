@@ -72,6 +72,9 @@ class SubscriberEndpoint:
         self.router: ChannelRouter[Peer] = ChannelRouter(
             settings.max_channels_per_subscriber, window=settings.delta_flush_ms > 0
         )
+        self.also_listening: Callable[[str], bool] = lambda channel: False
+        """Whether another reader of this process needs a channel's terminal frames (a
+        channel read as a Durable Stream), whoever subscribes here."""
 
     async def serve(self, connection: Streamed, initial: list[Subscribe], grant: Grant) -> None:
         """Serve one subscriber connection until it ends."""
@@ -177,9 +180,15 @@ class SubscriberEndpoint:
         positions = None if frame.positions is MISSING else frame.positions
         self.writer.send_each(connection, self.router.joined(join, cut, positions))
 
+    async def update_interest(self, channel: str, strict: bool) -> None:
+        """Tell the broker whether this process still needs the channel's traffic (raising
+        :class:`BrokerUnavailable` if ``strict``)."""
+        await self._update_interest(channel, strict=strict)
+
     async def _update_interest(self, channel: str, *, strict: bool = False) -> None:
         """Tell the broker whether this process still needs the channel's traffic."""
         messages, deltas = self.router.interest(channel)
+        messages = messages or self.also_listening(channel)
         if strict:
             await self.broker.listen(channel, messages, deltas)
             return

@@ -1,0 +1,127 @@
+"""The relay's abuse bounds on ``/v1/stream/`` (user streams and channel streams alike), on
+a real relay over real sockets: bodies, request heads, long-polls in flight and SSE readers
+per address."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from ..conftest import RunningRelay, start_relay
+from ..harness.sse import SseReader
+
+JSON = {"Content-Type": "application/json"}
+
+
+def _http(running: RunningRelay) -> str:
+    return running.url.replace("ws://", "http://")
+
+
+def _port(running: RunningRelay) -> int:
+    return int(running.url.rsplit(":", 1)[1])
+
+
+async def _raw(port: int, request: bytes) -> bytes:
+    """Send ``request`` on a fresh socket; the response's status line."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_body_over_max_body_bytes_is_refused_before_it_is_read() -> None:
+    running, server = await start_relay(max_body_bytes=1024)
+    async with server, httpx.AsyncClient() as client:
+        base = _http(running) + "/v1/stream/"
+        assert (await client.put(base + "s", headers=JSON)).status_code == 201
+        big = await client.post(base + "s", headers=JSON, content=b"[" + b"1," * 600 + b"1]")
+        assert big.status_code == 413
+        # Announced too big, none of it sent: refused at once, not waited for.
+        status = await _raw(
+            _port(running),
+            b"POST /v1/stream/s HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000\r\n\r\n",
+        )
+        assert status.startswith(b"HTTP/1.1 413")
+        # Nothing of either landed.
+        read = await client.get(base + "s", params={"offset": "-1"})
+        assert read.json() == []
+        # A channel's stream refuses a write before its body too: it takes none.
+        channel = await client.post(base + "__channel/c", headers=JSON, content=b"[1]")
+        assert (channel.status_code, channel.json()["code"]) == (405, "read_only")
+
+
+async def test_a_request_head_over_16_kib_gets_431(relay: RunningRelay) -> None:
+    for path in (b"/v1/stream/s", b"/v1/stream/__channel/c"):
+        status = await _raw(
+            _port(relay),
+            b"GET "
+            + path
+            + b"?offset=-1 HTTP/1.1\r\nHost: relay\r\nX-Pad: "
+            + b"a" * 17_000
+            + b"\r\n\r\n",
+        )
+        assert status.startswith(b"HTTP/1.1 431"), (path, status)
+
+
+async def _long_poll(client: httpx.AsyncClient, url: str, offset: str) -> httpx.Response:
+    return await client.get(url, params={"offset": offset, "live": "long-poll"})
+
+
+async def test_long_polls_in_flight_count_per_address_until_they_end() -> None:
+    running, server = await start_relay(max_connections_per_ip=2, long_poll_timeout=30)
+    base = _http(running) + "/v1/stream/"
+    limits = httpx.Limits(max_connections=10, max_keepalive_connections=0)
+    async with server, httpx.AsyncClient(timeout=30, limits=limits) as client:
+        made = await client.put(base + "s", headers=JSON)
+        user_tail = made.headers["stream-next-offset"]
+        channel_tail = (await client.head(base + "__channel/c")).headers["stream-next-offset"]
+        polls = [
+            asyncio.ensure_future(_long_poll(client, base + "s", user_tail)),
+            asyncio.ensure_future(_long_poll(client, base + "__channel/c", channel_tail)),
+        ]
+        while not running.relay.channels.listening("c"):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        while running.relay.durable._polls < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        third = await client.get(base + "s", params={"offset": "-1"})
+        assert third.status_code == 429
+        # The channel's poll goes: its connection no longer counts, and an append (from
+        # the same address) answers the stream's poll.
+        polls[1].cancel()
+        while running.relay.gate.per_address.get("127.0.0.1", 0) >= 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        appended = await client.post(base + "s", headers=JSON, content=b'{"n": 1}')
+        assert appended.status_code == 204
+        answered = await polls[0]
+        assert (answered.status_code, answered.json()) == (200, [{"n": 1}])
+        again = await client.get(base + "s", params={"offset": "-1"})
+        assert again.status_code == 200
+
+
+async def test_sse_readers_count_per_address_until_they_end() -> None:
+    running, server = await start_relay(max_connections_per_ip=2)
+    port = _port(running)
+    async with server, httpx.AsyncClient() as client:
+        assert (await client.put(_http(running) + "/v1/stream/s", headers=JSON)).status_code == 201
+        paths = ["/v1/stream/s?offset=-1&live=sse", "/v1/stream/__channel/c?offset=-1&live=sse"]
+        readers: list[Any] = [SseReader(port, path) for path in paths]
+        for reader in readers:
+            await reader.__aenter__()
+            assert reader.status == 200
+            assert (await reader.next()).event == "control"
+        status = await _raw(
+            port, b"GET /v1/stream/s?offset=-1&live=sse HTTP/1.1\r\nHost: relay\r\n\r\n"
+        )
+        assert status.startswith(b"HTTP/1.1 429"), status
+        await readers[0].__aexit__()
+        while running.relay.gate.per_address.get("127.0.0.1", 0) >= 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        async with SseReader(port, paths[1]) as again:
+            assert again.status == 200
+        await readers[1].__aexit__()
