@@ -11,6 +11,9 @@ index; ``tr:ds:a:ID`` each entry's index scored by its start position; ``tr:ds:c
 stream whose keys Redis expired before the sweep dropped it is still counted there, and the
 sweep takes it off the counts (and its source's forks). A change publishes on
 ``tr:ds:w:PATH``.
+
+The scripts name most keys as they go (a stream's sources are found on the way), so they
+need one Redis server (or a primary with its replicas), not a Redis Cluster.
 """
 
 from __future__ import annotations
