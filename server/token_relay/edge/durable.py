@@ -136,7 +136,8 @@ class DurableStreams:
             await self._now()
             await self.store.unwatch(set(self._waiters))
         except StreamRefused as exc:
-            log.warning("durable streams not swept: %s", exc.message)
+            # Redis out of reach: the broker logs the outage; the next sweep goes on.
+            log.debug("durable streams not swept: %s", exc.message)
         self.hooks.tick()
 
     async def stop(self) -> None:

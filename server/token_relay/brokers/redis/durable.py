@@ -416,7 +416,13 @@ class RedisStore:
         raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
 
     async def expire(self, now: float) -> list[str]:
-        """Drop the streams past their expiry (at most :data:`SWEEP_BATCH`); their paths."""
+        """Drop the streams past their expiry (at most :data:`SWEEP_BATCH`); their paths.
+
+        A process that has served no stream yet leaves the sweep to those that have (and to
+        Redis's own expiry of the keys): it opens no connection for streams until one is
+        asked for."""
+        if not self._opened:
+            return []
         due = await self._command(
             "ZRANGEBYSCORE", "tr:ds:deadlines", "-inf", repr(now), "LIMIT", 0, SWEEP_BATCH
         )
