@@ -13,6 +13,7 @@ from token_relay.core.durablechannels import (
     items_body,
     judge_read,
     position_of_offset,
+    within,
 )
 from token_relay.core.errors import StreamRefused
 
@@ -89,3 +90,18 @@ def test_a_read_from_the_start_begins_before_the_run_history_holds() -> None:
     assert items.end == tail
     assert from_start(ChannelPosition(0, EPOCH), []).start == ChannelPosition(0, EPOCH)
     assert items_body([]) == b"[]"
+
+
+def test_a_read_past_its_budget_ends_short_of_the_tail_with_at_least_one_frame() -> None:
+    since, tail = ChannelPosition(2, EPOCH), ChannelPosition(5, EPOCH)
+    frames = ['{"n":3}', '{"n":4}', '{"n":5}']  # 7 bytes each, and a comma or bracket
+    # "[" + 7 + "," + 7 + "]": two frames fit in 17 bytes, not three.
+    two = within(Items(frames, since, tail), 17)
+    assert two == Items(frames[:2], since, ChannelPosition(4, EPOCH), up_to_date=False)
+    assert within(Items(frames, since, tail), 25) == Items(frames, since, tail)
+    one = within(Items(frames, since, tail), 1)  # a frame larger than the budget still goes
+    assert one == Items(frames[:1], since, ChannelPosition(3, EPOCH), up_to_date=False)
+    assert etag(two) != etag(Items(frames, since, tail))
+    # The next read goes on from where the short one ended.
+    rest = judge_read(two.end, tail, True, frames[2:])
+    assert rest == Items(frames[2:], two.end, tail)

@@ -415,3 +415,42 @@ async def test_a_shutdown_answers_a_waiting_channel_long_poll_at_once() -> None:
     assert answer.status_code == 204
     assert answer.headers["stream-next-offset"] == tail
     assert answer.headers["stream-up-to-date"] == "true"
+
+
+async def test_a_read_of_more_than_a_mebibyte_comes_in_parts_each_exact(
+    relay: RunningRelay,
+) -> None:
+    replies = [letter * 450_000 for letter in "abc"]  # two fit in 1 MiB of body, not three
+    async with (
+        connect(relay.url + "/subscribe?channel=big", max_size=None) as sub,
+        relay.connect("/produce?channel=big") as producer,
+    ):
+        assert (await recv_json(sub))["type"] == "subscribed"
+        for index, text in enumerate(replies):
+            await _produce(producer, f"m{index}", [text])
+        frames = await _subscriber_frames(sub, 3)
+    base = _http(relay) + CHANNEL_PATH + "big"
+    async with httpx.AsyncClient() as client:
+        first = await client.get(base, params={"offset": "-1"})
+        assert first.json() == frames[:2]
+        assert first.headers["stream-next-offset"] == _offset(frames[1])
+        assert "stream-up-to-date" not in first.headers
+        rest = await client.get(base, params={"offset": first.headers["stream-next-offset"]})
+        assert rest.json() == frames[2:]
+        assert rest.headers["stream-up-to-date"] == "true"
+        # A live SSE read sends the same frames, in the same parts, then follows on.
+        read: list[dict[str, Any]] = []
+        controls: list[dict[str, Any]] = []
+        async with client.stream("GET", base, params={"offset": "-1", "live": "sse"}) as sse:
+            event = ""
+            async for line in sse.aiter_lines():
+                if line.startswith("event:"):
+                    event = line.removeprefix("event:").strip()
+                elif line.startswith("data:") and event == "data":
+                    read.extend(json.loads(line.removeprefix("data:")))
+                elif line.startswith("data:") and event == "control":
+                    controls.append(json.loads(line.removeprefix("data:")))
+                    if controls[-1]["upToDate"]:
+                        break
+    assert read == frames
+    assert [c["upToDate"] for c in controls] == [False, True]

@@ -12,6 +12,8 @@ with 16 digits), so
   "epoch": "e"}`` resumes, and where an SSE ``Last-Event-ID`` holding ``[n, "e"]`` for the
   channel resumes; and back: the ``offset`` and ``epoch`` of the last frame a subscriber
   got make the stream offset to read on from. No frame is lost or read twice.
+* a read returns at most :data:`MAX_READ_BYTES` of frames (at least one): past them it
+  ends short of the tail, without ``Stream-Up-To-Date``, and the next read goes on;
 * ``-1`` reads from the oldest frame the channel's history still holds, ``now`` from the
   channel's tail.
 * an offset of another epoch (history lost: a relay restart, the channel's history dropped),
@@ -34,6 +36,7 @@ from .protocol import MAX_NAME_LENGTH
 
 __all__ = [
     "CHANNEL_PREFIX",
+    "MAX_READ_BYTES",
     "ChannelPosition",
     "Items",
     "channel_of",
@@ -43,11 +46,14 @@ __all__ = [
     "items_body",
     "judge_read",
     "position_of_offset",
+    "within",
 ]
 
 CHANNEL_PREFIX = "__channel/"
 """Where channels are, under the streams' root: no user stream can be made there."""
 
+MAX_READ_BYTES = 1024 * 1024
+"""Bytes of frames one read returns at most (at least one frame): as a stream's read."""
 OFFSET_DIGITS = 16
 MAX_EPOCH_LENGTH = 64
 
@@ -63,11 +69,27 @@ class ChannelPosition:
 @dataclass(frozen=True, slots=True)
 class Items:
     """What a read returns: the frames after ``start``, ending at ``end`` (the channel's
-    tail when they were read)."""
+    tail when they were read, unless the read's budget cut it short: ``up_to_date``)."""
 
     frames: Sequence[str]
     start: ChannelPosition
     end: ChannelPosition
+    up_to_date: bool = True
+
+
+def within(items: Items, budget: int = MAX_READ_BYTES) -> Items:
+    """The frames of ``items`` that fit in ``budget`` bytes of body (at least one), as a
+    read that ends after the last of them: the next read goes on from there."""
+    size, kept = 1, 0
+    for frame in items.frames:
+        size += len(frame.encode()) + 1
+        if kept and size > budget:
+            break
+        kept += 1
+    if kept == len(items.frames):
+        return items
+    end = ChannelPosition(items.start.offset + kept, items.start.epoch)
+    return Items(items.frames[:kept], items.start, end, up_to_date=False)
 
 
 def channel_of(name: str) -> str | None:
@@ -125,12 +147,12 @@ def judge_read(
             "(another epoch, or older than --history-size / --history-ttl): "
             "read from -1 or now",
         )
-    return Items(frames, since, tail)
+    return within(Items(frames, since, tail))
 
 
 def from_start(tail: ChannelPosition, frames: Sequence[str]) -> Items:
     """A read from ``-1``: ``frames`` are the run history holds, ending at ``tail``."""
-    return Items(frames, ChannelPosition(tail.offset - len(frames), tail.epoch), tail)
+    return within(Items(frames, ChannelPosition(tail.offset - len(frames), tail.epoch), tail))
 
 
 def items_body(frames: Sequence[str]) -> bytes:

@@ -183,7 +183,7 @@ class ChannelStreams:
         tag = etag(items)
         headers: Headers = (
             ("Stream-Next-Offset", channel_offset(items.end)),
-            ("Stream-Up-To-Date", "true"),
+            *_up_to_date(items),
             ("ETag", tag),
             ("Stream-Cursor", self.cursor(route)),
             ("Cache-Control", "no-store"),
@@ -211,7 +211,7 @@ class ChannelStreams:
                         JSON,
                         (
                             ("Stream-Next-Offset", channel_offset(items.end)),
-                            ("Stream-Up-To-Date", "true"),
+                            *_up_to_date(items),
                             ("ETag", etag(items)),
                             ("Stream-Cursor", self.cursor(route)),
                             ("Cache-Control", "no-store"),
@@ -276,7 +276,7 @@ class ChannelStreams:
                     control = {
                         "streamNextOffset": channel_offset(items.end),
                         "streamCursor": self.cursor(route),
-                        "upToDate": True,
+                        "upToDate": items.up_to_date,
                     }
                     events += sse_event("control", json.dumps(control, separators=(",", ":")))
                     sse.event(events)
@@ -285,8 +285,9 @@ class ChannelStreams:
                 left = ends - loop.time()
                 if left <= 0 or self.stopping:
                     return
-                await self._wait(channel, waiter, left)
-                waiter = self._waiter(channel)
+                if items.up_to_date:  # else the rest is read at once
+                    await self._wait(channel, waiter, left)
+                    waiter = self._waiter(channel)
                 try:
                     items = await self.read(channel, items.end)
                 except StreamRefused:
@@ -294,6 +295,11 @@ class ChannelStreams:
         finally:
             self._discard(channel, waiter)
             self._unfollow(channel)
+
+
+def _up_to_date(items: Items) -> Headers:
+    """``Stream-Up-To-Date`` when the read reached the channel's tail."""
+    return (("Stream-Up-To-Date", "true"),) if items.up_to_date else ()
 
 
 def _refusal(exc: StreamRefused) -> Reply:
