@@ -508,6 +508,10 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
         redis_server.start()
         await asyncio.wait_for(gateways, 60)
         watching.cancel()
+        # A's writes go through its pool again, but its pub/sub connection may still be in
+        # its reconnect backoff, and until then it refuses subscribes (broker_unavailable):
+        # wait until it says it is ready, as a load balancer would.
+        await eventually(lambda: _ready(a), 10, what="relay A ready again")
         # What the subscriber saw before the restart, and the new epoch's whole history.
         async with connect(f"{a.url}/subscribe") as replay:
             await send_json(replay, {"type": "subscribe", "channel": "restart"})
@@ -602,3 +606,7 @@ async def test_a_pub_sub_connection_gone_dead_without_a_reset_is_replaced(
             await again.close()
         finally:
             await relay.stop()
+
+
+async def _ready(relay: ServiceProcess) -> bool:
+    return await relay.http_status("/readyz") == 200
