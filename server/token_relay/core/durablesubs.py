@@ -35,13 +35,14 @@ import hmac
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from .durable import offset_text, position_of
 from .durablesubconfig import MAX_EXPLICIT_STREAMS, MAX_TEXT, SubscriptionConfig, glob_match
 from .errors import StreamRefused, SubscriptionError
 
-__all__ = ["Subscription", "Subscriptions", "TailOf", "Wake"]
+__all__ = ["Subscription", "Subscriptions", "TailOf", "Wake", "dump", "load"]
 
 TailOf = Callable[[str], int | None]
 """A stream's tail position by its stream-root-relative path, or None if there is none."""
@@ -457,6 +458,53 @@ class Subscriptions:
                 if wake is not None:
                     wakes.append(wake)
         return wakes
+
+
+def dump(subscription: Subscription) -> dict[str, Any]:
+    """A subscription as plain JSON values (:func:`load` makes it again): a store shared
+    by processes keeps it so."""
+    current = subscription.current
+    return {
+        "id": subscription.id,
+        "config": subscription.config.model_dump(mode="json"),
+        "created_at": subscription.created_at,
+        "links": {
+            path: [link.acked, link.glob, link.explicit]
+            for path, link in subscription.links.items()
+        },
+        "generation": subscription.generation,
+        "current": None
+        if current is None
+        else {
+            "wake": {**asdict(current.wake), "streams": list(current.wake.streams)},
+            "lease_until": current.lease_until,
+            "holder": current.holder,
+        },
+        "failed": subscription.failed,
+        "attempts": subscription.attempts,
+        "retry_at": subscription.retry_at,
+    }
+
+
+def load(data: dict[str, Any]) -> Subscription:
+    """The subscription :func:`dump` gave."""
+    config = SubscriptionConfig.model_validate(data["config"], strict=False)
+    subscription = Subscription(data["id"], config, config.digest(), data["created_at"])
+    subscription.links = {
+        path: _Link(int(acked), bool(glob), bool(explicit))
+        for path, (acked, glob, explicit) in data["links"].items()
+    }
+    subscription.generation = int(data["generation"])
+    current = data["current"]
+    if current is not None:
+        wake = dict(current["wake"])
+        wake["streams"] = tuple(wake["streams"])
+        wake["pending"] = tuple(wake["pending"])
+        subscription.current = _Current(Wake(**wake), current["lease_until"], current["holder"])
+    subscription.failed = bool(data["failed"])
+    subscription.attempts = int(data["attempts"])
+    subscription.retry_at = data["retry_at"]
+    return subscription
 
 
 def _b64(data: bytes) -> str:
