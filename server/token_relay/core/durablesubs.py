@@ -42,7 +42,7 @@ from .durable import offset_text, position_of
 from .durablesubconfig import MAX_EXPLICIT_STREAMS, MAX_TEXT, SubscriptionConfig, glob_match
 from .errors import StreamRefused, SubscriptionError
 
-__all__ = ["Subscription", "Subscriptions", "TailOf", "Wake", "dump", "load"]
+__all__ = ["Held", "Select", "Subscription", "Subscriptions", "TailOf", "Wake", "dump", "load"]
 
 TailOf = Callable[[str], int | None]
 """A stream's tail position by its stream-root-relative path, or None if there is none."""
@@ -458,6 +458,21 @@ class Subscriptions:
                 if wake is not None:
                     wakes.append(wake)
         return wakes
+
+
+@dataclass(slots=True)
+class Held:
+    """The subscriptions as one operation sees and changes them."""
+
+    core: Subscriptions
+    bases: dict[str, str]
+    """Each subscription's base URL (``http://HOST/v1/stream/``, ``https`` behind a trusted
+    proxy that says so), from its ``PUT``."""
+    tail_of: TailOf
+
+
+Select = Callable[[Subscription], bool]
+"""Which subscriptions an operation looks at the linked streams of."""
 
 
 def dump(subscription: Subscription) -> dict[str, Any]:
