@@ -12,8 +12,13 @@ them in the protocol's shapes, and delivers each :class:`~token_relay.core.durab
 * a **pull-wake** wake appends one event per pending stream to its ``wake_stream`` (a JSON
   stream the application made; without it, nothing is written).
 
-The signing key is made when the process starts and lives as long as it: receivers pick the
-key by the ``kid`` of each signature, from ``GET /v1/stream/__ds/jwks.json``.
+Where the subscriptions live is a :class:`SubscriptionState`'s: this process
+(:class:`LocalSubscriptions`), or Redis, shared by every relay process
+(:class:`~token_relay.brokers.redis.durablesubs.RedisSubscriptions`). Each operation holds
+them (:meth:`SubscriptionState.hold`), applies the core's rules, and delivers what they say
+once it lets them go. The signing key is the state's (made once; in Redis, by the first
+process, for all): receivers pick the key by the ``kid`` of each signature, from
+``GET /v1/stream/__ds/jwks.json``.
 """
 
 from __future__ import annotations
