@@ -322,3 +322,54 @@ async def test_a_webhook_subscription_made_on_one_relay_is_woken_and_called_back
         assert sorted(await redis.hkeys("tr:ds:subs:keys")) == [b"ed25519", b"hmac"]
     finally:
         await redis.aclose()
+
+
+async def test_claims_raced_on_both_relays_give_each_wake_to_one_worker(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    one, other = _http(pair[0]), _http(pair[1])
+    async with httpx.AsyncClient() as client:
+        wakes = await client.put(one + "wakes", headers={"Content-Type": "application/json"})
+        assert wakes.status_code == 201
+        names = [f"s{n}" for n in range(8)]
+        for name in names:
+            config = {"type": "pull-wake", "streams": [f"tasks/{name}"], "wake_stream": "wakes"}
+            made = await client.put(other + f"__ds/subscriptions/{name}", json=config)
+            assert made.status_code == 201
+            task = await client.put(one + f"tasks/{name}", headers=TEXT, content=b"job")
+            assert task.status_code == 201
+
+        async def claim(base: str, name: str, worker: str) -> httpx.Response:
+            url = base + f"__ds/subscriptions/{name}/claim"
+            return await client.post(url, json={"worker": worker})
+
+        for name in names:
+            first, second = await asyncio.gather(
+                claim(one, name, "worker-a"), claim(other, name, "worker-b")
+            )
+            statuses = sorted([first.status_code, second.status_code])
+            assert statuses == [200, 409], (name, first.text, second.text)
+            won, lost = (first, second) if first.status_code == 200 else (second, first)
+            assert lost.json()["error"]["code"] == "ALREADY_CLAIMED"
+            assert lost.json()["error"]["current_holder"] in ("worker-a", "worker-b")
+            wake = won.json()
+            assert wake["generation"] == 1
+            # Acked and done through the relay that lost the claim: one wake, one end.
+            bearer = {"Authorization": f"Bearer {wake['token']}"}
+            tail = wake["streams"][0]["tail_offset"]
+            ack = {
+                "wake_id": wake["wake_id"],
+                "generation": 1,
+                "acks": [{"stream": f"tasks/{name}", "offset": tail}],
+                "done": True,
+            }
+            acked = await asyncio.gather(
+                client.post(one + f"__ds/subscriptions/{name}/ack", json=ack, headers=bearer),
+                client.post(other + f"__ds/subscriptions/{name}/ack", json=ack, headers=bearer),
+            )
+            assert sorted(response.status_code for response in acked) == [200, 409]
+            nothing = await claim(one, name, "worker-a")
+            assert nothing.json()["error"]["code"] == "NO_PENDING_WORK"
+        events = await client.get(one + "wakes", params={"offset": "-1"})
+    woken = sorted(event["subscription_id"] for event in events.json())
+    assert woken == names
