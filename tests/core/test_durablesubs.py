@@ -285,3 +285,15 @@ def test_a_subscription_dumped_as_json_and_loaded_goes_on_the_same() -> None:
     request["acks"] = [{"stream": "events/a", "offset": offset_text(4)}]
     assert again.ack("s", wake.token, request, 9.5, tails) == (False, None)
     assert again.get("s").links["events/a"].acked == 4
+
+
+def test_a_subscription_asked_again_wakes_for_data_appended_past_its_links() -> None:
+    subscriptions = _subscriptions()
+    tails = Streams(events__a=2)
+    subscriptions.put("s", _config(), 0.0, ["events/a"], tails)
+    assert subscriptions.wake("s", 1.0, tails) is None
+    tails.tails["events/a"] = 5  # appended while no one knew of the subscription
+    wake = subscriptions.wake("s", 2.0, tails)
+    assert wake is not None and (wake.generation, wake.pending) == (1, ("events/a",))
+    assert subscriptions.wake("s", 3.0, tails) is None  # one wake at a time
+    assert subscriptions.wake("gone", 3.0, tails) is None

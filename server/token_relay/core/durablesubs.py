@@ -265,6 +265,15 @@ class Subscriptions:
             else:
                 del subscription.links[path]
 
+    def wake(self, subscription_id: str, now: float, tail_of: TailOf) -> Wake | None:
+        """The wake the subscription starts if it is idle with work pending (a shared store
+        asks again after linking streams: an append made meanwhile, through another process,
+        found no subscription yet)."""
+        subscription = self.subscriptions.get(subscription_id)
+        if subscription is None:
+            return None
+        return self._wake_if_pending(subscription, now, tail_of)
+
     def _wake_if_pending(
         self, subscription: Subscription, now: float, tail_of: TailOf
     ) -> Wake | None:

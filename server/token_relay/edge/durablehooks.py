@@ -265,6 +265,7 @@ class SubscriptionEndpoints:
                     )
                     held.bases.setdefault(subscription_id, base)
                     described = self.describe(held, subscription, key)
+                await self._wake_linked(subscription_id, only)
                 return _json(201 if created else 200, described)
             if method == "GET":
                 async with self.state.hold((), only) as held:
@@ -285,6 +286,7 @@ class SubscriptionEndpoints:
                     raise SubscriptionError(400, "INVALID_REQUEST", "streams is a list of paths")
                 async with self.state.hold(given, only) as held:
                     held.core.add_streams(subscription_id, given, held.tail_of)
+                await self._wake_linked(subscription_id, only)
                 return Reply(204, b"")
             if method == "DELETE" and rest:
                 async with self.state.hold((), only) as held:
@@ -327,6 +329,15 @@ class SubscriptionEndpoints:
         if action == "release":
             return Reply(204, b"")
         return _json(200, {"ok": True, "next_wake": next_wake})
+
+    async def _wake_linked(self, subscription_id: str, only: Select) -> None:
+        """Wake a subscription that streams were just linked to, if they have data past
+        their link: an append through another process, between the tails read and the
+        link written, saw no subscription to wake."""
+        async with self.state.hold((), only) as held:
+            wake = held.core.wake(subscription_id, self.clock(), held.tail_of)
+            bases = dict(held.bases)
+        self._deliver([wake], bases)
 
     def describe(
         self, held: Held, subscription: Subscription, key: SigningKey
