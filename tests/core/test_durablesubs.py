@@ -9,7 +9,7 @@ import json
 import pytest
 from token_relay.core.durable import offset_text
 from token_relay.core.durablesubconfig import SubscriptionConfig, config_of
-from token_relay.core.durablesubs import Subscriptions, Wake
+from token_relay.core.durablesubs import Subscriptions, Wake, dump, load
 from token_relay.core.errors import SubscriptionError
 
 HOOK = "https://worker.example/hooks"
@@ -262,3 +262,38 @@ def test_adding_too_many_explicit_streams_adds_none() -> None:
     refused = _refusal(subscriptions.add_streams, "s", many, Streams())
     assert (refused.status, refused.code) == (400, "INVALID_REQUEST")
     assert list(subscriptions.get("s").links) == ["x"]
+
+
+def test_a_subscription_dumped_as_json_and_loaded_goes_on_the_same() -> None:
+    subscriptions = _subscriptions()
+    tails = Streams(events__a=1)
+    subscriptions.put("s", _config(streams=["x"], lease_ttl_ms=2000), 0.0, ["events/a"], tails)
+    tails.tails["events/a"] = 4
+    (wake,) = subscriptions.appended("events/a", 1, 5.0, tails)
+    subscriptions.retry("s", 9.0)
+    text = json.dumps(dump(subscriptions.get("s")))
+    again = _subscriptions()
+    again.key = subscriptions.key
+    loaded = load(json.loads(text))
+    again.subscriptions["s"] = loaded
+    assert dump(loaded) == dump(subscriptions.get("s"))
+    assert loaded.current is not None and loaded.current.wake == wake
+    assert (loaded.links["x"].explicit, loaded.links["events/a"].acked) == (True, 1)
+    (retried,) = again.due(9.0, tails)
+    assert retried == wake
+    request = {"wake_id": wake.wake_id, "generation": wake.generation, "done": True}
+    request["acks"] = [{"stream": "events/a", "offset": offset_text(4)}]
+    assert again.ack("s", wake.token, request, 9.5, tails) == (False, None)
+    assert again.get("s").links["events/a"].acked == 4
+
+
+def test_a_subscription_asked_again_wakes_for_data_appended_past_its_links() -> None:
+    subscriptions = _subscriptions()
+    tails = Streams(events__a=2)
+    subscriptions.put("s", _config(), 0.0, ["events/a"], tails)
+    assert subscriptions.wake("s", 1.0, tails) is None
+    tails.tails["events/a"] = 5  # appended while no one knew of the subscription
+    wake = subscriptions.wake("s", 2.0, tails)
+    assert wake is not None and (wake.generation, wake.pending) == (1, ("events/a",))
+    assert subscriptions.wake("s", 3.0, tails) is None  # one wake at a time
+    assert subscriptions.wake("gone", 3.0, tails) is None

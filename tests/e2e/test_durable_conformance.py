@@ -102,9 +102,6 @@ async def test_the_conformance_suite_passes(conformance_suite: Path) -> None:
     assert relay.tracebacks == 0, relay.log
 
 
-SUBSCRIPTIONS = "Reserved subscription APIs"
-"""The describe block of the suite's webhook subscription tests: subscriptions are kept per
-process, so on a cluster their control APIs are refused (501, ``not_shared``)."""
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 
 
@@ -129,8 +126,6 @@ async def test_the_conformance_suite_passes_on_two_relays_behind_nginx(
     assert len(results) == SUITE_TESTS, len(results)
     passed = {name for name, status in results.items() if status == "passed"}
     expected = set(PASSING.read_text().splitlines())
-    shared = {name for name in expected if SUBSCRIPTIONS not in name}
-    missing = sorted(shared - passed)
+    missing = sorted(expected - passed)
     assert not missing, f"{len(passed)} passed; these should pass and did not: {missing}"
-    assert len(expected - shared) == 6
     assert all(relay.tracebacks == 0 for relay in relays), [relay.log for relay in relays]

@@ -15,7 +15,8 @@ import pytest
 from redis.asyncio import Redis
 
 from ..conftest import RunningRelay, start_relay
-from ..harness import RedisServer, eventually, relays_on
+from ..harness import RedisServer, WebhookReceiver, eventually, relays_on
+from .test_durable import _verify
 
 JSON = {"Content-Type": "application/json"}
 TEXT = {"Content-Type": "text/plain"}
@@ -209,8 +210,6 @@ async def test_keys_are_named_as_documented_and_expire_after_the_stream(
     async with httpx.AsyncClient() as client:
         made = await client.put(url, headers={**TEXT, "Stream-TTL": "100"}, content=b"abc")
         assert made.status_code == 201
-        subscriptions = await client.get(_http(pair[1]) + "__ds/subscriptions")
-    assert (subscriptions.status_code, subscriptions.json()["code"]) == (501, "not_shared")
     redis = Redis.from_url(redis_server.url)
     try:
         stream_id = await redis.get("tr:ds:p:/v1/stream/keys")
@@ -260,3 +259,117 @@ async def test_two_relay_processes_a_long_poll_on_one_woken_by_an_append_on_the_
             await redis.aclose()
         assert (first.tracebacks, second.tracebacks) == (0, 0)
     assert (answer.status_code, json.loads(answer.content)) == (200, ["hi"])
+
+
+async def test_a_webhook_subscription_made_on_one_relay_is_woken_and_called_back_on_the_other(
+    pair: tuple[RunningRelay, RunningRelay], redis_server: RedisServer
+) -> None:
+    one, other = _http(pair[0]), _http(pair[1])
+    with WebhookReceiver() as receiver:
+        async with httpx.AsyncClient() as client:
+            config = {"type": "webhook", "pattern": "jobs/*", "webhook": {"url": receiver.url}}
+            made = await client.put(one + "__ds/subscriptions/jobs", json=config)
+            assert made.status_code == 201
+            again = await client.put(other + "__ds/subscriptions/jobs", json=config)
+            assert again.status_code == 200  # the same subscription, seen from the other
+            stream = await client.put(other + "jobs/1", headers=TEXT, content=b"work")
+            tail = stream.headers["stream-next-offset"]
+            await eventually(lambda: len(receiver.received) == 1, timeout=15, what="a wake")
+            (post,) = receiver.received
+            jwks = [(await client.get(base + "__ds/jwks.json")).json() for base in (one, other)]
+            assert jwks[0] == jwks[1]
+            for keys in jwks:
+                assert _verify(post.headers["webhook-signature"], post.body, keys)
+            wake = post.json()
+            assert (wake["subscription_id"], wake["generation"]) == ("jobs", 1)
+            assert [row["tail_offset"] for row in wake["streams"]] == [tail]
+            # The wake's callback URL names the relay the subscription was made on: the
+            # callback is sent to the other one, and its token holds there too.
+            assert wake["callback_url"] == one + "__ds/subscriptions/jobs/callback"
+            callback = other + "__ds/subscriptions/jobs/callback"
+            bearer = {"Authorization": f"Bearer {wake['callback_token']}"}
+            ack = {
+                "wake_id": wake["wake_id"],
+                "generation": 1,
+                "acks": [{"stream": "jobs/1", "offset": tail}],
+            }
+            extended = await client.post(callback, json=ack, headers=bearer)
+            assert (extended.status_code, extended.json()) == (
+                200,
+                {"ok": True, "next_wake": False},
+            )
+            done = await client.post(
+                one + "__ds/subscriptions/jobs/callback", json={**ack, "done": True}, headers=bearer
+            )
+            assert (done.status_code, done.json()) == (200, {"ok": True, "next_wake": False})
+            fenced = await client.post(callback, json={**ack, "done": True}, headers=bearer)
+            assert (fenced.status_code, fenced.json()["error"]["code"]) == (409, "FENCED")
+            states = [
+                (await client.get(base + "__ds/subscriptions/jobs")).json() for base in (one, other)
+            ]
+            assert states[0] == states[1]
+            assert states[0]["streams"] == [
+                {"path": "jobs/1", "link_type": "glob", "acked_offset": tail}
+            ]
+            gone = await client.delete(other + "__ds/subscriptions/jobs")
+            assert gone.status_code == 204
+            missing = await client.get(one + "__ds/subscriptions/jobs")
+            assert (missing.status_code, missing.json()["error"]["code"]) == (404, "NOT_FOUND")
+    assert len(receiver.received) == 1
+    redis = Redis.from_url(redis_server.url)
+    try:
+        assert await redis.hlen("tr:ds:subs") == 0
+        assert sorted(await redis.hkeys("tr:ds:subs:keys")) == [b"ed25519", b"hmac"]
+    finally:
+        await redis.aclose()
+
+
+async def test_claims_raced_on_both_relays_give_each_wake_to_one_worker(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    one, other = _http(pair[0]), _http(pair[1])
+    async with httpx.AsyncClient() as client:
+        wakes = await client.put(one + "wakes", headers={"Content-Type": "application/json"})
+        assert wakes.status_code == 201
+        names = [f"s{n}" for n in range(8)]
+        for name in names:
+            config = {"type": "pull-wake", "streams": [f"tasks/{name}"], "wake_stream": "wakes"}
+            made = await client.put(other + f"__ds/subscriptions/{name}", json=config)
+            assert made.status_code == 201
+            task = await client.put(one + f"tasks/{name}", headers=TEXT, content=b"job")
+            assert task.status_code == 201
+
+        async def claim(base: str, name: str, worker: str) -> httpx.Response:
+            url = base + f"__ds/subscriptions/{name}/claim"
+            return await client.post(url, json={"worker": worker})
+
+        for name in names:
+            first, second = await asyncio.gather(
+                claim(one, name, "worker-a"), claim(other, name, "worker-b")
+            )
+            statuses = sorted([first.status_code, second.status_code])
+            assert statuses == [200, 409], (name, first.text, second.text)
+            won, lost = (first, second) if first.status_code == 200 else (second, first)
+            assert lost.json()["error"]["code"] == "ALREADY_CLAIMED"
+            assert lost.json()["error"]["current_holder"] in ("worker-a", "worker-b")
+            wake = won.json()
+            assert wake["generation"] == 1
+            # Acked and done through the relay that lost the claim: one wake, one end.
+            bearer = {"Authorization": f"Bearer {wake['token']}"}
+            tail = wake["streams"][0]["tail_offset"]
+            ack = {
+                "wake_id": wake["wake_id"],
+                "generation": 1,
+                "acks": [{"stream": f"tasks/{name}", "offset": tail}],
+                "done": True,
+            }
+            acked = await asyncio.gather(
+                client.post(one + f"__ds/subscriptions/{name}/ack", json=ack, headers=bearer),
+                client.post(other + f"__ds/subscriptions/{name}/ack", json=ack, headers=bearer),
+            )
+            assert sorted(response.status_code for response in acked) == [200, 409]
+            nothing = await claim(one, name, "worker-a")
+            assert nothing.json()["error"]["code"] == "NO_PENDING_WORK"
+        events = await client.get(one + "wakes", params={"offset": "-1"})
+    woken = sorted(event["subscription_id"] for event in events.json())
+    assert woken == names

@@ -35,13 +35,14 @@ import hmac
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from .durable import offset_text, position_of
 from .durablesubconfig import MAX_EXPLICIT_STREAMS, MAX_TEXT, SubscriptionConfig, glob_match
 from .errors import StreamRefused, SubscriptionError
 
-__all__ = ["Subscription", "Subscriptions", "TailOf", "Wake"]
+__all__ = ["Held", "Select", "Subscription", "Subscriptions", "TailOf", "Wake", "dump", "load"]
 
 TailOf = Callable[[str], int | None]
 """A stream's tail position by its stream-root-relative path, or None if there is none."""
@@ -264,6 +265,15 @@ class Subscriptions:
             else:
                 del subscription.links[path]
 
+    def wake(self, subscription_id: str, now: float, tail_of: TailOf) -> Wake | None:
+        """The wake the subscription starts if it is idle with work pending (a shared store
+        asks again after linking streams: an append made meanwhile, through another process,
+        found no subscription yet)."""
+        subscription = self.subscriptions.get(subscription_id)
+        if subscription is None:
+            return None
+        return self._wake_if_pending(subscription, now, tail_of)
+
     def _wake_if_pending(
         self, subscription: Subscription, now: float, tail_of: TailOf
     ) -> Wake | None:
@@ -457,6 +467,68 @@ class Subscriptions:
                 if wake is not None:
                     wakes.append(wake)
         return wakes
+
+
+@dataclass(slots=True)
+class Held:
+    """The subscriptions as one operation sees and changes them."""
+
+    core: Subscriptions
+    bases: dict[str, str]
+    """Each subscription's base URL (``http://HOST/v1/stream/``, ``https`` behind a trusted
+    proxy that says so), from its ``PUT``."""
+    tail_of: TailOf
+
+
+Select = Callable[[Subscription], bool]
+"""Which subscriptions an operation looks at the linked streams of."""
+
+
+def dump(subscription: Subscription) -> dict[str, Any]:
+    """A subscription as plain JSON values (:func:`load` makes it again): a store shared
+    by processes keeps it so."""
+    current = subscription.current
+    return {
+        "id": subscription.id,
+        "config": subscription.config.model_dump(mode="json"),
+        "created_at": subscription.created_at,
+        "links": {
+            path: [link.acked, link.glob, link.explicit]
+            for path, link in subscription.links.items()
+        },
+        "generation": subscription.generation,
+        "current": None
+        if current is None
+        else {
+            "wake": {**asdict(current.wake), "streams": list(current.wake.streams)},
+            "lease_until": current.lease_until,
+            "holder": current.holder,
+        },
+        "failed": subscription.failed,
+        "attempts": subscription.attempts,
+        "retry_at": subscription.retry_at,
+    }
+
+
+def load(data: dict[str, Any]) -> Subscription:
+    """The subscription :func:`dump` gave."""
+    config = SubscriptionConfig.model_validate(data["config"], strict=False)
+    subscription = Subscription(data["id"], config, config.digest(), data["created_at"])
+    subscription.links = {
+        path: _Link(int(acked), bool(glob), bool(explicit))
+        for path, (acked, glob, explicit) in data["links"].items()
+    }
+    subscription.generation = int(data["generation"])
+    current = data["current"]
+    if current is not None:
+        wake = dict(current["wake"])
+        wake["streams"] = tuple(wake["streams"])
+        wake["pending"] = tuple(wake["pending"])
+        subscription.current = _Current(Wake(**wake), current["lease_until"], current["holder"])
+    subscription.failed = bool(data["failed"])
+    subscription.attempts = int(data["attempts"])
+    subscription.retry_at = data["retry_at"]
+    return subscription
 
 
 def _b64(data: bytes) -> str:

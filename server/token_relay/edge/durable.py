@@ -14,8 +14,8 @@ broker the streams live in this process (:class:`~token_relay.core.durablestore.
 with ``--broker redis://`` they live in Redis (:mod:`token_relay.brokers.redis.durable`), and
 every relay process serves every stream: a change made on another process wakes the live
 readers here through the store's :meth:`~token_relay.core.durablestore.DurableStore.watch`.
-Webhook subscriptions stay per process, so with a shared store their control APIs are
-refused with 501 (``not_shared``).
+Subscriptions live beside the streams: in this process, or in Redis
+(:mod:`token_relay.brokers.redis.durablesubs`), where every process serves them.
 """
 
 from __future__ import annotations
@@ -49,7 +49,15 @@ from ..core.durablerequests import (
 from ..core.durablestore import Create, DurableStore, LocalStore, MemoryStore
 from ..core.errors import StreamRefused
 from ..core.settings import Settings
-from .durablehooks import CONTROL_PREFIX, HttpPoster, Post, SubscriptionEndpoints
+from .durablehooks import (
+    CONTROL_PREFIX,
+    MAX_SUBSCRIPTIONS,
+    HttpPoster,
+    LocalSubscriptions,
+    Post,
+    SubscriptionEndpoints,
+    SubscriptionState,
+)
 from .durablesse import DurableSse, follow
 from .http import HttpRequest, ReadBody, Reply
 from .routes import STREAM_PREFIX, StreamRequest
@@ -90,8 +98,7 @@ class DurableStreams:
         self._swept = 0.0
         self.poster = HttpPoster(settings.webhook_timeout)
         self.hooks = SubscriptionEndpoints(
-            tail_of=self._tail_of,
-            paths=self._paths,
+            state=self._subscription_state(),
             append_wake=self._append_wake,
             spawn=spawn or _run_soon,
             post=post or self.poster,
@@ -138,7 +145,10 @@ class DurableStreams:
         except StreamRefused as exc:
             # Redis out of reach: the broker logs the outage; the next sweep goes on.
             log.debug("durable streams not swept: %s", exc.message)
-        self.hooks.tick()
+        try:
+            await self.hooks.tick()
+        except StreamRefused as exc:
+            log.debug("subscriptions not swept: %s", exc.message)
 
     async def stop(self) -> None:
         """The relay is shutting down: every long-poll answers at once (204), and this
@@ -153,16 +163,32 @@ class DurableStreams:
 
     # ------------------------------------------------------------------ subscriptions
 
-    def _changed(self, path: str, before: int) -> None:
+    def _subscription_state(self) -> SubscriptionState:
+        """The subscriptions: beside the streams, in this process or in Redis."""
+        if self.store.shared:
+            from ..brokers.redis.durable import RedisStore
+            from ..brokers.redis.durablesubs import RedisSubscriptions
+
+            assert isinstance(self.store, RedisStore)
+            return RedisSubscriptions(self.store, MAX_SUBSCRIPTIONS, STREAM_PREFIX)
+        return LocalSubscriptions(self._tail_of, self._paths)
+
+    async def _changed(self, path: str, before: int) -> None:
         """The stream at ``path`` got data past ``before``: wake its readers, and the
         subscriptions it concerns."""
         self._wake(path)
-        self.hooks.appended(path.removeprefix(STREAM_PREFIX), before)
+        try:
+            await self.hooks.appended(path.removeprefix(STREAM_PREFIX), before)
+        except StreamRefused as exc:
+            log.warning("subscriptions not told of %s: %s", path, exc.message)
 
-    def _gone(self, path: str) -> None:
+    async def _gone(self, path: str) -> None:
         """The stream at ``path`` was deleted or expired."""
         self._wake(path)
-        self.hooks.deleted(path.removeprefix(STREAM_PREFIX))
+        try:
+            await self.hooks.deleted(path.removeprefix(STREAM_PREFIX))
+        except StreamRefused as exc:
+            log.warning("subscriptions not told of %s: %s", path, exc.message)
 
     def _tail_of(self, path: str) -> int | None:
         return self.store.tail_of(STREAM_PREFIX + path)
@@ -184,7 +210,7 @@ class DurableStreams:
         except StreamRefused as exc:
             log.warning("wake events not written to %s: %s", path, exc.message)
             return
-        self._changed(key, before)
+        await self._changed(key, before)
 
     async def _now(self) -> float:
         self.store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
@@ -192,7 +218,7 @@ class DurableStreams:
         if now - self._swept >= SWEEP_EVERY:
             self._swept = now
             for path in await self.store.expire(now):
-                self._gone(path)
+                await self._gone(path)
         return now
 
     # ------------------------------------------------------------------ requests
@@ -205,13 +231,7 @@ class DurableStreams:
         try:
             control = route.stream.removeprefix(STREAM_PREFIX)
             if control.startswith(CONTROL_PREFIX):
-                if self.store.shared:
-                    raise StreamRefused(
-                        501,
-                        "not_shared",
-                        "subscriptions are kept per process: not served with a shared store",
-                    )
-                return self.hooks.serve(
+                return await self.hooks.serve(
                     route.method, control.removeprefix(CONTROL_PREFIX), request, body
                 )
             if route.method == "PUT":
@@ -220,7 +240,7 @@ class DurableStreams:
                 return await self._append(route, request, body)
             if route.method == "DELETE":
                 await self.store.delete(route.stream, await self._now())
-                self._gone(route.stream)
+                await self._gone(route.stream)
                 return Reply(204, b"")
             if route.method == "HEAD":
                 return await self._head(route)
@@ -247,7 +267,7 @@ class DurableStreams:
         )
         stream = created.stream
         if created.created:
-            self._changed(route.stream, stream.fork_position)
+            await self._changed(route.stream, stream.fork_position)
         headers: Headers = (("Stream-Next-Offset", offset_text(stream.tail)),)
         if stream.closed:
             headers += (("Stream-Closed", "true"),)
@@ -273,7 +293,7 @@ class DurableStreams:
             producer=producer,
         )
         if appended.next > before:
-            self._changed(route.stream, before)
+            await self._changed(route.stream, before)
         elif not appended.duplicate:
             self._wake(route.stream)  # closed: its readers learn it now
         headers: Headers = (("Stream-Next-Offset", offset_text(appended.next)),)

@@ -186,6 +186,9 @@ class RedisStore:
         self._scripts: dict[str, Any] = {}
         self._count = 0
         self._bytes = 0
+        self.subscribed = False
+        """Whether there were subscriptions (``tr:ds:subs``) at the last write's script: an
+        append asks nothing more of Redis when there were none."""
         self.wake: Callable[[str], None] = lambda path: None
         self._wakes = Wakes(self._client, lambda path: self.wake(path))
 
@@ -232,6 +235,22 @@ class RedisStore:
 
     def _counted(self, totals: list[Any]) -> None:
         self._count, self._bytes = int(totals[0]), int(totals[1])
+        if len(totals) > 2:
+            self.subscribed = int(totals[2]) > 0
+
+    async def command(self, *args: Any) -> Any:
+        """One Redis command: 503 (``broker_unavailable``) when Redis is out of reach."""
+        return await self._command(*args)
+
+    async def script(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        """A Lua script (registered on first use), as :meth:`command`."""
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._client().register_script(source)
+        try:
+            return await script(keys=keys, args=args)
+        except (*DOWN, redis_errors.RedisError):
+            raise _unavailable() from None
 
     # ------------------------------------------------------------------ lookups
 

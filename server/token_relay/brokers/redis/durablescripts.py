@@ -104,7 +104,8 @@ local function release(source)
 end
 local function totals()
   return {{tonumber(redis.call('GET', 'tr:ds:count') or '0'),
-          tonumber(redis.call('GET', 'tr:ds:bytes') or '0')}}
+          tonumber(redis.call('GET', 'tr:ds:bytes') or '0'),
+          redis.call('HLEN', 'tr:ds:subs')}}
 end
 local function log_entries(id, first, args, from)
   local n = first
