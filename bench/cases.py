@@ -176,8 +176,8 @@ async def running_cluster(
     relay_args: Sequence[str], notable: list[str], compare: str = ""
 ) -> AsyncIterator[dict[str, ServiceProcess]]:
     """redis-server, relays S, F, A and B through Redis, W (``--workers 2`` on Redis), the
-    peers and the ``os.write`` floor, by name; with ``compare`` (another installation's
-    python), its relays S0 and F0 too."""
+    peers (the Node ws relay installed beforehand) and the ``os.write`` floor, by name;
+    with ``compare`` (another installation's python), its relays S0 and F0 too."""
     raise_fd_limit()  # inherited by every child: the fan-out relay holds 10,000 sockets
     with tempfile.TemporaryDirectory(prefix="token-relay-bench-") as directory:
         redis = RedisServer(Path(directory))
@@ -194,6 +194,7 @@ async def running_cluster(
                 "noop": ServiceProcess("bench.servers", "noop", name="no-op server"),
                 "socketio": ServiceProcess("bench.servers", "socketio", name="socketio relay"),
                 "floor": ServiceProcess("bench.floor", name="os.write floor"),
+                "wsrelay": ServiceProcess("bench.wsrelay", name="Node ws relay"),
                 "W": relay("W", "--broker", redis.url, "--workers", "2", *relay_args),
             }
             for name in ("S0", "F0") if compare else ():

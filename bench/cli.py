@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import os
 import platform
 import secrets
@@ -23,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.harness import ServiceProcess
 
-from . import cases, durable
+from . import cases, durable, produceload, wsrelay
 from . import durableprotocol as protocol
 from .cases import ASSEMBLERS, ROUTES, run_assembler
 from .report import (
@@ -168,12 +169,13 @@ class Run:
         await cases.socketio_ingest(c["socketio"], self.channel("warm-sio", 0), messages[:300])
         await cases.http_ingest(c["S"], self.channel("warm-http", 0), messages)
         await cases.stream(c["floor"], c["floor"], self.channel("warm-floor", 0), messages)
+        await cases.stream(c["wsrelay"], c["wsrelay"], self.channel("warm-wsrelay", 0), messages)
         for key, (_, producer, subscriber) in ROUTES.items():
             some = messages[: min(self.config.messages, 200)]
             await cases.stream(c[producer], c[subscriber], self.channel(f"warm-{key}", 0), some)
 
     async def ingest(self, c: dict[str, ServiceProcess], n: int) -> None:
-        """Relay, no-op server and socketio ingest, then batched."""
+        """Relay, Node ws relay, no-op server and socketio ingest, then batched."""
         config, relay, noop, stream, rates = self.config, c["S"], c["noop"], cases.stream, {}
         messages, batch = build_messages(config.ingest_messages, config.deltas), config.batch
 
@@ -183,6 +185,8 @@ class Run:
             self.results.add(key, rates[key], {"repetition": n, **record})
 
         await file("ingest.relay", stream(relay, relay, self.channel("ingest", n), messages))
+        peer = c["wsrelay"]
+        await file("ingest.wsrelay", stream(peer, peer, self.channel("ingest-ws", n), messages))
         if "S0" in c:
             channel = self.channel("ingest-compare", n)
             await file("ingest.compare", stream(c["S0"], c["S0"], channel, messages))
@@ -232,11 +236,14 @@ class Run:
 
     async def fanout(self, c: dict[str, ServiceProcess]) -> None:
         """Fan-out to every size, with and without deltas, on one pool per size and relay:
-        the relay, the os.write floor, SSE streams, and --workers 2 on Redis."""
+        the relay, the os.write floor, SSE streams, --workers 2 on Redis, the Node ws relay."""
         await self.fanout_of(c, c["F"], "fanout")
         await self.fanout_of(c, c["floor"], "fanout-floor")
         await self.fanout_of(c, c["F"], "fanout-sse", sse=True)
         await self.fanout_of(c, c["W"], "fanout-workers", deltas=False)
+        # The Node ws relay at the smallest size (1,000), plain messages: the issue's peer.
+        smallest = (min(self.config.fanout_sizes),)
+        await self.fanout_of(c, c["wsrelay"], "fanout-wsrelay", deltas=False, sizes=smallest)
         if "F0" in c:
             await self.fanout_of(c, c["F0"], "fanout-compare")
 
@@ -248,11 +255,13 @@ class Run:
         *,
         sse: bool = False,
         deltas: bool = True,
+        sizes: Sequence[int] = (),
     ) -> None:
         """Fan-out from one relay, its results under keys starting with ``case``: over SSE
-        streams with ``sse``, plain messages only without ``deltas``."""
+        streams with ``sse``, plain messages only without ``deltas``, to ``sizes``
+        subscribers (by default every configured size)."""
         config = self.config
-        for size in config.fanout_sizes:
+        for size in sizes or config.fanout_sizes:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
             channel, began = self.channel(f"{case}-{size}", 0), time.monotonic()
             options = {"deltas_per_message": config.deltas, "nice": 10, "sse": int(sse)}
@@ -308,6 +317,7 @@ class Run:
         async with durable.running_reference() as (port, pid):
             for n in range(1, config.repeat + 1):
                 await self.durable_protocol(relay, port, pid, load, paced, n)
+                await self.produce_load(relay, load, n)
                 channel = self.channel("publish", n)
                 ours = await durable.relay_http_publish(relay.port, channel, throughput)
                 theirs = await durable.durable_appends(port, throughput)
@@ -326,6 +336,18 @@ class Run:
                     f"posts/s, durable-streams {theirs['appends_per_second']:,.0f} appends/s; "
                     f"SSE p99 {ours_sse['p99_ms']:.2f} vs {theirs_sse['p99_ms']:.2f} ms"
                 )
+
+    async def produce_load(self, relay: ServiceProcess, load: protocol.Load, n: int) -> None:
+        """``POST /produce`` under wrk, 16 connections, one completed message per request,
+        right after the reference's appends under the same load."""
+        channel = self.channel("produce-load", n)
+        record = await produceload.produce_load(relay.port, relay.pid, channel, load.seconds)
+        self.results.add("durable.relay.produce", record["posts_per_second"], record)
+        peer = self.results.samples.get("durable.peer.stream.appends", [math.nan])[-1]
+        _progress(
+            f"[{n}/{self.config.repeat}] POST /produce, 16 connections: "
+            f"{record['posts_per_second']:,.0f}/s; reference appends {peer:,.0f}/s"
+        )
 
     async def durable_protocol(
         self,
@@ -364,7 +386,8 @@ class Run:
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         self.assemblers()
-        _progress("starting redis-server, relays S, A, B, F and W, the two peers and the floor")
+        await wsrelay.install()
+        _progress("starting redis-server, relays S, A, B, F and W, the three peers and the floor")
         try:
             async with cases.running_cluster(
                 self.config.relay_args, self.notable, self.config.compare_python

@@ -131,6 +131,8 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
     add("ingest", "relay, the same as NDJSON in one chunked POST", "ingest.http", compared, True)
     add("ingest", "no-op websockets server (ceiling)", "ingest.noop", cpu=True)
     add("ingest", "python-socketio relay (peer)", "ingest.socketio", cpu=True)
+    compared = f"relay at {times(r.ratio('ingest.relay', 'ingest.wsrelay'))} of it"
+    add("ingest", "Node ws relay (peer), the same", "ingest.wsrelay", compared, cpu=True)
     what = f"relay, {config['batch']} events per array frame"
     compared = versus("batched.relay", "ingest.relay", "unbatched", "batched.noop", "no-op")
     add("batched ingest", what, "batched.relay", compared, cpu=True)
@@ -151,6 +153,11 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
             add("fan-out", f"{size:,} subscribers{label}", key, "; ".join(parts))
             if r.details.get(floor):
                 add("fan-out", f"  bare os.write floor, {size:,}{label}", floor)
+            if r.details.get(peer := f"fanout.wsrelay.{size}.{mode}"):
+                ratio = times(r.ratio(key + ".p50", peer + ".p50"))
+                add(
+                    "fan-out", f"  Node ws relay, {size:,}{label}", peer, f"relay's p50 {ratio} its"
+                )
             if r.details.get(sse := f"fanout.sse.{size}.{mode}"):
                 compared = versus(sse + ".p99", key + ".p99", "WebSocket's p99")
                 add("fan-out", f"  SSE streams, {size:,}{label}", sse, compared)
@@ -195,6 +202,11 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
                     compared * (side == "relay"),
                 )
             )
+    if r.samples.get("durable.relay.produce"):
+        compared = versus("durable.relay.produce", "durable.peer.stream.appends", "reference")
+        text = _rate(r.median("durable.relay.produce"), "posts/s")
+        what = "relay: POST /produce, one JSON message each, 16 connections"
+        rows.append(("http", what, text, compared))
     if r.samples.get("durable.relay.stream.appends"):
         ours, peer = "durable.relay.stream", "durable.peer.stream"
         for what, key, unit in (
@@ -338,6 +350,7 @@ def targets(results: Results, cores: int = 0) -> list[Target]:
             SSE_GOAL,
             "<=",
         ),
+        *peer_targets(r),
         ratio(
             "durable_appends",
             "Durable Streams appends (16 connections) >= 1.0x reference",
@@ -392,6 +405,36 @@ def targets(results: Results, cores: int = 0) -> list[Target]:
             "<",
             _ms,
             ms,
+        ),
+    ]
+
+
+def peer_targets(results: Results) -> list[Target]:
+    """The goals against the Node peers: the Node ws relay's ingest and fan-out to 1,000,
+    and the reference server's appends beside ``POST /produce``."""
+    r = results
+
+    def ratio(key: str, label: str, value: float, how: str) -> Target:
+        return _target(key, label, value, 1.0, how, times)
+
+    return [
+        ratio(
+            "ingest_vs_node_ws",
+            "ingest >= 1.0x Node ws relay",
+            r.ratio("ingest.relay", "ingest.wsrelay"),
+            ">=",
+        ),
+        ratio(
+            "fanout_vs_node_ws",
+            "fan-out 1k p50 <= 1.0x Node ws relay",
+            r.ratio("fanout.1000.plain.p50", "fanout.wsrelay.1000.plain.p50"),
+            "<=",
+        ),
+        ratio(
+            "produce_vs_reference",
+            "POST /produce (16 connections) >= 1.0x reference appends",
+            r.ratio("durable.relay.produce", "durable.peer.stream.appends"),
+            ">=",
         ),
     ]
 

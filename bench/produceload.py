@@ -1,0 +1,73 @@
+"""``POST /produce`` under ``wrk``: 16 keep-alive connections for a few seconds, each request
+one completed message as JSON (``{"id", "delta", "final": true}``, a new id each time), as a
+serverless gateway posts a reply (``bench/durable/produce.lua``). Every answer is checked
+(200, one ack, no error), and the channel's offset must have moved by the requests counted
+(up to one more per connection, for those in flight when ``wrk`` stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from typing import Any
+from urllib.parse import quote
+
+from websockets.asyncio.client import connect
+
+from . import durableprotocol as protocol
+from .wire import BenchError
+
+SCRIPT = protocol.DIRECTORY / "produce.lua"
+FAILURES = ("non2xx", "connect", "read", "write", "timeout", "unacked")
+
+
+def wrk(url: str, seconds: float, prefix: str) -> dict[str, Any]:
+    """One ``wrk`` run of ``produce.lua`` against ``url``; its summary and rate."""
+    if (binary := shutil.which("wrk")) is None:
+        raise BenchError("the POST /produce figure needs wrk on the PATH (apt-get install wrk)")
+    command = [
+        binary, "-t1", f"-c{protocol.CONNECTIONS}", f"-d{max(1, round(seconds))}s",
+        "--timeout", "10s", "-s", str(SCRIPT), url,
+    ]  # fmt: skip
+    environment = os.environ | {"APPEND_TEXT": protocol.APPEND_TEXT, "PRODUCE_PREFIX": prefix}
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise BenchError(f"wrk failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    summary: dict[str, Any] = json.loads(lines[-1])
+    summary["per_second"] = summary["requests"] / (summary["micros"] / 1e6)
+    return summary
+
+
+async def offset(port: int, channel: str) -> int:
+    """The channel's latest offset, as a new subscriber is told it."""
+    url = f"ws://127.0.0.1:{port}/subscribe?channel={quote(channel, safe='')}"
+    async with connect(url, compression=None) as ws:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    if frame.get("type") != "subscribed":
+        raise BenchError(f"subscribing to {channel} got {frame}")
+    latest: int = frame["offset"]
+    return latest
+
+
+async def produce_load(port: int, pid: int, channel: str, seconds: float) -> dict[str, Any]:
+    """``POST /produce?channel=`` under ``wrk`` on the relay at ``port`` (process ``pid``)."""
+    url = f"http://127.0.0.1:{port}/produce?channel={quote(channel, safe='')}"
+    before, prefix = await offset(port, channel), secrets.token_hex(4)
+    used, started = protocol.cpu([pid]), time.perf_counter()
+    summary = await asyncio.to_thread(wrk, url, seconds, prefix)
+    used, wall = protocol.cpu([pid]) - used, time.perf_counter() - started
+    moved, count = await offset(port, channel) - before, summary["requests"]
+    if any(summary[key] for key in FAILURES) or not count <= moved <= count + protocol.CONNECTIONS:
+        raise BenchError(f"POST /produce under wrk: {summary}; the offset moved by {moved}")
+    return {
+        "posts_per_second": summary["per_second"],
+        "posts": count,
+        "server_cpu_percent": 100 * used / wall,
+        "cpu_us_per_post": 1e6 * used / max(1, count),
+    }

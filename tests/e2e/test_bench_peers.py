@@ -1,0 +1,95 @@
+"""The benchmark's Node peers do the job they are compared on: the ``ws`` relay
+(``bench/wsrelay``) assembles by the seed's rules and speaks the frames the ingest and
+fan-out cases check; ``POST /produce`` under ``wrk`` counts every answer that is no ack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench import cases, produceload, wsrelay
+from bench.wire import build_messages
+from tests.harness import ServiceProcess, relay_process
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[ServiceProcess]:
+    await wsrelay.install()
+    service = ServiceProcess("bench.wsrelay", name="Node ws relay")
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.terminate()
+
+
+async def recv(ws: ClientConnection) -> dict[str, Any]:
+    frame: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    return frame
+
+
+async def test_the_ws_relay_assembles_by_the_seed_rules(peer: ServiceProcess) -> None:
+    async with (
+        connect(f"{peer.url}/subscribe?channel=c") as plain,
+        connect(f"{peer.url}/subscribe?channel=c&deltas=1") as live,
+        connect(f"{peer.url}/produce?channel=c") as producer,
+    ):
+        for ws in (plain, live):
+            assert await recv(ws) == {"type": "subscribed", "channel": "c", "offset": 0}
+        for event in (
+            {"id": "m", "delta": "hel"},
+            {"id": "e"},
+            {"id": "m", "delta": ""},
+            {"id": "m", "delta": "lo", "final": True},
+            {"id": "m", "delta": "ignored", "final": True},
+            {"id": "m", "delta": "ignored too"},
+            {"id": "e", "final": True},
+        ):
+            await producer.send(json.dumps(event))
+        acks = [await recv(producer) for _ in range(3)]
+        assert acks == [{"type": "ack", "id": i, "channel": "c"} for i in ("m", "m", "e")]
+        messages = [
+            {"type": "message", "channel": "c", "id": "m", "text": "hello", "offset": 1},
+            {"type": "message", "channel": "c", "id": "e", "text": "", "offset": 2},
+        ]
+        assert [await recv(plain) for _ in range(2)] == messages
+        deltas = [
+            {"type": "delta", "channel": "c", "id": "m", "delta": piece}
+            for piece in ("hel", "", "lo")
+        ]
+        got = [await recv(live) for _ in range(5)]
+        assert got == [*deltas, messages[0], messages[1]]
+        # A subscribe frame without deltas: subscribed again, at the channel's offset.
+        await live.send(json.dumps({"type": "subscribe", "channel": "c", "deltas": False}))
+        assert await recv(live) == {"type": "subscribed", "channel": "c", "offset": 2}
+
+
+async def test_the_ingest_case_drives_the_ws_relay_unchanged(peer: ServiceProcess) -> None:
+    messages = build_messages(200, 10)
+    record = await cases.stream(peer, peer, "ingest", messages)
+    assert record["events"] == 200 * 11
+
+
+async def test_wrk_counts_an_answer_without_its_ack_as_a_failure(peer: ServiceProcess) -> None:
+    # The ws relay answers plain HTTP with 426: every request is a failure, none an ack.
+    url = f"http://127.0.0.1:{peer.port}/produce?channel=c"
+    summary = await asyncio.to_thread(produceload.wrk, url, 1, "t")
+    assert summary["requests"] > 0
+    assert summary["unacked"] == summary["requests"]
+
+
+async def test_wrk_posts_to_the_relay_are_each_acked_and_stored() -> None:
+    relay = relay_process(*cases.RELAY_FLAGS)
+    await relay.start()
+    try:
+        # produce_load fails unless every answer acked its message and the channel's offset
+        # moved by the requests wrk counted.
+        record = await produceload.produce_load(relay.port, relay.pid, "wrk", 1)
+    finally:
+        await relay.terminate()
+    assert record["posts"] > 0
