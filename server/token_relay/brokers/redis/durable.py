@@ -32,8 +32,10 @@ Redis down: every request is answered 503 (``broker_unavailable``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -169,6 +171,16 @@ def _unavailable() -> StreamRefused:
     return StreamRefused(503, "broker_unavailable", "Redis is unreachable: try again later")
 
 
+class _Turn:
+    """The writes to one path waiting in this process, one at a time."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class RedisStore:
     """The :class:`~token_relay.core.durablestore.DurableStore` contract over Redis."""
 
@@ -191,6 +203,25 @@ class RedisStore:
         append asks nothing more of Redis when there were none."""
         self.wake: Callable[[str], None] = lambda path: None
         self._wakes = Wakes(self._client, lambda path: self.wake(path))
+        self._turns: dict[str, _Turn] = {}
+        """Per path, this process's writes in progress (bounded by its requests)."""
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, path: str) -> AsyncIterator[None]:
+        """This process's writes to one path go one at a time: each is judged on the
+        stream as the last one left it, so they never retry against each other. Writes
+        from other processes may still race one (the version check settles it)."""
+        turn = self._turns.get(path)
+        if turn is None:
+            turn = self._turns[path] = _Turn()
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._turns[path]
 
     # ------------------------------------------------------------------ counts
 
@@ -304,68 +335,71 @@ class RedisStore:
 
     async def create(self, path: str, request: Create, now: float) -> Created:
         """A ``PUT`` at ``path`` (see :func:`~token_relay.core.durablestore.plan_create`)."""
-        for _ in range(MAX_ATTEMPTS):
-            existing = await self._lookup(path, now)
-            source = None
-            if request.forked_from is not None:
-                source = await self._lookup(request.forked_from, now)
-            held = await self._command("MGET", "tr:ds:count", "tr:ds:bytes")
-            self._counted([held[0] or 0, held[1] or 0])
-            created = plan_create(
-                path,
-                request,
-                existing=existing,
-                made=None if existing is None else existing.made,
-                source=source,
-                stream_id=0,
-                limits=self.limits,
-                streams=self._count,
-                max_streams=self.max_streams,
-                room=self.max_total_bytes - self._bytes,
-                now=now,
-            )
-            if not created.created:
-                return created
-            stream = created.stream
-            stream.stream_id = int(await self._command("INCR", "tr:ds:next"))
-            expiry = stream.expiry
-            made = Create(
-                content_type=request.content_type,
-                expiry=request.expiry,
-                closed=request.closed,
-                forked_from=request.forked_from,
-                fork_offset=request.fork_offset,
-                fork_sub_offset=request.fork_sub_offset,
-                fork_sub_offset_given=request.fork_sub_offset_given,
-            )
-            answer = await self._run(
-                "CREATE",
-                [],
-                [
+        async with self._turn(path):
+            for _ in range(MAX_ATTEMPTS):
+                existing = await self._lookup(path, now)
+                source = None
+                if request.forked_from is not None:
+                    source = await self._lookup(request.forked_from, now)
+                held = await self._command("MGET", "tr:ds:count", "tr:ds:bytes")
+                self._counted([held[0] or 0, held[1] or 0])
+                created = plan_create(
                     path,
-                    stream.stream_id,
-                    _record(stream, made),
-                    repr(now),
-                    "" if source is None else source.stream_id,
-                    stream.own_bytes,
-                    self.max_streams,
-                    self.max_total_bytes,
-                    "" if expiry.ttl is None else expiry.ttl,
-                    "" if expiry.expires_at is None else repr(expiry.expires_at),
-                    *_pairs(stream),
-                ],
-            )
-            if isinstance(answer, list):
-                self._counted(answer)
-                return created
-            refused = _text(answer)
-            if refused == "too_many":
-                raise StreamRefused(
-                    507, "too_many_streams", "the relay holds all the streams it may"
+                    request,
+                    existing=existing,
+                    made=None if existing is None else existing.made,
+                    source=source,
+                    stream_id=0,
+                    limits=self.limits,
+                    streams=self._count,
+                    max_streams=self.max_streams,
+                    room=self.max_total_bytes - self._bytes,
+                    now=now,
                 )
-            if refused == "full":
-                raise StreamRefused(507, "store_full", "the relay holds all the stream data it may")
-        raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
+                if not created.created:
+                    return created
+                stream = created.stream
+                stream.stream_id = int(await self._command("INCR", "tr:ds:next"))
+                expiry = stream.expiry
+                made = Create(
+                    content_type=request.content_type,
+                    expiry=request.expiry,
+                    closed=request.closed,
+                    forked_from=request.forked_from,
+                    fork_offset=request.fork_offset,
+                    fork_sub_offset=request.fork_sub_offset,
+                    fork_sub_offset_given=request.fork_sub_offset_given,
+                )
+                answer = await self._run(
+                    "CREATE",
+                    [],
+                    [
+                        path,
+                        stream.stream_id,
+                        _record(stream, made),
+                        repr(now),
+                        "" if source is None else source.stream_id,
+                        stream.own_bytes,
+                        self.max_streams,
+                        self.max_total_bytes,
+                        "" if expiry.ttl is None else expiry.ttl,
+                        "" if expiry.expires_at is None else repr(expiry.expires_at),
+                        *_pairs(stream),
+                    ],
+                )
+                if isinstance(answer, list):
+                    self._counted(answer)
+                    return created
+                refused = _text(answer)
+                if refused == "too_many":
+                    raise StreamRefused(
+                        507, "too_many_streams", "the relay holds all the streams it may"
+                    )
+                if refused == "full":
+                    raise StreamRefused(
+                        507, "store_full", "the relay holds all the stream data it may"
+                    )
+            raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
 
     async def append(
         self,
@@ -379,46 +413,49 @@ class RedisStore:
         producer: Producer | None = None,
     ) -> Appended:
         """A ``POST`` at ``path``: judged on the stream as read, written if it is still so."""
-        for _ in range(MAX_ATTEMPTS):
-            stream = await self.get(path, now)
-            assert isinstance(stream, StoredStream)
-            stream.hold([])
-            try:
-                appended = stream.append(
-                    body,
-                    content_type=content_type,
-                    close=close,
-                    now=now,
-                    room=self.max_total_bytes,
-                    stream_seq=stream_seq,
-                    producer=producer,
+        async with self._turn(path):
+            for _ in range(MAX_ATTEMPTS):
+                stream = await self.get(path, now)
+                assert isinstance(stream, StoredStream)
+                stream.hold([])
+                try:
+                    appended = stream.append(
+                        body,
+                        content_type=content_type,
+                        close=close,
+                        now=now,
+                        room=self.max_total_bytes,
+                        stream_seq=stream_seq,
+                        producer=producer,
+                    )
+                except StreamRefused:
+                    if await self._still(stream):
+                        raise
+                    continue
+                if appended.duplicate:
+                    stream.touch(now)
+                changed = appended.added_bytes > 0 or (close and not appended.duplicate)
+                answer = await self._run(
+                    "COMMIT",
+                    [],
+                    [
+                        stream.stream_id,
+                        stream.version,
+                        _record(stream, stream.made),
+                        repr(now),
+                        self.max_total_bytes,
+                        "1" if changed else "0",
+                        *_pairs(stream),
+                    ],
                 )
-            except StreamRefused:
-                if await self._still(stream):
-                    raise
-                continue
-            if appended.duplicate:
-                stream.touch(now)
-            changed = appended.added_bytes > 0 or (close and not appended.duplicate)
-            answer = await self._run(
-                "COMMIT",
-                [],
-                [
-                    stream.stream_id,
-                    stream.version,
-                    _record(stream, stream.made),
-                    repr(now),
-                    self.max_total_bytes,
-                    "1" if changed else "0",
-                    *_pairs(stream),
-                ],
-            )
-            if isinstance(answer, list):
-                self._counted(answer)
-                return appended
-            if _text(answer) == "full":
-                raise StreamRefused(507, "store_full", "the relay holds all the stream data it may")
-        raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
+                if isinstance(answer, list):
+                    self._counted(answer)
+                    return appended
+                if _text(answer) == "full":
+                    raise StreamRefused(
+                        507, "store_full", "the relay holds all the stream data it may"
+                    )
+            raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
 
     async def _still(self, stream: StoredStream) -> bool:
         """Whether the stream is still at the version it was read at."""
@@ -427,12 +464,13 @@ class RedisStore:
 
     async def delete(self, path: str, now: float) -> None:
         """A ``DELETE`` at ``path``: 404 if none, 410 for a tombstone."""
-        for _ in range(MAX_ATTEMPTS):
-            stream = await self.get(path, now)
-            if await self._run("DROP", [], [stream.stream_id, repr(now), 0]):
-                await self._recount()
-                return
-        raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
+        async with self._turn(path):
+            for _ in range(MAX_ATTEMPTS):
+                stream = await self.get(path, now)
+                if await self._run("DROP", [], [stream.stream_id, repr(now), 0]):
+                    await self._recount()
+                    return
+            raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
 
     async def expire(self, now: float) -> list[str]:
         """Drop the streams past their expiry (at most :data:`SWEEP_BATCH`); their paths.
