@@ -12,7 +12,7 @@ by Node from ``bench/durable``): ``python -m bench.durable`` (from the repositor
   16 connections (``wrk``), append -> SSE reader p99, and a catch-up read of a 10 MB stream,
   for the relay's ``/v1/stream/`` and the reference server, with ratios (above 1.0, the
   relay does better); the same on two relays on one ``redis-server`` behind nginx
-  (round-robin), which reports a refusal (501 while streams are not shared) as such; and
+  (round-robin), which reports a refusal (Redis out of reach, say) as such; and
   what bounds them: each server's CPU per request, the relay's ``/healthz`` over the same
   connections, and the clients against nginx. ``--quick`` is a smoke run.
 """

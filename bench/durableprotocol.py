@@ -45,7 +45,7 @@ READ_TIMEOUT = 60.0
 
 
 class Refused(BenchError):
-    """The server answered a setup request with an error (e.g. 501 ``not_shared``)."""
+    """The server answered a setup request with an error (e.g. 503 ``broker_unavailable``)."""
 
     def __init__(self, request: str, status: int, body: str) -> None:
         super().__init__(f"{request}: {status} {body}")
@@ -262,8 +262,7 @@ async def figures(
     base: str, load: Load, messages: Sequence[Message], pids: Sequence[int]
 ) -> dict[str, Any]:
     """The three figures for the server at ``base`` (its processes: ``pids``); a setup
-    request refused (such as 501 while streams are not shared between processes) is
-    reported as such."""
+    request refused (such as 503 while Redis is out of reach) is reported as such."""
     try:
         return {
             "appends": await appends(base, load, pids),
