@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,7 +15,7 @@ from token_relay import Relay, Settings
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
-from .harness import RedisServer
+from .harness import RedisServer, npm_installed
 
 # Test clients give up on a close handshake quickly: a relay that is gone or never answers
 # would otherwise hold every ``async with`` exit for websockets' default 10 s.
@@ -162,17 +160,5 @@ async def subscribed_pair(
 def js_clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/js, with its pinned packages installed (npm reaches the registry): real clients
     from the JavaScript ecosystem, run by Node against a running relay."""
-    npm = shutil.which("npm")
-    assert npm is not None, "these tests need Node and npm (scripts/test installs nodejs)"
     source = Path(__file__).resolve().parent / "js"
-    folder = tmp_path_factory.mktemp("js")
-    for path in source.iterdir():
-        if path.is_file():
-            shutil.copy(path, folder / path.name)
-    subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder,
-        check=True,
-        timeout=300,
-    )
-    return folder
+    return npm_installed(source, tmp_path_factory.mktemp("js"), "install")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
-from ..harness import RedisServer
+from ..harness import RedisServer, npm_installed
 from ..harness.sse import SseReader
 
 CHANNEL_PATH = "/v1/stream/__channel/"
@@ -31,20 +29,8 @@ SECRET = "s" * 32
 def ds_clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/dsbridge with its pinned packages installed from the lockfile (npm reaches the
     registry): the official Durable Streams clients."""
-    npm = shutil.which("npm")
-    assert npm is not None, "these tests need Node and npm (scripts/test installs nodejs)"
     source = Path(__file__).resolve().parents[1] / "dsbridge"
-    folder = tmp_path_factory.mktemp("dsbridge")
-    for path in source.iterdir():
-        if path.is_file():
-            shutil.copy(path, folder / path.name)
-    subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder,
-        check=True,
-        timeout=300,
-    )
-    return folder
+    return npm_installed(source, tmp_path_factory.mktemp("dsbridge"))
 
 
 def _http(running: RunningRelay) -> str:

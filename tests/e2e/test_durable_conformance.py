@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from ..harness import Nginx, RedisServer, relay_process
+from ..harness import Nginx, RedisServer, npm_installed, relay_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -35,19 +33,7 @@ PASSING = SUITE / "passing.txt"
 @pytest.fixture(scope="module")
 def conformance_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/durable with its pinned packages installed (npm reaches the registry)."""
-    npm = shutil.which("npm")
-    assert npm is not None, "these tests need Node and npm (scripts/test installs nodejs)"
-    folder = tmp_path_factory.mktemp("durable")
-    for path in SUITE.iterdir():
-        if path.is_file():
-            shutil.copy(path, folder / path.name)
-    subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder,
-        check=True,
-        timeout=300,
-    )
-    return folder
+    return npm_installed(SUITE, tmp_path_factory.mktemp("durable"))
 
 
 def results_of(report: dict[str, object]) -> dict[str, str]:

@@ -23,6 +23,7 @@ None of it ships in the wheel, and the relay never uses it.
 from .liveparts import LiveParts
 from .machine import cpu_seconds, eventually, free_port, rss_bytes
 from .nginx import Nginx
+from .npm import npm_installed
 from .processes import ServiceProcess, relay_process, relays_on
 from .proxy import Balancer, Proxy
 from .redis_server import RedisServer
@@ -43,6 +44,7 @@ __all__ = [
     "cpu_seconds",
     "eventually",
     "free_port",
+    "npm_installed",
     "relay_process",
     "relays_on",
     "rss_bytes",
