@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,8 @@ READ_TIMEOUT = 30.0
 TEXT_PLAIN = "text/plain; charset=utf-8"
 NDJSON = "application/x-ndjson"
 
-Post = Callable[[aiohttp.ClientSession, Message], Awaitable[None]]  # append or produce one
-TextOf = Callable[[str, str], str | None]  # a message's text from an SSE (event, data), or None
+Post = protocol.Post
+TextOf = protocol.TextOf
 
 
 async def install() -> None:
@@ -182,64 +182,16 @@ async def relay_http_publish(
     }
 
 
-async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str]]:
-    """The ``(event, data)`` pairs of an SSE response, as they arrive."""
-    event = "message"
-    data: list[str] = []
-    async for raw in response.content:
-        line = raw.decode().rstrip("\r\n")
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif not line.startswith(":"):
-            field, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-
-
 async def sse_latency(
     url: str, post: Post, messages: Sequence[Message], rate: float, text_of: TextOf
 ) -> dict[str, Any]:
     """Connect a reader to ``url``, then ``post`` each message at ``rate``; time each one."""
-    sent: list[float] = []
-    attached = asyncio.Event()
     async with session() as reader, session() as writer:
         response = await reader.get(url, headers={"Accept": "text/event-stream"})
         if response.status != 200:
             raise BenchError(f"GET {url}: {response.status} {await response.text()}")
-
-        async def receive() -> list[float]:
-            arrived: list[float] = []
-            async for event, data in sse_events(response):
-                attached.set()  # both servers open a stream with an event of their own
-                if (text := text_of(event, data)) is None:
-                    continue
-                if len(arrived) >= len(messages) or text != messages[len(arrived)].text:
-                    raise BenchError(f"SSE message {len(arrived)} is wrong: {text!r}")
-                arrived.append(time.perf_counter())
-                if len(arrived) == len(messages):
-                    return arrived
-            raise BenchError(f"the SSE stream ended after {len(arrived)} messages")
-
-        receiving = asyncio.create_task(receive())
-        try:
-            async with asyncio.timeout(READ_TIMEOUT):
-                await attached.wait()
-            started = time.perf_counter()
-            for n, message in enumerate(messages):
-                await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
-                sent.append(time.perf_counter())
-                await post(writer, message)
-            async with asyncio.timeout(READ_TIMEOUT):
-                arrived = await receiving
-        finally:
-            receiving.cancel()
-            response.close()
-    samples = [round((a - s) * 1000, 3) for s, a in zip(sent, arrived, strict=True)]
+        timed = await protocol.timed_sse(response, writer, post, messages, rate, text_of)
+    samples = [round(ms, 3) for ms in timed]
     return {
         "p50_ms": round(percentile(samples, 50), 3),
         "p99_ms": round(percentile(samples, 99), 3),
@@ -258,10 +210,7 @@ async def durable_sse_latency(
     async def post(http: aiohttp.ClientSession, message: Message) -> None:
         await append(http, url, message)
 
-    def text_of(event: str, data: str) -> str | None:
-        return data if event == "data" else None
-
-    return await sse_latency(f"{url}?offset=-1&live=sse", post, messages, rate, text_of)
+    return await sse_latency(f"{url}?offset=-1&live=sse", post, messages, rate, protocol.data_text)
 
 
 async def relay_sse_latency(

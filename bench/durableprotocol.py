@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,45 +181,74 @@ async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[st
                 data.append(value)
 
 
+Post = Callable[[aiohttp.ClientSession, Message], Awaitable[None]]
+"""Send one message (append it, or produce it) on a writer session."""
+TextOf = Callable[[str, str], str | None]
+"""A message's text from an SSE ``(event, data)``, or None for an event that holds none."""
+
+
+async def timed_sse(
+    response: aiohttp.ClientResponse,
+    writer: aiohttp.ClientSession,
+    post: Post,
+    messages: Sequence[Message],
+    rate: float,
+    text_of: TextOf,
+) -> list[float]:
+    """Once the SSE ``response`` has sent its first event, ``post`` each message at ``rate``;
+    each message's milliseconds from just before its post to when the reader holds its text
+    (each once, in order, exact)."""
+    sent: list[float] = []
+    attached = asyncio.Event()
+
+    async def receive() -> list[float]:
+        arrived: list[float] = []
+        async for event, data in sse_events(response):
+            attached.set()  # every server opens a stream with an event of its own
+            if (text := text_of(event, data)) is None:
+                continue
+            if len(arrived) >= len(messages) or text != messages[len(arrived)].text:
+                raise BenchError(f"SSE message {len(arrived)} is wrong: {text!r}")
+            arrived.append(time.perf_counter())
+            if len(arrived) == len(messages):
+                return arrived
+        raise BenchError(f"the SSE stream ended after {len(arrived)} messages")
+
+    receiving = asyncio.create_task(receive())
+    try:
+        async with asyncio.timeout(READ_TIMEOUT):
+            await attached.wait()
+        started = time.perf_counter()
+        for n, message in enumerate(messages):
+            await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
+            sent.append(time.perf_counter())
+            await post(writer, message)
+        async with asyncio.timeout(READ_TIMEOUT):
+            arrived = await receiving
+    finally:
+        receiving.cancel()
+        response.close()
+    return [(a - s) * 1000 for s, a in zip(sent, arrived, strict=True)]
+
+
+def data_text(event: str, data: str) -> str | None:
+    """A Durable Stream's SSE: a ``data`` event's data is the appended text."""
+    return data if event == "data" else None
+
+
 async def sse_latency(base: str, messages: Sequence[Message], rate: float) -> dict[str, Any]:
     """From just before each append to when the live SSE reader holds its text."""
     url = f"{base}bench/latency-{time.monotonic_ns()}"
-    sent: list[float] = []
-    attached = asyncio.Event()
     async with session() as reader, session() as writer:
         await create(writer, url)
         response = await reader.get(f"{url}?offset=-1&live=sse")
         if response.status != 200:
             raise Refused(f"GET {url} (SSE)", response.status, await response.text())
 
-        async def receive() -> list[float]:
-            arrived: list[float] = []
-            async for event, data in sse_events(response):
-                attached.set()  # both servers begin with a control event
-                if event != "data":
-                    continue
-                if len(arrived) >= len(messages) or data != messages[len(arrived)].text:
-                    raise BenchError(f"SSE message {len(arrived)} is wrong: {data!r}")
-                arrived.append(time.perf_counter())
-                if len(arrived) == len(messages):
-                    return arrived
-            raise BenchError(f"the SSE stream ended after {len(arrived)} messages")
+        async def post(http: aiohttp.ClientSession, message: Message) -> None:
+            await append(http, url, message.text.encode())
 
-        receiving = asyncio.create_task(receive())
-        try:
-            async with asyncio.timeout(READ_TIMEOUT):
-                await attached.wait()
-            started = time.perf_counter()
-            for n, message in enumerate(messages):
-                await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
-                sent.append(time.perf_counter())
-                await append(writer, url, message.text.encode())
-            async with asyncio.timeout(READ_TIMEOUT):
-                arrived = await receiving
-        finally:
-            receiving.cancel()
-            response.close()
-    samples = [(a - s) * 1000 for s, a in zip(sent, arrived, strict=True)]
+        samples = await timed_sse(response, writer, post, messages, rate, data_text)
     return {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99)}
 
 
