@@ -119,7 +119,10 @@ class Relay:
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
         metrics = self.metrics
-        self._http_producers = metrics.connections.labels("http_producer")
+        self._http_producers = 0
+        """Producer requests in progress: counted without the gauge's lock, read when
+        ``/metrics`` is."""
+        metrics.connections.labels("http_producer").set_function(lambda: self._http_producers)
         metrics.memory.set_function(
             lambda: self.producers.memory_in_use() + self.durable.store.total_bytes
         )
@@ -373,12 +376,11 @@ class Relay:
             route.channel if isinstance(route, routes.HttpProduce | routes.AiSdkProduce) else None
         )
         resume = named_session(request.grant, name) if name else None
-        gauge = self._http_producers
-        gauge.inc()
+        self._http_producers += 1
         try:
             await self.producers.serve(producer, channel, request.grant, resume)
         finally:
-            gauge.dec()
+            self._http_producers -= 1
         if producer.displaced and producer.named:
             # Another request of this producer took its session on another process: what
             # is left of this body was not applied, and the answer says from where.
