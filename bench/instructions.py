@@ -12,6 +12,10 @@ one subscriber). ``--compare-python`` counts another installation's relay the sa
 With ``redis-server`` on the PATH, ingest through a private Redis is counted too: the
 relay's side only (Redis is another process).
 
+The HTTP rows count a whole request the same way, one at a time on one keep-alive
+connection, each answered before the next is read: ``POST /produce`` of one completed
+message (as ``bench/durable/produce.lua`` posts it), and a Durable Streams append.
+
 Needs ``valgrind`` on the PATH (Debian's package). Each figure takes about a minute.
 """
 
@@ -19,20 +23,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from token_relay.edge.relay import Relay
+from token_relay.edge.server import HttpConnection, HttpServer
 
 from tests.harness import RedisServer
 
-from .inprocess import connect, feed, load, settings, settle
+from .durableprotocol import APPEND_TEXT
+from .inprocess import MemoryTransport, connect, feed, load, settings, settle
 
 BASE = 300
 """Messages in the smaller of each pair of runs (start-up and warm-up cancel out)."""
@@ -58,6 +66,84 @@ async def _ingest(messages: int, batch: int, setup_only: bool, broker: str) -> N
         raise SystemExit("the relay did not apply every frame")
 
 
+class _KeptTransport(MemoryTransport):
+    """A transport that keeps what is written: the answers, checked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.out += data
+
+
+HTTP_CASES = {
+    "produce": "POST /produce, a message per request",
+    "append": "Durable Streams append",
+}
+"""The HTTP rows: what each request is."""
+
+
+def _request(kind: str, number: int) -> bytes:
+    """The ``number``th request of ``kind``, as ``wrk`` sends it."""
+    if kind == "produce":
+        message = {"id": f"m-{number}", "delta": APPEND_TEXT, "final": True}
+        body = json.dumps(message, separators=(",", ":")).encode()
+        head = b"POST /produce?channel=c HTTP/1.1\r\nContent-Type: application/json\r\n"
+    else:
+        body = APPEND_TEXT.encode()
+        head = b"POST /v1/stream/counted HTTP/1.1\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    return head + b"Host: relay\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+async def _answered(server: HttpServer, request: bytes, ends: bytes) -> bytes:
+    """Hand ``request`` to a new connection of ``server``; its whole answer."""
+    connection, transport = HttpConnection(server), _KeptTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.data_received(request)
+    await _until(lambda: transport.out.endswith(ends))
+    return bytes(transport.out)
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Let the loop run, a pass at a time, until ``done()``; give up after 10,000 passes."""
+    for _ in range(10_000):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise SystemExit("no answer")
+
+
+async def _http(kind: str, requests: int, setup_only: bool) -> None:
+    """Build ``requests`` requests of ``kind``; unless ``setup_only``, send them one at a
+    time on one connection, each answered (and checked) before the next."""
+    relay = Relay(settings())
+    server = await relay.start()
+    create = b"PUT /v1/stream/counted HTTP/1.1\r\nHost: relay\r\nContent-Length: 0\r\n"
+    create += b"Content-Type: text/plain; charset=utf-8\r\n\r\n"
+    if not (await _answered(server, create, b"\r\n\r\n")).startswith(b"HTTP/1.1 201"):
+        raise SystemExit("the stream was not created")
+    loads = [_request(kind, number) for number in range(requests)]
+    if setup_only:
+        return
+    connection, transport = HttpConnection(server), _KeptTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    ends, status = (b"]}", b"HTTP/1.1 200") if kind == "produce" else (b"\r\n\r\n", b"HTTP/1.1 204")
+    for request in loads:
+        written = len(transport.out)
+
+        def answered(at: int = written) -> bool:
+            return len(transport.out) > at and transport.out.endswith(ends)
+
+        connection.data_received(request)
+        await _until(answered)
+    if transport.out.count(status) != requests or (
+        kind == "produce" and b'"errors":[{' in transport.out
+    ):
+        raise SystemExit(f"the relay did not answer every request with {status.decode()}")
+
+
 async def _child(messages: int, batch: int, setup_only: bool, redis: bool) -> None:
     """One counted run; with ``redis``, on a private ``redis-server`` (not counted: it is
     another process)."""
@@ -74,6 +160,12 @@ async def _child(messages: int, batch: int, setup_only: bool, redis: bool) -> No
 
 def _count(python: str, messages: int, batch: int, setup_only: bool, redis: bool) -> int:
     """Instructions one child run executes, as callgrind counts them."""
+    arguments = [str(messages), str(batch), "1" if setup_only else "0", "1" if redis else "0"]
+    return _counted(python, ["--child", *arguments])
+
+
+def _counted(python: str, arguments: list[str]) -> int:
+    """Instructions ``python -m bench.instructions ARGUMENTS`` executes, as callgrind counts."""
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -81,11 +173,7 @@ def _count(python: str, messages: int, batch: int, setup_only: bool, redis: bool
         python,
         "-m",
         "bench.instructions",
-        "--child",
-        str(messages),
-        str(batch),
-        "1" if setup_only else "0",
-        "1" if redis else "0",
+        *arguments,
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -105,6 +193,19 @@ def per_event(python: str, batch: int, messages: int, redis: bool = False) -> fl
     return ((large - small) - (setup_large - setup_small)) / (messages * EVENTS_PER_MESSAGE)
 
 
+def per_request(python: str, kind: str, requests: int) -> float:
+    """The relay's instructions per HTTP request of ``kind``."""
+    runs = [(BASE, False), (BASE + requests, False), (BASE, True), (BASE + requests, True)]
+
+    def count(run: tuple[int, bool]) -> int:
+        number, setup_only = run
+        return _counted(python, ["--http-child", kind, str(number), "1" if setup_only else "0"])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        small, large, setup_small, setup_large = pool.map(count, runs)
+    return ((large - small) - (setup_large - setup_small)) / requests
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
     parser.add_argument("--messages", type=int, default=1000, help="messages counted (1000)")
@@ -112,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         "--compare-python", default="", metavar="PYTHON", help="another installation's python"
     )
     parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--http-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.http_child:
+        kind, requests, setup_only = args.http_child
+        asyncio.new_event_loop().run_until_complete(_http(kind, int(requests), setup_only == "1"))
+        sys.stdout.flush()
+        os._exit(0)
     if args.child:
         messages, batch, setup_only, redis = args.child
         run = _child(messages, batch, bool(setup_only), bool(redis))
@@ -135,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         for index, (name, count) in enumerate(counts):
             ratio = f"  {count / counts[0][1]:.2f}x this relay" if index else ""
             print(f"ingest, {what:<22} {name:<26} {count:9,.0f} instructions/event{ratio}")
+    for kind, what in HTTP_CASES.items():
+        counts = [(name, per_request(python, kind, args.messages)) for name, python in pythons]
+        for index, (name, count) in enumerate(counts):
+            ratio = f"  {count / counts[0][1]:.2f}x this relay" if index else ""
+            print(f"{what:<37} {name:<26} {count:9,.0f} instructions/request{ratio}")
     return 0
 
 

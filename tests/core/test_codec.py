@@ -23,6 +23,7 @@ from token_relay.core.protocol import (
     AckEntry,
     DeltaFrame,
     MessageFrame,
+    SessionFrame,
     encode,
     encode_unpositioned,
 )
@@ -176,6 +177,15 @@ def test_acks_are_encoded_as_the_models_do(acks: list[tuple[str, str, bool]], ba
         return encode(AckBatch(acks=entries))
 
     assert _or_error(lambda: codec.acks_frame(acks, batch=batch)) == _or_error(by_models)
+
+
+@settings(max_examples=400, deadline=None)
+@given(surrogate_text, st.booleans())
+def test_session_frames_are_encoded_as_the_models_do(token: str, resumed: bool) -> None:
+    def by_models() -> str:
+        return encode(SessionFrame(session=token, resumed=resumed))
+
+    assert _or_error(lambda: codec.session_frame(token, resumed)) == _or_error(by_models)
 
 
 @settings(max_examples=400, deadline=None)

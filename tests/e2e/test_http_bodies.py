@@ -73,7 +73,9 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 def _http_producers(relay: Relay) -> float:
-    value: float = relay.metrics.connections.labels("http_producer")._value.get()
+    """The producer requests in progress, as ``/metrics`` exports them."""
+    value = relay.metrics.registry.get_sample_value("relay_connections", {"role": "http_producer"})
+    assert value is not None
     return value
 
 
@@ -335,6 +337,7 @@ async def test_a_named_producer_s_body_reset_leaves_its_session_for_the_next_req
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_head(path, NDJSON) + _chunk(_line({"id": "n", "delta": "one ", "seq": 1})))
         assert (await recv_json(sub))["delta"] == "one "
+        assert _http_producers(relay) == 1  # the request is in progress
         _reset(writer)
         await eventually(lambda: _http_producers(relay) == 0, what="the request ended")
         assert len(relay.sessions.parked) == 1

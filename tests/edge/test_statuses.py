@@ -1,5 +1,6 @@
 """The one table of error codes to HTTP statuses, and the answer of ``POST /produce`` built
-from its frames' own JSON: byte for byte what loading and dumping them again gave."""
+from its frames' own JSON: byte for byte what loading and dumping them again gave, the
+frames told apart by how they start exactly as by reading them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import json
 from typing import Any, cast
 
 import pytest
-from token_relay.core.codec import acks_frame
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from token_relay.core.codec import acks_frame, session_frame
 from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.grants import Grant, Role
-from token_relay.core.protocol import error_frame
+from token_relay.core.protocol import Cancel, encode, error_frame
 from token_relay.edge.httpproducer import HttpProducer
 from token_relay.edge.statuses import CANCEL_CODES, JOIN_CODES, produce_status, status_of
 
@@ -95,3 +98,60 @@ def test_the_answer_is_the_frames_own_json_joined() -> None:
 
 def test_an_empty_answer() -> None:
     assert _producer().answer() == b'{"acks":[],"errors":[],"cancels":[]}'
+
+
+text = st.text(max_size=6) | st.text(alphabet=st.sampled_from('a"\\\n\x00\u2028\u00e9\U0001f600,'))
+numbers = st.none() | st.integers(min_value=0, max_value=2**40)
+acks = st.builds(
+    lambda entries, batch: acks_frame(entries[:1] if not batch else entries, batch=batch),
+    st.lists(st.tuples(text, text, st.booleans()), min_size=1, max_size=3),
+    st.booleans(),
+)
+errors = st.builds(
+    lambda code, message, message_id, index, expected, line, channel: error_frame(
+        FrameRejected(code, message, message_id, index, expected=expected, line=line), channel
+    ),
+    st.sampled_from(ErrorCode),
+    text,
+    st.none() | text,
+    numbers,
+    numbers,
+    numbers,
+    st.none() | text,
+)
+cancels = st.builds(
+    lambda channel, message_id: encode(Cancel(channel=channel, id=message_id)),
+    st.text(alphabet="ab-_", min_size=1, max_size=4),
+    st.text(alphabet="ab-_", min_size=1, max_size=4),
+)
+sessions = st.builds(session_frame, text, st.booleans())
+frame = st.one_of(acks, errors, cancels, sessions)
+# The same frames written by another encoder: spaced out, or with their type moved last.
+respaced = frame.map(lambda data: json.dumps(json.loads(data)))
+reordered = frame.map(lambda data: json.dumps(dict(reversed(json.loads(data).items()))))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(frame, respaced, reordered), max_size=8))
+def test_frames_are_told_apart_by_their_start_as_by_reading_them(frames: list[str]) -> None:
+    fast, read = _producer(), _producer()
+    for data in frames:
+        fast.collect(data.encode())
+        read.collect_parsed(data.encode())
+    assert (fast.acks, fast.errors, fast.cancels, fast.codes) == (
+        read.acks,
+        read.errors,
+        read.cancels,
+        read.codes,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(frame, max_size=8))
+def test_the_answer_to_generated_frames_is_what_loading_and_dumping_them_gave(
+    frames: list[str],
+) -> None:
+    producer = _producer()
+    for data in frames:
+        producer.collect(data.encode())
+    assert producer.answer() == _as_before([data.encode() for data in frames])

@@ -8,8 +8,8 @@ for the protocol. This module only takes a faster road to the same place:
   It never refuses anything: whatever msgspec does not accept as it stands (a frame
   with an error, a lone surrogate escape, a number msgspec will not hold) returns None,
   and the pydantic models decide, with their own error codes and words.
-* The encoders build the ``ack``, ``acks``, ``delta`` and unpositioned ``message``
-  frames the pydantic models would serialize, byte for byte; any text msgspec will not
+* The encoders build the ``session``, ``ack``, ``acks``, ``delta`` and unpositioned
+  ``message`` frames the pydantic models would serialize, byte for byte; any text msgspec will not
   encode, and any metadata, goes to the models instead.
 
 ``tests/core/test_codec.py`` proves both over generated valid and invalid frames:
@@ -34,6 +34,7 @@ from .protocol import (
     DeltaFrame,
     MessageFrame,
     ProducerEvent,
+    SessionFrame,
     encode,
     encode_unpositioned,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "encode_delta",
     "encode_parts_snapshot",
     "message_body",
+    "session_frame",
 ]
 
 _Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)]
@@ -133,6 +135,14 @@ def acks_frame(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
         for channel, message_id, duplicate in acks
     ]
     return encode(AckBatch(acks=models))
+
+
+def session_frame(token: str, resumed: bool) -> str:
+    """The ``session`` frame a producer is sent first thing."""
+    data = _dumps({"type": "session", "session": token, "resumed": resumed})
+    if data is not None:
+        return data.decode()
+    return encode(SessionFrame(session=token, resumed=resumed))
 
 
 def encode_delta(channel: str, message_id: str, delta: str) -> str:

@@ -277,19 +277,19 @@ class DurableStreams:
         return Reply(200, b"", stream.content_type, headers)
 
     async def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
+        sent = dict(request.headers)  # each header's last value, read in one pass
         producer = producer_of(
-            _optional(request, "producer-id"),
-            _optional(request, "producer-epoch"),
-            _optional(request, "producer-seq"),
+            sent.get("producer-id"), sent.get("producer-epoch"), sent.get("producer-seq")
         )
-        before = (await self.store.get(route.stream, await self._now())).tail
+        now = await self._now()
+        before = (await self.store.get(route.stream, now)).tail
         appended = await self.store.append(
             route.stream,
             body,
-            content_type=request.header("content-type"),
-            close=closed_of(request.header("stream-closed")),
-            now=await self._now(),
-            stream_seq=bounded("Stream-Seq", _optional(request, "stream-seq")),
+            content_type=sent.get("content-type", ""),
+            close=closed_of(sent.get("stream-closed", "")),
+            now=now,
+            stream_seq=bounded("Stream-Seq", sent.get("stream-seq")),
             producer=producer,
         )
         if appended.next > before:

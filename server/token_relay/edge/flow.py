@@ -38,17 +38,25 @@ class PeerBase:
     """A peer's identity: its id, its socket, the request that admitted it, its client's
     address (the peer's, or the one a trusted proxy forwarded for) and its grant."""
 
-    __slots__ = ("client", "grant", "id", "path", "transport")
+    __slots__ = ("_id", "client", "grant", "path", "transport")
 
     def __init__(
         self, transport: asyncio.Transport, *, path: str, client: str, grant: Grant
     ) -> None:
-        self.id = uuid.uuid4()
+        self._id: uuid.UUID | None = None
         self.transport = transport
         self.path = path
         """The request target, query included."""
         self.client = client
         self.grant = grant
+
+    @property
+    def id(self) -> uuid.UUID:
+        """Names the peer in logs: made when first asked for (most HTTP producers never
+        are), then the same."""
+        if self._id is None:
+            self._id = uuid.uuid4()
+        return self._id
 
 
 class SocketPeer(PeerBase):

@@ -251,7 +251,29 @@ class HttpProducer(PeerBase):
 
     def collect(self, data: bytes) -> None:
         """A frame the relay sends this producer, kept for the response as it was encoded:
-        it is read for its type (and an error's code), never encoded again."""
+        it is told by how it starts (the relay's encoders put ``type`` first, and an
+        error's ``code`` next), never decoded nor encoded again. A frame that starts
+        otherwise is read as JSON for its type (and its code)."""
+        if data.startswith(ACK_HEAD):
+            self.acks.append(data)
+        elif data.startswith(ACKS_HEAD) and data.endswith(b"]}"):
+            if len(data) > len(ACKS_HEAD) + 2:
+                self.acks.append(data[len(ACKS_HEAD) : -2])
+        elif data.startswith(ERROR_HEAD):
+            start = len(ERROR_HEAD)
+            code = CODES.get(data[start : data.find(b'"', start)])
+            if code is None:
+                self.collect_parsed(data)
+                return
+            self.errors.append(data)
+            self.codes.add(code)
+        elif data.startswith(CANCEL_HEAD):
+            self.cancels.append(data)
+        elif not data.startswith(SESSION_HEAD):
+            self.collect_parsed(data)
+
+    def collect_parsed(self, data: bytes) -> None:
+        """:meth:`collect` for a frame of any spacing: read as JSON for its type."""
         frame = json.loads(data)
         kind = frame.get("type")
         if kind == "ack":
@@ -330,6 +352,13 @@ class HttpProducer(PeerBase):
 
 ACKS_HEAD = b'{"type":"acks","acks":['
 """How an ``acks`` frame starts (:func:`~token_relay.core.codec.acks_frame`)."""
+ACK_HEAD = b'{"type":"ack",'
+ERROR_HEAD = b'{"type":"error","code":"'
+CANCEL_HEAD = b'{"type":"cancel",'
+SESSION_HEAD = b'{"type":"session",'
+"""How the relay's other frames to a producer start (their models' first fields)."""
+CODES = {code.value.encode(): code.value for code in ErrorCode}
+"""Every error code, as it is written in a frame."""
 
 
 def _entries(data: bytes, frame: dict[str, Any]) -> bytes:

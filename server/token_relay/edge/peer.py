@@ -23,8 +23,10 @@ __all__ = ["Peer", "ProducerPeer", "Streamed"]
 class Peer(Protocol):
     """Whatever frames go to."""
 
-    id: uuid.UUID
-    """Names the connection in logs."""
+    @property
+    def id(self) -> uuid.UUID:
+        """Names the connection in logs."""
+
     transport: asyncio.Transport
     """The socket; its unsent bytes are the peer's backpressure."""
     path: str

@@ -37,7 +37,14 @@ from pydantic import MISSING
 from websockets import CloseCode
 
 from ..brokers import Broker, Publication
-from ..core.codec import Event, FastEvent, acks_frame, decode_producer_frame, message_body
+from ..core.codec import (
+    Event,
+    FastEvent,
+    acks_frame,
+    decode_producer_frame,
+    message_body,
+    session_frame,
+)
 from ..core.errors import (
     BrokerUnavailable,
     ErrorCode,
@@ -52,8 +59,6 @@ from ..core.protocol import (
     Aborted,
     AbortReason,
     ProducerEvent,
-    SessionFrame,
-    encode,
     encode_unpositioned,
     error_frame,
 )
@@ -215,9 +220,7 @@ class ProducerEndpoint:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
         session.streams.default_channel = channel
-        await self.writer.reply(
-            connection, encode(SessionFrame(session=session.token, resumed=resumed))
-        )
+        await self.writer.reply(connection, session_frame(session.token, resumed))
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
         taker = connection if channel is not None and isinstance(connection, WebSocket) else None

@@ -119,6 +119,10 @@ class Relay:
         self.producers.delta_channels = self._delta_channels
         self.server: HttpServer | None = None
         metrics = self.metrics
+        self._http_producers = 0
+        """Producer requests in progress: counted without the gauge's lock, read when
+        ``/metrics`` is."""
+        metrics.connections.labels("http_producer").set_function(lambda: self._http_producers)
         metrics.memory.set_function(
             lambda: self.producers.memory_in_use() + self.durable.store.total_bytes
         )
@@ -372,22 +376,19 @@ class Relay:
             route.channel if isinstance(route, routes.HttpProduce | routes.AiSdkProduce) else None
         )
         resume = named_session(request.grant, name) if name else None
-        gauge = self.metrics.connections.labels("http_producer")
-        gauge.inc()
+        self._http_producers += 1
         try:
             await self.producers.serve(producer, channel, request.grant, resume)
         finally:
-            gauge.dec()
+            self._http_producers -= 1
         if producer.displaced and producer.named:
             # Another request of this producer took its session on another process: what
             # is left of this body was not applied, and the answer says from where.
             producer.collect(error_frame(_moved(name, producer.taken)).encode())
         codes = producer.codes
-        if producer.ndjson:
+        if codes and producer.ndjson:
             codes = codes - {ErrorCode.INVALID_JSON}  # a bad line is one refused event
-        status = produce_status(codes)
-        body = producer.answer()
-        return Reply(status, body, "application/json")
+        return Reply(produce_status(codes), producer.answer(), "application/json")
 
     @property
     def hub(self) -> ChannelHub[Peer]:

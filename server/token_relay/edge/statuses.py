@@ -67,6 +67,8 @@ def status_of(code: str, among: Collection[ErrorCode]) -> int:
 def produce_status(codes: Collection[str]) -> int:
     """The status of a producer request whose errors carry ``codes``: that of the first of
     :data:`PRODUCE_CODES` among them, else 200."""
+    if not codes:
+        return 200
     for code in PRODUCE_CODES:
         if code in codes:
             return HTTP_STATUS[code]
