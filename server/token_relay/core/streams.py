@@ -440,14 +440,16 @@ class MessageStreams:
             return None
         if not delta:
             state.last_event = now
-            self.assembler.feed(message_id, delta, False)
+            if not self.assembler.append(message_id, delta):
+                self.assembler.feed(message_id, delta, False)
             return state.channel, None, False
         chars = state.chars + len(delta)
         if chars > self.max_chars:
             return None
         state.chars, state.last_event = chars, now
         previous, state.last_delta = state.last_delta, now
-        self.assembler.feed(message_id, delta, False)
+        if not self.assembler.append(message_id, delta):
+            self.assembler.feed(message_id, delta, False)
         if previous is None:
             return state.channel, now - state.opened, True
         return state.channel, now - previous, False

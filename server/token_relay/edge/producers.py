@@ -117,11 +117,6 @@ class _Completion:
         """None when the message was published before (a repeated final)."""
 
 
-_STREAMED = Applied("", "", None)
-"""What :meth:`ProducerEndpoint._apply` returns for a delta of a plain message in progress
-(:meth:`~token_relay.core.streams.MessageStreams.plain_delta`): its callers look only at
-``text``, None."""
-
 _Entry = str | tuple[_Completion | None, list[tuple[str, str, bool]], bool]
 """A reply waiting its turn: a frame; a final's settlement, which sends its ack (a lone
 event's) or adds it to its batch's list; or a batch's acks (completion None)."""
@@ -398,6 +393,23 @@ class ProducerEndpoint:
         if frame.final or frame.abort is not MISSING:
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
+        if (
+            frame.delta is not MISSING
+            and frame.channel is MISSING
+            and frame.seq is MISSING
+            and frame.meta is MISSING
+            and frame.chunk is MISSING
+        ):
+            # Most frames: a delta of a plain message in progress, on the default channel
+            # (the short way of _apply, as in _events).
+            streamed = session.streams.plain_delta(frame.id, frame.delta, now)
+            if streamed is not None:
+                channel, wait, first = streamed
+                if wait is not None:  # not an empty delta
+                    self.broker.delta(channel, session.owner, frame.id, frame.delta, 0, True)
+                    metrics = self.metrics
+                    (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+                return None
         applied = self._apply(connection, session, frame, now, None, None)
         if isinstance(applied, Overflow):
             return self._abort_then(session, applied.unfinished, None)
@@ -418,8 +430,28 @@ class ProducerEndpoint:
         # One count of memory for the frame: every event of it is applied at one ``now``,
         # at which the count is refreshed at most once (see :meth:`overloaded`).
         overloaded = self.overloaded(now)
+        plain_delta, owner, metrics = session.streams.plain_delta, session.owner, self.metrics
         for index in range(start, len(events)):
-            event, at = events[index], index if batch else None
+            event = events[index]
+            if (
+                event.delta is not MISSING
+                and event.channel is MISSING
+                and event.seq is MISSING
+                and event.meta is MISSING
+                and event.chunk is MISSING
+                and event.abort is MISSING
+                and not event.final
+            ):
+                # Most events: a delta of a plain message in progress, on the default
+                # channel: the short way of _apply (as in _frame).
+                streamed = plain_delta(event.id, event.delta, now)
+                if streamed is not None:
+                    channel, wait, first = streamed
+                    if wait is not None:
+                        self.broker.delta(channel, owner, event.id, event.delta, 0, True)
+                        (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+                    continue
+            at = index if batch else None
             if event.abort is not MISSING:
                 unfinished = self._cancel(connection, session, event, at)
                 if unfinished is not None:
@@ -550,23 +582,6 @@ class ProducerEndpoint:
 
         This never waits: only completing a message does.
         """
-        if (
-            event.delta is not MISSING
-            and event.channel is MISSING
-            and event.seq is MISSING
-            and event.meta is MISSING
-            and event.chunk is MISSING
-            and not event.final
-        ):
-            # Most events: a delta of a plain message in progress, on the default channel.
-            streamed = session.streams.plain_delta(event.id, event.delta, now)
-            if streamed is not None:
-                channel, wait, first = streamed
-                if wait is not None:  # not an empty delta
-                    self.broker.delta(channel, session.owner, event.id, event.delta, 0, True)
-                    metrics = self.metrics
-                    (metrics.first_delta if first else metrics.delta_gap).observe(wait)
-                return _STREAMED
         try:
             if event.channel is not MISSING:
                 session.grant.check(event.channel, event.id)
