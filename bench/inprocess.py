@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 import tempfile
@@ -42,6 +43,8 @@ from .wire import build_messages, client_frame, upgrade_request
 READ = 256 * 1024
 """Bytes handed over per read, as asyncio reads a busy socket."""
 APPLY = ProducerEndpoint._frame
+_PASSES = itertools.count()
+"""Numbers the ingest passes, whose messages' ids must not repeat on one relay."""
 
 
 class MemoryTransport:
@@ -137,10 +140,11 @@ async def feed(
     await settle(lambda: not transport.paused and not ws._messages, quiet)
 
 
-def load(messages: int, batch: int) -> tuple[int, list[str], list[bytes]]:
-    """``messages`` messages of 10 deltas and a final, in frames of ``batch`` events: how
-    many events, the frames' texts, and their bytes as the socket's reads would bring them."""
-    texts = [frame for message in build_messages(messages, 10) for frame in message.frames]
+def load(messages: int, batch: int, prefix: str = "m") -> tuple[int, list[str], list[bytes]]:
+    """``messages`` messages of 10 deltas and a final, their ids starting with ``prefix``,
+    in frames of ``batch`` events: how many events, the frames' texts, and their bytes as
+    the socket's reads would bring them."""
+    texts = [frame for message in build_messages(messages, 10, prefix) for frame in message.frames]
     events = len(texts)
     if batch > 1:
         texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
@@ -153,9 +157,10 @@ async def ingest(relay: Relay, batch: int, repeat: int, redis: bool = False) -> 
     assert relay.server is not None
     server, handed = relay.server, relay.metrics.frames_in_producer
     subscriber, seen = connect(server, "/subscribe?channel=c")
-    events, texts, reads = load(10_000, batch)
     passes = []
     for n in range(repeat + 1):  # the first pass warms up
+        # Ids of its own: a producer's ids stay held for --id-hold once completed.
+        events, texts, reads = load(10_000, batch, prefix=f"m{next(_PASSES)}-")
         producer, transport = connect(server, f"/produce?channel=c&n={n}")
         await settle(lambda: True)
         before, frames, start = seen.written, handed.value, time.process_time()

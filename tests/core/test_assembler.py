@@ -384,6 +384,29 @@ def test_matches_reference_model(events: list[dict[str, object]]) -> None:
             )
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EVENTS, max_size=40), st.lists(st.text(max_size=3), max_size=RUN * 2 + 3))
+def test_append_is_feed_for_a_streaming_message_and_else_changes_nothing(
+    events: list[dict[str, object]], deltas: list[str]
+) -> None:
+    """The hot path: ``append`` does what ``feed`` does to a streaming message (past RUN
+    deltas too), and refuses any other id without a change."""
+    short, long = TokenAssembler(), TokenAssembler()
+    for event in events:
+        short.apply(event)
+        long.apply(event)
+    for index, delta in enumerate(deltas):
+        message_id = [*IDS, "unseen"][index % 5]
+        streaming = long.is_streaming(message_id)
+        assert short.append(message_id, delta) is streaming
+        if streaming:
+            assert long.feed(message_id, delta) is None
+        for other in [*IDS, "unseen"]:
+            assert short.get(other) == long.get(other)
+            assert short.is_streaming(other) == long.is_streaming(other)
+            assert short.is_completed(other) == long.is_completed(other)
+
+
 def test_long_messages_are_joined_in_runs_and_stay_exact() -> None:
     """Past RUN deltas a message's deltas are joined a run at a time: the text, the partial
     text and the interleaving with other messages are unchanged, empty deltas included."""

@@ -203,8 +203,12 @@ class MemoryBroker:
         claimed: bool = True,
     ) -> None:
         """Hand the delta frame straight to the listener, built only if someone wants it."""
-        if not self.inflight.may_publish(channel, owner, message_id, claimed, time.monotonic()):
-            return  # another owner holds the id: nothing of this message is published
+        inflight = self.inflight
+        if claimed:  # nearly every delta: its owner must hold the id, whatever the time
+            if inflight.holder(channel, message_id) != owner:
+                return  # another owner holds the id: nothing of this message is published
+        elif not inflight.may_publish(channel, owner, message_id, False, time.monotonic()):
+            return
         self._seq += 1
         listener = self._listener
         if listener is not None and listener.wants_deltas(channel):

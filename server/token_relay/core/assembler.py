@@ -84,6 +84,20 @@ class TokenAssembler:
         self._completed[message_id] = text
         return text
 
+    def append(self, message_id: str, delta: str) -> bool:
+        """The hot path of :meth:`feed` for a non-final delta: append it to a streaming
+        message, as ``feed(message_id, delta)`` does; False, changing nothing, if the
+        message is not streaming (then :meth:`feed` decides)."""
+        parts = self._parts.get(message_id)
+        if parts is None:
+            return False
+        parts.append(delta)
+        joined = parts.joined
+        if len(parts) - joined >= RUN:
+            parts[joined:] = ["".join(parts[joined:])]
+            parts.joined = joined + 1
+        return True
+
     def get(self, message_id: str) -> str | None:
         """Current text of a message: cached if completed, joined if streaming, else None."""
         completed = self._completed.get(message_id)

@@ -89,7 +89,7 @@ from .assembler import TokenAssembler
 from .codec import Event
 from .errors import ConfigError, ErrorCode, FrameRejected, PartRejected, id_in_use
 from .parts import IMPLICIT, MessageParts, PartLimits
-from .surrogates import REPLACEMENT, mend
+from .surrogates import REPLACEMENT, has_surrogate, mend
 
 PARTS = PartLimits()
 """The bounds of a structured message's parts, unless a session names others."""
@@ -318,21 +318,30 @@ class MessageStreams:
             state.last_event = now
             if meta:
                 state.meta = {**state.meta, **meta} if state.meta else meta
-            delta = None if event.delta is MISSING else event.delta
-            if delta is not None and (state.held or not delta.isascii()):
-                delta, state.held = mend(state.held, delta, event.final)
-            elif event.final and state.held:
-                delta, state.held = REPLACEMENT, ""
-            wait = previous = None
+            # The hot path of a relay: a plain message's delta. ``wait`` is the time since
+            # its previous non-empty delta, or since it opened (``first``).
+            given = event.delta
+            delta: str | None = None
+            if given is MISSING:
+                if event.final and state.held:
+                    delta, state.held = REPLACEMENT, ""
+            elif state.held or not given.isascii():
+                delta, state.held = mend(state.held, given, event.final)
+            else:
+                delta = given
+            wait: float | None = None
+            first = False
             if delta:
-                state.chars += len(delta)
-                if state.chars > self.max_chars:
+                chars = state.chars = state.chars + len(delta)
+                if chars > self.max_chars:
                     rejection = _too_large(self.max_chars, message_id, aborted=True)
                     return Overflow(self._abort(message_id), rejection)
                 previous = state.last_delta
-                wait = now - (state.opened if previous is None else previous)
+                if previous is None:
+                    wait, first = now - state.opened, True
+                else:
+                    wait = now - previous
                 state.last_delta = now
-            first = wait is not None and previous is None
             text = self.assembler.feed(message_id, delta, event.final)
             if text is None:
                 return Applied(channel, message_id, None, False, delta, False, wait, first)
@@ -406,6 +415,44 @@ class MessageStreams:
         if seq:
             self._final_seq[message_id] = seq
         return Applied(channel, message_id, text, True, delta, True, wait, bool(delta), meta=meta)
+
+    def plain_delta(
+        self, message_id: str, delta: str, now: float = 0.0
+    ) -> tuple[str, float | None, bool] | None:
+        """The hot path of :meth:`receive`: an event of only ``id`` and ``delta`` (no
+        ``channel``, ``seq``, ``meta``, ``chunk``, ``abort``, or ``final``), for a plain
+        message in progress on the default channel, applied as :meth:`receive` applies it.
+
+        Returns ``(channel, delta_wait, first_delta)`` of the :class:`Applied` that
+        :meth:`receive` would return (its ``delta`` is the one given, its other fields
+        their defaults); None, changing nothing, when the event needs :meth:`receive`: an
+        unknown, ended or structured message, another channel, a surrogate half to mend
+        (see :func:`~token_relay.core.surrogates.mend`), or a size past ``max_chars``.
+        """
+        state = self._streaming.get(message_id)
+        if (
+            state is None
+            or state.parts is not None
+            or state.held
+            or state.channel != self.default_channel
+            or (not delta.isascii() and has_surrogate(delta))
+        ):
+            return None
+        if not delta:
+            state.last_event = now
+            if not self.assembler.append(message_id, delta):
+                self.assembler.feed(message_id, delta, False)
+            return state.channel, None, False
+        chars = state.chars + len(delta)
+        if chars > self.max_chars:
+            return None
+        state.chars, state.last_event = chars, now
+        previous, state.last_delta = state.last_delta, now
+        if not self.assembler.append(message_id, delta):
+            self.assembler.feed(message_id, delta, False)
+        if previous is None:
+            return state.channel, now - state.opened, True
+        return state.channel, now - previous, False
 
     def phase(self, message_id: str) -> Phase | None:
         """Where a message is in its lifecycle; None if the id is unknown (or forgotten)."""

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["REPLACEMENT", "mend"]
+__all__ = ["REPLACEMENT", "has_surrogate", "mend"]
 
 REPLACEMENT = "\ufffd"
 """What a surrogate that never pairs becomes (U+FFFD, the replacement character)."""
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a surrogate half (so :func:`mend` may change it)."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def mend(held: str, delta: str, final: bool) -> tuple[str, str]:

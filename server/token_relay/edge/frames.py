@@ -142,8 +142,28 @@ class FrameReader:
         stop = False
         while end - at >= 2:
             first, second = data[at], data[at + 1]
-            if small and (first == 0x81 or first == 0x82) and 0x80 <= second < 0xFE:
-                # Nearly every producer frame: final, text or binary, masked, under 126 bytes.
+            if small and first == 0x81 and 0x80 <= second < 0xFE:
+                # Nearly every producer frame: final, text, masked, under 126 bytes (what
+                # the lines below do for it, in fewer steps).
+                start = at + 6
+                end_of_frame = start + second - 0x80
+                if end_of_frame > end:
+                    break
+                if stop:  # the rest waits for resume()
+                    self.partial = data[at:]
+                    return True
+                payload = apply_mask(data[start:end_of_frame], data[at + 2 : start])
+                at = end_of_frame
+                try:
+                    message = payload.decode()
+                except UnicodeDecodeError as exc:
+                    self._fail(exc)  # nothing more is read after invalid UTF-8
+                    small = lean = False
+                    continue
+                stop = deliver(message, payload)
+                continue
+            if small and first == 0x82 and 0x80 <= second < 0xFE:
+                # A small binary frame: final, masked, under 126 bytes.
                 head, end_of_frame = 6, at + 6 + (second & 0x7F)
                 if end_of_frame > end:
                     break

@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any
 
+from msgspec import DecodeError
 from pydantic import MISSING
 from websockets import CloseCode
 
@@ -41,7 +42,8 @@ from ..core.codec import (
     Event,
     FastEvent,
     acks_frame,
-    decode_producer_frame,
+    decode_by_models,
+    decode_fast,
     message_body,
     session_frame,
 )
@@ -355,18 +357,27 @@ class ProducerEndpoint:
     ) -> Coroutine[Any, Any, None] | None:
         """Apply one frame and answer it, without waiting; what is left to wait for (an
         abort being published), if anything."""
-        if isinstance(raw, AbortMessage):
+        if isinstance(raw, str):
+            try:  # codec.decode_producer_frame, inlined
+                frame: Event | list[FastEvent] | list[ProducerEvent] = decode_fast(raw)
+            except DecodeError:
+                try:
+                    frame = decode_by_models(raw)
+                except FrameRejected as exc:
+                    self.reject_now(connection, exc)
+                    return None
+        elif isinstance(raw, AbortMessage):
             # The producer's own word, not a frame: neither decoded nor charged.
             unfinished = session.streams.abort(raw.message_id)
             return None if unfinished is None else self._abort(session, unfinished, raw.reason)
-        try:
-            if not isinstance(raw, str):
-                # An HTTP body's line the edge refused before decoding it, or a binary frame.
-                raise raw if isinstance(raw, FrameRejected) else binary_rejected()
-            frame = decode_producer_frame(raw)
-        except FrameRejected as exc:
-            self.reject_now(connection, exc)
+        else:
+            # An HTTP body's line the edge refused before decoding it, or a binary frame.
+            self.reject_now(
+                connection, raw if isinstance(raw, FrameRejected) else binary_rejected()
+            )
             return None
+        if now - self._memory_checked >= MEMORY_CHECK_SECONDS:  # see overloaded()
+            self._count_memory(now)
         if isinstance(frame, list):
             if not session.bucket.take(now, len(frame)):
                 # The whole frame is refused, so the producer sends it again as it was.
@@ -379,7 +390,24 @@ class ProducerEndpoint:
         if frame.final or frame.abort is not MISSING:
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
-        applied = self._apply(connection, session, frame, now, None)
+        if (
+            frame.delta is not MISSING
+            and frame.channel is MISSING
+            and frame.seq is MISSING
+            and frame.meta is MISSING
+            and frame.chunk is MISSING
+        ):
+            # Most frames: a delta of a plain message in progress, on the default channel
+            # (the short way of _apply, as in _events).
+            streamed = session.streams.plain_delta(frame.id, frame.delta, now)
+            if streamed is not None:
+                channel, wait, first = streamed
+                if wait is not None:  # not an empty delta
+                    self.broker.delta(channel, session.owner, frame.id, frame.delta, 0, True)
+                    metrics = self.metrics
+                    (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+                return None
+        applied = self._apply(connection, session, frame, now, None, None)
         if isinstance(applied, Overflow):
             return self._abort_then(session, applied.unfinished, None)
         return None
@@ -396,15 +424,38 @@ class ProducerEndpoint:
         waiting: bool,
     ) -> Coroutine[Any, Any, None] | None:
         """Apply a frame's events from ``start`` on; its acks go out once all are applied."""
+        # One count of memory for the frame: every event of it is applied at one ``now``,
+        # at which the count is refreshed at most once (see :meth:`overloaded`).
+        overloaded = self.overloaded(now)
+        plain_delta, owner, metrics = session.streams.plain_delta, session.owner, self.metrics
         for index in range(start, len(events)):
-            event, at = events[index], index if batch else None
+            event = events[index]
+            if (
+                event.delta is not MISSING
+                and event.channel is MISSING
+                and event.seq is MISSING
+                and event.meta is MISSING
+                and event.chunk is MISSING
+                and event.abort is MISSING
+                and not event.final
+            ):
+                # Most events: a delta of a plain message in progress, on the default
+                # channel: the short way of _apply (as in _frame).
+                streamed = plain_delta(event.id, event.delta, now)
+                if streamed is not None:
+                    channel, wait, first = streamed
+                    if wait is not None:
+                        self.broker.delta(channel, owner, event.id, event.delta, 0, True)
+                        (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+                    continue
+            at = index if batch else None
             if event.abort is not MISSING:
                 unfinished = self._cancel(connection, session, event, at)
                 if unfinished is not None:
                     rest = (connection, session, events, batch, now, index + 1, acks, waiting)
                     return self._abort_then(session, unfinished, rest, AbortReason(event.abort))
                 continue
-            applied = self._apply(connection, session, event, now, at)
+            applied = self._apply(connection, session, event, now, at, overloaded)
             if applied is None:
                 continue
             if isinstance(applied, Overflow):
@@ -520,15 +571,22 @@ class ProducerEndpoint:
         event: Event,
         now: float,
         index: int | None,
+        overloaded: bool | None,
     ) -> Applied | Overflow | None:
         """Apply one event and pass its delta on; None if it was refused (and answered).
+        ``overloaded``: :meth:`overloaded` at ``now``, as the caller asked it for the frame;
+        None if not asked (the memory count is fresh: a new message asks).
 
         This never waits: only completing a message does.
         """
         try:
             if event.channel is not MISSING:
                 session.grant.check(event.channel, event.id)
-            if self.overloaded(now) and session.streams.phase(event.id) is None:
+            if (
+                overloaded is not False
+                and session.streams.phase(event.id) is None
+                and (overloaded or self._over_memory())
+            ):
                 raise self._overloaded(event.id)
             convert = ""
             if event.chunk is not MISSING and self.broker.shares_sessions:
@@ -761,8 +819,16 @@ class ProducerEndpoint:
         :data:`MEMORY_CHECK_SECONDS` ago (a count walks every session), with what the rest
         of the relay holds (:attr:`held_elsewhere`) counted now."""
         if now - self._memory_checked >= MEMORY_CHECK_SECONDS:
-            self._memory_checked = now
-            self.memory_used = self.memory_in_use()
+            self._count_memory(now)
+        return self._over_memory()
+
+    def _count_memory(self, now: float) -> None:
+        self._memory_checked = now
+        self.memory_used = self.memory_in_use()
+
+    def _over_memory(self) -> bool:
+        """Whether memory in use, as last counted, with what the rest of the relay holds
+        now, is past ``--max-memory-bytes``."""
         return self.memory_used + self.held_elsewhere() > self.settings.max_memory_bytes
 
     def _overloaded(self, message_id: str) -> FrameRejected:

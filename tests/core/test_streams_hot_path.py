@@ -1,0 +1,146 @@
+"""Tests for the hot path of token_relay.core.streams: ``MessageStreams.plain_delta``, the
+short way of a plain message's delta, does what ``receive`` does, or nothing at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from token_relay.core.errors import FrameRejected
+from token_relay.core.protocol import ProducerEvent
+from token_relay.core.streams import Applied, MessageStreams, Overflow
+
+IDS = ("a", "b", "c")
+DELTAS = st.sampled_from(
+    ["", "x", "hello ", "é", "naïve ", "\ud83d", "\ude00", "\ud83d\ude00", "0123456789"]
+)
+"""Empty, ASCII, non-ASCII, surrogate halves (held back and mended), and long enough to
+pass the size limit below."""
+
+Step = tuple[str, dict[str, Any], float]
+
+plain: st.SearchStrategy[Step] = st.tuples(
+    st.just("event"),
+    st.fixed_dictionaries({"id": st.sampled_from(IDS), "delta": DELTAS}),
+    st.floats(0, 2),
+)
+"""The events the hot path takes: an id and a delta, nothing else."""
+
+steps: st.SearchStrategy[Step] = st.one_of(
+    plain,
+    plain,
+    plain,
+    plain,
+    # Every other shape, which opens, ends, numbers and moves messages around them.
+    st.tuples(
+        st.just("event"),
+        st.fixed_dictionaries(
+            {"id": st.sampled_from(IDS)},
+            optional={
+                "delta": DELTAS,
+                "final": st.booleans(),
+                "channel": st.sampled_from(["room", "other"]),
+                "seq": st.integers(1, 3),
+                "chunk": st.just({"type": "text-start", "id": "t"}),
+            },
+        ),
+        st.floats(0, 2),
+    ),
+    st.tuples(st.just("default"), st.fixed_dictionaries({"channel": st.none()}), st.just(0.0)),
+    st.tuples(
+        st.just("default"), st.fixed_dictionaries({"channel": st.just("room")}), st.just(0.0)
+    ),
+    st.tuples(st.just("abort"), st.fixed_dictionaries({"id": st.sampled_from(IDS)}), st.just(0.0)),
+    st.tuples(st.just("refuse"), st.fixed_dictionaries({"id": st.sampled_from(IDS)}), st.just(0.0)),
+)
+
+
+def _streams() -> MessageStreams:
+    return MessageStreams("room", max_streaming=2, max_completed=2, max_chars=12)
+
+
+def _outcome(streams: MessageStreams, event: ProducerEvent, now: float) -> Any:
+    """What ``receive`` did, comparable: an Applied, an Overflow's parts, or a refusal."""
+    try:
+        applied = streams.receive(event, now)
+    except FrameRejected as exc:
+        return ("rejected", exc.code, exc.message, exc.expected)
+    if isinstance(applied, Overflow):
+        rejection = applied.rejection
+        return ("overflow", applied.unfinished, rejection.code, rejection.message)
+    return applied
+
+
+def _state(streams: MessageStreams) -> tuple[Any, ...]:
+    return (
+        streams.streaming(),
+        streams.text_chars,
+        streams.held_chars(),
+        streams.completed_count,
+        [
+            (
+                streams.phase(message_id),
+                streams.partial(message_id),
+                streams.live_parts(message_id),
+                streams.completed(message_id),
+                streams.next_seq(message_id),
+            )
+            for message_id in IDS
+        ],
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(steps, max_size=40))
+def test_the_hot_path_applies_a_delta_as_receive_does(played: list[Step]) -> None:
+    checked, hot = _streams(), _streams()
+    now = 0.0
+    for kind, fields, later in played:
+        now += later
+        if kind == "default":
+            checked.default_channel = hot.default_channel = fields["channel"]
+        elif kind == "abort":
+            assert checked.abort(fields["id"]) == hot.abort(fields["id"])
+        elif kind == "refuse":
+            checked.refuse(fields["id"])
+            hot.refuse(fields["id"])
+        else:
+            event = ProducerEvent(**fields)
+            expected = _outcome(checked, event, now)
+            streamed = None
+            if set(fields) == {"id", "delta"}:
+                before = _state(hot)
+                streamed = hot.plain_delta(event.id, event.delta, now)
+                if streamed is None:
+                    assert _state(hot) == before  # nothing changed: receive decides
+            if streamed is None:
+                assert _outcome(hot, event, now) == expected
+            else:
+                channel, wait, first = streamed
+                assert expected == Applied(
+                    channel, event.id, None, delta=event.delta, delta_wait=wait, first_delta=first
+                )
+        assert _state(hot) == _state(checked)
+        assert hot.streaming_count == checked.streaming_count
+
+
+def test_the_hot_path_takes_plain_deltas_and_leaves_the_rest() -> None:
+    streams = MessageStreams("room", max_chars=10)
+    assert streams.plain_delta("m", "x", 1.0) is None  # unknown: receive opens it
+    streams.receive(ProducerEvent(id="m"), 1.0)
+    assert streams.plain_delta("m", "", 2.0) == ("room", None, False)
+    assert streams.plain_delta("m", "ab", 3.0) == ("room", 2.0, True)
+    assert streams.plain_delta("m", "é", 4.5) == ("room", 1.5, False)
+    assert streams.plain_delta("m", "\ud83d", 5.0) is None  # a half to hold back
+    assert streams.plain_delta("m", "x" * 8, 5.0) is None  # past max_chars: an overflow
+    streams.default_channel = "other"
+    assert streams.plain_delta("m", "y", 5.0) is None  # channel_mismatch
+    streams.default_channel = "room"
+    assert streams.partial("m") == "abé"
+    streams.receive(ProducerEvent(id="s", chunk={"type": "text-start", "id": "t"}), 6.0)
+    assert streams.plain_delta("s", "z", 6.0) is None  # structured
+    assert streams.receive(ProducerEvent(id="m", final=True), 7.0) == Applied(
+        "room", "m", "abé", True
+    )
+    assert streams.plain_delta("m", "x", 8.0) is None  # completed
