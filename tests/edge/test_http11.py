@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import urlsplit
 
 import h11
 import pytest
@@ -24,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
 from token_relay.edge.connection import HttpConnection
+from token_relay.edge.http import HttpRequest
 from token_relay.edge.http11 import CLOSED, END, NEED_DATA, PAUSED, Body, Head, Http11
 
 EXAMPLES = int(os.environ.get("HTTP11_EXAMPLES", "150"))
@@ -425,3 +427,14 @@ def test_the_writer_writes_what_h11_wrote(
     assert got[0].replace(reason + b"\r\n", b" \r\n", 1) == expected[0]
     done = reference.our_state is h11.DONE and reference.their_state is h11.DONE
     assert ours.start_next_cycle() is done
+
+
+# ---------------------------------------------------------------------- the target
+
+
+@given(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=24))
+def test_a_target_splits_as_urlsplit_splits_it(tail: str) -> None:
+    target = "/" + tail
+    request = HttpRequest.of("GET", target, [], "127.0.0.1", [])
+    parts = urlsplit(target)
+    assert (request.path, request.query) == (parts.path, parts.query)
