@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
+from token_relay.core.errors import BadRequest, InvalidResponse
 from token_relay.edge.connection import HttpConnection
 from token_relay.edge.http import HttpRequest
 from token_relay.edge.http11 import CLOSED, END, NEED_DATA, PAUSED, Body, Head, Http11
@@ -350,9 +351,9 @@ def test_a_body_cut_short_is_refused_as_h11_refuses_it() -> None:
         assert isinstance(http.next_event(), Head)
         assert http.next_event() == Body(b"ab")
         http.receive_data(b"")
-        with pytest.raises(h11.RemoteProtocolError) as caught:
+        with pytest.raises(BadRequest) as caught:
             http.next_event()
-        messages.append((str(caught.value), caught.value.error_status_hint))
+        messages.append((str(caught.value), caught.value.status))
     assert messages[0] == messages[1]
     assert messages[0][1] == 400
 
@@ -385,7 +386,7 @@ def _written(send: Any, *steps: Any) -> tuple[bytes, str]:
     for step in steps:
         try:
             out += send(step) or b""
-        except h11.LocalProtocolError:
+        except (h11.LocalProtocolError, InvalidResponse):
             return out, "refused"
     return out, "ok"
 
@@ -435,6 +436,11 @@ def test_the_writer_writes_what_h11_wrote(
 @given(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=24))
 def test_a_target_splits_as_urlsplit_splits_it(tail: str) -> None:
     target = "/" + tail
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # "//[": a bad IPv6 host
+        with pytest.raises(ValueError):
+            HttpRequest.of("GET", target, [], "127.0.0.1", [])
+        return
     request = HttpRequest.of("GET", target, [], "127.0.0.1", [])
-    parts = urlsplit(target)
     assert (request.path, request.query) == (parts.path, parts.query)

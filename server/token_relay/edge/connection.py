@@ -40,12 +40,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol, cast
 
-import h11
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
+from ..core.errors import BadRequest, InvalidResponse
 from ..core.forwarded import Network
 from ..core.settings import Settings
 from . import routes
@@ -272,10 +272,10 @@ class HttpConnection(asyncio.Protocol):
         while self.ws is None and not self.lingering and not self._dropping:
             try:
                 event = http.next_event()
-            except h11.RemoteProtocolError as exc:
+            except BadRequest as exc:
                 self._head_done()
                 self._body_lost()
-                self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
+                self._respond(Reply.text(exc.status, f"bad request: {exc}"), None)
                 return
             if isinstance(event, Body):
                 # Every body is bounded as it streams, whatever its framing.
@@ -583,7 +583,7 @@ class HttpConnection(asyncio.Protocol):
             if reply.body and not head_only:
                 data += http.body(reply.body)
             data += http.end()
-        except h11.LocalProtocolError:
+        except InvalidResponse:
             data = raw_response(reply.status, reply.body.decode(errors="replace"))
             keep = False
         transport.write(data)

@@ -13,8 +13,9 @@ caller writes; :meth:`Http11.start_next_cycle` then starts the next request.
 Two parsers read a request, and both accept and refuse exactly the same requests (a
 property test plays malformed and smuggling shapes through both):
 
-- **h11** reads anything: a request it refuses raises :class:`h11.RemoteProtocolError`
-  with the status to answer (``error_status_hint``).
+- **h11** reads anything: a request it refuses raises
+  :class:`~token_relay.core.errors.BadRequest` with the status to answer (h11's
+  ``error_status_hint``).
 - **fast** (the default) reads only the common well-formed shape: a whole head in
   ``CRLF`` lines, ``HTTP/1.1``, one ``Host``, at most one plain ``Content-Length``, every
   line matching h11's own grammar, and none of the headers that change framing or the
@@ -25,8 +26,9 @@ property test plays malformed and smuggling shapes through both):
 
 The writer is one for both parsers, and writes what h11 wrote before it: status lines
 pre-built per status, header lines checked against HTTP's grammar (a bad one raises
-:class:`h11.LocalProtocolError`, as h11's did), ``Transfer-Encoding: chunked`` for a body of
-unknown length (for an HTTP/1.0 client: no framing, and the connection closes after it),
+:class:`~token_relay.core.errors.InvalidResponse`, where h11's raised its own error),
+``Transfer-Encoding: chunked`` for a body of unknown length (for an HTTP/1.0 client: no
+framing, and the connection closes after it),
 ``Connection: close`` whenever either side won't keep the connection, no body for ``HEAD``,
 ``204`` and ``304``.
 """
@@ -41,6 +43,8 @@ from functools import lru_cache
 from http import HTTPStatus
 
 import h11
+
+from ..core.errors import BadRequest, InvalidResponse
 
 __all__ = [
     "CLOSED",
@@ -80,7 +84,7 @@ CLOSED = Signal.CLOSED
 END = Signal.END
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Head:
     """A request's line and headers."""
 
@@ -128,8 +132,14 @@ _TOKEN = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
 _FIELD_VCHAR = rb"[^\x00\s]"
 _FIELD_CONTENT = _FIELD_VCHAR + rb"+(?:[ \t]+" + _FIELD_VCHAR + rb"+)*"
 _FIELD_VALUE = rb"(" + _FIELD_CONTENT + rb")?"
-_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.1")
-_HEADER_FIELD = re.compile(rb"(" + _TOKEN + rb"):[ \t]*(" + _FIELD_VALUE + rb")[ \t]*")
+_FIELD = _TOKEN + rb":[ \t]*(?:" + _FIELD_CONTENT + rb")?[ \t]*"
+_HEAD = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.1(?:\r\n" + _FIELD + rb")*")
+"""A whole head of the common shape, each line matched whole as h11 matches it, in one pass:
+the request line, then the header lines."""
+_FIELDS = re.compile(
+    rb"\r\n(" + _TOKEN + rb"):[ \t]*((?:" + _FIELD_CONTENT + rb")?)[ \t]*(?=\r\n|$)"
+)
+"""Each header line's name and value, in a head that :data:`_HEAD` matched."""
 _NAME = re.compile(_TOKEN)
 _VALUE = re.compile(_FIELD_VALUE)
 _LENGTH = re.compile(rb"[0-9]{1,18}")
@@ -153,9 +163,9 @@ def _header_line(name: str, value: str) -> bytes:
     """One header line; a name or value HTTP doesn't allow raises, as h11's writer did."""
     raw_name, raw_value = name.encode("ascii"), value.encode("ascii")
     if _NAME.fullmatch(raw_name) is None:
-        raise h11.LocalProtocolError(f"Illegal header name {raw_name!r}")
+        raise InvalidResponse(f"Illegal header name {raw_name!r}")
     if _VALUE.fullmatch(raw_value) is None:
-        raise h11.LocalProtocolError(f"Illegal header value {raw_value!r}")
+        raise InvalidResponse(f"Illegal header value {raw_value!r}")
     return b"%s: %s\r\n" % (raw_name, raw_value)
 
 
@@ -218,8 +228,6 @@ class Http11:
         if self._h11 is not None:
             self._h11.receive_data(data)
         elif data:
-            if self._eof:
-                raise RuntimeError("received close, then received more data?")
             self._buffer += data
         else:
             self._eof = True
@@ -233,7 +241,7 @@ class Http11:
 
     def next_event(self) -> Event:
         """The next part of the request. A request that breaks HTTP raises
-        :class:`h11.RemoteProtocolError`, its ``error_status_hint`` the status to answer."""
+        :class:`~token_relay.core.errors.BadRequest`, with the status to answer."""
         if self._h11 is not None:
             return self._h11_event(self._h11)
         their = self._their
@@ -247,9 +255,10 @@ class Http11:
                 if self._eof:
                     self._their = _State.ERROR
                     length = self.request.length if self.request is not None else 0
-                    raise h11.RemoteProtocolError(
+                    raise BadRequest(
+                        400,
                         "peer closed connection without sending complete message body "
-                        f"(received {(length or 0) - remaining} bytes, expected {length})"
+                        f"(received {(length or 0) - remaining} bytes, expected {length})",
                     )
                 return NEED_DATA
             if len(buffer) <= remaining:
@@ -267,7 +276,7 @@ class Http11:
                 return CLOSED
             return NEED_DATA
         if their is not _State.IDLE:
-            raise h11.RemoteProtocolError(f"Can't receive data when peer state is {their}")
+            raise BadRequest(400, f"Can't receive data when peer state is {their}")
         head = self._fast_head() if self.fast else _FALLBACK
         if head is _FALLBACK:
             conn = self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
@@ -304,24 +313,19 @@ class Http11:
             return None
         if end > MAX_HEAD_BYTES:
             return _FALLBACK
-        lines = bytes(buffer[:end]).split(b"\r\n")
-        line = _REQUEST_LINE.fullmatch(lines[0])
+        head = bytes(buffer[:end])
+        line = _HEAD.fullmatch(head)
         if line is None:
             return _FALLBACK
-        method, target = line.groups()
+        method, target = line.group(1, 2)
         if method == b"CONNECT":
             return _FALLBACK
         headers: list[tuple[bytes, bytes]] = []
-        raw: list[tuple[bytes, bytes]] = []
         hosts = 0
         length: int | None = None
         size = len(target)
-        match = _HEADER_FIELD.fullmatch
-        for field in lines[1:]:
-            parsed = match(field)
-            if parsed is None:
-                return _FALLBACK
-            name, value = parsed.group(1, 2)
+        fields: list[tuple[bytes, bytes]] = _FIELDS.findall(head)
+        for name, value in fields:
             lowered = name.lower()
             if lowered in _SPECIAL:
                 if lowered == b"host":
@@ -333,15 +337,17 @@ class Http11:
                 elif lowered != b"connection" or value.lower() != b"keep-alive":
                     return _FALLBACK
             headers.append((lowered, value))
-            raw.append((name, value))
             size += len(name) + len(value) + 4
         if hosts != 1:
             return _FALLBACK
         del buffer[: end + 4]
-        return Head(method, target, tuple(headers), tuple(raw), b"1.1", length, False, size)
+        return Head(method, target, tuple(headers), tuple(fields), b"1.1", length, False, size)
 
     def _h11_event(self, conn: h11.Connection) -> Event:
-        event = conn.next_event()
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise BadRequest(exc.error_status_hint, str(exc)) from None
         if isinstance(event, h11.Data):
             return Body(event.data)
         if isinstance(event, h11.Request):
@@ -379,7 +385,7 @@ class Http11:
         """A response's head, as h11 wrote it."""
         if self._our is not _State.SEND_RESPONSE and self._our is not _State.IDLE:
             self._our = _State.ERROR
-            raise h11.LocalProtocolError(f"can't send a response in state {self._our}")
+            raise InvalidResponse(f"can't send a response in state {self._our}")
         try:
             return self._head(status, headers)
         except BaseException:
@@ -403,7 +409,7 @@ class Http11:
                 closing += _comma_values(((b"connection", line[12:-2]),), b"connection")
                 connection.append(line)
             elif lowered == "transfer-encoding":
-                raise h11.LocalProtocolError("the relay never sets Transfer-Encoding itself")
+                raise InvalidResponse("the relay never sets Transfer-Encoding itself")
             parts.append(line)
         keep = self.keep_alive
         if status in (204, 304) or (method == b"CONNECT" and 200 <= status < 300):
@@ -439,7 +445,7 @@ class Http11:
     def continue_100(self) -> bytes:
         """``100 Continue``: the client may send its body."""
         if self._our is not _State.SEND_RESPONSE:
-            raise h11.LocalProtocolError(f"can't send 100 Continue in state {self._our}")
+            raise InvalidResponse(f"can't send 100 Continue in state {self._our}")
         self.waiting_for_100_continue = False
         return b"HTTP/1.1 100 \r\n\r\n"
 
@@ -447,14 +453,14 @@ class Http11:
         """A piece of the response's body, framed."""
         if self._our is not _State.SEND_BODY:
             self._our = _State.ERROR
-            raise h11.LocalProtocolError(f"can't send data in state {self._our}")
+            raise InvalidResponse(f"can't send data in state {self._our}")
         framing = self._framing
         if framing == "chunked":
             return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
         if framing == "length":
             if len(data) > self._left:
                 self._our = _State.ERROR
-                raise h11.LocalProtocolError("Too much data for declared Content-Length")
+                raise InvalidResponse("Too much data for declared Content-Length")
             self._left -= len(data)
         return data
 
@@ -462,10 +468,10 @@ class Http11:
         """The end of the response."""
         if self._our is not _State.SEND_BODY:
             self._our = _State.ERROR
-            raise h11.LocalProtocolError(f"can't end a response in state {self._our}")
+            raise InvalidResponse(f"can't end a response in state {self._our}")
         if self._framing == "length" and self._left:
             self._our = _State.ERROR
-            raise h11.LocalProtocolError("Too little data for declared Content-Length")
+            raise InvalidResponse("Too little data for declared Content-Length")
         self._our = _State.DONE if self._keep else _State.MUST_CLOSE
         return b"0\r\n\r\n" if self._framing == "chunked" else b""
 
