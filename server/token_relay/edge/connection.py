@@ -149,6 +149,11 @@ class HttpConnection(asyncio.Protocol):
         """The body is refused: what still comes is dropped until the answer has gone."""
         self._timer: asyncio.TimerHandle | None = None
         self._heard = 0.0
+        """When the deadline was set, or a producer's body last sent something."""
+        self._limit = 0.0
+        self._reason: str | None = None
+        """Why the socket is cut if :attr:`_limit` passes from :attr:`_heard`; None: no
+        deadline."""
         self._counted: str | None = None
         """The client address this request counts against, while its body is read."""
 
@@ -243,27 +248,32 @@ class HttpConnection(asyncio.Protocol):
 
     def _deadline(self, seconds: float, reason: str) -> None:
         """Cut the socket unless what it waits for comes within ``seconds``. For a
-        producer's body the deadline moves on with every chunk (:attr:`_heard`): one timer
-        per request, not one per chunk."""
-        self._no_deadline()
+        producer's body the deadline moves on with every chunk (:attr:`_heard`). One timer
+        serves them all: one that fires before the deadline (set for an earlier one) finds
+        time left and waits again, so a kept-alive socket arms no timer per request."""
         loop = asyncio.get_running_loop()
-        self._heard = loop.time()
+        now = self._heard = loop.time()
+        self._limit, self._reason = seconds, reason
+        timer = self._timer
+        if timer is None or timer.when() > now + seconds:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(now + seconds, self._expire)
 
-        def expire() -> None:
-            silent = loop.time() - self._heard
-            if self._producer is not None and silent < seconds:
-                self._timer = loop.call_later(seconds - silent, expire)  # it spoke since
-                return
-            self._timer = None
-            self.server.refused(self.peer, reason)
-            self.abort()
-
-        self._timer = loop.call_later(seconds, expire)
+    def _expire(self) -> None:
+        self._timer = None
+        if self._reason is None:
+            return  # what it waited for came
+        loop = asyncio.get_running_loop()
+        silent = loop.time() - self._heard
+        if silent < self._limit:
+            self._timer = loop.call_later(self._limit - silent, self._expire)
+            return
+        self.server.refused(self.peer, self._reason)
+        self.abort()
 
     def _no_deadline(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._reason = None  # the timer, if one is set, finds nothing to do
 
     def _next_events(self) -> None:
         if self.transport is None or self.transport.is_closing():
