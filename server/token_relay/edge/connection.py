@@ -465,7 +465,8 @@ class HttpConnection(asyncio.Protocol):
 
         async def answer() -> None:
             reply = await replying
-            reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
+            if reading.headers:
+                reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
             self._dropping = False

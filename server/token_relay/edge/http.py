@@ -305,6 +305,8 @@ class Gate:
             )
             return Reply(204, b"", headers=headers + preflight)
         decision = self._route(request)
+        if not headers:
+            return decision  # no Origin: nothing to add (_route's decisions carry none)
         if isinstance(decision, Reply):
             return dataclasses.replace(decision, headers=decision.headers + headers)
         return dataclasses.replace(decision, headers=headers)
