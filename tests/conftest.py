@@ -16,6 +16,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from .harness import RedisServer, npm_installed
+from .harness.processes import PARSER_VARIABLE
 
 # Test clients give up on a close handshake quickly: a relay that is gone or never answers
 # would otherwise hold every ``async with`` exit for websockets' default 10 s.
@@ -55,8 +56,37 @@ async def open_producer(url: str, **kwargs: Any) -> AsyncIterator[ClientConnecti
         yield ws
 
 
+HTTP_PARSER = {"name": "fast"}
+"""The ``--http-parser`` of the relays a test starts (see :func:`pytest_generate_tests`)."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test module that sets ``HTTP_PARSERS = ("fast", "h11")`` runs each of its tests
+    once per parser, so that both stay covered end to end."""
+    parsers = getattr(metafunc.module, "HTTP_PARSERS", None)
+    if parsers:
+        metafunc.fixturenames.append("http_parser")
+        metafunc.parametrize("http_parser", parsers)
+
+
+@pytest.fixture(autouse=True)
+def _http_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The parser of this test's relays: those it starts in this process, and the relay
+    processes it starts."""
+    callspec = getattr(request.node, "callspec", None)
+    parser = callspec.params.get("http_parser", "fast") if callspec else "fast"
+    HTTP_PARSER["name"] = parser
+    if parser != "fast":
+        monkeypatch.setenv(PARSER_VARIABLE, parser)
+    try:
+        yield
+    finally:
+        HTTP_PARSER["name"] = "fast"
+
+
 async def start_relay(**overrides: Any) -> tuple[RunningRelay, Relay]:
     """Start a relay on a free port; use the returned relay as ``async with`` to stop it."""
+    overrides.setdefault("http_parser", HTTP_PARSER["name"])
     relay = Relay(Settings(port=0, **overrides))
     server = await relay.start()
     port = server.sockets[0].getsockname()[1]

@@ -38,6 +38,8 @@ def test_every_exception_sits_under_the_root_with_its_blame() -> None:
         "HandshakeRefused",
         "MessageFailed",
         "BrokerUnavailable",
+        "BadRequest",
+        "InvalidResponse",
     }
     blames = {name: cls.blame for name, cls in tree.items()}
     assert blames["ConfigError"] is blames["UsageError"] is Blame.LOCAL
@@ -46,6 +48,7 @@ def test_every_exception_sits_under_the_root_with_its_blame() -> None:
     assert blames["HandshakeRefused"] is blames["PartRejected"] is Blame.PEER
     assert blames["StreamRefused"] is Blame.PEER
     assert blames["BrokerUnavailable"] is Blame.WORLD
+    assert blames["BadRequest"] is Blame.PEER and blames["InvalidResponse"] is Blame.LOCAL
     # The docstring draws the tree: every class is named in it.
     assert all(name in (errors.__doc__ or "") for name in tree)
 

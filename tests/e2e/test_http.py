@@ -24,6 +24,9 @@ from ..conftest import recv_json, send_json, start_relay, subscribed_pair
 from ..harness import relay_process
 from .conftest import OpenRelay
 
+HTTP_PARSERS = ("fast", "h11")
+"""Every test runs under both request parsers (see ``tests/conftest.py``)."""
+
 
 async def _exchange(
     port: int, request: bytes, *, source: str = "127.0.0.1"
@@ -261,7 +264,7 @@ async def test_handshakes_in_flight_are_bounded_per_address_and_in_all() -> None
                 port, _request("GET", "/healthz"), source="127.0.0.2"
             )
             assert status == 429 and b"handshakes" in body
-            assert relay.metrics.handshakes._value.get() == 20
+            assert relay.metrics.handshakes.collect()[0].samples[0].value == 20
             # Another address is untouched.
             status, _, _, _ = await _exchange(
                 port, _request("GET", "/healthz", "Connection: close")

@@ -22,6 +22,9 @@ from ..harness import eventually
 
 NDJSON = "application/x-ndjson"
 
+HTTP_PARSERS = ("fast", "h11")
+"""Every test runs under both request parsers (see ``tests/conftest.py``)."""
+
 
 def _port(running: RunningRelay) -> int:
     return int(running.url.rsplit(":", 1)[1])

@@ -34,6 +34,9 @@ from ..harness import RedisServer, ServiceProcess, SseReader, relay_process, rss
 
 MESSAGES = 300
 
+HTTP_PARSERS = ("fast", "h11")
+"""Every test runs under both request parsers (see ``tests/conftest.py``)."""
+
 
 def _script(count: int) -> tuple[list[Any], dict[str, str], int]:
     """Frames to send, the texts they complete, and how many replies they call for."""

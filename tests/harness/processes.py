@@ -159,8 +159,15 @@ class ServiceProcess:
         return int(status_line.split()[1])
 
 
+PARSER_VARIABLE = "TOKEN_RELAY_TEST_HTTP_PARSER"
+"""Set by the tests' fixture: the ``--http-parser`` of the relay processes a test starts."""
+
+
 def relay_process(*args: str, name: str = "relay") -> ServiceProcess:
-    """A ``python -m token_relay`` process with ``args``."""
+    """A ``python -m token_relay`` process with ``args`` (and the test's ``--http-parser``)."""
+    parser = os.environ.get(PARSER_VARIABLE)
+    if parser:
+        args = (*args, "--http-parser", parser)
     return ServiceProcess("token_relay", *args, name=name)
 
 

@@ -7,7 +7,11 @@ The tree::
     │                               start (also a ValueError)
     ├── UsageError                  LOCAL: our caller passed a value of the wrong type
     │                               (also a TypeError)
+    ├── InvalidResponse             LOCAL: the relay built an HTTP response HTTP/1.1 rules
+    │                               out; the client gets a bare refusal instead
     ├── PeerError                   PEER: the other side broke the rules
+    │   ├── BadRequest              a request broke HTTP/1.1 (or its head is too big);
+    │   │                           ``status`` is the HTTP status that answers it
     │   ├── FrameRejected           a peer's frame or event was refused; the relay
     │   │                           answers it with an ``error`` frame and keeps serving
     │   ├── PartRejected            a chunk for a message's parts was refused (``code``
@@ -47,12 +51,14 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = [
+    "BadRequest",
     "Blame",
     "BrokerUnavailable",
     "ConfigError",
     "ErrorCode",
     "FrameRejected",
     "HandshakeRefused",
+    "InvalidResponse",
     "InvalidToken",
     "MessageFailed",
     "PartRejected",
@@ -142,6 +148,23 @@ class PeerError(RelayError):
     """The other end of a connection broke the protocol's rules."""
 
     blame = Blame.PEER
+
+
+class InvalidResponse(RelayError):
+    """The relay built an HTTP response that HTTP/1.1 rules out (a body for ``HEAD``, a
+    header value with bad characters, a second response to one request)."""
+
+    blame = Blame.LOCAL
+
+
+class BadRequest(PeerError):
+    """A request broke HTTP/1.1, or its head passed the size limit. ``status`` is the
+    HTTP status that answers it (400, 431, 501)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class FrameRejected(PeerError):

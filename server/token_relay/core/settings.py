@@ -28,6 +28,7 @@ GIB = 1024 * MIB
 KIB = 1024
 LOG_FORMATS = ("plain", "json")
 LOOPS = ("asyncio", "uvloop")
+HTTP_PARSERS = ("fast", "h11")
 
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -36,6 +37,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "port",
         "workers",
         "loop",
+        "http_parser",
         "web_root",
         "shutdown_timeout",
     ),
@@ -256,6 +258,9 @@ class Settings:
     one that wrote least recently is forgotten."""
     loop: str = "asyncio"
     """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
+    http_parser: str = "fast"
+    """How HTTP requests are read: ``fast`` (the common well-formed shape read at once, h11
+    for anything else) or ``h11`` (every request, in pure Python, as a reference)."""
     log_format: str = "plain"
     """The log format: ``plain`` lines or ``json`` (one object per line)."""
 
@@ -330,6 +335,8 @@ class Settings:
                 )
         if self.loop not in LOOPS:
             raise ConfigError(f"loop must be one of {', '.join(LOOPS)}")
+        if self.http_parser not in HTTP_PARSERS:
+            raise ConfigError(f"http_parser must be one of {', '.join(HTTP_PARSERS)}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}")
         if self.workers > 1 and self.broker.startswith("memory:"):

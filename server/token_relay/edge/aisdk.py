@@ -45,12 +45,11 @@ import asyncio
 import json
 from typing import Any
 
-import h11
-
 from ..core.grants import Grant
 from ..core.uistream import ReplyChunks
 from . import routes
 from .broadcast import Fields
+from .http11 import Http11
 from .sse import SSE_HEADERS, SseStream
 from .statuses import JOIN_CODES, status_of
 
@@ -84,7 +83,7 @@ class AiSdkStream(SseStream):
     def __init__(
         self,
         transport: asyncio.Transport,
-        http: h11.Connection,
+        http: Http11,
         route: routes.AiSdkStream,
         *,
         path: str,

@@ -1,12 +1,13 @@
-"""One accepted socket: HTTP/1.1 with h11, then a WebSocket or a stream after its request.
+"""One accepted socket: HTTP/1.1, then a WebSocket or a stream after its request.
 
 Each accepted socket gets one :class:`HttpConnection` (an ``asyncio.Protocol``).
-It parses requests with h11 and asks the :class:`~token_relay.edge.http.Gate`
-what to do with each one: answer it (health, readiness, metrics, static files
-and every refusal), read its body for its route, or accept the WebSocket upgrade
-(or start the streamed response), after which every byte goes to a
-:class:`~token_relay.edge.websocket.WebSocket` (or comes from the stream). The
-gate's decision carries the request's route (:mod:`token_relay.edge.routes`),
+It reads requests with an :class:`~token_relay.edge.http11.Http11` (the fast parser, and
+h11 for what it leaves; h11 alone with ``--http-parser h11``), writes its responses, and
+asks the :class:`~token_relay.edge.http.Gate` what to do with each one: answer it
+(health, readiness, metrics, static files and every refusal), read its body for its
+route, or accept the WebSocket upgrade (or start the streamed response), after which every
+byte goes to a :class:`~token_relay.edge.websocket.WebSocket` (or comes from the stream).
+The gate's decision carries the request's route (:mod:`token_relay.edge.routes`),
 parsed once: what the connection and the relay do next is read from it.
 
 Every plain HTTP request gets a real response: 426 with ``Upgrade: websocket``
@@ -18,7 +19,7 @@ response is never lost to a reset. Successful responses keep the connection
 alive for the next request, and so does a stream that ends normally (an AI SDK
 reply, or its 204).
 
-Requests may be pipelined: h11 pauses after a request until its response is
+Requests may be pipelined: the parser pauses after a request until its response is
 complete, and what arrives meanwhile waits in its buffer (the socket is not read
 until then) to be read as the next request. A body route answers ``Expect:
 100-continue`` with ``100 Continue`` once the head is accepted; a refused request
@@ -39,12 +40,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol, cast
 
-import h11
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
+from ..core.errors import BadRequest, InvalidResponse
 from ..core.forwarded import Network
 from ..core.settings import Settings
 from . import routes
@@ -54,6 +55,7 @@ from .aisdkws import AiSdkSocket
 from .durablesse import DurableSse
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
+from .http11 import CLOSED, END, MAX_HEAD_BYTES, NEED_DATA, PAUSED, Body, Head, Http11
 from .httpproducer import NDJSON, HttpProducer
 from .peer import Streamed
 from .sse import SseStream
@@ -63,9 +65,6 @@ __all__ = ["LINGER_SECONDS", "MAX_HEAD_BYTES", "HttpConnection", "Listener", "ra
 
 LINGER_SECONDS = 1.0
 """How long a socket closing after a refusal keeps reading (and dropping) its input."""
-
-MAX_HEAD_BYTES = 16 * 1024
-"""A bigger request line and headers get 431."""
 
 
 class Listener(Protocol):
@@ -135,9 +134,11 @@ class HttpConnection(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.peer = "unknown"
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.http = Http11(fast=server.settings.http_parser == "fast")
         self.ws: Streamed | None = None
-        self.request: h11.Request | None = None
+        self.request: Head | None = None
+        self._view_of: HttpRequest | None = None
+        """The request as the gate reads it: decoded once per request."""
         self.lingering = False
         self._reading: ReadBody | None = None
         self._producer: HttpProducer | None = None
@@ -148,6 +149,11 @@ class HttpConnection(asyncio.Protocol):
         """The body is refused: what still comes is dropped until the answer has gone."""
         self._timer: asyncio.TimerHandle | None = None
         self._heard = 0.0
+        """When the deadline was set, or a producer's body last sent something."""
+        self._limit = 0.0
+        self._reason: str | None = None
+        """Why the socket is cut if :attr:`_limit` passes from :attr:`_heard`; None: no
+        deadline."""
         self._counted: str | None = None
         """The client address this request counts against, while its body is read."""
 
@@ -174,7 +180,7 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.lingering or self._dropping:
             return
-        self.h11.receive_data(data)
+        self.http.receive_data(data)
         self._serve()
 
     def eof_received(self) -> bool | None:
@@ -184,12 +190,12 @@ class HttpConnection(asyncio.Protocol):
         if self._dropping:
             return True  # the answer to the refused body is still to be written
         if not self.lingering:
-            self.h11.receive_data(b"")
+            self.http.receive_data(b"")
             self._serve()
         return None
 
     def _serve(self) -> None:
-        """Handle the requests h11 has read. A bug of the relay's answers 500 and closes the
+        """Handle the requests read so far. A bug of the relay's answers 500 and closes the
         socket; its traceback is logged within the client's budget of lines, so that no
         client can flood the log by repeating a request that trips it."""
         try:
@@ -242,92 +248,60 @@ class HttpConnection(asyncio.Protocol):
 
     def _deadline(self, seconds: float, reason: str) -> None:
         """Cut the socket unless what it waits for comes within ``seconds``. For a
-        producer's body the deadline moves on with every chunk (:attr:`_heard`): one timer
-        per request, not one per chunk."""
-        self._no_deadline()
+        producer's body the deadline moves on with every chunk (:attr:`_heard`). One timer
+        serves them all: one that fires before the deadline (set for an earlier one) finds
+        time left and waits again, so a kept-alive socket arms no timer per request."""
         loop = asyncio.get_running_loop()
-        self._heard = loop.time()
+        now = self._heard = loop.time()
+        self._limit, self._reason = seconds, reason
+        timer = self._timer
+        if timer is None or timer.when() > now + seconds:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(now + seconds, self._expire)
 
-        def expire() -> None:
-            silent = loop.time() - self._heard
-            if self._producer is not None and silent < seconds:
-                self._timer = loop.call_later(seconds - silent, expire)  # it spoke since
-                return
-            self._timer = None
-            self.server.refused(self.peer, reason)
-            self.abort()
-
-        self._timer = loop.call_later(seconds, expire)
+    def _expire(self) -> None:
+        self._timer = None
+        if self._reason is None:
+            return  # what it waited for came
+        loop = asyncio.get_running_loop()
+        silent = loop.time() - self._heard
+        if silent < self._limit:
+            self._timer = loop.call_later(self._limit - silent, self._expire)
+            return
+        self.server.refused(self.peer, self._reason)
+        self.abort()
 
     def _no_deadline(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._reason = None  # the timer, if one is set, finds nothing to do
 
     def _next_events(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        conn = self.h11
+        http = self.http
         while self.ws is None and not self.lingering and not self._dropping:
             try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
+                event = http.next_event()
+            except BadRequest as exc:
                 self._head_done()
                 self._body_lost()
-                self._respond(Reply.text(exc.error_status_hint, f"bad request: {exc}"), None)
+                self._respond(Reply.text(exc.status, f"bad request: {exc}"), None)
                 return
-            if event is h11.NEED_DATA:
-                return
-            if event is h11.PAUSED:
-                # A next request (pipelined) waits in h11's buffer until this one is
-                # answered (:meth:`_next_cycle`); the socket is not read meanwhile.
-                self._hold()
-                return
-            if isinstance(event, h11.Request):
-                self._head_done()
-                self.request = event
-                self._received = 0
-                if _head_size(event) > MAX_HEAD_BYTES:
-                    # h11 bounds a head that arrives in pieces; this, one that came whole.
-                    reply = self.server.gate.refuse(
-                        self._view(event), 431, f"request head over {MAX_HEAD_BYTES} bytes"
-                    )
-                    self._respond(reply, None)
-                    return
-                if _has_body(event):
-                    decision = self._body_route(event)
-                    if isinstance(decision, Reply):
-                        # Answered at once: the body is never read.
-                        self._respond(decision, event)
-                        return
-                    if conn.they_are_waiting_for_100_continue:
-                        # The client holds its body back until it is asked for it.
-                        go_on = h11.InformationalResponse(status_code=100, headers=[])
-                        self._write(conn.send(go_on))
-                    self._count(decision.request.client)
-                    if decision.stream:
-                        self._produce(event, decision)
-                        # A producer's body that sends nothing for --idle-timeout is cut
-                        # (its messages abort as any idle message does).
-                        self._deadline(self.server.settings.idle_timeout, "request body stalled")
-                        continue
-                    self._reading, self._body = decision, bytearray()
-                    self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
-            elif isinstance(event, h11.Data):
+            if isinstance(event, Body):
                 # Every body is bounded as it streams, whatever its framing.
+                data = event.data
                 limit = self.server.settings.max_body_bytes
                 room = limit - self._received
-                self._received += len(event.data)
+                self._received += len(data)
                 if self._producer is not None:
-                    data = event.data if room >= len(event.data) else event.data[:room]
-                    self._producer.feed(bytes(data))
+                    self._producer.feed(bytes(data if room >= len(data) else data[:room]))
                     self._heard = asyncio.get_running_loop().time()
                 elif self._reading is not None:
-                    self._body += event.data
+                    self._body += data
                 if self._received > limit:
                     self._too_large(f"request body over {limit} bytes")
                     return
-            elif isinstance(event, h11.EndOfMessage):
+            elif event is END:
                 if self._producer is not None:
                     self._no_deadline()
                     self._producer.end()
@@ -341,7 +315,44 @@ class HttpConnection(asyncio.Protocol):
                     return
                 if request is not None:
                     self._answer(request)
-            elif isinstance(event, h11.ConnectionClosed):
+            elif isinstance(event, Head):
+                self._head_done()
+                self.request = event
+                self._view_of = None
+                self._received = 0
+                if event.size > MAX_HEAD_BYTES:
+                    # h11 bounds a head that arrives in pieces; this, one that came whole.
+                    reply = self.server.gate.refuse(
+                        self._view(event), 431, f"request head over {MAX_HEAD_BYTES} bytes"
+                    )
+                    self._respond(reply, None)
+                    return
+                if event.has_body:
+                    decision = self._body_route(event)
+                    if isinstance(decision, Reply):
+                        # Answered at once: the body is never read.
+                        self._respond(decision, event)
+                        return
+                    if http.waiting_for_100_continue:
+                        # The client holds its body back until it is asked for it.
+                        self._write(http.continue_100())
+                    self._count(decision.request.client)
+                    if decision.stream:
+                        self._produce(event, decision)
+                        # A producer's body that sends nothing for --idle-timeout is cut
+                        # (its messages abort as any idle message does).
+                        self._deadline(self.server.settings.idle_timeout, "request body stalled")
+                        continue
+                    self._reading, self._body = decision, bytearray()
+                    self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
+            elif event is NEED_DATA:
+                return
+            elif event is PAUSED:
+                # A next request (pipelined) waits in the parser's buffer until this one is
+                # answered (:meth:`_next_cycle`); the socket is not read meanwhile.
+                self._hold()
+                return
+            elif event is CLOSED:
                 self.transport_close()
                 return
 
@@ -368,7 +379,7 @@ class HttpConnection(asyncio.Protocol):
         elif reading is not None:
             self._respond(self.server.gate.refuse(reading.request, 413, refusal), None)
 
-    def _answer(self, request: h11.Request) -> None:
+    def _answer(self, request: Head) -> None:
         decision = self.server.gate.route(self._view(request))
         if isinstance(decision, ReadBody):
             self._count(decision.request.client)
@@ -397,11 +408,11 @@ class HttpConnection(asyncio.Protocol):
             self.server.gate.uncount(self._counted)
             self._counted = None
 
-    def _body_route(self, request: h11.Request) -> Reply | ReadBody:
+    def _body_route(self, request: Head) -> Reply | ReadBody:
         """A request with a body: read it for a route that takes one, else refuse it
         (413 past ``--max-body-bytes``) without reading it."""
         view = self._view(request)
-        length = _content_length(request)
+        length = request.length
         limit = self.server.settings.max_body_bytes
         gate = self.server.gate
         if length is not None and length > limit:
@@ -415,7 +426,7 @@ class HttpConnection(asyncio.Protocol):
             return gate.refuse(view, 405, f"{view.path} takes no body", (("Allow", "GET, HEAD"),))
         return decision
 
-    def _produce(self, request: h11.Request, reading: ReadBody) -> None:
+    def _produce(self, request: Head, reading: ReadBody) -> None:
         """A producer request: its body's events are applied as they arrive."""
         assert self.transport is not None
         settings = self.server.settings
@@ -445,18 +456,17 @@ class HttpConnection(asyncio.Protocol):
         self._producer = producer
         self._answer_later(request, reading, self.server.produce(reading, producer))
 
-    def _spawn_body(self, request: h11.Request, reading: ReadBody, body: bytes) -> None:
+    def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> None:
         """Hand a whole body to its route, and answer with what it returns."""
         self._answer_later(request, reading, self.server.read(reading, body))
 
-    def _answer_later(
-        self, request: h11.Request, reading: ReadBody, replying: Awaitable[Reply]
-    ) -> None:
+    def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> None:
         """Answer the request with its route's reply once it comes (if the socket is open)."""
 
         async def answer() -> None:
             reply = await replying
-            reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
+            if reading.headers:
+                reply = dataclasses.replace(reply, headers=reply.headers + reading.headers)
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
             self._dropping = False
@@ -464,22 +474,26 @@ class HttpConnection(asyncio.Protocol):
 
         self.server.spawn(answer())
 
-    def _view(self, request: h11.Request) -> HttpRequest:
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers]
-        return HttpRequest.of(
-            request.method.decode("latin-1"),
-            request.target.decode("latin-1"),
-            headers,
-            self.peer,
-            self.server.trusted,
-        )
+    def _view(self, request: Head) -> HttpRequest:
+        """The request as the gate reads it, decoded once (for its head in this cycle)."""
+        view = self._view_of
+        if view is None or request is not self.request:
+            view = HttpRequest.of(
+                request.method.decode("latin-1"),
+                request.target.decode("latin-1"),
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers],
+                self.peer,
+                self.server.trusted,
+            )
+            if request is self.request:
+                self._view_of = view
+        return view
 
-    def _upgrade(self, request: h11.Request, admit: Admit) -> None:
+    def _upgrade(self, request: Head, admit: Admit) -> None:
         """websockets checks the handshake itself (key, version, ``Origin``) and answers it."""
         assert self.transport is not None
         headers = Headers(
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in request.headers.raw_items()
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers
         )
         handshake = ServerProtocol(origins=self.server.origins, logger=frames_log)
         response = handshake.accept(Request(admit.request.target, headers))
@@ -506,7 +520,7 @@ class HttpConnection(asyncio.Protocol):
         # address can't all pass --max-connections-per-ip before any is counted.
         self.server.gate.admit(self.ws)
         self.transport.write(response.serialize())
-        trailing, _ = self.h11.trailing_data
+        trailing = self.http.trailing_data
         self.server.upgraded(self.ws, admit)
         if trailing:
             self.ws.receive(trailing)
@@ -519,7 +533,7 @@ class HttpConnection(asyncio.Protocol):
         if isinstance(route, routes.StreamRequest):
             stream = DurableSse(
                 self.transport,
-                self.h11,
+                self.http,
                 path=request.target,
                 client=request.client,
                 grant=admit.grant,
@@ -529,7 +543,7 @@ class HttpConnection(asyncio.Protocol):
         elif isinstance(route, routes.AiSdkStream):
             stream = AiSdkStream(
                 self.transport,
-                self.h11,
+                self.http,
                 route,
                 path=request.target,
                 client=request.client,
@@ -539,7 +553,7 @@ class HttpConnection(asyncio.Protocol):
         else:
             stream = SseStream(
                 self.transport,
-                self.h11,
+                self.http,
                 path=request.target,
                 client=request.client,
                 grant=admit.grant,
@@ -552,7 +566,7 @@ class HttpConnection(asyncio.Protocol):
         stream.start()
         self.server.upgraded(stream, admit)
 
-    def _respond(self, reply: Reply, request: h11.Request | None, *, read: bool = False) -> None:
+    def _respond(self, reply: Reply, request: Head | None, *, read: bool = False) -> None:
         """Send a plain HTTP response; keep the connection for the next one, or close it."""
         transport = self.transport
         assert transport is not None
@@ -562,7 +576,7 @@ class HttpConnection(asyncio.Protocol):
         keep = (
             reply.status < 400
             and request is not None
-            and (read or not _has_body(request))
+            and (read or not request.has_body)
             and self._producer is None
         )
         headers = [("Server", "token-relay"), *reply.headers]
@@ -573,15 +587,14 @@ class HttpConnection(asyncio.Protocol):
             ]
         if not keep:
             headers.append(("Connection", "close"))
-        conn = self.h11
+        http = self.http
         try:
-            phrase = HTTPStatus(reply.status).phrase.encode()
-            data = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=phrase))
+            data = http.respond(reply.status, headers)
             head_only = request is not None and request.method == b"HEAD"
             if reply.body and not head_only:
-                data = (data or b"") + (conn.send(h11.Data(data=reply.body)) or b"")
-            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
-        except h11.LocalProtocolError:
+                data += http.body(reply.body)
+            data += http.end()
+        except InvalidResponse:
             data = raw_response(reply.status, reply.body.decode(errors="replace"))
             keep = False
         transport.write(data)
@@ -593,11 +606,10 @@ class HttpConnection(asyncio.Protocol):
         """After a whole response on a connection kept alive: wait for the next request
         (one already here is read by the next :meth:`_next_events`). False if the
         connection can't go on."""
-        conn = self.h11
-        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+        if not self.http.start_next_cycle():
             return False
-        conn.start_next_cycle()
         self.request = None
+        self._view_of = None
         self._waiting()
         assert self.transport is not None
         self.transport.resume_reading()
@@ -651,24 +663,6 @@ class HttpConnection(asyncio.Protocol):
         """Cut the socket now."""
         if self.transport is not None:
             self.transport.abort()
-
-
-def _has_body(request: h11.Request) -> bool:
-    length = _content_length(request)
-    if length:
-        return True
-    return any(name == b"transfer-encoding" for name, _ in request.headers)
-
-
-def _head_size(request: h11.Request) -> int:
-    return len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
-
-
-def _content_length(request: h11.Request) -> int | None:
-    for name, value in request.headers:
-        if name == b"content-length":
-            return int(value)
-    return None
 
 
 def raw_response(status: int, reason: str) -> bytes:

@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from http import HTTPStatus
 from typing import Any, Protocol
 
-import h11
 from websockets import CloseCode
 
 from ..core.durable import Chunk, DurableStream, media_type, offset_text
@@ -110,12 +108,8 @@ class DurableSse(SseStream):
             ("Content-Length", str(len(reply.body))),
             ("Connection", "close"),
         ]
-        phrase = HTTPStatus(reply.status).phrase.encode()
-        data = self.http.send(
-            h11.Response(status_code=reply.status, headers=headers, reason=phrase)
-        )
-        data = (data or b"") + (self.http.send(h11.Data(data=reply.body)) or b"")
-        data += self.http.send(h11.EndOfMessage()) or b""
+        data = self.http.respond(reply.status, headers)
+        data += self.http.body(reply.body) + self.http.end()
         self.transport.write(data)
         self.head_sent = True
         self._code = CloseCode.NORMAL_CLOSURE

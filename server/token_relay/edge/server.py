@@ -98,6 +98,8 @@ class HttpServer:
         self.open: set[HttpConnection] = set()
         self.handshaking: dict[HttpConnection, None] = {}
         """Sockets whose request head is not complete yet, oldest first."""
+        # Read when scraped, not set on every request head.
+        metrics.handshakes.set_function(lambda: len(self.handshaking))
         self.handshaking_per_address: dict[str, int] = {}
         self.by_address: dict[str, dict[HttpConnection, None]] = {}
         """Open sockets by peer address, oldest first: whom the descriptor guard cuts."""
@@ -266,7 +268,6 @@ class HttpServer:
         self.handshaking[connection] = None
         peer = connection.peer
         self.handshaking_per_address[peer] = self.handshaking_per_address.get(peer, 0) + 1
-        self.metrics.handshakes.set(len(self.handshaking))
 
     def handshake_ended(self, connection: HttpConnection) -> None:
         """The socket's request head is complete, or the socket is gone."""
@@ -277,7 +278,6 @@ class HttpServer:
                 self.handshaking_per_address[peer] = left
             else:
                 self.handshaking_per_address.pop(peer, None)
-            self.metrics.handshakes.set(len(self.handshaking))
 
     def _make_room(self, newcomer: str) -> bool:
         """Out of descriptors: cut a socket of the address holding the most, its oldest

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from http import HTTPStatus
 
-import h11
 from websockets import CloseCode
 
 from ..core.grants import Grant
 from ..core.resume import encode_positions
 from .broadcast import Broadcast, Fields, event_fields
 from .flow import SocketPeer
+from .http11 import Http11
 
 __all__ = ["RETRY_MS", "SSE_HEADERS", "SseStream", "event_fields"]
 
@@ -69,7 +68,7 @@ class SseStream(SocketPeer):
     def __init__(
         self,
         transport: asyncio.Transport,
-        http: h11.Connection,
+        http: Http11,
         *,
         path: str,
         client: str,
@@ -116,13 +115,8 @@ class SseStream(SocketPeer):
         self._write(f"retry: {RETRY_MS}\n\n".encode())
 
     def _head(self, status: int, headers: tuple[tuple[str, str], ...]) -> None:
-        phrase = HTTPStatus(status).phrase.encode()
-        head = self.http.send(
-            h11.Response(status_code=status, headers=[*headers, *self.headers], reason=phrase)
-        )
-        if head:
-            self.transport.write(head)
-            self.chunked = b"transfer-encoding: chunked" in head.lower()
+        self.transport.write(self.http.respond(status, [*headers, *self.headers]))
+        self.chunked = self.http.chunked
         self.head_sent = True
 
     def take(self, broadcast: Broadcast) -> None:
@@ -157,7 +151,7 @@ class SseStream(SocketPeer):
         body += (b"data: ", data, b"\n\n")
         chunk = b"".join(body)
         if self.chunked:
-            chunk = _chunk(chunk)  # what h11 writes for a chunk of a chunked response
+            chunk = _chunk(chunk)  # what the writer writes for a chunk of a chunked response
             self.write_now(chunk)
         else:
             self._write(chunk)
@@ -179,7 +173,7 @@ class SseStream(SocketPeer):
         if self.chunked:
             self.transport.write(_chunk(body))
             return
-        data = self.http.send(h11.Data(data=body))
+        data = self.http.body(body)
         if data:
             self.transport.write(data)
 
@@ -197,7 +191,7 @@ class SseStream(SocketPeer):
             else:
                 comment = f": closed {code} {reason}".replace("\n", " ").encode() + b"\n\n"
                 self._write(comment)
-            data = self.http.send(h11.EndOfMessage())
+            data = self.http.end()
             if data:
                 self.transport.write(data)
             if code == CloseCode.NORMAL_CLOSURE and self.completed is not None:
@@ -213,7 +207,7 @@ class SseStream(SocketPeer):
 
     def receive(self, data: bytes) -> None:
         """Bytes from the client after its request: its next request, pipelined. They wait
-        in h11's buffer for the stream to end; past a request head's worth, the socket is
+        in the parser's buffer for the stream to end; past a request head's worth, the socket is
         not read until then."""
         self.http.receive_data(data)
         self._held += len(data)
