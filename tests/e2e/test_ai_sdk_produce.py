@@ -91,6 +91,14 @@ async def _in_progress(relay: Relay, message_id: str) -> None:
     )
 
 
+async def _delta_seen(sub: Any, text: str) -> None:
+    """Read the subscriber's frames until live chunks carrying ``text`` came."""
+    while True:
+        frame = await recv_json(sub, 10)
+        if frame["type"] == "chunks" and text in json.dumps(frame, ensure_ascii=False):
+            return
+
+
 async def _ended(sub: Any) -> dict[str, Any]:
     """The next ``message`` or ``aborted`` frame."""
     while True:
@@ -228,6 +236,8 @@ async def test_stop_answers_the_request_before_its_body_ends(js_clients: Path, h
         await recv_json(sub)
         assert await node.line() == {"event": "sent"}
         await _in_progress(relay, "stop-1")
+        # Stop once the head's last chunk is applied: the message is held from its first.
+        await _delta_seen(sub, "The user wants ")
         if how == "stop":
             status, _ = await _post(running, "/ai-sdk/chat-3/stop?id=stop-1", b"")
             assert status == 204
