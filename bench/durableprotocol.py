@@ -97,23 +97,31 @@ async def read_all(http: aiohttp.ClientSession, url: str) -> bytes:
                 return b"".join(parts)
 
 
-def wrk(url: str, seconds: float, append: bool = True) -> dict[str, Any]:
-    """``wrk`` over :data:`CONNECTIONS` connections for ``seconds``: appending
-    :data:`APPEND_TEXT` to ``url``, or (not ``append``) getting it."""
+def run_wrk(script: str, url: str, seconds: float, environment: dict[str, str]) -> dict[str, Any]:
+    """One ``wrk`` run of ``bench/durable/<script>`` over :data:`CONNECTIONS` connections for
+    ``seconds``, with ``environment`` added to the script's; the JSON summary the script prints
+    when it is done, with its rate (``per_second``)."""
     if (binary := shutil.which("wrk")) is None:
-        raise BenchError("the append figure needs wrk on the PATH (apt-get install wrk)")
+        raise BenchError("the HTTP figures need wrk on the PATH (apt-get install wrk)")
     command = [
         binary, "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
-        "-s", str(DIRECTORY / "append.lua"), url,
+        "-s", str(DIRECTORY / script), url,
     ]  # fmt: skip
-    environment = os.environ | {"APPEND_TEXT": APPEND_TEXT if append else ""}
-    done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=os.environ | environment, check=False
+    )
     lines = [line for line in done.stderr.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         raise BenchError(f"wrk failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     summary: dict[str, Any] = json.loads(lines[-1])
     summary["per_second"] = summary["requests"] / (summary["micros"] / 1e6)
     return summary
+
+
+def wrk(url: str, seconds: float, append: bool = True) -> dict[str, Any]:
+    """``wrk`` over :data:`CONNECTIONS` connections for ``seconds``: appending
+    :data:`APPEND_TEXT` to ``url``, or (not ``append``) getting it."""
+    return run_wrk("append.lua", url, seconds, {"APPEND_TEXT": APPEND_TEXT if append else ""})
 
 
 def cpu(pids: Sequence[int]) -> float:

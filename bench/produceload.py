@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
-import shutil
-import subprocess
 import time
 from typing import Any
 from urllib.parse import quote
@@ -22,26 +19,13 @@ from websockets.asyncio.client import connect
 from . import durableprotocol as protocol
 from .wire import BenchError
 
-SCRIPT = protocol.DIRECTORY / "produce.lua"
 FAILURES = ("non2xx", "connect", "read", "write", "timeout", "unacked")
 
 
 def wrk(url: str, seconds: float, prefix: str) -> dict[str, Any]:
     """One ``wrk`` run of ``produce.lua`` against ``url``; its summary and rate."""
-    if (binary := shutil.which("wrk")) is None:
-        raise BenchError("the POST /produce figure needs wrk on the PATH (apt-get install wrk)")
-    command = [
-        binary, "-t1", f"-c{protocol.CONNECTIONS}", f"-d{max(1, round(seconds))}s",
-        "--timeout", "10s", "-s", str(SCRIPT), url,
-    ]  # fmt: skip
-    environment = os.environ | {"APPEND_TEXT": protocol.APPEND_TEXT, "PRODUCE_PREFIX": prefix}
-    done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
-    lines = [line for line in done.stderr.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        raise BenchError(f"wrk failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    summary: dict[str, Any] = json.loads(lines[-1])
-    summary["per_second"] = summary["requests"] / (summary["micros"] / 1e6)
-    return summary
+    environment = {"APPEND_TEXT": protocol.APPEND_TEXT, "PRODUCE_PREFIX": prefix}
+    return protocol.run_wrk("produce.lua", url, seconds, environment)
 
 
 async def offset(port: int, channel: str) -> int:
