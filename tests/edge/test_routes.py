@@ -11,7 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from token_relay.edge import routes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from token_relay.core.settings import Settings
+from token_relay.edge import http, routes
+from token_relay.edge.http import Gate
+from token_relay.edge.metrics import Metrics
 from token_relay.edge.routes import (
     AiSdkMessages,
     AiSdkProduce,
@@ -457,3 +462,60 @@ def test_a_durable_stream_request_is_refused_for_its_query_or_path() -> None:
     assert route("/v1/stream/") == too_long
     assert route("/v1/stream/" + "x" * 1014) == too_long
     assert isinstance(route("/v1/stream/" + "x" * 1013), StreamRequest)
+
+
+# ---------------------------------------------------------------------- the gate's routes
+
+
+def _gate() -> Gate:
+    return Gate(Settings(), Metrics(), lambda: True)
+
+
+TARGET_PARTS = st.sampled_from(
+    [
+        "/produce", "/subscribe", "/sse", "/cancel", "/ai-sdk/c/stream", "/ai-sdk/c/produce",
+        "/ai-sdk/ws", "/v1/stream/s", "/healthz", "/webhooks/dead", "/x",
+        "/v1/stream/__ds/jwks.json",
+    ]
+)  # fmt: skip
+QUERIES = st.text(alphabet="channel=&deltas1rewindtokn%2Fwait.s;", max_size=40)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["GET", "POST", "PUT", "HEAD", "OPTIONS", "DELETE"]),
+            TARGET_PARTS,
+            QUERIES,
+            st.booleans(),
+            st.sampled_from(["", "3", "c:7", "x" * 600]),
+        ),
+        max_size=30,
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_the_gate_reuses_a_route_only_for_the_same_request(
+    requests: list[tuple[str, str, str, bool, str]],
+) -> None:
+    """The gate's remembered routes are the parser's, request for request, in any order,
+    repeats included: each is equal to a fresh parse of its own arguments."""
+    gate = _gate()
+    for method, path, query, upgrade, last in requests * 2:
+        kept = gate.parse(method, path, query, upgrade=upgrade, last_event_id=last)
+        assert kept == parse_route(method, path, query, upgrade=upgrade, last_event_id=last)
+
+
+def test_the_gate_keeps_a_bounded_number_of_routes_and_no_long_target() -> None:
+    gate = _gate()
+    long_query = "channel=" + "c" * http.REMEMBERED_TARGET_CHARS
+    long = gate.parse("POST", "/produce", long_query)
+    assert isinstance(long, HttpProduce) and long.fault is not None  # too long a channel
+    assert not gate._routes  # a target over the limit is parsed, never kept
+    first = gate.parse("POST", "/produce", "channel=a")
+    assert gate.parse("POST", "/produce", "channel=a") is first  # kept: parsed once
+    for number in range(http.REMEMBERED_ROUTES * 3):
+        assert gate.parse("POST", "/produce", f"channel=c{number}") == HttpProduce(
+            channel=f"c{number}"
+        )
+        assert len(gate._routes) <= http.REMEMBERED_ROUTES
+    assert gate.parse("POST", "/produce", "channel=a") == first

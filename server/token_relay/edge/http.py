@@ -214,6 +214,12 @@ class ReadBody:
         return isinstance(self.route, routes.HttpProduce | routes.AiSdkProduce)
 
 
+REMEMBERED_ROUTES = 512
+"""Routes the gate keeps at most: those of recent targets (:meth:`Gate.parse`)."""
+REMEMBERED_TARGET_CHARS = 512
+"""The longest target (path, query and ``Last-Event-ID`` together) whose route is kept."""
+
+
 class Gate:
     """Decides each request, and counts the open connections of each client address."""
 
@@ -225,6 +231,28 @@ class Gate:
         self.per_address: dict[str, int] = {}
         self.refusal_log = RefusalLog()
         """The budget of refusal lines, per client address (the socket refusals' too)."""
+        self._routes: dict[tuple[str, str, str, bool, str], routes.Route | Refusal] = {}
+        """The routes of recent targets (see :meth:`parse`)."""
+
+    def parse(
+        self, method: str, path: str, query: str, *, upgrade: bool = False, last_event_id: str = ""
+    ) -> routes.Route | Refusal:
+        """:func:`~token_relay.edge.routes.parse_route`, parsed once per target: a route is
+        frozen and depends on these arguments alone, so the routes of recent targets are
+        kept (:data:`REMEMBERED_ROUTES` of them, each target of at most
+        :data:`REMEMBERED_TARGET_CHARS`; past that count, all are forgotten at once) and a
+        client that posts to one URL again and again has it parsed once."""
+        key = (method, path, query, upgrade, last_event_id)
+        route = self._routes.get(key)
+        if route is None:
+            route = routes.parse_route(
+                method, path, query, upgrade=upgrade, last_event_id=last_event_id
+            )
+            if len(path) + len(query) + len(last_event_id) <= REMEMBERED_TARGET_CHARS:
+                if len(self._routes) >= REMEMBERED_ROUTES:
+                    self._routes.clear()
+                self._routes[key] = route
+        return route
 
     def route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         """The response to a request, the admission of its WebSocket handshake or SSE
@@ -258,7 +286,7 @@ class Gate:
         )
         if request.method == "OPTIONS":
             return Reply(204, b"", headers=headers + STREAM_PREFLIGHT_HEADERS)
-        route = routes.parse_route(request.method, request.path, request.query)
+        route = self.parse(request.method, request.path, request.query)
         if isinstance(route, Refusal):
             return _stream_error(route.status, route.code, route.reason, headers)
         assert isinstance(route, routes.StreamRequest)
@@ -313,7 +341,7 @@ class Gate:
 
     def _route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         """Parse the request's route (once), then decide what the relay's state says of it."""
-        route = routes.parse_route(
+        route = self.parse(
             request.method,
             request.path,
             request.query,

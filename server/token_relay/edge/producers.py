@@ -222,7 +222,9 @@ class ProducerEndpoint:
             # The old connection is half-open or still alive: this one takes over.
             self.writer.close(displaced, CloseCode.POLICY_VIOLATION, "session resumed elsewhere")
         session.streams.default_channel = channel
-        await self.writer.reply(connection, session_frame(session.token, resumed))
+        if not isinstance(connection, HttpProducer):
+            # A request's answer has no session frame: its token is never shown.
+            await self.writer.reply(connection, session_frame(session.token, resumed))
         while session.cancels:
             self.writer.send((connection,), session.cancels.popleft())
         taker = connection if channel is not None and isinstance(connection, WebSocket) else None

@@ -328,7 +328,7 @@ class HttpServer:
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a handler; :meth:`wait_closed` waits for it."""
-        task = asyncio.ensure_future(coroutine)
+        task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
