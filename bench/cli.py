@@ -318,7 +318,7 @@ class Run:
         async with durable.running_reference() as (port, pid):
             for n in range(1, config.repeat + 1):
                 await self.durable_protocol(relay, port, pid, load, paced, n)
-                await self.produce_load(relay, load, n)
+                await self.produce_load(relay, c["pyproduce"], load, n)
                 channel = self.channel("publish", n)
                 ours = await durable.relay_http_publish(relay.port, channel, throughput)
                 theirs = await durable.durable_appends(port, throughput)
@@ -338,16 +338,22 @@ class Run:
                     f"SSE p99 {ours_sse['p99_ms']:.2f} vs {theirs_sse['p99_ms']:.2f} ms"
                 )
 
-    async def produce_load(self, relay: ServiceProcess, load: protocol.Load, n: int) -> None:
+    async def produce_load(
+        self, relay: ServiceProcess, floor: ServiceProcess, load: protocol.Load, n: int
+    ) -> None:
         """``POST /produce`` under wrk, 16 connections, one completed message per request,
-        right after the reference's appends under the same load."""
+        right after the reference's appends under the same load; then the same load on the
+        Python floor of that job (``bench.servers produce``)."""
         channel = self.channel("produce-load", n)
         record = await produceload.produce_load(relay.port, relay.pid, channel, load.seconds)
         self.results.add("durable.relay.produce", record["posts_per_second"], record)
+        least = await produceload.floor_load(floor.port, floor.pid, load.seconds)
+        self.results.add("durable.floor.produce", least["posts_per_second"], least)
         peer = self.results.samples.get("durable.peer.stream.appends", [math.nan])[-1]
         _progress(
             f"[{n}/{self.config.repeat}] POST /produce, 16 connections: "
-            f"{record['posts_per_second']:,.0f}/s; reference appends {peer:,.0f}/s"
+            f"{record['posts_per_second']:,.0f}/s; its Python floor "
+            f"{least['posts_per_second']:,.0f}/s; reference appends {peer:,.0f}/s"
         )
 
     async def durable_protocol(

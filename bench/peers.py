@@ -36,10 +36,11 @@ async def measure(run: Run) -> None:
     raise_fd_limit()
     relay, fanout = cases.relay("S", *config.relay_args), cases.relay("F", *config.relay_args)
     peer = ServiceProcess("bench.wsrelay", name="Node ws relay")
+    floor = ServiceProcess("bench.servers", "produce", name="produce floor")
     messages = build_messages(config.ingest_messages, config.deltas)
     load = protocol.Load(seconds=config.durable_seconds)
     async with (
-        cases.started(relay, fanout, peer, notable=run.notable),
+        cases.started(relay, fanout, peer, floor, notable=run.notable),
         durable.running_reference() as (port, pid),
     ):
         for server in (relay, peer):  # every code path once before anything is measured
@@ -52,7 +53,7 @@ async def measure(run: Run) -> None:
             print(f"[{n}/{config.repeat}] ingest: relay {ratio:.2f}x Node ws", file=sys.stderr)
             reference = await protocol.appends(f"http://127.0.0.1:{port}/", load, [pid])
             results.add("durable.peer.stream.appends", reference["appends_per_second"], reference)
-            await run.produce_load(relay, load, n)
+            await run.produce_load(relay, floor, load, n)
         sizes = (FANOUT_SIZE,)
         await run.fanout_of({"F": fanout}, fanout, "fanout", deltas=False, sizes=sizes)
         await run.fanout_of({"ws": peer}, peer, "fanout-wsrelay", deltas=False, sizes=sizes)
@@ -94,6 +95,12 @@ def rows(run: Run) -> list[tuple[str, str, str, str]]:
             "  reference: appends, 16 connections",
             rate("durable.peer.stream.appends", "appends/s"),
             "",
+        ),
+        (
+            "http",
+            "  Python floor of POST /produce, the same",
+            rate("durable.floor.produce", "posts/s"),
+            times(r.ratio("durable.floor.produce", "durable.peer.stream.appends")),
         ),
     ]
 

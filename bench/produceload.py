@@ -55,3 +55,34 @@ async def produce_load(port: int, pid: int, channel: str, seconds: float) -> dic
         "server_cpu_percent": 100 * used / wall,
         "cpu_us_per_post": 1e6 * used / max(1, count),
     }
+
+
+async def floor_count(port: int) -> int:
+    """The messages the ``produce`` floor (:mod:`bench.servers`) has completed so far."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /count HTTP/1.1\r\nHost: floor\r\nContent-Length: 0\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        return int(await asyncio.wait_for(reader.readexactly(length), 10))
+    finally:
+        writer.close()
+
+
+async def floor_load(port: int, pid: int, seconds: float) -> dict[str, Any]:
+    """The same load on the ``produce`` floor at ``port`` (process ``pid``), checked the
+    same way: every answer acked, and the messages completed moved by the requests counted."""
+    url, prefix = f"http://127.0.0.1:{port}/produce", secrets.token_hex(4)
+    before = await floor_count(port)
+    used, started = protocol.cpu([pid]), time.perf_counter()
+    summary = await asyncio.to_thread(wrk, url, seconds, prefix)
+    used, wall = protocol.cpu([pid]) - used, time.perf_counter() - started
+    moved, count = await floor_count(port) - before, summary["requests"]
+    if any(summary[key] for key in FAILURES) or not count <= moved <= count + protocol.CONNECTIONS:
+        raise BenchError(f"the produce floor under wrk: {summary}; it completed {moved}")
+    return {
+        "posts_per_second": summary["per_second"],
+        "posts": count,
+        "server_cpu_percent": 100 * used / wall,
+        "cpu_us_per_post": 1e6 * used / max(1, count),
+    }

@@ -93,3 +93,70 @@ async def test_wrk_posts_to_the_relay_are_each_acked_and_stored() -> None:
     finally:
         await relay.terminate()
     assert record["posts"] > 0
+
+
+@pytest.fixture
+async def floor() -> AsyncIterator[ServiceProcess]:
+    service = ServiceProcess("bench.servers", "produce", name="produce floor")
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.terminate()
+
+
+async def _post(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, body: bytes) -> Any:
+    writer.write(
+        b"POST /produce HTTP/1.1\r\nHost: f\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200 ")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    return json.loads(await reader.readexactly(length))
+
+
+async def _last(port: int) -> Any:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /last HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        return json.loads(await reader.readexactly(length))
+    finally:
+        writer.close()
+
+
+async def test_the_produce_floor_assembles_by_the_seed_and_acks_as_the_relay(
+    floor: ServiceProcess,
+) -> None:
+    """The Python floor of ``POST /produce`` does the job it is compared on: the seed's
+    assembly (empty deltas count, an unseen id finalizes to ""), an ack with the message's
+    offset for each final, nothing for a delta, over one keep-alive connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", floor.port)
+    try:
+        before = await produceload.floor_count(floor.port)
+        empty = {"acks": [], "errors": [], "cancels": []}
+        for delta in ("hel", "", "lo"):
+            body = json.dumps({"id": "m", "delta": delta}).encode()
+            assert await _post(writer, reader, body) == empty
+        answer = await _post(writer, reader, json.dumps({"id": "m", "final": True}).encode())
+        assert answer["acks"] == [{"type": "ack", "id": "m", "offset": before + 1}]
+        assert await _last(floor.port) == {
+            "type": "message", "id": "m", "text": "hello", "offset": before + 1
+        }  # fmt: skip
+        answer = await _post(writer, reader, json.dumps({"id": "u", "final": True}).encode())
+        assert answer["acks"] == [{"type": "ack", "id": "u", "offset": before + 2}]
+        assert (await _last(floor.port))["text"] == ""
+        assert await produceload.floor_count(floor.port) == before + 2
+    finally:
+        writer.close()
+
+
+async def test_wrk_posts_to_the_produce_floor_are_each_acked_and_counted(
+    floor: ServiceProcess,
+) -> None:
+    # floor_load fails unless every answer acked its message and the floor completed as
+    # many messages as wrk counted requests.
+    record = await produceload.floor_load(floor.port, floor.pid, 1)
+    assert record["posts"] > 0 and record["cpu_us_per_post"] > 0
