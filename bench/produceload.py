@@ -11,6 +11,7 @@ import asyncio
 import json
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -42,47 +43,49 @@ async def offset(port: int, channel: str) -> int:
 async def produce_load(port: int, pid: int, channel: str, seconds: float) -> dict[str, Any]:
     """``POST /produce?channel=`` under ``wrk`` on the relay at ``port`` (process ``pid``)."""
     url = f"http://127.0.0.1:{port}/produce?channel={quote(channel, safe='')}"
-    before, prefix = await offset(port, channel), secrets.token_hex(4)
-    used, started = protocol.cpu([pid]), time.perf_counter()
-    summary = await asyncio.to_thread(wrk, url, seconds, prefix)
-    used, wall = protocol.cpu([pid]) - used, time.perf_counter() - started
-    moved, count = await offset(port, channel) - before, summary["requests"]
-    if any(summary[key] for key in FAILURES) or not count <= moved <= count + protocol.CONNECTIONS:
-        raise BenchError(f"POST /produce under wrk: {summary}; the offset moved by {moved}")
-    return {
-        "posts_per_second": summary["per_second"],
-        "posts": count,
-        "server_cpu_percent": 100 * used / wall,
-        "cpu_us_per_post": 1e6 * used / max(1, count),
-    }
+    return await _loaded(url, pid, seconds, lambda: offset(port, channel), "POST /produce")
+
+
+async def floor_get(port: int, path: str) -> bytes:
+    """The body of ``GET path`` from the ``produce`` floor (:mod:`bench.servers`)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET %b HTTP/1.1\r\nHost: floor\r\nContent-Length: 0\r\n\r\n" % path.encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        return await asyncio.wait_for(reader.readexactly(length), 10)
+    finally:
+        writer.close()
 
 
 async def floor_count(port: int) -> int:
-    """The messages the ``produce`` floor (:mod:`bench.servers`) has completed so far."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /count HTTP/1.1\r\nHost: floor\r\nContent-Length: 0\r\n\r\n")
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        return int(await asyncio.wait_for(reader.readexactly(length), 10))
-    finally:
-        writer.close()
+    """The messages the ``produce`` floor has completed so far."""
+    return int(await floor_get(port, "/count"))
 
 
 async def floor_load(port: int, pid: int, seconds: float) -> dict[str, Any]:
     """The same load on the ``produce`` floor at ``port`` (process ``pid``), checked the
     same way: every answer acked, and the messages completed moved by the requests counted."""
-    url, prefix = f"http://127.0.0.1:{port}/produce", secrets.token_hex(4)
-    before = await floor_count(port)
+    url = f"http://127.0.0.1:{port}/produce"
+    return await _loaded(url, pid, seconds, lambda: floor_count(port), "the produce floor")
+
+
+async def _loaded(
+    url: str, pid: int, seconds: float, count: Callable[[], Awaitable[int]], what: str
+) -> dict[str, Any]:
+    """``wrk`` posting to ``url``: every answer must ack its message, and ``count()`` (the
+    messages stored) must move by the requests ``wrk`` counted, and at most one more per
+    connection (those in flight when it stopped)."""
+    before, prefix = await count(), secrets.token_hex(4)
     used, started = protocol.cpu([pid]), time.perf_counter()
     summary = await asyncio.to_thread(wrk, url, seconds, prefix)
     used, wall = protocol.cpu([pid]) - used, time.perf_counter() - started
-    moved, count = await floor_count(port) - before, summary["requests"]
-    if any(summary[key] for key in FAILURES) or not count <= moved <= count + protocol.CONNECTIONS:
-        raise BenchError(f"the produce floor under wrk: {summary}; it completed {moved}")
+    moved, posts = await count() - before, summary["requests"]
+    if any(summary[key] for key in FAILURES) or not posts <= moved <= posts + protocol.CONNECTIONS:
+        raise BenchError(f"{what} under wrk: {summary}; {moved} messages were stored")
     return {
         "posts_per_second": summary["per_second"],
-        "posts": count,
+        "posts": posts,
         "server_cpu_percent": 100 * used / wall,
-        "cpu_us_per_post": 1e6 * used / max(1, count),
+        "cpu_us_per_post": 1e6 * used / max(1, posts),
     }

@@ -117,14 +117,7 @@ async def _post(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, body
 
 
 async def _last(port: int) -> Any:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /last HTTP/1.1\r\nHost: f\r\nContent-Length: 0\r\n\r\n")
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        return json.loads(await reader.readexactly(length))
-    finally:
-        writer.close()
+    return json.loads(await produceload.floor_get(port, "/last"))
 
 
 async def test_the_produce_floor_assembles_by_the_seed_and_acks_as_the_relay(
