@@ -263,3 +263,37 @@ def test_a_duplicate_tells_the_tail_as_before_and_next() -> None:
     assert (closed.before, closed.next, closed.closed) == (2, 2, True)
     repeat = _append(stream, b"", close=True)
     assert (repeat.before, repeat.next, repeat.duplicate) == (2, 2, True)
+
+
+@given(
+    st.lists(st.tuples(st.binary(max_size=30), st.integers(0, 60)), max_size=10),
+    st.sampled_from(["text/plain", "application/json"]),
+)
+def test_an_append_logs_as_the_general_path_does(
+    steps: list[tuple[bytes, int]], content_type: str
+) -> None:
+    limits = Limits(max_bytes=80, max_producers=10, max_read_bytes=1000)
+    fast, general = _stream(content_type, limits=limits), _stream(content_type, limits=limits)
+    for body, room in steps:
+        try:
+            entries = general.entries_of(body, creating=False) if body else None
+            if entries is not None:
+                general.check_room(entries, room)
+        except StreamRefused as refused:
+            expected: tuple[int, str] | None = (refused.status, refused.code)
+        else:
+            expected = None if body else (400, "empty_body")
+        try:
+            appended = _append(fast, body, room=room)
+        except StreamRefused as refused:
+            assert (refused.status, refused.code) == expected
+            continue
+        assert expected is None and entries is not None
+        assert appended.added_bytes == general.extend(entries)
+        assert (fast.tail, fast.own_bytes, appended.next) == (
+            general.tail,
+            general.own_bytes,
+            general.tail,
+        )
+        assert fast.logged() == general.logged()
+        assert fast.read(0) == general.read(0)

@@ -265,13 +265,17 @@ class DurableStream:
         """The bytes the entries take; 413 past the stream's bound, 507 past ``room`` (what
         the store has left)."""
         size = sum(map(len, entries))
+        self.check_size(size, room)
+        return size
+
+    def check_size(self, size: int, room: int) -> None:
+        """413 if ``size`` more bytes pass the stream's bound, 507 past ``room``."""
         if self.own_bytes + size > self.limits.max_bytes:
             raise StreamRefused(
                 413, "stream_full", f"the stream would pass {self.limits.max_bytes} bytes"
             )
         if size > room:
             raise StreamRefused(507, "store_full", "the relay holds all the stream data it may")
-        return size
 
     def extend(self, entries: list[bytes]) -> int:
         """Append entries, without a check (:meth:`append` checks); the bytes added."""
@@ -346,10 +350,18 @@ class DurableStream:
                 f"Stream-Seq {stream_seq[:64]!r} is not past {self.last_stream_seq[:64]!r}",
             )
         before = self.tail
-        entries = self.entries_of(body, creating=False)
-        self.check_room(entries, room)
-        added = self.extend(entries)
-        self.touch(now)
+        if self.json or not body:
+            entries = self.entries_of(body, creating=False)
+            self.check_room(entries, room)
+            added = self.extend(entries)
+        else:  # a byte stream's body is one entry: checked and logged as extend would
+            added = len(body)
+            self.check_size(added, room)
+            self._starts.append(before)
+            self._entries.append(body)
+            self.tail = before + added
+            self.own_bytes += added
+        self.touched = now  # touch(), inline
         if stream_seq is not None:
             self.last_stream_seq = stream_seq
         if producer is not None:
