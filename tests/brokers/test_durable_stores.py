@@ -155,3 +155,13 @@ async def test_a_stream_whose_keys_redis_expired_first_leaves_the_counts_at_the_
         await client.aclose()
         await store.close()
         redis.kill()
+
+
+async def test_an_append_tells_the_tail_it_found(store: DurableStore) -> None:
+    await store.create("/t", Create(TEXT, body=b"abc"), 0.0)
+    first = await store.append("/t", b"de", content_type=TEXT, close=False, now=0.0)
+    assert (first.before, first.next) == (3, 5)
+    closed = await store.append("/t", b"", content_type=TEXT, close=True, now=0.0)
+    assert (closed.before, closed.next, closed.closed, closed.duplicate) == (5, 5, True, False)
+    again = await store.append("/t", b"", content_type=TEXT, close=True, now=0.0)
+    assert (again.before, again.next, again.duplicate) == (5, 5, True)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from token_relay.core.durable import (
+    OFFSET_EPOCH,
+    OFFSET_WIDTH,
     Appended,
     Chunk,
     DurableStream,
     Expiry,
     Limits,
+    media_type,
     offset_text,
     position_of,
 )
@@ -48,6 +53,12 @@ def test_offsets_sort_as_positions_and_read_back() -> None:
     assert offsets[0] == "0000000000000000_0000000000000000"
     assert [position_of(offset) for offset in offsets] == [0, 9, 10, 123456789]
     assert "-1" not in offsets and "now" not in offsets
+
+
+@given(st.integers(min_value=0, max_value=10**OFFSET_WIDTH - 1))
+def test_an_offset_is_its_epoch_and_its_position_padded(position: int) -> None:
+    assert offset_text(position) == f"{OFFSET_EPOCH}_{position:0{OFFSET_WIDTH}d}"
+    assert position_of(offset_text(position)) == position
 
 
 @pytest.mark.parametrize(
@@ -198,3 +209,91 @@ def test_a_stream_holds_a_window_of_its_log_read_elsewhere() -> None:
     loaded.tail = 5
     loaded.hold([(3, b"de")])  # only the entries a read from 4 needs
     assert loaded.read(4) == Chunk((b"e",), 5)
+
+
+_TYPES = st.sampled_from(
+    ["text/plain", "Text/Plain", "text/plain; charset=utf-8", " text/plain ", "text/html", ""]
+)
+
+
+@given(stream_type=_TYPES, sent=_TYPES)
+def test_an_append_of_another_media_type_is_refused_whatever_its_spelling(
+    stream_type: str, sent: str
+) -> None:
+    stream = _stream(stream_type or "text/plain")
+    if not sent:
+        assert _refused(stream, b"x", content_type=sent).code == "content_type_required"
+    elif media_type(sent) != media_type(stream.content_type):
+        assert _refused(stream, b"x", content_type=sent).code == "content_type_mismatch"
+    else:
+        assert _append(stream, b"x", content_type=sent).next == 1
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([b"", b"a", b"bcd", b"[1,2]", b"[]"]), st.booleans()),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_an_append_tells_the_tail_it_found(steps: list[tuple[bytes, bool]], json: bool) -> None:
+    stream = _stream("application/json" if json else "text/plain")
+    for body, close in steps:
+        tail = stream.tail
+        try:
+            appended = _append(stream, body, close=close)
+        except StreamRefused:
+            assert stream.tail == tail
+            continue
+        assert appended.before == tail
+        assert appended.next == stream.tail
+        assert appended.next - appended.before == (
+            (len(body) if not json else len(body.strip(b"[]").split(b","))) if body else 0
+        )
+
+
+def test_a_duplicate_tells_the_tail_as_before_and_next() -> None:
+    stream = _stream()
+    producer = Producer("p", 0, 0)
+    first = _append(stream, b"ab", producer=producer)
+    assert (first.before, first.next, first.duplicate) == (0, 2, False)
+    again = _append(stream, b"ab", producer=producer)
+    assert (again.before, again.next, again.duplicate) == (2, 2, True)
+    closed = _append(stream, b"", close=True)
+    assert (closed.before, closed.next, closed.closed) == (2, 2, True)
+    repeat = _append(stream, b"", close=True)
+    assert (repeat.before, repeat.next, repeat.duplicate) == (2, 2, True)
+
+
+@given(
+    st.lists(st.tuples(st.binary(max_size=30), st.integers(0, 60)), max_size=10),
+    st.sampled_from(["text/plain", "application/json"]),
+)
+def test_an_append_logs_as_the_general_path_does(
+    steps: list[tuple[bytes, int]], content_type: str
+) -> None:
+    limits = Limits(max_bytes=80, max_producers=10, max_read_bytes=1000)
+    fast, general = _stream(content_type, limits=limits), _stream(content_type, limits=limits)
+    for body, room in steps:
+        try:
+            entries = general.entries_of(body, creating=False) if body else None
+            if entries is not None:
+                general.check_room(entries, room)
+        except StreamRefused as refused:
+            expected: tuple[int, str] | None = (refused.status, refused.code)
+        else:
+            expected = None if body else (400, "empty_body")
+        try:
+            appended = _append(fast, body, room=room)
+        except StreamRefused as refused:
+            assert (refused.status, refused.code) == expected
+            continue
+        assert expected is None and entries is not None
+        assert appended.added_bytes == general.extend(entries)
+        assert (fast.tail, fast.own_bytes, appended.next) == (
+            general.tail,
+            general.own_bytes,
+            general.tail,
+        )
+        assert fast.logged() == general.logged()
+        assert fast.read(0) == general.read(0)

@@ -304,3 +304,22 @@ async def test_location_says_https_only_when_a_trusted_proxy_says_the_client_use
 async def _put(running: RunningRelay, path: str, headers: dict[str, str]) -> httpx.Response:
     async with httpx.AsyncClient(base_url=_http(running)) as client:
         return await client.put(path, headers=headers)
+
+
+async def test_a_stream_seq_too_long_is_400_after_a_missing_stream_is_404(
+    relay: RunningRelay,
+) -> None:
+    base = _http(relay) + "/v1/stream/"
+    long_seq = {**TEXT, "Stream-Seq": "s" * 257}
+    async with httpx.AsyncClient() as client:
+        missing = await client.post(base + "nowhere", headers=long_seq, content=b"x")
+        assert (missing.status_code, missing.json()["code"]) == (404, "stream_not_found")
+        assert (await client.put(base + "seq", headers=TEXT)).status_code == 201
+        long = await client.post(base + "seq", headers=long_seq, content=b"x")
+        assert (long.status_code, long.json()["code"]) == (400, "bad_stream_seq")
+        fine = await client.post(base + "seq", headers={**TEXT, "Stream-Seq": "s"}, content=b"x")
+        assert fine.status_code == 204
+        assert fine.headers["Stream-Next-Offset"].endswith("_0000000000000001")
+        closed = await client.post(base + "seq", headers={"Stream-Closed": "TRUE"})
+        assert closed.status_code == 204
+        assert closed.headers["Stream-Closed"] == "true"

@@ -39,6 +39,7 @@ from ..core.durable import (
 )
 from ..core.durablejson import json_array
 from ..core.durablerequests import (
+    MAX_VALUE_LENGTH,
     bounded,
     closed_of,
     cursor,
@@ -73,6 +74,8 @@ CURSOR_JITTER = (1, 180)
 SWEEP_EVERY = 1.0
 PUBLIC_CACHE = "public, max-age=60, stale-while-revalidate=300"
 PRIVATE_CACHE = "private, max-age=60, stale-while-revalidate=300"
+CONTROL_PATH = STREAM_PREFIX + CONTROL_PREFIX
+"""Where the control APIs' paths start."""
 
 
 class DurableStreams:
@@ -177,6 +180,11 @@ class DurableStreams:
         """The stream at ``path`` got data past ``before``: wake its readers, and the
         subscriptions it concerns."""
         self._wake(path)
+        if not self.hooks.quiet():
+            await self._tell(path, before)
+
+    async def _tell(self, path: str, before: int) -> None:
+        """The subscriptions the stream at ``path`` concerns: it got data past ``before``."""
         try:
             await self.hooks.appended(path.removeprefix(STREAM_PREFIX), before)
         except StreamRefused as exc:
@@ -203,14 +211,13 @@ class DurableStreams:
     async def _append_wake_now(self, path: str, body: bytes) -> None:
         key = STREAM_PREFIX + path
         try:
-            before = (await self.store.get(key, self.clock())).tail
-            await self.store.append(
+            appended = await self.store.append(
                 key, body, content_type="application/json", close=False, now=self.clock()
             )
         except StreamRefused as exc:
             log.warning("wake events not written to %s: %s", path, exc.message)
             return
-        await self._changed(key, before)
+        await self._changed(key, appended.before)
 
     async def _now(self) -> float:
         self.store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
@@ -229,15 +236,14 @@ class DurableStreams:
         assert isinstance(route, StreamRequest)
         request = reading.request
         try:
-            control = route.stream.removeprefix(STREAM_PREFIX)
-            if control.startswith(CONTROL_PREFIX):
+            if route.stream.startswith(CONTROL_PATH):
                 return await self.hooks.serve(
-                    route.method, control.removeprefix(CONTROL_PREFIX), request, body
+                    route.method, route.stream.removeprefix(CONTROL_PATH), request, body
                 )
-            if route.method == "PUT":
-                return await self._create(route, request, body)
             if route.method == "POST":
                 return await self._append(route, request, body)
+            if route.method == "PUT":
+                return await self._create(route, request, body)
             if route.method == "DELETE":
                 await self.store.delete(route.stream, await self._now())
                 await self._gone(route.stream)
@@ -278,32 +284,52 @@ class DurableStreams:
 
     async def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
         sent = dict(request.headers)  # each header's last value, read in one pass
-        producer = producer_of(
-            sent.get("producer-id"), sent.get("producer-epoch"), sent.get("producer-seq")
+        producer_id = sent.get("producer-id")
+        epoch = sent.get("producer-epoch")
+        seq = sent.get("producer-seq")
+        producer = (
+            None
+            if producer_id is None and epoch is None and seq is None
+            else producer_of(producer_id, epoch, seq)
         )
         now = await self._now()
-        before = (await self.store.get(route.stream, now)).tail
+        stream_seq = sent.get("stream-seq")
+        if stream_seq is not None and len(stream_seq) > MAX_VALUE_LENGTH:
+            await self.store.get(route.stream, now)  # no stream there answers first
+            bounded("Stream-Seq", stream_seq)
+        closed = sent.get("stream-closed")
         appended = await self.store.append(
             route.stream,
             body,
             content_type=sent.get("content-type", ""),
-            close=closed_of(sent.get("stream-closed", "")),
+            close=closed is not None and closed_of(closed),
             now=now,
-            stream_seq=bounded("Stream-Seq", sent.get("stream-seq")),
+            stream_seq=stream_seq,
             producer=producer,
         )
+        before = appended.before
         if appended.next > before:
-            await self._changed(route.stream, before)
+            self._wake(route.stream)  # as _changed does, without a coroutine when quiet
+            if not self.hooks.quiet():
+                await self._tell(route.stream, before)
         elif not appended.duplicate:
             self._wake(route.stream)  # closed: its readers learn it now
-        headers: Headers = (("Stream-Next-Offset", offset_text(appended.next)),)
+        if appended.producer_epoch is None:
+            if appended.closed:
+                headers: Headers = (
+                    ("Stream-Next-Offset", offset_text(appended.next)),
+                    ("Stream-Closed", "true"),
+                )
+            else:
+                headers = (("Stream-Next-Offset", offset_text(appended.next)),)
+            return Reply(204, b"", headers=headers)
+        headers = (("Stream-Next-Offset", offset_text(appended.next)),)
         if appended.closed:
             headers += (("Stream-Closed", "true"),)
-        if appended.producer_epoch is not None:
-            headers += (
-                ("Producer-Epoch", str(appended.producer_epoch)),
-                ("Producer-Seq", str(appended.producer_seq)),
-            )
+        headers += (
+            ("Producer-Epoch", str(appended.producer_epoch)),
+            ("Producer-Seq", str(appended.producer_seq)),
+        )
         status = 200 if producer is not None and not appended.duplicate and body else 204
         return Reply(status, b"", headers=headers)
 

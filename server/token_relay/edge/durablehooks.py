@@ -114,6 +114,11 @@ class SubscriptionState(Protocol):
         """Whether there may be a subscription (False: none to look at)."""
         ...
 
+    def surely_none(self) -> bool:
+        """Whether it is known, without asking anyone, that :meth:`any` would say False
+        and do nothing else (each append asks this first)."""
+        ...
+
     async def paths(self) -> list[str]:
         """The stream-root-relative paths of every live stream."""
         ...
@@ -149,6 +154,9 @@ class LocalSubscriptions:
 
     async def any(self) -> bool:
         return bool(self._held.core.subscriptions)
+
+    def surely_none(self) -> bool:
+        return not self._held.core.subscriptions
 
     async def paths(self) -> list[str]:
         return self._paths()
@@ -368,6 +376,10 @@ class SubscriptionEndpoints:
         }
 
     # ------------------------------------------------------------------ streams
+
+    def quiet(self) -> bool:
+        """Whether there is surely no subscription: no append concerns one."""
+        return self.state.surely_none()
 
     async def appended(self, path: str, before: int) -> None:
         """A stream got data: wake what it concerns."""

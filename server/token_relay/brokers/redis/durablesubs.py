@@ -129,6 +129,10 @@ class RedisSubscriptions:
             self.store.subscribed = int(await self.store.command("HLEN", SUBS)) > 0
         return self.store.subscribed
 
+    def surely_none(self) -> bool:
+        """Whether there were none at the last look, and it is not time to look again."""
+        return not self.store.subscribed and self.clock() - self._looked < RECHECK
+
     async def paths(self) -> list[str]:
         """The stream-root-relative paths of every live stream."""
         found: list[str] = []
