@@ -48,7 +48,7 @@ from typing import Any
 from ..core.grants import Grant
 from ..core.uistream import ReplyChunks
 from . import routes
-from .broadcast import Fields
+from .broadcast import Broadcast, Fields
 from .http11 import Http11
 from .sse import SSE_HEADERS, SseStream
 from .statuses import JOIN_CODES, status_of
@@ -108,6 +108,10 @@ class AiSdkStream(SseStream):
         self._timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ frames in
+
+    def take(self, broadcast: Broadcast) -> None:
+        """A frame sent to many peers, as :meth:`write_event` takes one."""
+        self.write_event(broadcast.data())
 
     def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
         """Turn one frame of the channel into chunks, for the message being served."""

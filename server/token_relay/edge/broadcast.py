@@ -10,6 +10,7 @@ whole, unfragmented frames are ever written, so nothing can interleave.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from ..core.events import Delta, Outgoing
@@ -60,19 +61,37 @@ class Fields:
     line, whether it carries an ``id:``, and the channel, offset and epoch it moves
     (offset -1: the channel is dropped).
 
-    ``chunks`` keeps the bytes written for each stream's positions, when the stream
-    holds one channel: thousands of streams of one channel share one ``id:`` and so one
-    chunk, built once.
+    ``chunk`` is the chunk every chunked stream whose bytes for this frame are the same
+    writes, built once, by the first: ``shared`` is the most channels a stream may hold for
+    its event to be that one. A frame without an ``id:`` is the same event on every stream;
+    one with an ``id:`` is on every stream that holds only its channel, where the ``id:``
+    is that channel's new position (thousands of streams of one channel); a frame that
+    drops its channel and has an ``id:`` is on none.
     """
 
-    __slots__ = ("channel", "chunks", "epoch", "identified", "line", "offset")
+    __slots__ = (
+        "channel",
+        "chunk",
+        "epoch",
+        "identified",
+        "line",
+        "offset",
+        "position",
+        "shared",
+    )
 
     def __init__(
         self, line: bytes, identified: bool, channel: str | None, offset: int, epoch: str
     ) -> None:
         self.line, self.identified = line, identified
         self.channel, self.offset, self.epoch = channel, offset, epoch
-        self.chunks: dict[tuple[bool, str, int, str], bytes] = {}
+        self.position = (offset, epoch)
+        """The channel's position after this frame, as a stream keeps it."""
+        if not identified:
+            self.shared = sys.maxsize
+        else:
+            self.shared = 1 if offset >= 0 and channel is not None else -1
+        self.chunk: bytes | None = None
 
 
 def event_fields(data: bytes) -> Fields:

@@ -121,43 +121,43 @@ class SseStream(SocketPeer):
 
     def take(self, broadcast: Broadcast) -> None:
         """Send a frame sent to many peers as an event: its fields are read once, by the
-        first stream."""
-        broadcast.fields = self.write_event(broadcast.data(), broadcast.fields)
-
-    def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
-        """Send one frame as an event; returns what was read of it, for the next stream."""
+        first stream, and its chunk built once, by the first stream it is the same for."""
+        fields = broadcast.fields
         if fields is None:
-            fields = event_fields(data)
+            fields = broadcast.fields = event_fields(broadcast.data())
         channel, positions = fields.channel, self.positions
         if channel is not None:
             if fields.offset < 0:
                 positions.pop(channel, None)
             else:
-                positions[channel] = (fields.offset, fields.epoch)
-        if not self.open:
-            return fields
-        key: tuple[bool, str, int, str] | None = None
-        if len(positions) <= 1:
-            # The same positions make the same bytes: built once per frame.
-            only = next(iter(positions.items()), ("", (0, "")))
-            key = (self.chunked, only[0], *only[1])
-            chunk = fields.chunks.get(key)
-            if chunk is not None:
-                self.write_now(chunk)
-                return fields
-        body = [fields.line]
-        if fields.identified:
-            body += (b"id: ", encode_positions(positions).encode(), b"\n")
-        body += (b"data: ", data, b"\n\n")
-        chunk = b"".join(body)
-        if self.chunked:
-            chunk = _chunk(chunk)  # what the writer writes for a chunk of a chunked response
+                positions[channel] = fields.position
+        if self._ended or self.transport.is_closing():
+            return
+        if self.chunked and len(positions) <= fields.shared:
+            chunk = fields.chunk
+            if chunk is None:
+                chunk = fields.chunk = _chunk(self._event(broadcast.data(), fields))
             self.write_now(chunk)
+            return
+        body = self._event(broadcast.data(), fields)
+        if self.chunked:
+            self.write_now(_chunk(body))  # what the writer writes for a chunk
         else:
-            self._write(chunk)
-        if key is not None and self.chunked:
-            fields.chunks[key] = chunk
-        return fields
+            self._write(body)
+
+    def write_event(self, data: bytes, fields: Fields | None = None) -> Fields | None:
+        """Send one frame as an event; returns what was read of it, for the next stream."""
+        broadcast = Broadcast(data)
+        broadcast.fields = fields
+        self.take(broadcast)
+        return broadcast.fields
+
+    def _event(self, data: bytes, fields: Fields) -> bytes:
+        """The frame as this stream's event, its ``id:`` this stream's positions."""
+        if fields.identified:
+            position = encode_positions(self.positions).encode()
+            return b"%bid: %b\ndata: %b\n\n" % (fields.line, position, data)
+        return b"%bdata: %b\n\n" % (fields.line, data)
 
     async def send(self, data: str | bytes) -> None:
         """Send one frame as an event, then wait until the socket can take more."""
