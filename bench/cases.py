@@ -193,7 +193,7 @@ async def running_cluster(
                 "F": relay("F", *relay_args),
                 "noop": ServiceProcess("bench.servers", "noop", name="no-op server"),
                 "socketio": ServiceProcess("bench.servers", "socketio", name="socketio relay"),
-                "pyproduce": ServiceProcess("bench.servers", "produce", name="produce floor"),
+                "pyproduce": ServiceProcess("bench.producefloor", name="produce floor"),
                 "floor": ServiceProcess("bench.floor", name="os.write floor"),
                 "wsrelay": ServiceProcess("bench.wsrelay", name="Node ws relay"),
                 "W": relay("W", "--broker", redis.url, "--workers", "2", *relay_args),

@@ -343,7 +343,7 @@ class Run:
     ) -> None:
         """``POST /produce`` under wrk, 16 connections, one completed message per request,
         right after the reference's appends under the same load; then the same load on the
-        Python floor of that job (``bench.servers produce``)."""
+        Python floor of that job (``bench.producefloor``)."""
         channel = self.channel("produce-load", n)
         record = await produceload.produce_load(relay.port, relay.pid, channel, load.seconds)
         self.results.add("durable.relay.produce", record["posts_per_second"], record)

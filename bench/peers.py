@@ -36,7 +36,7 @@ async def measure(run: Run) -> None:
     raise_fd_limit()
     relay, fanout = cases.relay("S", *config.relay_args), cases.relay("F", *config.relay_args)
     peer = ServiceProcess("bench.wsrelay", name="Node ws relay")
-    floor = ServiceProcess("bench.servers", "produce", name="produce floor")
+    floor = ServiceProcess("bench.producefloor", name="produce floor")
     messages = build_messages(config.ingest_messages, config.deltas)
     load = protocol.Load(seconds=config.durable_seconds)
     async with (

@@ -47,7 +47,7 @@ async def produce_load(port: int, pid: int, channel: str, seconds: float) -> dic
 
 
 async def floor_get(port: int, path: str) -> bytes:
-    """The body of ``GET path`` from the ``produce`` floor (:mod:`bench.servers`)."""
+    """The body of ``GET path`` from the ``produce`` floor (:mod:`bench.producefloor`)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(b"GET %b HTTP/1.1\r\nHost: floor\r\nContent-Length: 0\r\n\r\n" % path.encode())

@@ -211,7 +211,7 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
         compared = versus("durable.floor.produce", "durable.peer.stream.appends", "reference")
         compared += f"; relay at {times(r.ratio('durable.relay.produce', 'durable.floor.produce'))}"
         text = _rate(r.median("durable.floor.produce"), "posts/s")
-        what = "Python floor of POST /produce (bench.servers produce), the same"
+        what = "Python floor of POST /produce (bench.producefloor), the same"
         rows.append(("http", what, text, compared))
     if r.samples.get("durable.relay.stream.appends"):
         ours, peer = "durable.relay.stream", "durable.peer.stream"

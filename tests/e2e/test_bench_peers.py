@@ -97,7 +97,7 @@ async def test_wrk_posts_to_the_relay_are_each_acked_and_stored() -> None:
 
 @pytest.fixture
 async def floor() -> AsyncIterator[ServiceProcess]:
-    service = ServiceProcess("bench.servers", "produce", name="produce floor")
+    service = ServiceProcess("bench.producefloor", name="produce floor")
     await service.start()
     try:
         yield service
