@@ -77,7 +77,8 @@ async def test_a_stream_read_from_its_start_and_whole_once_it_is_done(ai_sdk: No
     async with relay:
         assert await _resume(ai_sdk, running, "chat-1") == {"resumed": False}
         reading = asyncio.ensure_future(_resume(ai_sdk, running, "chat-1", "?wait=10"))
-        await asyncio.sleep(1.0)  # Node has started and waits for a message
+        # Node has started and its stream waits on the channel for a message.
+        await eventually(lambda: bool(relay.hub.subscribers("chat-1")), timeout=30)
         tokens = ["Hello", ", ", "wörld", " 👋", "", "!"]
         async with running.connect("/produce?channel=chat-1") as producer:
             for token in tokens:
@@ -143,7 +144,7 @@ async def test_stop_reaches_the_producer_and_an_abort_ends_the_stream(ai_sdk: No
             await send_json(producer, {"id": "long", "delta": "thinking"})
             await asyncio.sleep(0.1)
             reading = asyncio.ensure_future(_resume(ai_sdk, running, "chat-3"))
-            await asyncio.sleep(1.0)
+            await eventually(lambda: bool(relay.hub.subscribers("chat-3")), timeout=30)
             assert await _post(running, "/ai-sdk/chat-3/stop") == 204
             assert await recv_json(producer) == {
                 "type": "cancel",

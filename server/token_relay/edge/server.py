@@ -31,8 +31,8 @@ import contextlib
 import logging
 import resource
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from websockets.typing import Origin
 
@@ -64,10 +64,38 @@ BodyHandler = Callable[[ReadBody, bytes], Awaitable[Reply]]
 ProduceHandler = Callable[[ReadBody, HttpProducer], Awaitable[Reply]]
 
 
+T = TypeVar("T")
+
 SWEEP_SLICES = 64
 """The slices a sweep over every peer (keepalive pings, SSE heartbeats) is spread over: a
 pass of the event loop visits a 64th of the peers, not all of them at once (a sweep of
 10,000 sockets at once held every other message back by a few hundred milliseconds)."""
+
+
+async def sweep(
+    slices: Sequence[Collection[T]], interval: float, visit: Callable[[T], None]
+) -> None:
+    """Call ``visit`` on every member of ``slices`` once each ``interval`` seconds, spread
+    over it: one slice every ``interval / len(slices)`` seconds, each member in the same
+    slice every time, so each is visited ``interval`` apart.
+
+    A loop more than a slice's time behind (a stall) is not caught up: the sweep goes on
+    from when it woke. Catching up would visit the overdue slices in one burst, then again
+    on the old schedule, less than an interval later, and a keepalive would cut a peer that
+    had less than an interval to answer its ping. So two visits of a member are at least
+    ``interval`` less two slices' time apart, whatever the loop's load; a wake-up a little
+    late (less than a slice's time) is caught up, so the sweeps keep their pace."""
+    loop = asyncio.get_running_loop()
+    tick, due = interval / len(slices), loop.time()
+    while True:
+        for members in slices:
+            due += tick
+            now = loop.time()
+            if due < now - tick:
+                due = now
+            await asyncio.sleep(max(0.0, due - now))
+            for member in list(members):
+                visit(member)
 
 
 class HttpServer:
@@ -351,17 +379,9 @@ class HttpServer:
         return self._slices[peer.id.int % SWEEP_SLICES]
 
     async def _every(self, interval: float, visit: Callable[[Streamed], None]) -> None:
-        """Call ``visit`` on every open peer once each ``interval`` seconds, spread over it:
-        one slice of the peers every ``interval / SWEEP_SLICES`` seconds, each peer in the
-        same slice every time, so each is visited exactly ``interval`` apart."""
-        loop = asyncio.get_running_loop()
-        tick, due = interval / SWEEP_SLICES, loop.time()
-        while True:
-            for peers in self._slices:
-                due += tick
-                await asyncio.sleep(max(0.0, due - loop.time()))
-                for peer in list(peers):
-                    visit(peer)
+        """Call ``visit`` on every open peer once each ``interval`` seconds (see
+        :func:`sweep`)."""
+        await sweep(self._slices, interval, visit)
 
     @staticmethod
     def _keepalive(peer: Streamed) -> None:
