@@ -5,6 +5,7 @@ fan-out cases check; ``POST /produce`` under ``wrk`` counts every answer that is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,15 +18,22 @@ from bench.wire import build_messages
 from tests.harness import ServiceProcess, relay_process
 
 
-@pytest.fixture
-async def peer() -> AsyncIterator[ServiceProcess]:
-    await wsrelay.install()
-    service = ServiceProcess("bench.wsrelay", name="Node ws relay")
+@contextlib.asynccontextmanager
+async def _service(module: str, name: str) -> AsyncIterator[ServiceProcess]:
+    """``python -m MODULE``, started on a free port, until the block ends."""
+    service = ServiceProcess(module, name=name)
     await service.start()
     try:
         yield service
     finally:
         await service.terminate()
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[ServiceProcess]:
+    await wsrelay.install()
+    async with _service("bench.wsrelay", "Node ws relay") as service:
+        yield service
 
 
 async def recv(ws: ClientConnection) -> dict[str, Any]:
@@ -97,12 +105,8 @@ async def test_wrk_posts_to_the_relay_are_each_acked_and_stored() -> None:
 
 @pytest.fixture
 async def floor() -> AsyncIterator[ServiceProcess]:
-    service = ServiceProcess("bench.producefloor", name="produce floor")
-    await service.start()
-    try:
+    async with _service("bench.producefloor", "produce floor") as service:
         yield service
-    finally:
-        await service.terminate()
 
 
 async def _post(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, body: bytes) -> Any:
