@@ -111,7 +111,7 @@ async def check_joins(c: Cluster, joiners: int, seed: int) -> int:
             offset = None
             texts: dict[str, str] = {}
             done: set[str] = set()
-            async for frame in _frames(ws, time.monotonic() + 10):
+            async for frame in _frames(ws, time.monotonic() + 20):
                 kind = frame["type"]
                 if kind == "subscribed":
                     offset = frame["offset"]
@@ -126,9 +126,9 @@ async def check_joins(c: Cluster, joiners: int, seed: int) -> int:
                         return False
                     done.add(frame["id"])
                 # Offsets start at 1: a joiner at offset k is owed the other messages.
-                if len(done) + int(offset or 0) >= len(messages):
+                if offset is not None and len(done) + offset >= len(messages):
                     return True
-            return True
+            return False  # a message it was owed never came
 
     async def stream() -> None:
         for step in range(150):
@@ -204,23 +204,52 @@ async def check_resume(c: Cluster, offsets: int, seed: int) -> tuple[int, int]:
 # ------------------------------------------------------------------ sessions, ready
 
 
-async def check_session(url: str, other: str, n: int) -> bool:
-    """Whether a producer cut mid-message on ``url`` resumes its session on ``other``
-    (another process, or the same port of ``--workers N``) and completes it."""
-    async with connect(f"{url}/produce?channel=sessions", close_timeout=0.2) as first:
-        hello = json.loads(await first.recv())
-        await first.send(json.dumps({"id": f"s{n}", "delta": "x", "seq": 1}))
+async def check_session(url: str, other: str, n: int) -> str:
+    """What went wrong when a producer cut mid-message on ``url`` resumed its session on
+    ``other`` (another process, or the same port of ``--workers N``) to complete it, as the
+    protocol says a gateway does: it sends again every event since its last ack (here,
+    all of them, with their ``seq``). The message must be delivered once, whole. ""
+    when nothing went wrong."""
+    channel, message_id = f"sessions-{n}", f"s{n}"
+    events = [
+        {"id": message_id, "delta": "x", "seq": 1},
+        {"id": message_id, "delta": "y", "seq": 2},
+        {"id": message_id, "final": True, "seq": 3},
+    ]
+    async with connect(f"{other}/subscribe?channel={channel}", close_timeout=0.2) as subscriber:
+        await subscriber.recv()  # subscribed
+        async with connect(f"{url}/produce?channel={channel}", close_timeout=0.2) as first:
+            hello = json.loads(await first.recv())
+            await first.send(json.dumps(events[0]))
+            await asyncio.sleep(0.05)
+            assert first.transport is not None
+            first.transport.abort()  # cut: no close frame, the session waits
         await asyncio.sleep(0.05)
-        assert first.transport is not None
-        first.transport.abort()
-    await asyncio.sleep(0.05)
-    query = f"channel=sessions&session={hello['session']}"
-    async with connect(f"{other}/produce?{query}", close_timeout=0.2) as second:
-        again = json.loads(await second.recv())
-        await second.send(json.dumps({"id": f"s{n}", "delta": "y", "seq": 2}))
-        await second.send(json.dumps({"id": f"s{n}", "final": True, "seq": 3}))
-        reply = json.loads(await asyncio.wait_for(second.recv(), 5))
-        return bool(again["resumed"]) and reply["type"] == "ack"
+        query = f"channel={channel}&session={hello['session']}"
+        async with connect(f"{other}/produce?{query}", close_timeout=0.2) as second:
+            again = json.loads(await second.recv())
+            for event in events:  # everything since the last ack: the x may have landed
+                await second.send(json.dumps(event))
+            reply = json.loads(await asyncio.wait_for(second.recv(), 10))
+        # The message, however late it comes, then a while for any second one.
+        delivered: list[dict[str, Any]] = []
+        until = time.monotonic() + 10
+        async for frame in _frames(subscriber, until):
+            if frame["type"] in ("message", "aborted"):
+                delivered.append(frame)
+                until = min(until, time.monotonic() + 0.3)
+                break
+        delivered += [
+            frame
+            async for frame in _frames(subscriber, until)
+            if frame["type"] in ("message", "aborted")
+        ]
+    if again.get("resumed") is not True or reply.get("type") != "ack":
+        return f"message {message_id}: resumed with {again}, then {reply}"
+    texts = [(frame["type"], frame.get("text")) for frame in delivered]
+    if texts != [("message", "xy")]:
+        return f"message {message_id}: delivered as {texts}, not once as 'xy'"
+    return ""
 
 
 GATEWAY = """
@@ -245,8 +274,11 @@ asyncio.run(main())
 """
 
 
-async def check_truncation(c: Cluster, python: str | None, module: str, replies: int) -> int:
-    """Acked replies out of ``replies`` that no ``message`` holds whole."""
+async def check_truncation(
+    c: Cluster, python: str | None, module: str, replies: int
+) -> tuple[int, int]:
+    """``(truncated, acked)``: acked replies out of ``replies`` that no ``message`` holds
+    whole, and how many were acked."""
     channel = "truncation"
     expected = {f"t{n}": "".join(f"{n}.{token} " for token in range(40)) for n in range(replies)}
     texts: dict[str, list[str]] = {}
@@ -276,10 +308,17 @@ async def check_truncation(c: Cluster, python: str | None, module: str, replies:
         cutter, collector = asyncio.create_task(cut()), asyncio.create_task(collect())
         out, _ = await asyncio.wait_for(gateway.communicate(), 90)
         cutter.cancel()
-        await asyncio.sleep(1.0)
+        acked = [line.split()[1] for line in out.decode().splitlines() if line.startswith("acked")]
+        # Every acked reply is on its way: wait for them all (a reply truncated or lost
+        # never comes, and is counted once the wait is over).
+        until = time.monotonic() + 20
+        while time.monotonic() < until and not collector.done():
+            if all(expected[message_id] in texts.get(message_id, []) for message_id in acked):
+                break
+            await asyncio.sleep(0.05)
         collector.cancel()
-    acked = [line.split()[1] for line in out.decode().splitlines() if line.startswith("acked")]
-    return sum(1 for message_id in acked if expected[message_id] not in texts.get(message_id, []))
+    truncated = sum(expected[message_id] not in texts.get(message_id, []) for message_id in acked)
+    return truncated, len(acked)
 
 
 async def check_ready(c: Cluster) -> float:
@@ -314,8 +353,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 outcomes = [
                     await check_session(c.urls[0], c.urls[-1], n) for n in range(args.sessions)
                 ]
-                row["resumed_sessions"] = sum(outcomes)
-                row["truncated_replies"] = await check_truncation(
+                row["resumed_sessions"] = outcomes.count("")
+                row["truncated_replies"], row["acked_replies"] = await check_truncation(
                     c, args.relay_python, args.relay_module, args.replies
                 )
                 row["ready_after_restart_s"] = round(await check_ready(c), 2)
