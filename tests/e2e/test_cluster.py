@@ -483,12 +483,14 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
     expected = {f"q{n}": "".join(f"{n}.{t} " for t in range(30)) for n in range(20)}
     acked: list[str] = []
     live: list[dict[str, Any]] = []
+    sent: dict[str, int] = {}
 
     async def gateway(url: str, ids: list[str]) -> None:
         async with RelayProducer(url, channel="restart", backoff=(0.05, 0.5)) as producer:
             for message_id in ids:
                 for token in expected[message_id].split(" ")[:-1]:
                     await producer.send(message_id, token + " ")
+                    sent[message_id] = sent.get(message_id, 0) + 1
                     await asyncio.sleep(0.01)
                 await asyncio.wait_for(producer.finish(message_id), 30)
                 acked.append(message_id)
@@ -504,8 +506,14 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
         watching = asyncio.create_task(watch())
         ids = sorted(expected)
         gateways = asyncio.gather(*(gateway((a, b)[n % 2].url, ids[n::10]) for n in range(10)))
-        # Mid-stream: a first message is acked, the gateways' others are on their way.
-        await eventually(lambda: bool(acked), 15, what="a first message acked")
+        # Mid-stream: every gateway has sent 5 of its first message's 30 tokens (10 ms
+        # apart), so none has ended one yet.
+        await eventually(
+            lambda: all(sent.get(first, 0) >= 5 for first in ids[:10]),
+            15,
+            what="every gateway streaming",
+        )
+        assert acked == []
         redis_server.kill()  # empty on restart: a new epoch for every channel
         await asyncio.sleep(0.5)
         redis_server.start()
