@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,30 @@ class NodeScript:
         )  # fmt: skip
         out, _ = await asyncio.wait_for(node.communicate(), 60)
         assert node.returncode == 0
+        return out
+
+    async def run_live(self, after_open: Callable[[], Awaitable[None]], *args: str) -> bytes:
+        """Run it to its end, calling ``after_open`` once the relay answered with a stream
+        (so once that stream joined the channel); what it printed."""
+        node = await asyncio.create_subprocess_exec(
+            "node", str(self.path), *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "AI_PACKAGE": self.package, "SAY_OPEN": "1"},
+        )  # fmt: skip
+        try:
+            assert node.stderr is not None
+            said = b""
+            while not said.endswith(b"open\n"):  # after any warning of Node's
+                line = await asyncio.wait_for(node.stderr.readline(), 30)
+                assert line, said  # it ended without a stream
+                said += line
+            await after_open()
+            out, err = await asyncio.wait_for(node.communicate(), 60)
+        finally:
+            if node.returncode is None:
+                node.kill()
+                await node.wait()
+        assert node.returncode == 0, err
         return out
 
 
@@ -116,12 +141,15 @@ async def _resume_mid_reply(
                 continue
         if snapshot.get("text") == so_far:
             break
-    reading = asyncio.ensure_future(_resume(ai_sdk, reader, chat))
-    await asyncio.sleep(1.0)
-    for piece in pieces[half:]:
-        await send_json(producer, {"id": "r", "delta": piece})
-    await send_json(producer, {"id": "r", "final": True})
-    return await reading
+
+    async def the_rest() -> None:
+        for piece in pieces[half:]:
+            await send_json(producer, {"id": "r", "delta": piece})
+        await send_json(producer, {"id": "r", "final": True})
+
+    # The rest is sent once the AI SDK's stream has joined: it comes live, after the head.
+    base = reader.url.replace("ws://", "http://")
+    return json.loads(await ai_sdk.run_live(the_rest, base, chat))
 
 
 async def test_a_resume_in_the_middle_replays_from_start_under_the_same_id(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from redis.asyncio import Redis
 from token_relay.client import RelayProducer, RelaySubscriber
 from token_relay.core.protocol import Aborted, MessageFrame
 from websockets.asyncio.client import ClientConnection
@@ -481,12 +483,14 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
     expected = {f"q{n}": "".join(f"{n}.{t} " for t in range(30)) for n in range(20)}
     acked: list[str] = []
     live: list[dict[str, Any]] = []
+    sent: dict[str, int] = {}
 
     async def gateway(url: str, ids: list[str]) -> None:
         async with RelayProducer(url, channel="restart", backoff=(0.05, 0.5)) as producer:
             for message_id in ids:
                 for token in expected[message_id].split(" ")[:-1]:
                     await producer.send(message_id, token + " ")
+                    sent[message_id] = sent.get(message_id, 0) + 1
                     await asyncio.sleep(0.01)
                 await asyncio.wait_for(producer.finish(message_id), 30)
                 acked.append(message_id)
@@ -502,7 +506,14 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
         watching = asyncio.create_task(watch())
         ids = sorted(expected)
         gateways = asyncio.gather(*(gateway((a, b)[n % 2].url, ids[n::10]) for n in range(10)))
-        await asyncio.sleep(0.3)
+        # Mid-stream: every gateway has sent 5 of its first message's 30 tokens (10 ms
+        # apart), so none has ended one yet.
+        await eventually(
+            lambda: all(sent.get(first, 0) >= 5 for first in ids[:10]),
+            15,
+            what="every gateway streaming",
+        )
+        assert acked == []
         redis_server.kill()  # empty on restart: a new epoch for every channel
         await asyncio.sleep(0.5)
         redis_server.start()
@@ -536,6 +547,24 @@ async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(
         await asyncio.gather(a.stop(), b.stop())
 
 
+async def _kept_in_redis(
+    redis_server: RedisServer, message_id: str, text: str, meta: dict[str, Any]
+) -> bool:
+    """Whether Redis holds what another process reads of a message in progress when it takes
+    its session over or aborts it: listed in its owner's messages, its text, its meta."""
+    async with Redis.from_url(redis_server.url) as redis:
+        listed = [key async for key in redis.scan_iter(match="tr:msg:*")]
+        listed = [key for key in listed if await redis.hexists(key, message_id)]
+        texts = [key async for key in redis.scan_iter(match=f"tr:text:*|{message_id}")]
+        metas = [key async for key in redis.scan_iter(match="tr:meta:*")]
+        kept = [await redis.hget(key, message_id) for key in metas]
+        return (
+            len(listed) == 1
+            and [await redis.get(key) for key in texts] == [text.encode()]
+            and [json.loads(value) for value in kept if value is not None] == [meta]
+        )
+
+
 async def test_meta_survives_a_move_to_another_process_and_a_lost_one(
     redis_server: RedisServer,
 ) -> None:
@@ -548,7 +577,11 @@ async def test_meta_survives_a_move_to_another_process_and_a_lost_one(
         first = await connect(f"{a.url}/produce?channel=meta")
         token = (await recv_json(first))["session"]
         await send_json(first, {"id": "m", "delta": "one ", "seq": 1, "meta": {"model": "x"}})
-        await asyncio.sleep(0.2)
+        await eventually(
+            lambda: _kept_in_redis(redis_server, "m", "one ", {"model": "x"}),
+            10,
+            what="m's text and meta in Redis",
+        )
         assert first.transport is not None
         first.transport.abort()
         async with connect(f"{b.url}/produce?channel=meta&session={token}") as second:
@@ -561,7 +594,11 @@ async def test_meta_survives_a_move_to_another_process_and_a_lost_one(
         # A message whose process died is aborted elsewhere with its meta.
         async with open_producer(f"{a.url}/produce?channel=meta") as producer:
             await send_json(producer, {"id": "n", "delta": "cut", "seq": 1, "meta": {"k": 2}})
-            await asyncio.sleep(0.3)
+            await eventually(
+                lambda: _kept_in_redis(redis_server, "n", "cut", {"k": 2}),
+                10,
+                what="n's text and meta in Redis",
+            )
             await a.kill()
             aborted = await recv_json(watcher, 15)
         assert (aborted["type"], aborted["reason"], aborted["meta"]) == (

@@ -253,7 +253,11 @@ async def test_stop_ends_the_reply_where_it_was(demo: tuple[RunningRelay, Any], 
         await _open(page, f"{_http(running)}/?channel=stop")
         await _ask(page, "Take your time")
         await page.wait_for_selector('.turn.reply[data-state="streaming"] .stop')
-        await asyncio.sleep(0.3)
+        # Some of the reply is on the page before Stop is pressed.
+        await page.wait_for_function(
+            """() => document.querySelector('.turn.reply[data-state="streaming"] .text')
+                ?.textContent.length > 0"""
+        )
         await page.click(".turn.reply .stop")
         await page.wait_for_selector('.turn.reply[data-state="stopped"]', timeout=10000)
     text = (await _conversation(page))[-1]["text"]

@@ -284,17 +284,20 @@ async def test_the_sse_curl_streams_what_is_printed(relay: RunningRelay) -> None
         "bash", "-c", "exec " + _substitute(command, {8765: port}), stdout=asyncio.subprocess.PIPE
     )
     assert curl.stdout is not None
+    printed_so_far = b""
     try:
         await asyncio.wait_for(curl.stdout.readuntil(b"event: subscribed"), 10)
         async with relay.connect("/produce?channel=chat-42") as producer:
             await send_json(producer, {"id": "m", "delta": "Hel"})
             await send_json(producer, {"id": "m", "delta": "lo", "final": True})
             await recv_json(producer)
-        await asyncio.sleep(0.3)
+        # curl has printed the stream up to the end of its last event, the message.
+        printed_so_far = await asyncio.wait_for(curl.stdout.readuntil(b"event: message\n"), 10)
+        printed_so_far += await asyncio.wait_for(curl.stdout.readuntil(b"\n\n"), 10)
     finally:
         curl.terminate()
         out, _ = await curl.communicate()
-    got = _events("event: subscribed" + out.decode())
+    got = _events("event: subscribed" + (printed_so_far + out).decode())
     printed = _events(docs_block("sse-output"))
     assert printed[0] == {"retry": "1000"}
     assert got == printed[1:]

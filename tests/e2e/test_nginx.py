@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -233,6 +235,18 @@ async def test_sse_streams_through_nginx_unbuffered_and_resume_on_the_other_proc
                 assert (missed["id"], missed["text"]) == ("after", "missed")
 
 
+async def _in_progress(relay: ServiceProcess, channel: str, text: str) -> bool:
+    """Whether a deltas subscriber joining ``channel`` on ``relay`` gets a snapshot of
+    ``text``: the relay holds the message in progress."""
+    async with connect(f"{relay.url}/subscribe?channel={channel}&deltas=1") as probe:
+        await recv_json(probe)  # subscribed
+        try:
+            snapshot = await recv_json(probe, 1.0)
+        except TimeoutError:
+            return False
+    return snapshot.get("text") == text
+
+
 async def test_the_ai_sdk_resumes_through_nginx(
     redis_server: RedisServer, tmp_path: Path, js_clients: Path
 ) -> None:
@@ -240,7 +254,13 @@ async def test_the_ai_sdk_resumes_through_nginx(
         async with connect(f"{relays[0].url}/produce?channel=chat-n") as producer:
             await recv_json(producer)
             await send_json(producer, {"id": "r", "delta": "through "})
-            await asyncio.sleep(0.2)
+            # Either relay nginx picks holds the reply in progress (the other through Redis).
+            for relay in relays:
+                await eventually(
+                    functools.partial(_in_progress, relay, "chat-n", "through "),
+                    15,
+                    what=f"{relay.name} holds the reply so far",
+                )
             base = nginx.url.replace("ws://", "http://")
             node = await asyncio.create_subprocess_exec(
                 "node",
@@ -248,8 +268,16 @@ async def test_the_ai_sdk_resumes_through_nginx(
                 base,
                 "chat-n",
                 stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "SAY_OPEN": "1"},
             )
-            await asyncio.sleep(1.0)
+            # The relay answers the stream once it joined the channel: the rest comes live.
+            assert node.stderr is not None
+            said = b""
+            while not said.endswith(b"open\n"):  # after any warning of Node's
+                line = await asyncio.wait_for(node.stderr.readline(), 30)
+                assert line, said  # it ended without a stream
+                said += line
             await send_json(producer, {"id": "r", "delta": "nginx", "final": True})
             out, _ = await asyncio.wait_for(node.communicate(), 30)
         got = json.loads(out)

@@ -26,11 +26,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import h11
+from redis.asyncio import Redis
 from token_relay.edge.producers import MAX_PENDING_REPLIES
 from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay, subscribed_pair
-from ..harness import RedisServer, ServiceProcess, SseReader, relay_process, rss_bytes
+from ..harness import (
+    RedisServer,
+    ServiceProcess,
+    SseReader,
+    eventually,
+    relay_process,
+    rss_bytes,
+)
 
 MESSAGES = 300
 
@@ -210,7 +218,14 @@ async def test_a_stalled_redis_holds_at_most_the_reply_limit_then_every_final_is
             sending = asyncio.ensure_future(
                 asyncio.gather(*(producer.send(json.dumps(frame)) for frame in frames))
             )
-            await asyncio.sleep(1.5)
+
+            # The relay reads past the reply limit (its replies wait for Redis)...
+            async def past_the_limit() -> bool:
+                return await _frames_in(relay) - before > MAX_PENDING_REPLIES
+
+            await eventually(past_the_limit, 30, what="the relay read past the reply limit")
+            # ... and then stops reading: nothing more than a queue's worth within a second.
+            await asyncio.sleep(1.0)
             taken = await _frames_in(relay) - before
             # The replies waiting for Redis stop the reading: a queue's worth more at most.
             assert MAX_PENDING_REPLIES < taken <= MAX_PENDING_REPLIES + 64, taken
@@ -237,7 +252,14 @@ async def test_a_final_written_to_a_redis_that_stops_answering_fails_by_its_dead
     ):
         await producer.send(json.dumps({"id": "h", "delta": "all of "}))
         await producer.send(json.dumps({"id": "h", "delta": "it"}))
-        await asyncio.sleep(0.3)  # the deltas are in Redis
+        # The deltas are in Redis: the message's text there is all of them.
+        async with Redis.from_url(redis_server.url) as redis:
+
+            async def in_redis() -> bool:
+                keys = [key async for key in redis.scan_iter(match="tr:text:*|h")]
+                return [await redis.get(key) for key in keys] == [b"all of it"]
+
+            await eventually(in_redis, 10, what="the deltas in Redis")
         assert redis_server.process is not None
         redis_server.process.send_signal(signal.SIGSTOP)  # alive, but answers nothing
         try:

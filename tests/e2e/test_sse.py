@@ -13,7 +13,7 @@ from token_relay.core.resume import decode_positions, encode_positions
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, recv_json, send_json, start_relay
-from ..harness import SseReader
+from ..harness import SseReader, eventually
 
 SECRET = "sse-test-secret-of-at-least-32-bytes-long"
 
@@ -120,9 +120,12 @@ async def test_heartbeats_keep_an_idle_stream_alive() -> None:
     running, relay = await start_relay(sse_heartbeat=0.1)
     async with relay, SseReader(_port(running), "/sse?channel=quiet") as sse:
         await sse.next()
-        await asyncio.sleep(0.55)
+        # Idle while heartbeats (0.1 s apart) keep coming, counted as they are read: three
+        # of them, then a message.
+        waiting = asyncio.ensure_future(sse.next(10))
+        await eventually(lambda: sse.comments >= 3, 5, what="three heartbeats")
         await _produce(running, "quiet", {"id": "m", "delta": "late", "final": True})
-        assert (await sse.next()).json()["text"] == "late"
+        assert (await waiting).json()["text"] == "late"
         assert sse.comments >= 3
 
 

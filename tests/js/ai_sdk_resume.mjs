@@ -3,6 +3,8 @@
 // message's id, text, text states and metadata, the chunk types read, and (as "message") the
 // final message.parts.
 // Usage: node ai_sdk_resume.mjs BASE_URL CHAT_ID [QUERY]
+// With SAY_OPEN set, it writes "open" to stderr once the relay answered with a stream: the relay
+// answers only once the stream has joined the channel, so what is sent from then on comes live.
 // The AI SDK at its current major ("ai"), or the package AI_PACKAGE names ("ai-v6": the one
 // before).
 const { DefaultChatTransport, readUIMessageStream } = await import(process.env.AI_PACKAGE ?? "ai");
@@ -15,6 +17,7 @@ const transport = new DefaultChatTransport({
   }),
 });
 const stream = await transport.reconnectToStream({ chatId });
+if (stream !== null && process.env.SAY_OPEN) process.stderr.write("open\n");
 if (stream === null) {
   console.log(JSON.stringify({ resumed: false }));
 } else {
