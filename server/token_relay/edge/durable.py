@@ -7,7 +7,9 @@ default; ``now``, the tail), a long-poll (``?live=long-poll``) that waits up to
 ``--long-poll-timeout`` for data at the tail, or an SSE stream (``?live=sse``,
 :mod:`token_relay.edge.durablesse`). The rules are the core's; this module maps headers to
 values and values to headers, and owns the waiting: each live reader waits on its stream's
-path, and every append, close or delete there wakes them.
+path, and every append, close or delete there wakes them. A reader listens before each read
+of the stream (:meth:`DurableStreams.listen`), so that a change whose wake comes while that
+read is under way (from another process, through Redis) wakes its next wait.
 
 Expired streams are swept at most once a second, on the next request. With the memory
 broker the streams live in this process (:class:`~token_relay.core.durablestore.LocalStore`);
@@ -95,7 +97,7 @@ class DurableStreams:
         """Bytes of ``--max-memory-bytes`` held by the relay's messages (as last counted):
         stream data may take what they leave."""
         self.clock = clock
-        self.store: DurableStore = store or store_for(settings)
+        self.store: DurableStore = store if store is not None else store_for(settings)
         self.store.wake = self._wake
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._swept = 0.0
@@ -121,22 +123,34 @@ class DurableStreams:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
-        if timeout <= 0:
-            return
-        if await self.store.watch(path):
-            return  # watched from now on: the caller looks again, for a change before
+    def listen(self, path: str) -> asyncio.Future[None]:
+        """A waiter for the next change at ``path``, registered before the read it follows:
+        a change made while that read is under way (its wake heard before the read's answer)
+        wakes it, where a waiter registered after the read would miss it and sleep on."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(path, set()).add(waiter)
+        return waiter
+
+    def discard(self, path: str, waiter: asyncio.Future[None]) -> None:
+        """Forget ``waiter`` (woken, timed out, or its reader done)."""
+        waiting = self._waiters.get(path)
+        if waiting is not None:
+            waiting.discard(waiter)
+            if not waiting:
+                del self._waiters[path]
+
+    async def wait(self, path: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
+        """Wait until the stream at ``path`` changes after the read ``waiter`` was
+        registered before (:meth:`listen`), or ``timeout`` seconds pass; the waiter is
+        done with either way (the caller listens again before it reads again)."""
         try:
+            if timeout <= 0 or self.stopping:
+                return
+            if await self.store.watch(path):
+                return  # watched from now on: the caller looks again, for a change before
             await asyncio.wait((waiter,), timeout=timeout)
         finally:
-            waiting = self._waiters.get(path)
-            if waiting is not None:
-                waiting.discard(waiter)
-                if not waiting:
-                    del self._waiters[path]
+            self.discard(path, waiter)
 
     async def sweep(self) -> None:
         """Drop expired streams (at most once a second), waking their readers; deliver
@@ -359,38 +373,43 @@ class DurableStreams:
         return position
 
     async def _read(self, route: StreamRequest, request: HttpRequest) -> Reply:
-        stream = await self.store.get(route.stream, await self._now(), touch=True)
-        position = self._start(stream, route.offset)
         if route.live == "long-poll":
             self._polls += 1
             try:
-                return await self._poll(route, request, stream, position)
+                return await self._poll(route, request)
             finally:
                 self._polls -= 1
+        stream = await self.store.get(route.stream, await self._now(), touch=True)
+        position = self._start(stream, route.offset)
         return await self._catch_up(route, request, stream, position)
 
-    async def _poll(
-        self, route: StreamRequest, request: HttpRequest, stream: DurableStream, position: int
-    ) -> Reply:
-        """A long-poll: a catch-up read once there is data past ``position``, or 204 at the
+    async def _poll(self, route: StreamRequest, request: HttpRequest) -> Reply:
+        """A long-poll: a catch-up read once there is data past its offset, or 204 at the
         timeout (at once at the tail of a closed stream, or when the relay stops)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.long_poll_timeout
-        while position >= stream.tail and not stream.closed:
-            left = deadline - loop.time()
-            if left <= 0 or self.stopping:
-                return Reply(
-                    204,
-                    b"",
-                    headers=(
-                        ("Stream-Next-Offset", offset_text(stream.tail)),
-                        ("Stream-Up-To-Date", "true"),
-                        ("Stream-Cursor", self.cursor(route)),
-                        ("Cache-Control", "no-store"),
-                    ),
-                )
-            await self.wait(route.stream, left)
-            stream = await self.same(route.stream, stream)
+        waiter = self.listen(route.stream)  # before the read: no change falls between
+        try:
+            stream = await self.store.get(route.stream, await self._now(), touch=True)
+            position = self._start(stream, route.offset)
+            while position >= stream.tail and not stream.closed:
+                left = deadline - loop.time()
+                if left <= 0 or self.stopping:
+                    return Reply(
+                        204,
+                        b"",
+                        headers=(
+                            ("Stream-Next-Offset", offset_text(stream.tail)),
+                            ("Stream-Up-To-Date", "true"),
+                            ("Stream-Cursor", self.cursor(route)),
+                            ("Cache-Control", "no-store"),
+                        ),
+                    )
+                await self.wait(route.stream, waiter, left)
+                waiter = self.listen(route.stream)
+                stream = await self.same(route.stream, stream)
+        finally:
+            self.discard(route.stream, waiter)
         if position >= stream.tail:
             return Reply(
                 204,
@@ -449,15 +468,20 @@ class DurableStreams:
         """A live read as Server-Sent Events: what there is from ``?offset=``, each batch a
         ``data`` event and a ``control`` event, then new data as it comes, until the stream
         closes (or is deleted), the client goes, or :data:`SSE_LIFETIME` passes."""
+        if route.stream.removeprefix(STREAM_PREFIX).startswith(CONTROL_PREFIX):
+            sse.refuse(
+                refusal(StreamRefused(404, "stream_not_found", "the control APIs are not streams"))
+            )
+            return
+        waiter = self.listen(route.stream)  # before the read: no change falls between
         try:
-            if route.stream.removeprefix(STREAM_PREFIX).startswith(CONTROL_PREFIX):
-                raise StreamRefused(404, "stream_not_found", "the control APIs are not streams")
             stream = await self.store.get(route.stream, await self._now(), touch=True)
             position = self._start(stream, route.offset)
         except StreamRefused as exc:
+            self.discard(route.stream, waiter)
             sse.refuse(refusal(exc))
             return
-        await follow(sse, self, route, stream, position)
+        await follow(sse, self, route, stream, position, waiter)
 
 
 def store_for(settings: Settings) -> DurableStore:

@@ -40,8 +40,15 @@ class Live(Protocol):
     def stopping(self) -> bool:
         """The relay is shutting down: the response ends."""
 
-    async def wait(self, path: str, timeout: float) -> None:  # noqa: ASYNC109
-        """Wait until the stream at ``path`` changes, or ``timeout`` seconds pass."""
+    def listen(self, path: str) -> asyncio.Future[None]:
+        """A waiter for the next change at ``path``, registered before the read it follows."""
+
+    def discard(self, path: str, waiter: asyncio.Future[None]) -> None:
+        """Forget ``waiter``."""
+
+    async def wait(self, path: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
+        """Wait until the stream at ``path`` changes after the read ``waiter`` was
+        registered before, or ``timeout`` seconds pass; the waiter is done with."""
 
     async def same(self, path: str, stream: DurableStream) -> DurableStream:
         """The stream, still at its path (:class:`StreamRefused` once it is not)."""
@@ -118,11 +125,20 @@ class DurableSse(SseStream):
 
 
 async def follow(
-    sse: DurableSse, live: Live, route: StreamRequest, stream: DurableStream, position: int
+    sse: DurableSse,
+    live: Live,
+    route: StreamRequest,
+    stream: DurableStream,
+    position: int,
+    waiter: asyncio.Future[None],
 ) -> None:
     """Send what there is from ``position``, each batch a ``data`` event and a ``control``
     event, then new data as it comes, until the stream closes (or is deleted), the client
-    goes, the relay stops, or :data:`SSE_LIFETIME` passes."""
+    goes, the relay stops, or :data:`SSE_LIFETIME` passes.
+
+    ``waiter`` was registered (:meth:`Live.listen`) before ``stream`` was read, and another
+    is before each read of it again: a change made while a read is under way wakes the
+    next wait, which would otherwise sleep through it (up to the response's lifetime)."""
     text = stream.json or media_type(stream.content_type).startswith("text/")
     headers: Headers = (
         ("Content-Type", "text/event-stream"),
@@ -135,47 +151,53 @@ async def follow(
     loop = asyncio.get_running_loop()
     ends = loop.time() + SSE_LIFETIME
     told = False
-    while sse.open:
-        try:
-            chunk = (
-                await live.read(stream, position) if position < stream.tail else Chunk((), position)
-            )
-        except StreamRefused:
-            return  # its store is out of reach: the client reconnects from its offset
-        if text and not stream.json and chunk.next < stream.tail:
-            chunk = _whole_characters(chunk, position)
-        at_tail = chunk.next >= stream.tail
-        if chunk.entries or not told or (at_tail and stream.closed):
-            events = b""
-            if chunk.entries:
-                events += sse_event("data", _sse_data(stream, chunk, text))
-            control: dict[str, object] = {"streamNextOffset": offset_text(chunk.next)}
-            if at_tail and stream.closed:
-                control["streamClosed"] = True
-                control["upToDate"] = True
-            else:
-                control["streamCursor"] = live.cursor(route)
-                if at_tail:
+    try:
+        while sse.open:
+            try:
+                chunk = (
+                    await live.read(stream, position)
+                    if position < stream.tail
+                    else Chunk((), position)
+                )
+            except StreamRefused:
+                return  # its store is out of reach: the client reconnects from its offset
+            if text and not stream.json and chunk.next < stream.tail:
+                chunk = _whole_characters(chunk, position)
+            at_tail = chunk.next >= stream.tail
+            if chunk.entries or not told or (at_tail and stream.closed):
+                events = b""
+                if chunk.entries:
+                    events += sse_event("data", _sse_data(stream, chunk, text))
+                control: dict[str, object] = {"streamNextOffset": offset_text(chunk.next)}
+                if at_tail and stream.closed:
+                    control["streamClosed"] = True
                     control["upToDate"] = True
-            events += sse_event("control", json.dumps(control, separators=(",", ":")))
-            sse.event(events)
-            told = True
-            position = chunk.next
-            await sse.drain()
-            if at_tail and stream.closed:
+                else:
+                    control["streamCursor"] = live.cursor(route)
+                    if at_tail:
+                        control["upToDate"] = True
+                events += sse_event("control", json.dumps(control, separators=(",", ":")))
+                sse.event(events)
+                told = True
+                position = chunk.next
+                await sse.drain()
+                if at_tail and stream.closed:
+                    return
+                if not at_tail:
+                    continue
+            if stream.tail > position or stream.closed:
+                continue  # it changed while the events were written
+            left = ends - loop.time()
+            if left <= 0 or live.stopping:
                 return
-            if not at_tail:
-                continue
-        if stream.tail > position or stream.closed:
-            continue  # it changed while the events were written
-        left = ends - loop.time()
-        if left <= 0 or live.stopping:
-            return
-        await live.wait(route.stream, left)
-        try:
-            stream = await live.same(route.stream, stream)
-        except StreamRefused:
-            return
+            await live.wait(route.stream, waiter, left)
+            waiter = live.listen(route.stream)  # before the read: no change falls between
+            try:
+                stream = await live.same(route.stream, stream)
+            except StreamRefused:
+                return
+    finally:
+        live.discard(route.stream, waiter)
 
 
 def _whole_characters(chunk: Chunk, position: int) -> Chunk:

@@ -4,8 +4,10 @@ stream path (``tr:ds:w:PATH``), subscribed only while a reader here waits on tha
 Every change to a stream publishes on its topic, inside the script that makes it. A reader
 that starts watching a path is told so (:meth:`Wakes.watch` returns True once Redis confirmed
 the subscription), and reads the stream again before it waits: a change made before the
-subscription was heard by nobody here, and is seen then. While Redis is out of reach, every
-watched path is woken, so that its readers look again (and are answered 503).
+subscription was heard by nobody here, and is seen then. A reader that asks while another's
+subscription to the path is still unconfirmed is told so too, once it is. While Redis is
+out of reach, every watched path is woken, so that its readers look again (and are answered
+503).
 """
 
 from __future__ import annotations
@@ -47,9 +49,20 @@ class Wakes:
 
     async def watch(self, path: str) -> bool:
         """Subscribe to ``path``'s topic unless it is already: True once Redis confirmed a
-        new subscription (or could not be reached: the caller looks again either way)."""
+        new subscription (or could not be reached: the caller looks again either way).
+
+        A subscription another reader asked for and Redis has not confirmed yet is waited
+        for too, and answers True: a change made before Redis subscribed is heard by
+        nobody here, so this caller must look again as well."""
         topic = TOPIC_PREFIX + path
-        if topic in self._topics or len(self._topics) >= MAX_WATCHED:
+        if topic in self._topics:
+            pending = self._confirmed.get(topic)
+            if pending is None:
+                return False
+            with contextlib.suppress(TimeoutError, *DOWN, redis_errors.RedisError):
+                await asyncio.wait_for(asyncio.shield(pending), CONFIRM_TIMEOUT)
+            return True
+        if len(self._topics) >= MAX_WATCHED:
             return False
         loop = asyncio.get_running_loop()
         if self._task is None:
