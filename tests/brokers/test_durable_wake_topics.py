@@ -1,70 +1,48 @@
 """The durable streams' pub/sub topics (:class:`~token_relay.brokers.redis.durablewake.Wakes`)
-against a pub/sub connection whose confirmations the test delivers: a reader that asks to
-watch a path whose subscription another reader started, and Redis has not confirmed yet,
-waits for it and looks again. Told it was watched already, it would wait on a read made
-before Redis subscribed, and a change made in between would wake nobody."""
+on a real redis-server: a reader that asks to watch a path whose subscription another reader
+started, and Redis has not confirmed yet, waits for it and looks again. Told it was watched
+already, it would wait on a read made before Redis subscribed, and a change made in between
+would wake nobody."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from redis.asyncio import Redis
 from token_relay.brokers.redis.durablewake import TOPIC_PREFIX, Wakes
+
+from ..harness import RedisServer, eventually
 
 PATH = "/v1/stream/watched"
 TOPIC = TOPIC_PREFIX + PATH
 
 
-class HeldPubSub:
-    """A pub/sub connection: subscriptions are sent, and confirmed when the test says."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-    async def subscribe(self, *topics: str) -> None:
-        self.sent.extend(topics)
-
-    async def unsubscribe(self, *topics: str) -> None:
-        pass
-
-    async def get_message(self, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
-        return await self.messages.get()
-
-    async def aclose(self) -> None:
-        pass
-
-    def confirm(self, topic: str) -> None:
-        self.messages.put_nowait({"type": "subscribe", "channel": topic.encode(), "data": 1})
-
-
-class Client:
-    def __init__(self, pubsub: HeldPubSub) -> None:
-        self._pubsub = pubsub
-
-    def pubsub(self) -> HeldPubSub:
-        return self._pubsub
-
-
-async def _turns(count: int = 20) -> None:
-    for _ in range(count):
-        await asyncio.sleep(0)
-
-
-async def test_a_watch_while_the_subscription_is_unconfirmed_waits_and_looks_again() -> None:
-    pubsub = HeldPubSub()
-    wakes = Wakes(lambda: Client(pubsub), lambda path: None)  # type: ignore[arg-type, return-value]
+async def test_a_watch_while_the_subscription_is_unconfirmed_waits_and_looks_again(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url)
+    woken: list[str] = []
+    wakes = Wakes(lambda: client, woken.append)
     try:
         first = asyncio.create_task(wakes.watch(PATH))
-        await _turns()
-        assert pubsub.sent == [TOPIC_PREFIX, TOPIC]  # sent, not confirmed
+        # The first reader has sent SUBSCRIBE: its topic is taken, Redis has not answered.
+        await eventually(lambda: TOPIC in wakes._topics, 10, interval=0, what="SUBSCRIBE sent")
+        # The second reader's first step runs before the loop reads Redis's confirmation
+        # (its task was scheduled before this pass's I/O callbacks).
         second = asyncio.create_task(wakes.watch(PATH))
-        await _turns()
+        await asyncio.sleep(0)
         assert not second.done()  # not "watched already" before Redis says so
-        pubsub.confirm(TOPIC)
         assert await asyncio.wait_for(first, 5) is True
         assert await asyncio.wait_for(second, 5) is True  # it looks again too
         assert await wakes.watch(PATH) is False  # confirmed: nothing to look again for
-        assert pubsub.sent == [TOPIC_PREFIX, TOPIC]  # subscribed once
+        # The topic is subscribed for real: a change published elsewhere wakes the path.
+        async with Redis.from_url(redis_server.url) as other:
+            assert await other.publish(TOPIC, b"") == 1
+        for _ in range(500):
+            if woken:
+                break
+            await asyncio.sleep(0.01)
+        assert woken == [PATH]
     finally:
         await wakes.close()
+        await client.aclose()
