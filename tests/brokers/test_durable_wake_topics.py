@@ -46,3 +46,34 @@ async def test_a_watch_while_the_subscription_is_unconfirmed_waits_and_looks_aga
     finally:
         await wakes.close()
         await client.aclose()
+
+
+async def test_after_a_reconnect_a_watch_waits_for_the_topics_to_be_subscribed_again(
+    redis_server: RedisServer,
+) -> None:
+    client = Redis.from_url(redis_server.url)
+    woken: list[str] = []
+    wakes = Wakes(lambda: client, woken.append)
+    try:
+        assert await asyncio.wait_for(wakes.watch(PATH), 5) is True
+        assert await wakes.watch(PATH) is False
+        # Redis drops the pub/sub connection: every watched path is woken, and the topics
+        # are subscribed again on a new one.
+        lost = wakes._pubsub
+        async with Redis.from_url(redis_server.url) as admin:
+            assert await admin.client_kill_filter(_type="pubsub") >= 1
+        await eventually(lambda: woken == [PATH], 10, what="the path woken at the loss")
+        await eventually(lambda: wakes._pubsub is not lost, 10, interval=0, what="a reconnect")
+        # Until Redis confirms, a reader is not told "watched already": a change made before
+        # the new subscription would wake nobody, so it waits, then looks again.
+        again = asyncio.create_task(wakes.watch(PATH))
+        await asyncio.sleep(0)
+        assert not again.done()
+        assert await asyncio.wait_for(again, 5) is True
+        assert await wakes.watch(PATH) is False
+        async with Redis.from_url(redis_server.url) as other:
+            assert await other.publish(TOPIC, b"") == 1
+        await eventually(lambda: woken == [PATH, PATH], 10, what="woken by the new subscription")
+    finally:
+        await wakes.close()
+        await client.aclose()

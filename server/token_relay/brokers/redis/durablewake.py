@@ -5,9 +5,9 @@ Every change to a stream publishes on its topic, inside the script that makes it
 that starts watching a path is told so (:meth:`Wakes.watch` returns True once Redis confirmed
 the subscription), and reads the stream again before it waits: a change made before the
 subscription was heard by nobody here, and is seen then. A reader that asks while another's
-subscription to the path is still unconfirmed is told so too, once it is. While Redis is
-out of reach, every watched path is woken, so that its readers look again (and are answered
-503).
+subscription to the path is still unconfirmed is told so too, once it is; so is one that asks
+while the topics are subscribed again after a reconnect. While Redis is out of reach, every
+watched path is woken, so that its readers look again (and are answered 503).
 """
 
 from __future__ import annotations
@@ -109,6 +109,11 @@ class Wakes:
                     with contextlib.suppress(Exception):
                         await self._pubsub.aclose()
                 self._pubsub = self._client().pubsub()
+                # Topics watched before a reconnect are unconfirmed again until Redis says
+                # so: a reader asking meanwhile waits for it and looks again (see watch).
+                loop = asyncio.get_running_loop()
+                for topic in self._topics:
+                    self._confirmed.setdefault(topic, loop.create_future())
                 # The bare prefix is nobody's topic: subscribed to it, the connection is
                 # open (and read) even before a reader waits.
                 await self._pubsub.subscribe(TOPIC_PREFIX, *self._topics)
@@ -126,6 +131,7 @@ class Wakes:
                 for waiter in self._confirmed.values():
                     if not waiter.done():
                         waiter.set_exception(redis_errors.ConnectionError(str(exc)))
+                        waiter.exception()  # taken: no reader may be waiting on it
                 self._confirmed.clear()
                 for topic in list(self._topics):
                     self.wake(topic.removeprefix(TOPIC_PREFIX))
