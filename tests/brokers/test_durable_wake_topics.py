@@ -7,6 +7,8 @@ would wake nobody."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 from token_relay.brokers.redis.durablewake import TOPIC_PREFIX, Wakes
@@ -17,13 +19,23 @@ PATH = "/v1/stream/watched"
 TOPIC = TOPIC_PREFIX + PATH
 
 
-async def test_a_watch_while_the_subscription_is_unconfirmed_waits_and_looks_again(
-    redis_server: RedisServer,
-) -> None:
+@contextlib.asynccontextmanager
+async def _wakes(redis_server: RedisServer) -> AsyncIterator[tuple[Wakes, list[str]]]:
+    """Wake topics on ``redis_server``, and the paths they wake, in order."""
     client = Redis.from_url(redis_server.url)
     woken: list[str] = []
     wakes = Wakes(lambda: client, woken.append)
     try:
+        yield wakes, woken
+    finally:
+        await wakes.close()
+        await client.aclose()
+
+
+async def test_a_watch_while_the_subscription_is_unconfirmed_waits_and_looks_again(
+    redis_server: RedisServer,
+) -> None:
+    async with _wakes(redis_server) as (wakes, woken):
         first = asyncio.create_task(wakes.watch(PATH))
         # The first reader has sent SUBSCRIBE: its topic is taken, Redis has not answered.
         await eventually(lambda: TOPIC in wakes._topics, 10, interval=0, what="SUBSCRIBE sent")
@@ -43,18 +55,12 @@ async def test_a_watch_while_the_subscription_is_unconfirmed_waits_and_looks_aga
                 break
             await asyncio.sleep(0.01)
         assert woken == [PATH]
-    finally:
-        await wakes.close()
-        await client.aclose()
 
 
 async def test_after_a_reconnect_a_watch_waits_for_the_topics_to_be_subscribed_again(
     redis_server: RedisServer,
 ) -> None:
-    client = Redis.from_url(redis_server.url)
-    woken: list[str] = []
-    wakes = Wakes(lambda: client, woken.append)
-    try:
+    async with _wakes(redis_server) as (wakes, woken):
         assert await asyncio.wait_for(wakes.watch(PATH), 5) is True
         assert await wakes.watch(PATH) is False
         # Redis drops the pub/sub connection: every watched path is woken, and the topics
@@ -74,6 +80,3 @@ async def test_after_a_reconnect_a_watch_waits_for_the_topics_to_be_subscribed_a
         async with Redis.from_url(redis_server.url) as other:
             assert await other.publish(TOPIC, b"") == 1
         await eventually(lambda: woken == [PATH, PATH], 10, what="woken by the new subscription")
-    finally:
-        await wakes.close()
-        await client.aclose()

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from ..harness import (
     eventually,
     relay_process,
 )
+from .test_ai_sdk import NodeScript
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 ORIGIN = "https://chat.example"
@@ -262,24 +262,13 @@ async def test_the_ai_sdk_resumes_through_nginx(
                     what=f"{relay.name} holds the reply so far",
                 )
             base = nginx.url.replace("ws://", "http://")
-            node = await asyncio.create_subprocess_exec(
-                "node",
-                str(js_clients / "ai_sdk_resume.mjs"),
-                base,
-                "chat-n",
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, "SAY_OPEN": "1"},
-            )
+
+            async def the_rest() -> None:
+                await send_json(producer, {"id": "r", "delta": "nginx", "final": True})
+
             # The relay answers the stream once it joined the channel: the rest comes live.
-            assert node.stderr is not None
-            said = b""
-            while not said.endswith(b"open\n"):  # after any warning of Node's
-                line = await asyncio.wait_for(node.stderr.readline(), 30)
-                assert line, said  # it ended without a stream
-                said += line
-            await send_json(producer, {"id": "r", "delta": "nginx", "final": True})
-            out, _ = await asyncio.wait_for(node.communicate(), 30)
+            resume = NodeScript(js_clients / "ai_sdk_resume.mjs", "ai")
+            out = await resume.run_live(the_rest, base, "chat-n")
         got = json.loads(out)
         assert (got["id"], got["text"], got["states"]) == ("r", "through nginx", ["done"])
 

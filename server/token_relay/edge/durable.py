@@ -64,6 +64,7 @@ from .durablehooks import (
 from .durablesse import DurableSse, follow
 from .http import HttpRequest, ReadBody, Reply
 from .routes import STREAM_PREFIX, StreamRequest
+from .waiters import Waiters
 
 __all__ = ["DurableStreams"]
 
@@ -99,7 +100,7 @@ class DurableStreams:
         self.clock = clock
         self.store: DurableStore = store if store is not None else store_for(settings)
         self.store.wake = self._wake
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters = Waiters()
         self._swept = 0.0
         self.poster = HttpPoster(settings.webhook_timeout)
         self.hooks = SubscriptionEndpoints(
@@ -119,25 +120,17 @@ class DurableStreams:
     # ------------------------------------------------------------------ waiting
 
     def _wake(self, path: str) -> None:
-        for waiter in self._waiters.pop(path, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake(path)
 
     def listen(self, path: str) -> asyncio.Future[None]:
         """A waiter for the next change at ``path``, registered before the read it follows:
         a change made while that read is under way (its wake heard before the read's answer)
         wakes it, where a waiter registered after the read would miss it and sleep on."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(path, set()).add(waiter)
-        return waiter
+        return self._waiters.listen(path)
 
     def discard(self, path: str, waiter: asyncio.Future[None]) -> None:
         """Forget ``waiter`` (woken, timed out, or its reader done)."""
-        waiting = self._waiters.get(path)
-        if waiting is not None:
-            waiting.discard(waiter)
-            if not waiting:
-                del self._waiters[path]
+        self._waiters.discard(path, waiter)
 
     async def wait(self, path: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
         """Wait until the stream at ``path`` changes after the read ``waiter`` was
@@ -171,8 +164,7 @@ class DurableStreams:
         """The relay is shutting down: every long-poll answers at once (204), and this
         returns once their answers are written, before their sockets close."""
         self.stopping = True
-        for path in list(self._waiters):
-            self._wake(path)
+        self._waiters.wake_all()
         while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
             await asyncio.sleep(0)
         await self.poster.close()
@@ -395,32 +387,14 @@ class DurableStreams:
             while position >= stream.tail and not stream.closed:
                 left = deadline - loop.time()
                 if left <= 0 or self.stopping:
-                    return Reply(
-                        204,
-                        b"",
-                        headers=(
-                            ("Stream-Next-Offset", offset_text(stream.tail)),
-                            ("Stream-Up-To-Date", "true"),
-                            ("Stream-Cursor", self.cursor(route)),
-                            ("Cache-Control", "no-store"),
-                        ),
-                    )
+                    return _nothing_new(stream, ("Stream-Cursor", self.cursor(route)))
                 await self.wait(route.stream, waiter, left)
                 waiter = self.listen(route.stream)
                 stream = await self.same(route.stream, stream)
         finally:
             self.discard(route.stream, waiter)
         if position >= stream.tail:
-            return Reply(
-                204,
-                b"",
-                headers=(
-                    ("Stream-Next-Offset", offset_text(stream.tail)),
-                    ("Stream-Up-To-Date", "true"),
-                    ("Stream-Closed", "true"),
-                    ("Cache-Control", "no-store"),
-                ),
-            )
+            return _nothing_new(stream, ("Stream-Closed", "true"))
         return await self._catch_up(route, request, stream, position)
 
     async def _catch_up(
@@ -505,6 +479,21 @@ def store_for(settings: Settings) -> DurableStore:
 
 def _run_soon(coroutine: Coroutine[Any, Any, None]) -> None:
     asyncio.ensure_future(coroutine)  # noqa: RUF006 - the relay passes its own spawn
+
+
+def _nothing_new(stream: DurableStream, last: tuple[str, str]) -> Reply:
+    """A long-poll's 204: up to date at ``stream``'s tail, and ``last`` (its cursor, or that
+    the stream is closed)."""
+    return Reply(
+        204,
+        b"",
+        headers=(
+            ("Stream-Next-Offset", offset_text(stream.tail)),
+            ("Stream-Up-To-Date", "true"),
+            last,
+            ("Cache-Control", "no-store"),
+        ),
+    )
 
 
 def refusal(exc: StreamRefused) -> Reply:

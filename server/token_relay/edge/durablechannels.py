@@ -37,6 +37,7 @@ from ..core.settings import Settings
 from .durablesse import SSE_LIFETIME, DurableSse, sse_event
 from .http import HttpRequest, Reply
 from .routes import STREAM_PREFIX, StreamRequest
+from .waiters import Waiters
 
 __all__ = ["ChannelStreams", "channel_of_route"]
 
@@ -68,7 +69,7 @@ class ChannelStreams:
         raising :class:`BrokerUnavailable`, when asked)."""
         self.spawn = spawn
         self.clock = clock
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiters = Waiters()
         self._readers: dict[str, int] = {}
         """Live reads in progress, per channel: while any, the channel's frames are wanted."""
         self.stopping = False
@@ -83,16 +84,13 @@ class ChannelStreams:
 
     def on_frame(self, channel: str) -> None:
         """A terminal frame of ``channel`` came: wake its live reads."""
-        for waiter in self._waiters.pop(channel, ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake(channel)
 
     async def stop(self) -> None:
         """The relay is shutting down: every live read answers now (a long-poll 204), and
         this returns once the long-polls' answers are written, before their sockets close."""
         self.stopping = True
-        for channel in list(self._waiters):
-            self.on_frame(channel)
+        self._waiters.wake_all()
         while self._polls:  # noqa: ASYNC110 - each poll ends in the loop's next passes
             await asyncio.sleep(0)
 
@@ -116,9 +114,7 @@ class ChannelStreams:
         self.spawn(self.update_interest(channel, False))
 
     def _waiter(self, channel: str) -> asyncio.Future[None]:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(channel, set()).add(waiter)
-        return waiter
+        return self._waiters.listen(channel)
 
     async def _wait(self, channel: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
         try:
@@ -128,11 +124,7 @@ class ChannelStreams:
             self._discard(channel, waiter)
 
     def _discard(self, channel: str, waiter: asyncio.Future[None]) -> None:
-        waiting = self._waiters.get(channel)
-        if waiting is not None:
-            waiting.discard(waiter)
-            if not waiting:
-                del self._waiters[channel]
+        self._waiters.discard(channel, waiter)
 
     # ------------------------------------------------------------------ reads
 
