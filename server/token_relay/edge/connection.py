@@ -98,6 +98,14 @@ class Listener(Protocol):
     def produce(self) -> Callable[[ReadBody, HttpProducer], Awaitable[Reply]]:
         """Serves a producer request, whose body it is fed as it arrives."""
 
+    @property
+    def once(self) -> Callable[[ReadBody, bytes], Reply | None] | None:
+        """Answers a producer request given its whole body, at once, or declines."""
+
+    @property
+    def takes_once(self) -> Callable[[ReadBody], bool]:
+        """Whether a producer request's body is read whole first, for :attr:`once`."""
+
     def admit_socket(self, connection: HttpConnection) -> str | None:
         """A new socket: None to go on, or why it is refused at once."""
 
@@ -140,6 +148,8 @@ class HttpConnection(asyncio.Protocol):
         """The request as the gate reads it: decoded once per request."""
         self.lingering = False
         self._reading: ReadBody | None = None
+        self._once = False
+        """The body being read is a producer's, read whole for :attr:`Listener.once`."""
         self._producer: HttpProducer | None = None
         self._body = bytearray()
         self._received = 0
@@ -310,6 +320,11 @@ class HttpConnection(asyncio.Protocol):
                 reading, self._reading = self._reading, None
                 if request is not None and reading is not None:
                     self._no_deadline()
+                    if self._once:
+                        self._once = False
+                        if self._produce_whole(request, reading, bytes(self._body)):
+                            continue  # answered: a request pipelined behind it is read
+                        return
                     self._spawn_body(request, reading, bytes(self._body))
                     return
                 if request is not None:
@@ -336,6 +351,17 @@ class HttpConnection(asyncio.Protocol):
                         # The client holds its body back until it is asked for it.
                         self._write(http.continue_100())
                     self._count(decision.request.client)
+                    settings = self.server.settings
+                    if (
+                        decision.stream
+                        and event.length is not None
+                        and self.server.once is not None
+                        and self.server.takes_once(decision)
+                    ):
+                        # Perhaps a one-shot message: its body is read whole first.
+                        self._reading, self._body, self._once = decision, bytearray(), True
+                        self._deadline(settings.idle_timeout, "request body stalled")
+                        continue
                     if decision.stream:
                         self._produce(event, decision)
                         # A producer's body that sends nothing for --idle-timeout is cut
@@ -429,7 +455,6 @@ class HttpConnection(asyncio.Protocol):
         """A producer request: its body's events are applied as they arrive."""
         assert self.transport is not None
         settings = self.server.settings
-        content_type = reading.request.header("content-type").split(";")[0].strip().lower()
         route = reading.route
         producer: HttpProducer
         if isinstance(route, routes.AiSdkProduce):
@@ -448,12 +473,30 @@ class HttpConnection(asyncio.Protocol):
                 path=reading.request.target,
                 client=reading.request.client,
                 grant=reading.grant,
-                ndjson=content_type == NDJSON,
+                ndjson=reading.request.media_type == NDJSON,
                 named=isinstance(route, routes.HttpProduce) and route.named,
                 max_line=settings.max_frame_bytes,
             )
         self._producer = producer
         self._answer_later(request, reading, self.server.produce(reading, producer))
+
+    def _produce_whole(self, request: Head, reading: ReadBody, body: bytes) -> bool:
+        """A producer request whose whole body is here: answered now if it is a one-shot
+        message (True), else served as any producer request, fed the body whole."""
+        once = self.server.once
+        reply = None if once is None else once(reading, body)
+        if reply is None:
+            self._produce(request, reading)
+            producer, self._producer = self._producer, None
+            if producer is not None:
+                producer.feed(body)
+                producer.end()
+            return False
+        if reading.headers:
+            headers = reply.headers + reading.headers
+            reply = Reply(reply.status, reply.body, reply.content_type, headers)
+        self._respond(reply, request, read=True)
+        return not self.lingering
 
     def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> None:
         """Hand a whole body to its route, and answer with what it returns."""

@@ -137,6 +137,11 @@ class HttpRequest:
         return found
 
     @property
+    def media_type(self) -> str:
+        """The body's media type (``Content-Type`` without its parameters), lowercase."""
+        return self.header("content-type").split(";")[0].strip().lower()
+
+    @property
     def upgrade(self) -> bool:
         """Whether it asks for a WebSocket."""
         return "websocket" in self.header("upgrade").lower()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..core.protocol import AbortReason
 from .broadcast import Broadcast
 from .flow import PeerBase
 
-__all__ = ["NDJSON", "AbortMessage", "HttpProducer", "Item"]
+__all__ = ["NDJSON", "AbortMessage", "HttpProducer", "Item", "answer_of"]
 
 NDJSON = "application/x-ndjson"
 MAX_LINES = 64
@@ -291,11 +291,7 @@ class HttpProducer(PeerBase):
     def answer(self) -> bytes:
         """The response's body: ``{"acks": [...], "errors": [...], "cancels": [...]}``, the
         frames' own JSON joined."""
-        return b'{"acks":[%b],"errors":[%b],"cancels":[%b]}' % (
-            b",".join(self.acks),
-            b",".join(self.errors),
-            b",".join(self.cancels),
-        )
+        return answer_of(self.acks, self.errors, self.cancels)
 
     def ended(self, message_id: str, frame: str) -> None:
         """The terminal frame (``message`` or ``aborted``, with its offset) of a message of
@@ -359,6 +355,17 @@ SESSION_HEAD = b'{"type":"session",'
 """How the relay's other frames to a producer start (their models' first fields)."""
 CODES = {code.value.encode(): code.value for code in ErrorCode}
 """Every error code, as it is written in a frame."""
+
+
+def answer_of(
+    acks: Sequence[bytes], errors: Sequence[bytes], cancels: Sequence[bytes] = ()
+) -> bytes:
+    """The body answering ``POST /produce``: every frame the request earned, as encoded."""
+    return b'{"acks":[%b],"errors":[%b],"cancels":[%b]}' % (
+        b",".join(acks),
+        b",".join(errors),
+        b",".join(cancels),
+    )
 
 
 def _entries(data: bytes, frame: dict[str, Any]) -> bytes:

@@ -177,6 +177,9 @@ class ProducerEndpoint:
         """The serving event loop's clock (see :func:`loop_clock`)."""
         self.handing_off = False
         """Set by a rolling restart: sessions are left to the broker, never ended here."""
+        self.one_shot = True
+        """Whether a one-shot message may be answered at once (:mod:`.oneshot`); when
+        False, every producer request takes the general path (the tests play both)."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
         self.held_elsewhere: Callable[[], int] = lambda: 0

@@ -57,8 +57,9 @@ from .durable import DurableStreams, refusal
 from .durablechannels import ChannelStreams, channel_of_route
 from .durablesse import DurableSse
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
-from .httpproducer import HttpProducer
+from .httpproducer import NDJSON, HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
+from .oneshot import apply_once
 from .peer import Peer, ProducerPeer, Streamed
 from .producers import ProducerEndpoint
 from .server import HttpServer
@@ -150,7 +151,14 @@ class Relay:
         if self.webhooks is not None:
             await self.webhooks.start()
         self.server = HttpServer(
-            self.settings, self.gate, self.metrics, self._handle, self._read_body, self._produce
+            self.settings,
+            self.gate,
+            self.metrics,
+            self._handle,
+            self._read_body,
+            self._produce,
+            once=self._produce_once,
+            takes_once=self._takes_once,
         )
         await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
@@ -366,6 +374,30 @@ class Relay:
         except BrokerUnavailable:
             return Reply.text(503, "broker unreachable")
         return Reply(200, body.encode(), "application/json")
+
+    def _takes_once(self, request: ReadBody) -> bool:
+        """Whether a producer request may be a one-shot message (:mod:`.oneshot`): an
+        unnamed ``POST /produce?channel=`` with a JSON body, on a broker in this process."""
+        route = request.route
+        return (
+            self.producers.one_shot
+            and isinstance(route, routes.HttpProduce)
+            and not route.named
+            and route.channel is not None
+            and not self.producers.broker.shares_sessions
+            and request.request.media_type != NDJSON
+        )
+
+    def _produce_once(self, request: ReadBody, body: bytes) -> Reply | None:
+        """``POST /produce`` of one whole message, answered at once; None for any other
+        body (the request is then served by :meth:`_produce`)."""
+        route = request.route
+        assert isinstance(route, routes.HttpProduce) and route.channel is not None
+        answered = apply_once(self.producers, route.channel, request.grant, body)
+        if answered is None:
+            return None
+        answer, codes = answered
+        return Reply(produce_status(codes), answer, "application/json")
 
     async def _produce(self, request: ReadBody, producer: HttpProducer) -> Reply:
         """``POST /produce`` (or the AI SDK's): one request's events, and every frame it

@@ -62,6 +62,8 @@ LISTEN_BACKLOG = 4096
 Handler = Callable[[Streamed, Admit], Coroutine[Any, Any, None]]
 BodyHandler = Callable[[ReadBody, bytes], Awaitable[Reply]]
 ProduceHandler = Callable[[ReadBody, HttpProducer], Awaitable[Reply]]
+OnceHandler = Callable[[ReadBody, bytes], Reply | None]
+"""Answers a producer request whose whole body is here at once, or declines (None)."""
 
 
 T = TypeVar("T")
@@ -98,6 +100,10 @@ async def sweep(
                 visit(member)
 
 
+def _never(reading: ReadBody) -> bool:
+    return False
+
+
 class HttpServer:
     """The listening socket and every connection on it."""
 
@@ -109,6 +115,8 @@ class HttpServer:
         handler: Handler,
         read: BodyHandler,
         produce: ProduceHandler,
+        once: OnceHandler | None = None,
+        takes_once: Callable[[ReadBody], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -118,6 +126,12 @@ class HttpServer:
         """Answers a request whose route takes a body, given the whole body."""
         self.produce = produce
         """Serves a producer request, whose body it is fed as it arrives."""
+        self.once = once
+        """Answers a producer request given its whole body, at once, if it can (a one-shot
+        message, :mod:`token_relay.edge.oneshot`); when it declines, the request is served
+        by :attr:`produce`, fed the body whole."""
+        self.takes_once: Callable[[ReadBody], bool] = takes_once or _never
+        """Whether a producer request's body is read whole first, for :attr:`once`."""
         origins = settings.allowed_origins
         self.origins: list[Origin | None] | None = (
             [*(Origin(origin) for origin in origins), None] if origins else None
