@@ -343,17 +343,21 @@ class Run:
     ) -> None:
         """``POST /produce`` under wrk, 16 connections, one completed message per request,
         right after the reference's appends under the same load; then the same load on the
-        Python floor of that job (``bench.producefloor``)."""
+        Python floor of that job (``bench.producefloor``), and ``GET /healthz`` of the relay
+        (its HTTP edge alone, no relay work)."""
         channel = self.channel("produce-load", n)
         record = await produceload.produce_load(relay.port, relay.pid, channel, load.seconds)
         self.results.add("durable.relay.produce", record["posts_per_second"], record)
         least = await produceload.floor_load(floor.port, floor.pid, load.seconds)
         self.results.add("durable.floor.produce", least["posts_per_second"], least)
+        edge = await produceload.edge_load(relay.port, relay.pid, load.seconds)
+        self.results.add("durable.relay.edge", edge["requests_per_second"], edge)
         peer = self.results.samples.get("durable.peer.stream.appends", [math.nan])[-1]
         _progress(
             f"[{n}/{self.config.repeat}] POST /produce, 16 connections: "
             f"{record['posts_per_second']:,.0f}/s; its Python floor "
-            f"{least['posts_per_second']:,.0f}/s; reference appends {peer:,.0f}/s"
+            f"{least['posts_per_second']:,.0f}/s; its edge alone (GET /healthz) "
+            f"{edge['requests_per_second']:,.0f}/s; reference appends {peer:,.0f}/s"
         )
 
     async def durable_protocol(

@@ -102,6 +102,12 @@ def rows(run: Run) -> list[tuple[str, str, str, str]]:
             rate("durable.floor.produce", "posts/s"),
             times(r.ratio("durable.floor.produce", "durable.peer.stream.appends")),
         ),
+        (
+            "http",
+            "  relay: GET /healthz, the same (its HTTP edge alone)",
+            rate("durable.relay.edge", "requests/s"),
+            times(r.ratio("durable.relay.edge", "durable.peer.stream.appends")),
+        ),
     ]
 
 

@@ -70,6 +70,24 @@ async def floor_load(port: int, pid: int, seconds: float) -> dict[str, Any]:
     return await _loaded(url, pid, seconds, lambda: floor_count(port), "the produce floor")
 
 
+async def edge_load(port: int, pid: int, seconds: float) -> dict[str, Any]:
+    """``GET /healthz`` of the relay at ``port`` (process ``pid``) under the same ``wrk`` load:
+    its HTTP edge alone, with no relay work, which bounds every request through it. Every
+    answer must be 200."""
+    url = f"http://127.0.0.1:{port}/healthz"
+    used, started = protocol.cpu([pid]), time.perf_counter()
+    summary = await asyncio.to_thread(protocol.wrk, url, seconds, False)
+    used, wall = protocol.cpu([pid]) - used, time.perf_counter() - started
+    if any(summary[key] for key in FAILURES if key in summary) or not summary["requests"]:
+        raise BenchError(f"GET /healthz under wrk: {summary}")
+    return {
+        "requests_per_second": summary["per_second"],
+        "requests": summary["requests"],
+        "server_cpu_percent": 100 * used / wall,
+        "cpu_us_per_request": 1e6 * used / max(1, summary["requests"]),
+    }
+
+
 async def _loaded(
     url: str, pid: int, seconds: float, count: Callable[[], Awaitable[int]], what: str
 ) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench import cases, produceload, wsrelay
-from bench.wire import build_messages
+from bench.wire import BenchError, build_messages
 from tests.harness import ServiceProcess, relay_process
 
 
@@ -101,6 +101,22 @@ async def test_wrk_posts_to_the_relay_are_each_acked_and_stored() -> None:
     finally:
         await relay.terminate()
     assert record["posts"] > 0
+
+
+async def test_the_edge_load_counts_answers_and_refuses_a_failing_route(
+    peer: ServiceProcess,
+) -> None:
+    """``GET /healthz`` under wrk (the relay's edge alone) counts its requests; against a
+    server that answers it with no 200 (the ws relay's 426), the load fails."""
+    relay = relay_process(*cases.RELAY_FLAGS)
+    await relay.start()
+    try:
+        record = await produceload.edge_load(relay.port, relay.pid, 1)
+    finally:
+        await relay.terminate()
+    assert record["requests"] > 0 and record["requests_per_second"] > 0
+    with pytest.raises(BenchError, match="GET /healthz under wrk"):
+        await produceload.edge_load(peer.port, peer.pid, 1)
 
 
 @pytest.fixture

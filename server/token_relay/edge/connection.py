@@ -52,6 +52,7 @@ from .aisdk import AiSdkStream
 from .aisdkproduce import AiSdkProducer
 from .aisdkws import AiSdkSocket
 from .durablesse import DurableSse
+from .eager import start
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .http11 import CLOSED, END, MAX_HEAD_BYTES, NEED_DATA, PAUSED, Body, Head, Http11
@@ -105,6 +106,10 @@ class Listener(Protocol):
     @property
     def takes_once(self) -> Callable[[ReadBody], bool]:
         """Whether a producer request's body is read whole first, for :attr:`once`."""
+
+    @property
+    def eager(self) -> Callable[[ReadBody], bool]:
+        """Whether a request's route is run eagerly (:mod:`.eager`) once its body is read."""
 
     def admit_socket(self, connection: HttpConnection) -> str | None:
         """A new socket: None to go on, or why it is refused at once."""
@@ -325,7 +330,8 @@ class HttpConnection(asyncio.Protocol):
                         if self._produce_whole(request, reading, bytes(self._body)):
                             continue  # answered: a request pipelined behind it is read
                         return
-                    self._spawn_body(request, reading, bytes(self._body))
+                    if self._spawn_body(request, reading, bytes(self._body)):
+                        continue  # answered: a request pipelined behind it is read
                     return
                 if request is not None:
                     self._answer(request)
@@ -498,12 +504,18 @@ class HttpConnection(asyncio.Protocol):
         self._respond(reply, request, read=True)
         return not self.lingering
 
-    def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> None:
-        """Hand a whole body to its route, and answer with what it returns."""
-        self._answer_later(request, reading, self.server.read(reading, body))
+    def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> bool:
+        """Hand a whole body to its route, and answer with what it returns; True if it was
+        answered now (:meth:`_answer_later`)."""
+        return self._answer_later(request, reading, self.server.read(reading, body))
 
-    def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> None:
-        """Answer the request with its route's reply once it comes (if the socket is open)."""
+    def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> bool:
+        """Answer the request with its route's reply once it comes (if the socket is open).
+
+        A route the server runs eagerly (:mod:`.eager`) may answer within this call: then
+        True, and the caller reads on; a request pipelined behind it is read by the caller,
+        not from inside the answer."""
+        within = True
 
         async def answer() -> None:
             reply = await replying
@@ -514,9 +526,16 @@ class HttpConnection(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
             self._dropping = False
-            self._serve()  # a request pipelined behind this one
+            if not within:
+                self._serve()  # a request pipelined behind this one
 
-        self.server.spawn(answer())
+        if not self.server.eager(reading):
+            within = False
+            self.server.spawn(answer())
+            return False
+        answered = start(answer(), self.server.spawn)
+        within = False
+        return answered
 
     def _view(self, request: Head) -> HttpRequest:
         """The request as the gate reads it, decoded once (for its head in this cycle)."""
