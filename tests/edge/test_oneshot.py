@@ -261,15 +261,63 @@ def test_each_way_near_a_one_shot_message_answers_as_the_general_path(
         assert all(b'"code":"overloaded"' in answer for answer in at_once["answers"])
 
 
-def test_a_one_shot_message_is_answered_within_the_pass_that_read_it() -> None:
-    """The short way is taken: the answer is written by the call that read the body, with
-    no task, and the message is in the channel's history; an NDJSON body of the same event
-    is answered the same, later (its task)."""
+def test_a_one_shot_message_is_answered_on_the_next_pass_without_a_task() -> None:
+    """The short way is taken: no task is made, and the answer is written on the loop's next
+    pass, with the message in the channel's history; an NDJSON body of the same event takes
+    the general path (a task of its own). A second request pipelined behind a one-shot one
+    is read once the first is answered."""
 
     async def play() -> None:
         relay = Relay(Settings(port=0))
         await relay.start()
         try:
+            body = b'{"id":"m","delta":"hi","final":true}'
+            post = (
+                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+            )
+            connection, transport = _connection(relay)
+            tasks = len(asyncio.all_tasks())
+            connection.data_received(
+                post % (len(body), body) + post % (len(body), body.replace(b'"m"', b'"p"'))
+            )
+            assert not transport.written and len(asyncio.all_tasks()) == tasks
+            await asyncio.sleep(0)
+            assert len(asyncio.all_tasks()) == tasks
+            assert transport.written.count(b"HTTP/1.1 200 ") == 1
+            assert transport.written.endswith(
+                b'{"acks":[{"type":"ack","id":"m","channel":"c"}],"errors":[],"cancels":[]}'
+            )
+            await asyncio.sleep(0)
+            assert transport.written.count(b"HTTP/1.1 200 ") == 2
+            assert transport.written.endswith(b'"id":"p","channel":"c"}],"errors":[],"cancels":[]}')
+            cut = await relay.broker.catch_up("c", None, live=False, rewind=10)
+            assert [json.loads(frame)["id"] for frame in cut.frames] == ["m", "p"]
+            ndjson, later = _connection(relay)
+            ndjson.data_received(
+                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
+                b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%b"
+                % (len(body), body.replace(b'"m"', b'"n"'))
+            )
+            assert len(asyncio.all_tasks()) == tasks + 1
+            await _settle()
+            assert later.written.endswith(b'"channel":"c"}],"errors":[],"cancels":[]}')
+        finally:
+            await relay.stop()
+
+    asyncio.run(play())
+
+
+def test_a_one_shot_message_is_applied_even_if_its_socket_is_gone_before_its_answer() -> None:
+    """The body came whole: its message is published though the socket closed before the
+    loop's next pass, and nothing is written to the closed socket."""
+
+    async def play() -> None:
+        relay = Relay(Settings(port=0))
+        await relay.start()
+        try:
+            errors: list[dict[str, Any]] = []
+            asyncio.get_running_loop().set_exception_handler(lambda _, c: errors.append(c))
             body = b'{"id":"m","delta":"hi","final":true}'
             connection, transport = _connection(relay)
             connection.data_received(
@@ -277,21 +325,12 @@ def test_a_one_shot_message_is_answered_within_the_pass_that_read_it() -> None:
                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
                 % (len(body), body)
             )
-            assert transport.written.startswith(b"HTTP/1.1 200 ")
-            assert transport.written.endswith(
-                b'{"acks":[{"type":"ack","id":"m","channel":"c"}],"errors":[],"cancels":[]}'
-            )
+            transport.closing = True
+            connection.connection_lost(None)
+            await _settle()
+            assert not transport.written and errors == []
             cut = await relay.broker.catch_up("c", None, live=False, rewind=10)
             assert [json.loads(frame)["text"] for frame in cut.frames] == ["hi"]
-            ndjson, later = _connection(relay)
-            ndjson.data_received(
-                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
-                b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%b"
-                % (len(body), body.replace(b'"m"', b'"n"'))
-            )
-            assert not later.written
-            await _settle()
-            assert later.written.endswith(b'"channel":"c"}],"errors":[],"cancels":[]}')
         finally:
             await relay.stop()
 

@@ -52,7 +52,6 @@ from .aisdk import AiSdkStream
 from .aisdkproduce import AiSdkProducer
 from .aisdkws import AiSdkSocket
 from .durablesse import DurableSse
-from .eager import start
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
 from .http11 import CLOSED, END, MAX_HEAD_BYTES, NEED_DATA, PAUSED, Body, Head, Http11
@@ -106,10 +105,6 @@ class Listener(Protocol):
     @property
     def takes_once(self) -> Callable[[ReadBody], bool]:
         """Whether a producer request's body is read whole first, for :attr:`once`."""
-
-    @property
-    def eager(self) -> Callable[[ReadBody], bool]:
-        """Whether a request's route is run eagerly (:mod:`.eager`) once its body is read."""
 
     def admit_socket(self, connection: HttpConnection) -> str | None:
         """A new socket: None to go on, or why it is refused at once."""
@@ -327,11 +322,15 @@ class HttpConnection(asyncio.Protocol):
                     self._no_deadline()
                     if self._once:
                         self._once = False
-                        if self._produce_whole(request, reading, bytes(self._body)):
-                            continue  # answered: a request pipelined behind it is read
+                        # On the loop's next pass, not within this read: the reads of one
+                        # pass, then their answers, as for a task (answering inside the
+                        # read measured 15% slower under load: smaller batches per poll).
+                        body = bytes(self._body)
+                        asyncio.get_running_loop().call_soon(
+                            self._produce_whole, request, reading, body
+                        )
                         return
-                    if self._spawn_body(request, reading, bytes(self._body)):
-                        continue  # answered: a request pipelined behind it is read
+                    self._spawn_body(request, reading, bytes(self._body))
                     return
                 if request is not None:
                     self._answer(request)
@@ -486,9 +485,11 @@ class HttpConnection(asyncio.Protocol):
         self._producer = producer
         self._answer_later(request, reading, self.server.produce(reading, producer))
 
-    def _produce_whole(self, request: Head, reading: ReadBody, body: bytes) -> bool:
-        """A producer request whose whole body is here: answered now if it is a one-shot
-        message (True), else served as any producer request, fed the body whole."""
+    def _produce_whole(self, request: Head, reading: ReadBody, body: bytes) -> None:
+        """A producer request whose whole body is here: answered at once, with no task, if
+        it is a one-shot message; else served as any producer request, fed the body whole.
+        Either way its message is applied even if the socket is gone meanwhile, as a body
+        that came whole always is."""
         once = self.server.once
         reply = None if once is None else once(reading, body)
         if reply is None:
@@ -497,25 +498,22 @@ class HttpConnection(asyncio.Protocol):
             if producer is not None:
                 producer.feed(body)
                 producer.end()
-            return False
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
         if reading.headers:
             headers = reply.headers + reading.headers
             reply = Reply(reply.status, reply.body, reply.content_type, headers)
         self._respond(reply, request, read=True)
-        return not self.lingering
+        self._dropping = False
+        self._serve()  # a request pipelined behind this one
 
-    def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> bool:
-        """Hand a whole body to its route, and answer with what it returns; True if it was
-        answered now (:meth:`_answer_later`)."""
-        return self._answer_later(request, reading, self.server.read(reading, body))
+    def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> None:
+        """Hand a whole body to its route, and answer with what it returns."""
+        self._answer_later(request, reading, self.server.read(reading, body))
 
-    def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> bool:
-        """Answer the request with its route's reply once it comes (if the socket is open).
-
-        A route the server runs eagerly (:mod:`.eager`) may answer within this call: then
-        True, and the caller reads on; a request pipelined behind it is read by the caller,
-        not from inside the answer."""
-        within = True
+    def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> None:
+        """Answer the request with its route's reply once it comes (if the socket is open)."""
 
         async def answer() -> None:
             reply = await replying
@@ -526,16 +524,9 @@ class HttpConnection(asyncio.Protocol):
             if self.transport is not None and not self.transport.is_closing():
                 self._respond(reply, request, read=True)
             self._dropping = False
-            if not within:
-                self._serve()  # a request pipelined behind this one
+            self._serve()  # a request pipelined behind this one
 
-        if not self.server.eager(reading):
-            within = False
-            self.server.spawn(answer())
-            return False
-        answered = start(answer(), self.server.spawn)
-        within = False
-        return answered
+        self.server.spawn(answer())
 
     def _view(self, request: Head) -> HttpRequest:
         """The request as the gate reads it, decoded once (for its head in this cycle)."""

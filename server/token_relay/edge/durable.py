@@ -236,17 +236,6 @@ class DurableStreams:
 
     # ------------------------------------------------------------------ requests
 
-    def runs_eagerly(self, route: StreamRequest) -> bool:
-        """Whether a request may run eagerly (:mod:`token_relay.edge.eager`), answered by the
-        call that read it: an append on the store in this process while no subscription
-        would be told of it (nothing it does needs a task before it waits)."""
-        return (
-            route.method == "POST"
-            and isinstance(self.store, LocalStore)
-            and not route.stream.startswith(CONTROL_PATH)
-            and self.hooks.quiet()
-        )
-
     async def serve(self, reading: ReadBody, body: bytes) -> Reply:
         """Answer one request (anything but an SSE read)."""
         route = reading.route

@@ -159,7 +159,6 @@ class Relay:
             self._produce,
             once=self._produce_once,
             takes_once=self._takes_once,
-            eager=self._eager,
         )
         await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
@@ -387,16 +386,6 @@ class Relay:
             and route.channel is not None
             and not self.producers.broker.shares_sessions
             and request.request.media_type != NDJSON
-        )
-
-    def _eager(self, request: ReadBody) -> bool:
-        """Whether a request is run eagerly (:mod:`.eager`): a Durable Streams append on
-        the store in this process (:meth:`DurableStreams.runs_eagerly`)."""
-        route = request.route
-        return (
-            isinstance(route, routes.StreamRequest)
-            and not _is_channel_stream(route)
-            and self.durable.runs_eagerly(route)
         )
 
     def _produce_once(self, request: ReadBody, body: bytes) -> Reply | None:

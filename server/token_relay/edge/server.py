@@ -117,7 +117,6 @@ class HttpServer:
         produce: ProduceHandler,
         once: OnceHandler | None = None,
         takes_once: Callable[[ReadBody], bool] | None = None,
-        eager: Callable[[ReadBody], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -133,9 +132,6 @@ class HttpServer:
         by :attr:`produce`, fed the body whole."""
         self.takes_once: Callable[[ReadBody], bool] = takes_once or _never
         """Whether a producer request's body is read whole first, for :attr:`once`."""
-        self.eager: Callable[[ReadBody], bool] = eager or _never
-        """Whether a request's route is run eagerly (:mod:`.eager`) once its body is read:
-        its answer written by the call that read it when nothing makes it wait."""
         origins = settings.allowed_origins
         self.origins: list[Origin | None] | None = (
             [*(Origin(origin) for origin in origins), None] if origins else None
