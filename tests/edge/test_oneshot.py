@@ -320,11 +320,7 @@ def test_a_one_shot_message_is_applied_even_if_its_socket_is_gone_before_its_ans
             asyncio.get_running_loop().set_exception_handler(lambda _, c: errors.append(c))
             body = b'{"id":"m","delta":"hi","final":true}'
             connection, transport = _connection(relay)
-            connection.data_received(
-                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
-                % (len(body), body)
-            )
+            connection.data_received(_post(body))
             transport.closing = True
             connection.connection_lost(None)
             await _settle()
@@ -349,19 +345,11 @@ def test_an_id_in_progress_elsewhere_is_refused(one_shot: bool) -> None:
         try:
             holder, _ = _connection(relay)
             opening = b'{"id":"m","delta":"x"}'
-            holder.data_received(
-                b"POST /produce?channel=c&producer=p HTTP/1.1\r\nHost: relay\r\n"
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
-                % (len(opening), opening)
-            )
+            holder.data_received(_post(opening, "?channel=c&producer=p"))
             await _settle()
             body = b'{"id":"m","delta":"hi","final":true}'
             connection, transport = _connection(relay)
-            connection.data_received(
-                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
-                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
-                % (len(body), body)
-            )
+            connection.data_received(_post(body))
             await _settle()
             return bytes(transport.written)
         finally:
