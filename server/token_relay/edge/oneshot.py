@@ -5,7 +5,8 @@ request each, with no name. Through the general path (:mod:`token_relay.edge.pro
 such a request opens a producer session (a token, its streams, its rate limit), feeds the
 body to it from a task of its own, applies the event, publishes the message, acks it, and
 ends the session. None of that state outlives the request, so none of it is needed: this
-module applies such a body directly, on the event loop's pass that read it, with the
+module applies such a body directly, on the event loop's next pass after the one that read
+it (the reads of a pass first, then their answers, as for tasks), with no task and with the
 relay's rules and answers unchanged.
 
 It takes only what it can answer exactly as the general path would (a property test plays
