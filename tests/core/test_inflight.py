@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from token_relay.core.errors import ErrorCode, FrameRejected
 from token_relay.core.inflight import InflightIndex
 from token_relay.core.protocol import ProducerEvent
@@ -388,3 +390,101 @@ def test_a_one_shot_message_under_a_held_id(gap: float) -> None:
     shot.send("y", final=True)
     assert holder.delivered == ["x"]
     assert (shot.delivered, shot.refused) == ((["y"], []) if gap == 60.0 else ([], ["final"]))
+
+
+class _Holds:
+    """The rule for holds, written plainly: an ordered map pruned from the front, whole,
+    at every call (the index skips that walk while its first hold has not ended)."""
+
+    def __init__(self, hold: float, max_held: int, max_held_chars: int) -> None:
+        self.hold, self.max_held, self.max_held_chars = hold, max_held, max_held_chars
+        self.held: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def chars(self) -> int:
+        return sum(len(channel) + len(message_id) for channel, message_id in self.held)
+
+    def prune(self, now: float) -> None:
+        while self.held:
+            key, (_, until) = next(iter(self.held.items()))
+            if until > now:
+                return
+            del self.held[key]
+
+    def end(self, channel: str, owner: str, message_id: str, now: float) -> None:
+        if self.hold <= 0:
+            return
+        self.prune(now)
+        self.held.pop((channel, message_id), None)
+        self.held[(channel, message_id)] = (owner, now + self.hold)
+        while len(self.held) > self.max_held or self.chars() > self.max_held_chars:
+            del self.held[next(iter(self.held))]
+
+    def of(self, channel: str, message_id: str, now: float) -> str | None:
+        self.prune(now)
+        entry = self.held.get((channel, message_id))
+        return None if entry is None else entry[0]
+
+
+_HOLD_CALLS = st.lists(
+    st.tuples(
+        st.sampled_from(["end", "held", "claim"]),
+        st.sampled_from(["c", "d"]),
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["x", "y", "zz"]),
+        st.integers(0, 30).map(float),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@example(  # x's hold is first, ended again earlier: y's then comes first, and ends first
+    calls=[
+        ("end", "c", "a", "x", 20.0),
+        ("end", "c", "a", "y", 0.0),
+        ("end", "c", "a", "x", 0.0),
+        ("held", "c", "a", "y", 12.0),
+    ],
+    hold=10.0,
+    max_held=4,
+    max_held_chars=12,
+    ordered=False,
+)
+@given(
+    calls=_HOLD_CALLS,
+    hold=st.sampled_from([0.0, 1.0, 3.0, 10.0]),
+    max_held=st.integers(1, 4),
+    max_held_chars=st.integers(2, 12),
+    ordered=st.booleans(),
+)
+def test_holds_match_the_plain_rule_whatever_the_calls_and_clocks(
+    calls: list[tuple[str, str, str, str, float]],
+    hold: float,
+    max_held: int,
+    max_held_chars: int,
+    ordered: bool,
+) -> None:
+    """Holds end, are capped and are looked up exactly as the plain rule says, for any
+    sequence of ends, claims and lookups; with clocks that run forward (``ordered``) as
+    the relay's do, and with clocks that jump back and forth."""
+    if ordered:
+        times = sorted(now for *_, now in calls)
+        calls = [(*call[:4], now) for call, now in zip(calls, times, strict=True)]
+    index: InflightIndex[str] = InflightIndex(hold, max_held, max_held_chars)
+    plain = _Holds(hold, max_held, max_held_chars)
+    for kind, channel, owner, message_id, now in calls:
+        if kind == "end":
+            index.claim(channel, owner, message_id, now)
+            index.end(channel, owner, message_id, now)
+            plain.end(channel, owner, message_id, now)
+        elif kind == "claim":
+            holder = plain.of(channel, message_id, now)
+            assert index.held(channel, message_id, now) == holder
+            expected = holder is None or holder == owner
+            assert index.claim(channel, owner, message_id, now) is expected
+            if expected:
+                index.remove(channel, owner, message_id)  # aborted: holds nothing
+        else:
+            assert index.held(channel, message_id, now) == plain.of(channel, message_id, now)
+        assert index.held_count == len(plain.held)
+        assert index.held_chars == plain.chars()

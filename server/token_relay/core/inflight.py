@@ -47,6 +47,7 @@ MAX_HELD_CHARS = 8 * 1024 * 1024
 oldest hold ends early."""
 
 OwnerT = TypeVar("OwnerT", bound=Hashable)
+_NEVER = float("inf")
 
 
 class InflightIndex(Generic[OwnerT]):
@@ -57,6 +58,7 @@ class InflightIndex(Generic[OwnerT]):
         "_held",
         "_held_chars",
         "_holders",
+        "_prune_at",
         "hold",
         "max_held",
         "max_held_chars",
@@ -74,6 +76,8 @@ class InflightIndex(Generic[OwnerT]):
         self._held_chars = 0
         # (channel, id) -> (owner, until), in the order the holds end.
         self._held: OrderedDict[tuple[str, str], tuple[OwnerT, float]] = OrderedDict()
+        # When the first hold in the map ends (inf if none): pruning before it does nothing.
+        self._prune_at = _NEVER
 
     def add(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Record that ``owner`` opened ``message_id`` on ``channel``."""
@@ -115,12 +119,18 @@ class InflightIndex(Generic[OwnerT]):
             return
         self._prune(now)
         key = (channel, message_id)
-        if self._held.pop(key, None) is None:
+        held = self._held
+        ended = held.pop(key, None)
+        if ended is None:
             self._held_chars += len(channel) + len(message_id)
-        self._held[key] = (owner, now + self.hold)
-        while len(self._held) > self.max_held or self._held_chars > self.max_held_chars:
-            (old_channel, old_id), _ = self._held.popitem(last=False)
+        held[key] = (owner, now + self.hold)
+        front_moved = ended is not None or len(held) == 1
+        while len(held) > self.max_held or self._held_chars > self.max_held_chars:
+            (old_channel, old_id), _ = held.popitem(last=False)
             self._held_chars -= len(old_channel) + len(old_id)
+            front_moved = True
+        if front_moved:
+            self._prune_at = next(iter(held.values()))[1] if held else _NEVER
 
     def held(self, channel: str, message_id: str, now: float) -> OwnerT | None:
         """The owner whose message under ``message_id`` ended on ``channel`` less than
@@ -144,13 +154,17 @@ class InflightIndex(Generic[OwnerT]):
         return held is not None and held != owner
 
     def _prune(self, now: float) -> None:
+        if now < self._prune_at:
+            return  # the oldest hold ends later (nearly every call: one comparison)
         held = self._held
         while held:
             key, (_, until) = next(iter(held.items()))
             if until > now:
+                self._prune_at = until
                 return
             del held[key]
             self._held_chars -= len(key[0]) + len(key[1])
+        self._prune_at = _NEVER
 
     def remove(self, channel: str, owner: OwnerT, message_id: str) -> None:
         """Forget a message that completed or was aborted."""

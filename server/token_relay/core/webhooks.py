@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import hashlib
 import json
 import re
@@ -53,6 +54,8 @@ __all__ = [
     "webhook_id",
 ]
 
+IDENTITIES_KEPT = 1024
+"""Producer identities kept encoded, the most recently used (each a few hundred bytes)."""
 MAX_BACKOFF = 300.0
 """Seconds between two attempts at most."""
 
@@ -115,8 +118,10 @@ def scrubbed(text: str) -> str:
     return _URL.sub(lambda match: loggable_url(match.group()), text)
 
 
+@functools.lru_cache(maxsize=IDENTITIES_KEPT)
 def identity(grant: Grant) -> str:
-    """A producer's token identity as the outbox keeps it (JSON)."""
+    """A producer's token identity as the outbox keeps it (JSON); the last
+    :data:`IDENTITIES_KEPT` grants' are kept, as each final of a producer asks again."""
     return json.dumps({"role": grant.role.value, "channels": sorted(grant.channels)})
 
 

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-__all__ = ["PUBLISH_SECONDS", "Metrics", "Tally", "Timings"]
+__all__ = ["PUBLISH_SECONDS", "Metrics", "Tallies", "Tally", "Timings"]
 
 PUBLISH_SECONDS = 1.0
 """How often a worker writes its metrics for the others to serve."""
@@ -51,6 +51,27 @@ class Tally:
     def inc(self, amount: int = 1) -> None:
         """Add ``amount``."""
         self.value += amount
+
+
+class Tallies:
+    """:class:`Tally` counters by one label's value, as a labelled counter is used:
+    ``labels(value).inc()``. The values are the caller's few fixed names."""
+
+    __slots__ = ("_by_value",)
+
+    def __init__(self) -> None:
+        self._by_value: dict[str, Tally] = {}
+
+    def labels(self, value: str) -> Tally:
+        """The counter for ``value``, made at its first use."""
+        tally = self._by_value.get(value)
+        if tally is None:
+            tally = self._by_value[value] = Tally()
+        return tally
+
+    def items(self) -> list[tuple[str, Tally]]:
+        """Every value's counter, in the order first used."""
+        return list(self._by_value.items())
 
 
 class Timings:
@@ -129,6 +150,14 @@ class _HotCollector(Collector):
         yield CounterMetricFamily(
             "relay_frames_out", "Frames handed to sockets.", value=m.frames_out.value
         )
+        messages = CounterMetricFamily(
+            "relay_messages",
+            "Messages ended here, by outcome (completed or the abort reason).",
+            labels=["outcome"],
+        )
+        for outcome, tally in m.messages.items():
+            messages.add_metric([outcome], tally.value)
+        yield messages
         yield CounterMetricFamily(
             "relay_deltas_coalesced",
             "Deltas merged into an earlier pending delta for a slow subscriber.",
@@ -173,12 +202,8 @@ class Metrics:
         self.errors = Counter(
             "relay_errors_total", "Error frames sent, by code.", ["code"], registry=registry
         )
-        self.messages = Counter(
-            "relay_messages_total",
-            "Messages ended here, by outcome (completed or the abort reason).",
-            ["outcome"],
-            registry=registry,
-        )
+        # Counted once per message: lock-free, exported by the hot collector.
+        self.messages = Tallies()
         self.completed = self.messages.labels("completed")
         self.refusals = Counter(
             "relay_http_refusals_total",

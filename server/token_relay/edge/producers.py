@@ -167,6 +167,7 @@ class ProducerEndpoint:
         spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.settings = settings
+        self._open_access = settings.open_access
         self.broker = broker
         self.metrics = metrics
         self.writer = writer
@@ -191,10 +192,10 @@ class ProducerEndpoint:
         for them."""
         self._memory_checked = -MEMORY_CHECK_SECONDS
         self._replies: dict[ProducerPeer, _Replies] = {}
+        """Per producer connection, its replies still waiting for the broker, in order."""
         self.takers: dict[str, tuple[str, WebSocket]] = {}
         """Per owner, the channel whose chat requests it takes and its connection: a
         WebSocket producer connected with ``?channel=``, while it is connected."""
-        """Per producer connection, its replies still waiting for the broker, in order."""
         self.sessions: SessionTable[ProducerPeer] = SessionTable(
             broker.instance,
             grace=settings.session_grace,
@@ -748,7 +749,7 @@ class ProducerEndpoint:
 
     def _identity(self, session: Session) -> str:
         """The producer identity a webhook carries: "" when the relay runs open."""
-        return "" if self.settings.open_access else identity(session.grant)
+        return "" if self._open_access else identity(session.grant)
 
     async def _abort(self, session: Session, unfinished: Unfinished, reason: AbortReason) -> None:
         owner, producer = session.owner, self._identity(session)
