@@ -39,7 +39,6 @@ from ..core.codec import Event, FastEvent, acks_frame, decode_fast, message_body
 from ..core.errors import FrameRejected
 from ..core.grants import Grant
 from ..core.protocol import error_frame
-from ..core.webhooks import identity
 from .httpproducer import answer_of
 from .producers import ProducerEndpoint
 
@@ -86,7 +85,7 @@ def apply_once(
         # A one-shot message never claimed its id: the broker checks nobody else holds it.
         broker.delta(channel, owner, message_id, delta, 0, False)
         metrics.first_delta.observe(0.0)
-    producer = "" if endpoint.settings.open_access else identity(grant)
+    producer = endpoint.producer_identity(grant)
     published = broker.terminal(
         channel,
         owner,

@@ -698,7 +698,7 @@ class ProducerEndpoint:
                 message_id,
                 body,
                 seq,
-                producer=self._identity(session),
+                producer=self.producer_identity(session.grant),
                 claimed=claimed,
             )
         return completion
@@ -747,12 +747,12 @@ class ProducerEndpoint:
             if isinstance(connection, HttpProducer):
                 connection.ended(message_id, frame)
 
-    def _identity(self, session: Session) -> str:
+    def producer_identity(self, grant: Grant) -> str:
         """The producer identity a webhook carries: "" when the relay runs open."""
-        return "" if self._open_access else identity(session.grant)
+        return "" if self._open_access else identity(grant)
 
     async def _abort(self, session: Session, unfinished: Unfinished, reason: AbortReason) -> None:
-        owner, producer = session.owner, self._identity(session)
+        owner, producer = session.owner, self.producer_identity(session.grant)
         frame = Aborted(
             channel=unfinished.channel,
             id=unfinished.message_id,
@@ -794,7 +794,7 @@ class ProducerEndpoint:
                     session.owner,
                     message_id,
                     message_body(channel, message_id, text, parts=parts),
-                    producer=self._identity(session),
+                    producer=self.producer_identity(session.grant),
                 )
         session.unpublished.clear()
         for unfinished in session.end():
