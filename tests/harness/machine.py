@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import socket
 import time
@@ -16,12 +17,22 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
+PORTS_KEPT = 4096
+"""Ports :func:`free_port` handed out that it does not hand out again, the most recent."""
+_handed: collections.deque[int] = collections.deque(maxlen=PORTS_KEPT)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nobody listens on right now, and that this process was
+    not handed lately: two ports asked for before either is bound are never the same one
+    (the system may offer a port again as soon as its probe is closed)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+        if port not in _handed:
+            _handed.append(port)
+            return port
 
 
 def rss_bytes(pid: int) -> int:
