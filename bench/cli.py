@@ -318,7 +318,7 @@ class Run:
         async with durable.running_reference() as (port, pid):
             for n in range(1, config.repeat + 1):
                 await self.durable_protocol(relay, port, pid, load, paced, n)
-                await self.produce_load(relay, c["pyproduce"], load, n)
+                await self.produce_load(relay, c["pyproduce"], load, n, c["A"])
                 channel = self.channel("publish", n)
                 ours = await durable.relay_http_publish(relay.port, channel, throughput)
                 theirs = await durable.durable_appends(port, throughput)
@@ -339,15 +339,27 @@ class Run:
                 )
 
     async def produce_load(
-        self, relay: ServiceProcess, floor: ServiceProcess, load: protocol.Load, n: int
+        self,
+        relay: ServiceProcess,
+        floor: ServiceProcess,
+        load: protocol.Load,
+        n: int,
+        shared: ServiceProcess | None = None,
     ) -> None:
         """``POST /produce`` under wrk, 16 connections, one completed message per request,
-        right after the reference's appends under the same load; then the same load on the
-        Python floor of that job (``bench.producefloor``), and ``GET /healthz`` of the relay
-        (its HTTP edge alone, no relay work)."""
+        right after the reference's appends under the same load; then the same load on a
+        relay on Redis (``shared``), on the Python floor of that job
+        (``bench.producefloor``), and ``GET /healthz`` of the relay (its HTTP edge alone, no
+        relay work)."""
         channel = self.channel("produce-load", n)
         record = await produceload.produce_load(relay.port, relay.pid, channel, load.seconds)
         self.results.add("durable.relay.produce", record["posts_per_second"], record)
+        redis = ""
+        if shared is not None:
+            channel, seconds = self.channel("produce-load-redis", n), load.seconds
+            on_redis = await produceload.produce_load(shared.port, shared.pid, channel, seconds)
+            self.results.add("durable.redis.produce", on_redis["posts_per_second"], on_redis)
+            redis = f" (on Redis {on_redis['posts_per_second']:,.0f}/s)"
         least = await produceload.floor_load(floor.port, floor.pid, load.seconds)
         self.results.add("durable.floor.produce", least["posts_per_second"], least)
         edge = await produceload.edge_load(relay.port, relay.pid, load.seconds)
@@ -355,7 +367,7 @@ class Run:
         peer = self.results.samples.get("durable.peer.stream.appends", [math.nan])[-1]
         _progress(
             f"[{n}/{self.config.repeat}] POST /produce, 16 connections: "
-            f"{record['posts_per_second']:,.0f}/s; its Python floor "
+            f"{record['posts_per_second']:,.0f}/s{redis}; its Python floor "
             f"{least['posts_per_second']:,.0f}/s; its edge alone (GET /healthz) "
             f"{edge['requests_per_second']:,.0f}/s; reference appends {peer:,.0f}/s"
         )

@@ -207,6 +207,13 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
         text = _rate(r.median("durable.relay.produce"), "posts/s")
         what = "relay: POST /produce, one JSON message each, 16 connections"
         rows.append(("http", what, text, compared))
+    if r.samples.get("durable.redis.produce"):
+        compared = versus("durable.redis.produce", "durable.peer.stream.appends", "reference")
+        in_memory = times(r.ratio("durable.redis.produce", "durable.relay.produce"))
+        compared += f"; {in_memory} of the relay in memory"
+        text = _rate(r.median("durable.redis.produce"), "posts/s")
+        what = "relay on Redis (A): POST /produce, the same"
+        rows.append(("http", what, text, compared))
     if r.samples.get("durable.floor.produce"):
         compared = versus("durable.floor.produce", "durable.peer.stream.appends", "reference")
         compared += f"; relay at {times(r.ratio('durable.relay.produce', 'durable.floor.produce'))}"

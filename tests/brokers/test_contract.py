@@ -411,6 +411,48 @@ async def test_an_ended_id_is_held_for_its_owner(broker: Broker) -> None:
     assert recorder.refused in ([], [("c", "inst.2", "m")])
 
 
+async def test_a_whole_message_is_published_as_its_delta_and_final(broker: Broker) -> None:
+    """A one-shot message (``whole``): its text as one delta, then its terminal frame, in
+    order with the channel's other events; an empty text has no delta. It is refused
+    (``id_in_use``, nothing of it published) while another owner's message holds the id,
+    and its id is then held for its owner as any completed message's."""
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    published = broker.whole("c", "inst.1", "m", "hi", message_body("c", "m", "hi"))
+    assert published is not None
+    frame = await published
+    assert json.loads(frame)["text"] == "hi" and json.loads(frame)["offset"] == 1
+    empty = broker.whole("c", "inst.2", "e", "", message_body("c", "e", ""))
+    assert empty is not None and json.loads(await empty)["text"] == ""
+    # Another owner's message in progress holds "n": the one-shot one is refused whole.
+    assert broker.open("c", "inst.3", "n") is True
+    broker.delta("c", "inst.3", "n", "x")
+    refused = broker.whole("c", "inst.4", "n", "shot", message_body("c", "n", "shot"))
+    assert refused is not None
+    with pytest.raises(FrameRejected) as rejected:
+        await refused
+    assert rejected.value.code is ErrorCode.ID_IN_USE
+    # "m" is held for its owner: another owner's one-shot message under it is refused.
+    again = broker.whole("c", "inst.5", "m", "late", message_body("c", "m", "late"))
+    assert again is not None
+    with pytest.raises(FrameRejected):
+        await again
+    await broker.terminal("c", "inst.3", "n", message_body("c", "n", "x"), claimed=True)
+    await broker.flush()
+    await until(lambda: len(terminal_texts(recorder)) == 3)
+    assert terminal_texts(recorder) == [("c", "m", "hi"), ("c", "e", ""), ("c", "n", "x")]
+    events = [(kind, json.loads(f)) for _, kind, _, f in recorder.frames]
+    assert [(k, f.get("delta", f.get("text"))) for k, f in events] == [
+        (FrameKind.DELTA, "hi"),
+        (FrameKind.TERMINAL, "hi"),
+        (FrameKind.TERMINAL, ""),
+        (FrameKind.DELTA, "x"),
+        (FrameKind.TERMINAL, "x"),
+    ]
+    seqs = [seq for _, _, seq, _ in recorder.frames]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
 @pytest.mark.id_hold(0.2)
 async def test_a_held_id_is_free_once_the_hold_ends(broker: Broker) -> None:
     recorder = recorder_of(broker)

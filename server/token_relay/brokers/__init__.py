@@ -312,6 +312,22 @@ class Broker(Protocol):
         per message.
         """
 
+    def whole(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        text: str,
+        body: str,
+        producer: str = "",
+    ) -> Publication | None:
+        """A one-shot message: a final that opened its message, of an owner with no
+        session. Published as :meth:`delta` (``text``, if not empty) and then
+        :meth:`terminal` (neither ``claimed``) would publish it, in one step where the
+        broker can, and nothing of it is kept per owner (nobody can take its session
+        over). None if the broker can't take it now (nothing was done: the caller takes
+        the general path)."""
+
     def defer(
         self,
         channel: str,

@@ -234,6 +234,21 @@ class MemoryBroker:
         except FrameRejected as exc:
             return Published(error=exc)
 
+    def whole(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        text: str,
+        body: str,
+        producer: str = "",
+    ) -> Published:
+        """A one-shot message: its delta (if any) and its terminal frame, as :meth:`delta`
+        and :meth:`terminal` (neither claimed) publish them, now."""
+        if text:
+            self.delta(channel, owner, message_id, text, 0, False)
+        return self.terminal(channel, owner, message_id, body, producer=producer)
+
     def defer(
         self,
         channel: str,

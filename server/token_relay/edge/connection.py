@@ -99,8 +99,9 @@ class Listener(Protocol):
         """Serves a producer request, whose body it is fed as it arrives."""
 
     @property
-    def once(self) -> Callable[[ReadBody, bytes], Reply | None] | None:
-        """Answers a producer request given its whole body, at once, or declines."""
+    def once(self) -> Callable[[ReadBody, bytes], Reply | Awaitable[Reply] | None] | None:
+        """Answers a producer request given its whole body, at once (or once its broker
+        has replied), or declines."""
 
     @property
     def takes_once(self) -> Callable[[ReadBody], bool]:
@@ -498,6 +499,9 @@ class HttpConnection(asyncio.Protocol):
             if producer is not None:
                 producer.feed(body)
                 producer.end()
+            return
+        if not isinstance(reply, Reply):  # answered once its broker has replied
+            self._answer_later(request, reading, reply)
             return
         if self.transport is None or self.transport.is_closing():
             return

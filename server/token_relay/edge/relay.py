@@ -59,7 +59,7 @@ from .durablesse import DurableSse
 from .http import PRODUCE_PATH, SUBSCRIBE_PATH, Admit, Gate, ReadBody, Reply
 from .httpproducer import NDJSON, HttpProducer
 from .metrics import PUBLISH_SECONDS, Metrics
-from .oneshot import apply_once
+from .oneshot import Answer, apply_once
 from .peer import Peer, ProducerPeer, Streamed
 from .producers import ProducerEndpoint
 from .server import HttpServer
@@ -384,20 +384,21 @@ class Relay:
             and isinstance(route, routes.HttpProduce)
             and not route.named
             and route.channel is not None
-            and not self.producers.broker.shares_sessions
             and request.request.media_type != NDJSON
         )
 
-    def _produce_once(self, request: ReadBody, body: bytes) -> Reply | None:
-        """``POST /produce`` of one whole message, answered at once; None for any other
-        body (the request is then served by :meth:`_produce`)."""
+    def _produce_once(
+        self, request: ReadBody, body: bytes
+    ) -> Reply | Coroutine[Any, Any, Reply] | None:
+        """``POST /produce`` of one whole message, answered at once (or once the broker
+        has replied); None for any other body (the request is then served by
+        :meth:`_produce`)."""
         route = request.route
         assert isinstance(route, routes.HttpProduce) and route.channel is not None
         answered = apply_once(self.producers, route.channel, request.grant, body)
-        if answered is None:
-            return None
-        answer, codes = answered
-        return Reply(produce_status(codes), answer, "application/json")
+        if answered is None or isinstance(answered, tuple):
+            return None if answered is None else _once_reply(answered)
+        return _once_replied(answered)
 
     async def _produce(self, request: ReadBody, producer: HttpProducer) -> Reply:
         """``POST /produce`` (or the AI SDK's): one request's events, and every frame it
@@ -547,3 +548,14 @@ def _is_channel_stream(route: routes.StreamRequest) -> bool:
         return channel_of_route(route) is not None
     except StreamRefused:
         return True
+
+
+def _once_reply(answer: Answer) -> Reply:
+    """A one-shot message's reply: its answer, with the general path's status."""
+    body, codes = answer
+    return Reply(produce_status(codes), body, "application/json")
+
+
+async def _once_replied(answering: Coroutine[Any, Any, Answer]) -> Reply:
+    """A one-shot message's reply, once its broker has replied."""
+    return _once_reply(await answering)

@@ -62,8 +62,9 @@ LISTEN_BACKLOG = 4096
 Handler = Callable[[Streamed, Admit], Coroutine[Any, Any, None]]
 BodyHandler = Callable[[ReadBody, bytes], Awaitable[Reply]]
 ProduceHandler = Callable[[ReadBody, HttpProducer], Awaitable[Reply]]
-OnceHandler = Callable[[ReadBody, bytes], Reply | None]
-"""Answers a producer request whose whole body is here at once, or declines (None)."""
+OnceHandler = Callable[[ReadBody, bytes], Reply | Awaitable[Reply] | None]
+"""Answers a producer request whose whole body is here at once (or once its broker has
+replied), or declines (None)."""
 
 
 T = TypeVar("T")

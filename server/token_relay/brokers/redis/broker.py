@@ -36,6 +36,7 @@ from .writes import (
     part_write,
     progress_write,
     terminal_write,
+    whole_write,
 )
 
 __all__ = ["RedisBroker"]
@@ -274,6 +275,26 @@ class RedisBroker:
         # the open, its deltas and the terminal frame go as one script, in the open's place.
         make_whole(opening, write, target)
         self._runs.close()
+        return done
+
+    def whole(
+        self,
+        channel: str,
+        owner: str,
+        message_id: str,
+        text: str,
+        body: str,
+        producer: str = "",
+    ) -> asyncio.Future[str] | None:
+        """Queue a one-shot message as one script (``WHOLE``, nothing kept per owner); the
+        future ends as :meth:`terminal`'s does. None if no write can be queued now."""
+        pipeline = self._pipeline
+        if pipeline.full():
+            return None
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        target = (channel, owner, message_id)
+        webhook = self._wants_webhook(channel)
+        pipeline.put(whole_write(self.settings, webhook, target, text, body, done, producer))
         return done
 
     def defer(

@@ -182,19 +182,22 @@ end
 if holder then
   redis.call('HDEL', KEYS[8], ARGV[8])
 end
-redis.call('HDEL', 'tr:msg:' .. owner, ARGV[8])
-local done = 'tr:done:' .. owner
-local order = 'tr:dl:' .. owner
-redis.call('HSET', done, ARGV[8], ARGV[11] .. '|' .. ARGV[10] .. '|' .. ARGV[14])
-redis.call('LPUSH', order, ARGV[8])
-while redis.call('LLEN', order) > tonumber(ARGV[12]) do
-  local old = redis.call('RPOP', order)
-  if old ~= ARGV[8] then
-    redis.call('HDEL', done, old)
+if ARGV[12] ~= '0' then
+  -- Remembered in the owner's session; an owner with none (max_done 0) keeps nothing.
+  redis.call('HDEL', 'tr:msg:' .. owner, ARGV[8])
+  local done = 'tr:done:' .. owner
+  local order = 'tr:dl:' .. owner
+  redis.call('HSET', done, ARGV[8], ARGV[11] .. '|' .. ARGV[10] .. '|' .. ARGV[14])
+  redis.call('LPUSH', order, ARGV[8])
+  while redis.call('LLEN', order) > tonumber(ARGV[12]) do
+    local old = redis.call('RPOP', order)
+    if old ~= ARGV[8] then
+      redis.call('HDEL', done, old)
+    end
   end
+  redis.call('EXPIRE', done, ARGV[7])
+  redis.call('EXPIRE', order, ARGV[7])
 end
-redis.call('EXPIRE', done, ARGV[7])
-redis.call('EXPIRE', order, ARGV[7])
 local hold = tonumber(ARGV[19])
 if hold > 0 then
   -- Held for its owner until the hold ends; one hash per channel, at most ARGV[20] ids
@@ -244,7 +247,8 @@ return {frame, queued}
 """Give a terminal frame its offset, record and publish it, release the id's claim, hold
 the id for its owner for ``hold`` milliseconds (ARGV[19]) in ``tr:held:C``, and
 remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
-``max_done`` of them; 0 if another owner holds the id (in progress or within its hold) or
+``max_done`` of them (ARGV[12]; 0 for an owner with no session, a one-shot message, which
+keeps nothing of it per owner); 0 if another owner holds the id (in progress or within its hold) or
 the session moved; with ``strict``
 1, also if nobody holds it (a reaper's abort happens once); with 2 (a message that opened),
 also if its claim was refused (``tr:refused:``), even once the holder is done. With a

@@ -42,6 +42,7 @@ __all__ = [
     "resync_write",
     "taken",
     "terminal_write",
+    "whole_write",
 ]
 
 CLAIMED = 2
@@ -395,9 +396,10 @@ def terminal_write(
     aborted: bool = False,
     strict: int = 0,
     producer: str = "",
+    session: bool = True,
 ) -> Write:
     """Give a terminal frame its offset, add it to history and publish it (and queue its
-    webhook, if ``webhook``)."""
+    webhook, if ``webhook``); remembered in its owner's session, unless it has none."""
     channel, owner, message_id = target
     member = f"{owner}|{message_id}"
     return Write(
@@ -426,7 +428,7 @@ def terminal_write(
             owner,
             seq,
             "a" if aborted else "m",
-            settings.max_completed_per_producer,
+            settings.max_completed_per_producer if session else 0,
             strict,
             channel,
             int(webhook),
@@ -449,3 +451,23 @@ def make_whole(opening: Write, terminal: Write, target: Target) -> None:
     opening.keys = [*terminal.keys, f"tr:d:{channel}"]
     opening.args = terminal.args
     opening.webhook = terminal.webhook
+
+
+def whole_write(
+    settings: Settings,
+    webhook: bool,
+    target: Target,
+    text: str,
+    body: str,
+    done: asyncio.Future[Any],
+    producer: str = "",
+) -> Write:
+    """WHOLE for a message of an owner with no session (a one-shot message): its claim
+    checked, its ``text`` published as one delta (if any) and its terminal frame, in one
+    script, with nothing of it kept per owner."""
+    channel, _, _ = target
+    write = terminal_write(settings, webhook, target, body, done, producer=producer, session=False)
+    write.script, write.terminal = "whole", target
+    write.keys.append(f"tr:d:{channel}")
+    write.parts = [text]
+    return write
