@@ -333,3 +333,41 @@ def test_a_one_shot_message_with_redis_gone_takes_the_general_path(tmp_path: Any
         server.kill()
     assert b'"code":"broker_unavailable"' in at_once and b'"acks":[]' in at_once
     assert at_once == general
+
+
+def test_a_one_shot_message_on_redis_queues_its_webhook_as_the_general_path(
+    redis_url: str,
+) -> None:
+    """With ``--webhook``, a one-shot message's frame is queued in Redis's webhook outbox in
+    its script, as the general path queues it: the same entries (channel, frame, producer)."""
+
+    async def play(one_shot: bool) -> list[list[bytes]]:
+        relay, _ = await _started(
+            redis_url,
+            one_shot,
+            webhooks=("http://127.0.0.1:9/hook",),
+            webhook_backoff=300.0,
+            shutdown_timeout=1.0,
+        )
+        try:
+            for name in (b"a", b"b"):
+                connection, transport = _connected(relay)
+                connection.data_received(_post(b'{"id":"%b","delta":"hi","final":true}' % name))
+                assert b'"acks":[{"type":"ack"' in await _answered(transport, 1)
+            cut = await relay.broker.catch_up("c", None, live=False, rewind=10)
+            client = aioredis.Redis.from_url(redis_url)
+            try:
+                entries = await client.xrange("tr:wh")
+            finally:
+                await client.aclose()
+            epoch = cut.epoch.encode()
+            return [
+                [fields[b"c"], fields[b"f"].replace(epoch, b"E"), fields[b"p"]]
+                for _, fields in entries
+            ]
+        finally:
+            await _stopped(relay)
+
+    at_once, general = asyncio.run(play(True)), asyncio.run(play(False))
+    assert [json.loads(frame)["id"] for _, frame, _ in at_once] == ["a", "b"]
+    assert at_once == general
