@@ -106,56 +106,69 @@ def apply_once(
     metrics.frames_in_producer.value += 1
     if delta:
         metrics.first_delta.observe(0.0)
-    settle = (endpoint, channel, owner, message_id, frame, producer, published, now)
-    if published.done():
-        return _settled(*settle)
-    return _later(*settle)
+    message = _Published(endpoint, channel, owner, message_id, frame, producer, published, now)
+    return message.answer() if published.done() else message.later()
 
 
-async def _later(
-    endpoint: ProducerEndpoint,
-    channel: str,
-    owner: str,
-    message_id: str,
-    frame: str,
-    producer: str,
-    published: Publication,
-    received: float,
-) -> Answer:
-    """The answer, once the broker has published the message (or failed to)."""
-    with contextlib.suppress(Exception):
-        await asyncio.shield(published)
-    return _settled(endpoint, channel, owner, message_id, frame, producer, published, received)
+class _Published:
+    """A one-shot message handed to its broker: its answer, once its publication is over."""
 
-
-def _settled(
-    endpoint: ProducerEndpoint,
-    channel: str,
-    owner: str,
-    message_id: str,
-    frame: str,
-    producer: str,
-    published: Publication,
-    received: float,
-) -> Answer:
-    """The answer to a one-shot message whose publication is over: its ack, or the error
-    the general path would answer."""
-    metrics = endpoint.metrics
-    error = (
-        BrokerUnavailable("the broker closed") if published.cancelled() else published.exception()
+    __slots__ = (
+        "channel",
+        "endpoint",
+        "frame",
+        "message_id",
+        "owner",
+        "producer",
+        "publication",
+        "received",
     )
-    metrics.frames_out.inc()  # the ack, or the error: the frame a producer would be sent
-    if isinstance(error, BrokerUnavailable):
-        # Not published: refused, and kept to be published once the broker can, as the
-        # general path's session does with a final it could not publish when it ends.
-        endpoint.broker.defer(channel, owner, message_id, frame, producer=producer)
-        error = broker_rejected(message_id)
-    if isinstance(error, FrameRejected):  # the id is another producer's message in progress
-        metrics.errors.labels(error.code.value).inc()
-        return answer_of([], [error_frame(error).encode()]), frozenset((error.code.value,))
-    if error is not None:
-        raise error
-    metrics.completed.inc()
-    metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - received)
-    ack = acks_frame([(channel, message_id, False)], batch=False)
-    return answer_of([ack.encode()], []), frozenset()
+
+    def __init__(
+        self,
+        endpoint: ProducerEndpoint,
+        channel: str,
+        owner: str,
+        message_id: str,
+        frame: str,
+        producer: str,
+        publication: Publication,
+        received: float,
+    ) -> None:
+        self.endpoint, self.channel, self.owner = endpoint, channel, owner
+        self.message_id, self.frame, self.producer = message_id, frame, producer
+        self.publication, self.received = publication, received
+
+    async def later(self) -> Answer:
+        """The answer, once the broker has published the message (or failed to)."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.publication)
+        return self.answer()
+
+    def answer(self) -> Answer:
+        """The answer to a message whose publication is over: its ack, or the error the
+        general path would answer."""
+        endpoint, publication, message_id = self.endpoint, self.publication, self.message_id
+        metrics = endpoint.metrics
+        error = (
+            BrokerUnavailable("the broker closed")
+            if publication.cancelled()
+            else publication.exception()
+        )
+        metrics.frames_out.inc()  # the ack, or the error: the frame a producer would be sent
+        if isinstance(error, BrokerUnavailable):
+            # Not published: refused, and kept to be published once the broker can, as the
+            # general path's session does with a final it could not publish when it ends.
+            endpoint.broker.defer(
+                self.channel, self.owner, message_id, self.frame, producer=self.producer
+            )
+            error = broker_rejected(message_id)
+        if isinstance(error, FrameRejected):  # the id is another producer's message in progress
+            metrics.errors.labels(error.code.value).inc()
+            return answer_of([], [error_frame(error).encode()]), frozenset((error.code.value,))
+        if error is not None:
+            raise error
+        metrics.completed.inc()
+        metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - self.received)
+        ack = acks_frame([(self.channel, message_id, False)], batch=False)
+        return answer_of([ack.encode()], []), frozenset()
