@@ -359,7 +359,13 @@ class Run:
             channel, seconds = self.channel("produce-load-redis", n), load.seconds
             on_redis = await produceload.produce_load(shared.port, shared.pid, channel, seconds)
             self.results.add("durable.redis.produce", on_redis["posts_per_second"], on_redis)
-            redis = f" (on Redis {on_redis['posts_per_second']:,.0f}/s)"
+            base = f"http://127.0.0.1:{shared.port}/v1/stream/"
+            stream = await protocol.appends(base, load, [shared.pid])
+            self.results.add("durable.redis.appends", stream["appends_per_second"], stream)
+            redis = (
+                f" (on Redis {on_redis['posts_per_second']:,.0f}/s, "
+                f"its Durable Streams appends {stream['appends_per_second']:,.0f}/s)"
+            )
         least = await produceload.floor_load(floor.port, floor.pid, load.seconds)
         self.results.add("durable.floor.produce", least["posts_per_second"], least)
         edge = await produceload.edge_load(relay.port, relay.pid, load.seconds)

@@ -239,6 +239,14 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
             rows.append(
                 ("durable", f"  reference: {what}", _rate(r.median(f"{peer}.{key}"), unit), "")
             )
+        if r.samples.get("durable.redis.appends"):
+            compared = versus("durable.redis.appends", f"{peer}.appends", "reference")
+            in_memory = times(r.ratio("durable.redis.appends", f"{ours}.appends"))
+            compared += f"; {in_memory} of the relay in memory"
+            text = _rate(r.median("durable.redis.appends"), "appends/s")
+            rows.append(
+                ("durable", "relay on Redis (A) /v1/stream/: appends, the same", text, compared)
+            )
         compared = versus(f"{ours}.sse.p99", f"{peer}.sse.p99", "reference's p99")
         text = f"p99 {_ms(r.median(f'{ours}.sse.p99'))} ms"
         rows.append(("durable", "relay /v1/stream/: append -> SSE reader", text, compared))

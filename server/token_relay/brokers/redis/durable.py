@@ -19,6 +19,12 @@ else the change is judged again on what is there now. So producer fencing, produ
 pass a check on the same state. A refusal is answered only if the stream has not changed
 since it was read (else it is judged again too).
 
+A process's writes to one path go one at a time; the appends that queue meanwhile are judged
+together, in the order they came, on one read, and written by one ``COMMIT``: each on the
+state the ones before it left, as if it came alone right after them (a refusal among them
+is answered once the group's writes are in, or, if none of them wrote, once the stream is
+found unchanged). Two round trips serve a group, not each append.
+
 Bounds, all counted in Redis within the write's script, so they hold for the cluster: at most
 ``--max-durable-streams`` paths (``tr:ds:count``), ``--max-durable-stream-bytes`` per stream,
 and as many bytes in all (``tr:ds:bytes``) as the writing process's ``--max-memory-bytes``
@@ -35,7 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -64,6 +71,10 @@ MAX_ATTEMPTS = 64
 the request is refused 503 (``stream_busy``)."""
 SWEEP_BATCH = 64
 """Expired streams dropped per sweep at most (the next sweep goes on)."""
+MAX_GROUP = 64
+"""Appends to one path judged on one read and written by one script, at most."""
+MAX_GROUP_BYTES = 1 << 20
+"""Bytes of the bodies of one group, at most (a body over it goes alone)."""
 
 
 class StreamRecord(BaseModel):
@@ -171,14 +182,53 @@ def _unavailable() -> StreamRefused:
     return StreamRefused(503, "broker_unavailable", "Redis is unreachable: try again later")
 
 
-class _Turn:
-    """The writes to one path waiting in this process, one at a time."""
+class _Append:
+    """An append waiting for its turn, and its answer once its group is written."""
 
-    __slots__ = ("lock", "users")
+    __slots__ = ("body", "close", "content_type", "done", "now", "producer", "stream_seq")
+
+    def __init__(
+        self,
+        body: bytes,
+        content_type: str,
+        close: bool,
+        now: float,
+        stream_seq: str | None,
+        producer: Producer | None,
+    ) -> None:
+        self.body, self.content_type, self.close, self.now = body, content_type, close, now
+        self.stream_seq, self.producer = stream_seq, producer
+        self.done: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
+
+    def settle(self, outcome: Appended | BaseException) -> None:
+        if not self.done.done():
+            if isinstance(outcome, Appended):
+                self.done.set_result(outcome)
+            else:
+                self.done.set_exception(outcome)
+
+
+class _Turn:
+    """The writes to one path waiting in this process, one at a time; the appends among
+    them queue here, to be written together by whichever takes the turn first."""
+
+    __slots__ = ("appends", "lock", "users")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.users = 0
+        self.appends: deque[_Append] = deque()
+
+
+def _group(waiting: deque[_Append]) -> list[_Append]:
+    """The next group of ``waiting`` appends (taken off it): the first, and those after it
+    within :data:`MAX_GROUP` and :data:`MAX_GROUP_BYTES`."""
+    group = [waiting.popleft()]
+    size = len(group[0].body)
+    while waiting and len(group) < MAX_GROUP and size + len(waiting[0].body) <= MAX_GROUP_BYTES:
+        size += len(waiting[0].body)
+        group.append(waiting.popleft())
+    return group
 
 
 class RedisStore:
@@ -412,50 +462,109 @@ class RedisStore:
         stream_seq: str | None = None,
         producer: Producer | None = None,
     ) -> Appended:
-        """A ``POST`` at ``path``: judged on the stream as read, written if it is still so."""
+        """A ``POST`` at ``path``: judged on the stream as read, written if it is still so.
+
+        Appends to one path that wait for this process's turn there are judged together,
+        in the order they came, on one read of the stream, and written by one script (at
+        most :data:`MAX_GROUP` of them and :data:`MAX_GROUP_BYTES` of bodies): each is
+        answered as if it had been judged and written alone, right after the one before
+        it. The group is written in a task of its own, so a request that goes away while
+        it is being written cuts no other request's answer short."""
+        pending = _Append(body, content_type, close, now, stream_seq, producer)
+        turn = self._turns.get(path)
+        if turn is None:
+            turn = self._turns[path] = _Turn()
+        turn.appends.append(pending)
         async with self._turn(path):
+            if not pending.done.done():
+                group = _group(turn.appends)
+                await asyncio.shield(asyncio.ensure_future(self._write_group(path, group)))
+        return await pending.done
+
+    async def _write_group(self, path: str, group: list[_Append]) -> None:
+        """Judge ``group`` (appends in their order) on one read of the stream and write
+        what they did in one script; settle each one's answer. Judged again, whole, if the
+        stream changed meanwhile; one at a time if together they would pass the store's
+        bytes."""
+        try:
             for _ in range(MAX_ATTEMPTS):
-                stream = await self.get(path, now)
-                assert isinstance(stream, StoredStream)
-                stream.hold([])
-                try:
-                    appended = stream.append(
-                        body,
-                        content_type=content_type,
-                        close=close,
-                        now=now,
-                        room=self.max_total_bytes,
-                        stream_seq=stream_seq,
-                        producer=producer,
-                    )
-                except StreamRefused:
-                    if await self._still(stream):
-                        raise
-                    continue
-                if appended.duplicate:
-                    stream.touch(now)
-                changed = appended.added_bytes > 0 or (close and not appended.duplicate)
-                answer = await self._run(
-                    "COMMIT",
-                    [],
-                    [
-                        stream.stream_id,
-                        stream.version,
-                        _record(stream, stream.made),
-                        repr(now),
-                        self.max_total_bytes,
-                        "1" if changed else "0",
-                        *_pairs(stream),
-                    ],
+                outcomes = await self._judge_and_commit(path, group)
+                if outcomes is None:
+                    continue  # another process changed the stream first: judge again
+                if isinstance(outcomes, str):  # together past the store's bytes
+                    if len(group) == 1:
+                        group[0].settle(
+                            StreamRefused(
+                                507, "store_full", "the relay holds all the stream data it may"
+                            )
+                        )
+                        return
+                    for alone in group:  # which of them still fit: each on its own
+                        await self._write_group(path, [alone])
+                    return
+                for pending, outcome in zip(group, outcomes, strict=True):
+                    pending.settle(outcome)
+                return
+            busy = StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
+            for pending in group:
+                pending.settle(busy)
+        except StreamRefused as refused:  # no stream there, or Redis out of reach
+            for pending in group:
+                pending.settle(refused)
+        except BaseException as exc:
+            for pending in group:
+                pending.settle(exc)
+            raise
+
+    async def _judge_and_commit(
+        self, path: str, group: Sequence[_Append]
+    ) -> list[Appended | StreamRefused] | str | None:
+        """One attempt: the group's outcomes; ``full`` if its writes pass the store's bytes;
+        None if the stream changed since it was read."""
+        stream = await self.get(path, group[-1].now)
+        assert isinstance(stream, StoredStream)
+        stream.hold([])
+        outcomes: list[Appended | StreamRefused] = []
+        changed = written = False
+        for pending in group:
+            try:
+                appended = stream.append(
+                    pending.body,
+                    content_type=pending.content_type,
+                    close=pending.close,
+                    now=pending.now,
+                    room=self.max_total_bytes,
+                    stream_seq=pending.stream_seq,
+                    producer=pending.producer,
                 )
-                if isinstance(answer, list):
-                    self._counted(answer)
-                    return appended
-                if _text(answer) == "full":
-                    raise StreamRefused(
-                        507, "store_full", "the relay holds all the stream data it may"
-                    )
-            raise StreamRefused(503, "stream_busy", "the stream changes too fast: try again")
+            except StreamRefused as refused:  # judged on the state the ones before left
+                outcomes.append(refused)
+                continue
+            if appended.duplicate:
+                stream.touch(pending.now)
+            grew = appended.added_bytes > 0 or (pending.close and not appended.duplicate)
+            changed = changed or grew
+            written = True
+            outcomes.append(appended)
+        if not written:  # every one refused: answered only on the stream as it still is
+            return outcomes if await self._still(stream) else None
+        answer = await self._run(
+            "COMMIT",
+            [],
+            [
+                stream.stream_id,
+                stream.version,
+                _record(stream, stream.made),
+                repr(max(pending.now for pending in group)),
+                self.max_total_bytes,
+                "1" if changed else "0",
+                *_pairs(stream),
+            ],
+        )
+        if isinstance(answer, list):
+            self._counted(answer)
+            return outcomes
+        return "full" if _text(answer) == "full" else None
 
     async def _still(self, stream: StoredStream) -> bool:
         """Whether the stream is still at the version it was read at."""
