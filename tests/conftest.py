@@ -141,6 +141,18 @@ def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
         server.kill()
 
 
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One private redis-server for a module's tests, killed after them (each test empties
+    it, or keeps to keys of its own): for generated examples, which would start one each."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.kill()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--soak-seconds N``: run the soak test for N seconds (for release checks); without it
     the soak test runs a short smoke of the same checks."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,8 +30,6 @@ from token_relay.core.durableproducers import Producer
 from token_relay.core.durablestore import Create, DurableStore, LocalStore, MemoryStore
 from token_relay.core.errors import StreamRefused
 from token_relay.core.settings import Settings
-
-from ..harness import RedisServer
 
 EXAMPLES = int(os.environ.get("DURABLE_GROUP_EXAMPLES", "40"))
 TEXT = "text/plain"
@@ -87,16 +84,6 @@ async def _play(store: DurableStore, sequence: list[dict[str, Any]]) -> dict[str
 def _local() -> LocalStore:
     limits = Limits(max_bytes=MAX_STREAM_BYTES, max_producers=4)
     return LocalStore(MemoryStore(max_streams=10, max_total_bytes=1 << 20, limits=limits))
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.kill()
 
 
 async def _redis_store(url: str) -> RedisStore:

@@ -173,18 +173,6 @@ async def _play(url: str, one_shot: bool, sequence: list[bytes], together: bool)
         await _stopped(relay)
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One private redis-server for the module's generated examples (emptied before each
-    relay starts)."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.kill()
-
-
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
