@@ -149,7 +149,8 @@ async def _state(relay: Relay, url: str, seen: FakeTransport) -> dict[str, Any]:
     return {
         "subscriber": frames.replace(epoch, b"E"),
         "history": [frame.replace(cut.epoch, "E") for frame in cut.frames],
-        "live": [(m.message_id, m.text) for m in cut.live],
+        # Redis lists messages in progress in its set's order, which owes nothing to them.
+        "live": sorted((m.message_id, m.text) for m in cut.live),
         "counters": _counters(relay),
         "keys": await _keys(url, relay.broker.instance),
     }
