@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from token_relay.core.grants import Role
 from token_relay.tokens import mint
 
@@ -429,3 +430,49 @@ async def test_a_named_producer_taken_over_on_another_process_says_what_it_did_n
             ]
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_one_shot_posts_across_relay_processes_on_redis_each_land_once(
+    redis_server: RedisServer,
+) -> None:
+    """Serverless gateways post whole replies to two relay processes, one of them
+    ``--workers 2``, on one Redis, over real sockets, many at once: every post is acked,
+    and a subscriber on a third process gets each message once, in the offsets' order,
+    with its exact text; the channel's history holds each once."""
+    a = relay_process("--broker", redis_server.url)
+    w = relay_process("--broker", redis_server.url, "--workers", "2")
+    b = relay_process("--broker", redis_server.url)
+    await asyncio.gather(a.start(), w.start(), b.start())
+    count = 90  # within --history-size (100), so the history holds every one
+    try:
+        async with running_sub(b.url) as sub:
+            # ASCII, as a one-shot message's delta is (any other text takes the general path).
+            texts = {f"m{n}": f"reply {n}; " * (n % 5 + 1) for n in range(count)}
+
+            async def post(n: int) -> tuple[int, Any]:
+                port = (a.port, w.port)[n % 2]
+                body = {"id": f"m{n}", "delta": texts[f"m{n}"], "final": True}
+                return await _post(port, "/produce?channel=c", json.dumps(body).encode())
+
+            answers = await asyncio.gather(*(post(n) for n in range(count)))
+            assert all(status == 200 for status, _ in answers), answers
+            acked = sorted(ack["id"] for _, answer in answers for ack in answer["acks"])
+            assert acked == sorted(texts)
+            frames = [await recv_json(sub) for _ in range(count)]
+            assert [f["offset"] for f in frames] == list(range(1, count + 1))
+            assert {f["id"]: f["text"] for f in frames} == texts
+        async with connect(f"{a.url}/subscribe?channel=c&rewind={count + 10}") as late:
+            confirmed = await recv_json(late)
+            assert (confirmed["type"], confirmed["replayed"]) == ("subscribed", count)
+            history = [await recv_json(late) for _ in range(count)]
+        assert [f["offset"] for f in history] == list(range(1, count + 1))
+        assert {f["id"]: f["text"] for f in history} == texts
+        # One-shot messages all: no producer session was saved (its MULTI/EXEC) or left.
+        client = Redis.from_url(redis_server.url)
+        try:
+            assert "cmdstat_exec" not in await client.info("commandstats")
+            assert await client.keys("tr:session*") == []
+        finally:
+            await client.aclose()
+    finally:
+        await asyncio.gather(a.stop(), w.stop(), b.stop())
