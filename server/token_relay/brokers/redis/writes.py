@@ -465,9 +465,7 @@ def whole_write(
     """WHOLE for a message of an owner with no session (a one-shot message): its claim
     checked, its ``text`` published as one delta (if any) and its terminal frame, in one
     script, with nothing of it kept per owner."""
-    channel, _, _ = target
     write = terminal_write(settings, webhook, target, body, done, producer=producer, session=False)
-    write.script, write.terminal = "whole", target
-    write.keys.append(f"tr:d:{channel}")
     write.parts = [text]
+    make_whole(write, write, target)  # its own open: the terminal write, and its text
     return write
