@@ -202,31 +202,35 @@ def table_rows(results: Results, config: dict[str, Any]) -> list[Row]:
                     compared * (side == "relay"),
                 )
             )
-    if r.samples.get("durable.relay.produce"):
-        compared = versus("durable.relay.produce", "durable.peer.stream.appends", "reference")
-        text = _rate(r.median("durable.relay.produce"), "posts/s")
-        what = "relay: POST /produce, one JSON message each, 16 connections"
-        rows.append(("http", what, text, compared))
-    if r.samples.get("durable.redis.produce"):
-        compared = versus("durable.redis.produce", "durable.peer.stream.appends", "reference")
-        in_memory = times(r.ratio("durable.redis.produce", "durable.relay.produce"))
-        compared += f"; {in_memory} of the relay in memory"
-        text = _rate(r.median("durable.redis.produce"), "posts/s")
-        what = "relay on Redis (A): POST /produce, the same"
-        rows.append(("http", what, text, compared))
-    if r.samples.get("durable.floor.produce"):
-        compared = versus("durable.floor.produce", "durable.peer.stream.appends", "reference")
-        compared += f"; relay at {times(r.ratio('durable.relay.produce', 'durable.floor.produce'))}"
-        text = _rate(r.median("durable.floor.produce"), "posts/s")
-        what = "Python floor of POST /produce (bench.producefloor), the same"
-        rows.append(("http", what, text, compared))
-    if r.samples.get("durable.relay.edge"):
-        compared = versus("durable.relay.edge", "durable.peer.stream.appends", "reference")
-        share = times(r.ratio("durable.relay.produce", "durable.relay.edge"))
-        compared += f"; POST /produce at {share} of it"
-        text = _rate(r.median("durable.relay.edge"), "requests/s")
-        what = "relay: GET /healthz, the same (its HTTP edge alone)"
-        rows.append(("http", what, text, compared))
+
+    def against_reference(key: str, what: str, unit: str, more: Callable[[], str]) -> None:
+        """A row of ``key`` beside the reference's appends, and what ``more`` adds."""
+        if r.samples.get(key):
+            compared = versus(key, "durable.peer.stream.appends", "reference") + more()
+            rows.append(("http", what, _rate(r.median(key), unit), compared))
+
+    produce = "durable.relay.produce"
+    against_reference(
+        produce, "relay: POST /produce, one JSON message each, 16 connections", "posts/s", str
+    )
+    against_reference(
+        "durable.redis.produce",
+        "relay on Redis (A): POST /produce, the same",
+        "posts/s",
+        lambda: f"; {times(r.ratio('durable.redis.produce', produce))} of the relay in memory",
+    )
+    against_reference(
+        "durable.floor.produce",
+        "Python floor of POST /produce (bench.producefloor), the same",
+        "posts/s",
+        lambda: f"; relay at {times(r.ratio(produce, 'durable.floor.produce'))}",
+    )
+    against_reference(
+        "durable.relay.edge",
+        "relay: GET /healthz, the same (its HTTP edge alone)",
+        "requests/s",
+        lambda: f"; POST /produce at {times(r.ratio(produce, 'durable.relay.edge'))} of it",
+    )
     if r.samples.get("durable.relay.stream.appends"):
         ours, peer = "durable.relay.stream", "durable.peer.stream"
         for what, key, unit in (
