@@ -87,6 +87,10 @@ class Listener(Protocol):
         """The origins a WebSocket handshake may come from (None: any)."""
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop it runs on."""
+
+    @property
     def cork(self) -> Cork:
         """Write coalescing for every WebSocket."""
 
@@ -261,7 +265,7 @@ class HttpConnection(asyncio.Protocol):
         producer's body the deadline moves on with every chunk (:attr:`_heard`). One timer
         serves them all: one that fires before the deadline (set for an earlier one) finds
         time left and waits again, so a kept-alive socket arms no timer per request."""
-        loop = asyncio.get_running_loop()
+        loop = self.server.loop
         now = self._heard = loop.time()
         self._limit, self._reason = seconds, reason
         timer = self._timer
@@ -274,7 +278,7 @@ class HttpConnection(asyncio.Protocol):
         self._timer = None
         if self._reason is None:
             return  # what it waited for came
-        loop = asyncio.get_running_loop()
+        loop = self.server.loop
         silent = loop.time() - self._heard
         if silent < self._limit:
             self._timer = loop.call_later(self._limit - silent, self._expire)
@@ -305,7 +309,7 @@ class HttpConnection(asyncio.Protocol):
                 self._received += len(data)
                 if self._producer is not None:
                     self._producer.feed(bytes(data if room >= len(data) else data[:room]))
-                    self._heard = asyncio.get_running_loop().time()
+                    self._heard = self.server.loop.time()
                 elif self._reading is not None:
                     self._body += data
                 if self._received > limit:
@@ -327,9 +331,7 @@ class HttpConnection(asyncio.Protocol):
                         # pass, then their answers, as for a task (answering inside the
                         # read measured 15% slower under load: smaller batches per poll).
                         body = bytes(self._body)
-                        asyncio.get_running_loop().call_soon(
-                            self._produce_whole, request, reading, body
-                        )
+                        self.server.loop.call_soon(self._produce_whole, request, reading, body)
                         return
                     self._spawn_body(request, reading, bytes(self._body))
                     return
@@ -689,7 +691,7 @@ class HttpConnection(asyncio.Protocol):
         self.server.gate.release(stream)
         if self.server.is_serving() and self._next_cycle():
             # Not now: the stream may have ended inside a fan-out, or in its handler.
-            asyncio.get_running_loop().call_soon(self._serve)
+            self.server.loop.call_soon(self._serve)
         else:
             self.transport_close()
 
@@ -710,7 +712,7 @@ class HttpConnection(asyncio.Protocol):
             except OSError:  # the peer is gone already (it reset the response it was sent)
                 transport.abort()
                 return
-        asyncio.get_running_loop().call_later(LINGER_SECONDS, self.transport_close)
+        self.server.loop.call_later(LINGER_SECONDS, self.transport_close)
 
     def transport_close(self) -> None:
         """Close the socket once what is written has gone."""

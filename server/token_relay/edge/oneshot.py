@@ -63,12 +63,16 @@ Answer = tuple[bytes, frozenset[str]]
 
 
 def apply_once(
-    endpoint: ProducerEndpoint, channel: str, grant: Grant, body: bytes
+    endpoint: ProducerEndpoint,
+    channel: str,
+    grant: Grant,
+    body: bytes,
+    loop: asyncio.AbstractEventLoop,
 ) -> Answer | Coroutine[Any, Any, Answer] | None:
-    """Apply ``body`` (a JSON body of ``POST /produce?channel=channel``) as one whole
-    message: its answer, or (a broker that publishes a round trip later) a coroutine that
-    waits for it. None if the body is not such a message, or the relay can't answer it
-    here: nothing was applied, nothing counted."""
+    """Apply ``body`` (a JSON body of ``POST /produce?channel=channel``, read on ``loop``)
+    as one whole message: its answer, or (a broker that publishes a round trip later) a
+    coroutine that waits for it. None if the body is not such a message, or the relay can't
+    answer it here: nothing was applied, nothing counted."""
     if endpoint.stopping:
         return None
     try:
@@ -90,7 +94,7 @@ def apply_once(
         not delta.isascii() or len(delta) > endpoint.settings.max_message_chars
     ):
         return None  # mended, or refused, by the general path
-    now = asyncio.get_running_loop().time()
+    now = loop.time()
     if endpoint.overloaded(now):
         return None  # refused (and counted) by the general path
     message_id = event.id
@@ -106,7 +110,9 @@ def apply_once(
     metrics.frames_in_producer.value += 1
     if delta:
         metrics.first_delta.observe(0.0)
-    message = _Published(endpoint, channel, owner, message_id, frame, producer, published, now)
+    message = _Published(
+        endpoint, channel, owner, message_id, frame, producer, published, loop, now
+    )
     return message.answer() if published.done() else message.later()
 
 
@@ -117,6 +123,7 @@ class _Published:
         "channel",
         "endpoint",
         "frame",
+        "loop",
         "message_id",
         "owner",
         "producer",
@@ -133,11 +140,12 @@ class _Published:
         frame: str,
         producer: str,
         publication: Publication,
+        loop: asyncio.AbstractEventLoop,
         received: float,
     ) -> None:
         self.endpoint, self.channel, self.owner = endpoint, channel, owner
         self.message_id, self.frame, self.producer = message_id, frame, producer
-        self.publication, self.received = publication, received
+        self.publication, self.loop, self.received = publication, loop, received
 
     async def later(self) -> Answer:
         """The answer, once the broker has published the message (or failed to)."""
@@ -169,6 +177,6 @@ class _Published:
         if error is not None:
             raise error
         metrics.completed.inc()
-        metrics.final_to_delivery.observe(asyncio.get_running_loop().time() - self.received)
+        metrics.final_to_delivery.observe(self.loop.time() - self.received)
         ack = acks_frame([(self.channel, message_id, False)], batch=False)
         return answer_of([ack.encode()], []), frozenset()

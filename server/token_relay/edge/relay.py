@@ -395,7 +395,9 @@ class Relay:
         :meth:`_produce`)."""
         route = request.route
         assert isinstance(route, routes.HttpProduce) and route.channel is not None
-        answered = apply_once(self.producers, route.channel, request.grant, body)
+        server = self.server
+        assert server is not None
+        answered = apply_once(self.producers, route.channel, request.grant, body, server.loop)
         if answered is None or isinstance(answered, tuple):
             return None if answered is None else _once_reply(answered)
         return _once_replied(answered)

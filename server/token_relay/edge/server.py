@@ -160,7 +160,10 @@ class HttpServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self.cork = Cork(asyncio.get_running_loop())
+        self.loop = asyncio.get_running_loop()
+        """The loop this server runs on, kept: on Python 3.11 each
+        ``asyncio.get_running_loop()`` costs a ``getpid`` system call."""
+        self.cork = Cork(self.loop)
         """Write coalescing for every WebSocket of this server."""
 
     async def start(self) -> None:
@@ -371,7 +374,7 @@ class HttpServer:
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a handler; :meth:`wait_closed` waits for it."""
-        task = asyncio.get_running_loop().create_task(coroutine)
+        task = self.loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
