@@ -251,3 +251,52 @@ def test_a_port_in_use_is_one_line_naming_the_flag() -> None:
             errors = [line for line in result.stderr.splitlines() if b"error" in line]
             assert errors == [errors[-1]] and b"(--host, --port)" in errors[-1], result.stderr
             assert b"Traceback" not in result.stderr
+
+
+WITHOUT_UVLOOP = (
+    "import sys; sys.modules['uvloop'] = None; "  # as if it were not installed
+    "from token_relay.edge.cli import main; sys.exit(main())"
+)
+
+
+def _runs_uvloop(pid: int) -> bool:
+    """Whether uvloop's compiled loop is mapped into the process: imported, so running."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return "/uvloop/loop." in maps.read()
+
+
+@pytest.mark.parametrize(
+    ("argv", "uvloop"),
+    [
+        ([], True),  # auto, with uvloop installed (the test extras have it)
+        (["--loop", "auto"], True),
+        (["--loop", "uvloop"], True),
+        (["--loop", "asyncio"], False),
+        (["-c", WITHOUT_UVLOOP], False),  # auto, with no uvloop: asyncio's own loop
+    ],
+)
+async def test_the_event_loop_is_uvloop_when_installed_unless_asked_otherwise(
+    argv: list[str], uvloop: bool
+) -> None:
+    command = argv if argv[:1] == ["-c"] else ["-m", "token_relay", *argv]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *command, "--port", "0", stderr=subprocess.PIPE
+    )
+    try:
+        port, _ = await _wait_for_port(process)
+        assert _runs_uvloop(process.pid) is uvloop
+        async with subscribed_pair(f"ws://127.0.0.1:{port}") as (sub, producer):
+            await send_json(producer, {"id": "m", "delta": "on its loop", "final": True})
+            assert (await recv_core(sub))["text"] == "on its loop"
+    finally:
+        process.kill()
+        await process.wait()
+
+
+def test_asking_for_uvloop_without_it_is_a_clear_error() -> None:
+    command = WITHOUT_UVLOOP.replace("main()", "main(['--loop', 'uvloop', '--port', '0'])")
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        b"error: --loop uvloop needs uvloop: pip install 'token-relay[fast]'"
+    ]
