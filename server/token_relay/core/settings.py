@@ -27,7 +27,7 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 KIB = 1024
 LOG_FORMATS = ("plain", "json")
-LOOPS = ("auto", "asyncio", "uvloop")
+LOOPS = ("asyncio", "uvloop")
 HTTP_PARSERS = ("fast", "h11")
 
 
@@ -256,9 +256,8 @@ class Settings:
     max_durable_producers: int = 1_000
     """Idempotent producers (``Producer-Id``) remembered per durable stream; past it the
     one that wrote least recently is forgotten."""
-    loop: str = "auto"
-    """The event loop: ``auto`` (uvloop when it is installed, else asyncio's), ``asyncio``
-    or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
+    loop: str = "asyncio"
+    """The event loop: ``asyncio`` or ``uvloop`` (``pip install 'token-relay[fast]'``)."""
     http_parser: str = "fast"
     """How HTTP requests are read: ``fast`` (the common well-formed shape read at once, h11
     for anything else) or ``h11`` (every request, in pure Python, as a reference)."""

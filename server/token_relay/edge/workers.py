@@ -197,15 +197,12 @@ def _exit_status(code: int | None) -> str:
 
 
 def loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop ``--loop`` asks for (None: asyncio's own). ``auto`` takes uvloop when
-    it is installed; uvloop is imported only then."""
-    if settings.loop == "asyncio":
+    """The event loop ``--loop`` asks for; uvloop is imported only then."""
+    if settings.loop != "uvloop":
         return None
     try:
         import uvloop
     except ImportError:
-        if settings.loop == "auto":
-            return None
         raise ConfigError("--loop uvloop needs uvloop: pip install 'token-relay[fast]'") from None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
