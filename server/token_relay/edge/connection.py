@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from http import HTTPStatus
@@ -54,7 +55,7 @@ from .aisdkws import AiSdkSocket
 from .durablesse import DurableSse
 from .frames import frames_log
 from .http import Admit, Gate, HttpRequest, ReadBody, Reply
-from .http11 import CLOSED, END, MAX_HEAD_BYTES, NEED_DATA, PAUSED, Body, Head, Http11
+from .http11 import CLOSED, END, MAX_HEAD_BYTES, NEED_DATA, PAUSED, Body, Head, Http11, sized_head
 from .httpproducer import NDJSON, HttpProducer
 from .peer import Streamed
 from .sse import SseStream
@@ -64,6 +65,15 @@ __all__ = ["LINGER_SECONDS", "MAX_HEAD_BYTES", "HttpConnection", "Listener", "ra
 
 LINGER_SECONDS = 1.0
 """How long a socket closing after a refusal keeps reading (and dropping) its input."""
+
+
+@functools.lru_cache(maxsize=256)
+def _sized_head(
+    status: int, headers: tuple[tuple[str, str], ...], content_type: str
+) -> bytes | None:
+    """A reply's head up to its ``Content-Length``, its lines as
+    :meth:`HttpConnection._respond` orders them (:func:`~.http11.sized_head`), built once."""
+    return sized_head(status, (("Server", "token-relay"), *headers, ("Content-Type", content_type)))
 
 
 class Listener(Protocol):
@@ -639,21 +649,28 @@ class HttpConnection(asyncio.Protocol):
             and (read or not request.has_body)
             and self._producer is None
         )
-        headers = [("Server", "token-relay"), *reply.headers]
-        if reply.status != 204:  # a 204 has neither a body nor a length
-            headers += [
-                ("Content-Type", reply.content_type),
-                ("Content-Length", str(len(reply.body))),
-            ]
-        if not keep:
-            headers.append(("Connection", "close"))
         http = self.http
         try:
-            data = http.respond(reply.status, headers)
-            head_only = request is not None and request.method == b"HEAD"
-            if reply.body and not head_only:
-                data += http.body(reply.body)
-            data += http.end()
+            sized = None
+            if keep:  # the common case, its head up to its length built once
+                head = _sized_head(reply.status, reply.headers, reply.content_type)
+                sized = None if head is None else http.sized(head, reply.body)
+            if sized is not None:
+                data = sized
+            else:
+                headers = [("Server", "token-relay"), *reply.headers]
+                if reply.status != 204:  # a 204 has neither a body nor a length
+                    headers += [
+                        ("Content-Type", reply.content_type),
+                        ("Content-Length", str(len(reply.body))),
+                    ]
+                if not keep:
+                    headers.append(("Connection", "close"))
+                data = http.respond(reply.status, headers)
+                head_only = request is not None and request.method == b"HEAD"
+                if reply.body and not head_only:
+                    data += http.body(reply.body)
+                data += http.end()
         except InvalidResponse:
             data = raw_response(reply.status, reply.body.decode(errors="replace"))
             keep = False

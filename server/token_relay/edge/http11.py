@@ -57,6 +57,7 @@ __all__ = [
     "Event",
     "Head",
     "Http11",
+    "sized_head",
 ]
 
 MAX_HEAD_BYTES = 16 * 1024
@@ -179,6 +180,18 @@ def _comma_values(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> list[b
                 if item:
                     values.append(item)
     return values
+
+
+def sized_head(status: int, headers: tuple[tuple[str, str], ...]) -> bytes | None:
+    """A response head up to its ``Content-Length`` (its status line and ``headers``'
+    lines, checked), for :meth:`Http11.sized`; None if a header is one that
+    :meth:`Http11.respond` must look at (``Content-Length``, ``Connection``,
+    ``Transfer-Encoding``) or the status has no body."""
+    if status in (204, 304) or any(
+        name.lower() in ("content-length", "connection", "transfer-encoding") for name, _ in headers
+    ):
+        return None
+    return _status_line(status) + b"".join(_header_line(name, value) for name, value in headers)
 
 
 def _head_of(request: h11.Request) -> Head:
@@ -441,6 +454,24 @@ class Http11:
         self._our = _State.SEND_BODY
         self._keep = keep
         return b"".join(parts)
+
+    def sized(self, head: bytes, body: bytes) -> bytes | None:
+        """The whole response, ``head`` (from :func:`sized_head`) with its
+        ``Content-Length`` and ``body``, byte for byte what :meth:`respond`, :meth:`body`
+        and :meth:`end` write for it, with the same change of state; None (nothing
+        changed) unless the request was read by the fast parser (so HTTP/1.1, kept alive)
+        and is neither ``HEAD`` nor ``CONNECT``: :meth:`respond` writes those."""
+        request = self.request
+        if (
+            self._our is not _State.SEND_RESPONSE
+            or self._h11 is not None
+            or request is None
+            or request.method in (b"HEAD", b"CONNECT")
+        ):
+            return None
+        self._framing, self._left, self._keep = "length", 0, True
+        self._our = _State.DONE
+        return b"%bContent-Length: %d\r\n\r\n%b" % (head, len(body), body)
 
     def continue_100(self) -> bytes:
         """``100 Continue``: the client may send its body."""
