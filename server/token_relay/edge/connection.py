@@ -377,6 +377,11 @@ class HttpConnection(asyncio.Protocol):
                         and self.server.takes_once(decision)
                     ):
                         # Perhaps a one-shot message: its body is read whole first.
+                        whole = http.whole_body()
+                        if whole is not None:  # here already, as it mostly is
+                            self._received = len(whole)
+                            self.server.loop.call_soon(self._produce_whole, event, decision, whole)
+                            return
                         self._reading, self._body, self._once = decision, bytearray(), True
                         self._deadline(settings.idle_timeout, "request body stalled")
                         continue
@@ -386,6 +391,11 @@ class HttpConnection(asyncio.Protocol):
                         # (its messages abort as any idle message does).
                         self._deadline(self.server.settings.idle_timeout, "request body stalled")
                         continue
+                    whole = http.whole_body()
+                    if whole is not None:  # here already, as it mostly is
+                        self._received = len(whole)
+                        self._spawn_body(event, decision, whole)
+                        return
                     self._reading, self._body = decision, bytearray()
                     self._deadline(self.server.settings.handshake_timeout, "handshake timeout")
             elif event is NEED_DATA:

@@ -159,15 +159,21 @@ def _status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())
 
 
+_WRITER_SPECIAL = frozenset({"content-length", "connection", "transfer-encoding"})
+"""Response headers the writer looks at (framing and the connection's end)."""
+
+
 @lru_cache(maxsize=1024)
-def _header_line(name: str, value: str) -> bytes:
-    """One header line; a name or value HTTP doesn't allow raises, as h11's writer did."""
+def _header_line(name: str, value: str) -> tuple[bytes, bool]:
+    """One header line, and whether its name is one the writer looks at
+    (:data:`_WRITER_SPECIAL`); a name or value HTTP doesn't allow raises, as h11's writer
+    did."""
     raw_name, raw_value = name.encode("ascii"), value.encode("ascii")
     if _NAME.fullmatch(raw_name) is None:
         raise InvalidResponse(f"Illegal header name {raw_name!r}")
     if _VALUE.fullmatch(raw_value) is None:
         raise InvalidResponse(f"Illegal header value {raw_value!r}")
-    return b"%s: %s\r\n" % (raw_name, raw_value)
+    return b"%s: %s\r\n" % (raw_name, raw_value), name.lower() in _WRITER_SPECIAL
 
 
 def _comma_values(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
@@ -187,11 +193,12 @@ def sized_head(status: int, headers: tuple[tuple[str, str], ...]) -> bytes | Non
     lines, checked), for :meth:`Http11.sized`; None if a header is one that
     :meth:`Http11.respond` must look at (``Content-Length``, ``Connection``,
     ``Transfer-Encoding``) or the status has no body."""
-    if status in (204, 304) or any(
-        name.lower() in ("content-length", "connection", "transfer-encoding") for name, _ in headers
-    ):
+    if status in (204, 304):
         return None
-    return _status_line(status) + b"".join(_header_line(name, value) for name, value in headers)
+    lines = [_header_line(name, value) for name, value in headers]
+    if any(special for _, special in lines):
+        return None
+    return _status_line(status) + b"".join(line for line, _ in lines)
 
 
 def _head_of(request: h11.Request) -> Head:
@@ -308,6 +315,25 @@ class Http11:
         self._our = _State.SEND_RESPONSE
         return head
 
+    def whole_body(self) -> bytes | None:
+        """The request's whole body, if all of it is here already and the fast parser read
+        its head: what :meth:`next_event` would hand out as its :class:`Body` pieces, and its
+        :data:`END` with them. None (nothing taken) otherwise."""
+        if self._h11 is not None or self._their is not _State.SEND_BODY:
+            return None
+        remaining, buffer = self._remaining, self._buffer
+        if len(buffer) < remaining:
+            return None
+        if len(buffer) == remaining:
+            data = bytes(buffer)
+            buffer.clear()
+        else:
+            data = bytes(buffer[:remaining])
+            del buffer[:remaining]
+        self._remaining = 0
+        self._their = _State.DONE
+        return data
+
     def _fast_head(self) -> Head | object | None:
         """The request's head if it is whole and of the common shape; None if nothing came
         yet or not all of it; :data:`_FALLBACK` for h11 to read it."""
@@ -383,8 +409,8 @@ class Http11:
     def keep_alive(self) -> bool:
         """Whether the client lets the connection go on after this cycle."""
         request = self.request
-        if request is None:
-            return True
+        if request is None or self._h11 is None:
+            return True  # the fast parser reads HTTP/1.1 only, with no Connection but keep-alive
         if request.http_version < b"1.1":
             return False
         return b"close" not in _comma_values(request.headers, b"connection")
@@ -414,15 +440,16 @@ class Http11:
         """The values of the response's own ``Connection`` headers."""
         connection: list[bytes] = []
         for name, value in headers:
-            line = _header_line(name, value)
-            lowered = name.lower()
-            if lowered == "content-length":
-                length = int(value)
-            elif lowered == "connection":
-                closing += _comma_values(((b"connection", line[12:-2]),), b"connection")
-                connection.append(line)
-            elif lowered == "transfer-encoding":
-                raise InvalidResponse("the relay never sets Transfer-Encoding itself")
+            line, special = _header_line(name, value)
+            if special:
+                lowered = name.lower()
+                if lowered == "content-length":
+                    length = int(value)
+                elif lowered == "connection":
+                    closing += _comma_values(((b"connection", line[12:-2]),), b"connection")
+                    connection.append(line)
+                else:
+                    raise InvalidResponse("the relay never sets Transfer-Encoding itself")
             parts.append(line)
         keep = self.keep_alive
         if status in (204, 304) or (method == b"CONNECT" and 200 <= status < 300):
