@@ -121,6 +121,11 @@ class Listener(Protocol):
     def takes_once(self) -> Callable[[ReadBody], bool]:
         """Whether a producer request's body is read whole first, for :attr:`once`."""
 
+    @property
+    def read_now(self) -> Callable[[ReadBody, bytes], Reply | None] | None:
+        """Answers a request whose route takes a body, given the whole body, at once, or
+        declines (None): :attr:`read` answers it then."""
+
     def admit_socket(self, connection: HttpConnection) -> str | None:
         """A new socket: None to go on, or why it is refused at once."""
 
@@ -535,8 +540,36 @@ class HttpConnection(asyncio.Protocol):
         self._serve()  # a request pipelined behind this one
 
     def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> None:
-        """Hand a whole body to its route, and answer with what it returns."""
-        self._answer_later(request, reading, self.server.read(reading, body))
+        """Hand a whole body to its route, and answer with what it returns: on the loop's
+        next pass, as a task would (the reads of a pass, then their answers), with no task
+        if the route answers at once."""
+        route = reading.route
+        if (
+            self.server.read_now is not None
+            and isinstance(route, routes.StreamRequest)
+            and route.method == "POST"
+        ):  # perhaps an append that is answered at once
+            self.server.loop.call_soon(self._read_whole, request, reading, body)
+        else:
+            self._answer_later(request, reading, self.server.read(reading, body))
+
+    def _read_whole(self, request: Head, reading: ReadBody, body: bytes) -> None:
+        """A request whose whole body is here: answered at once if its route can; else as
+        any, from a task. Either way it is served even if the socket is gone meanwhile, as
+        a body that came whole always is."""
+        read_now = self.server.read_now
+        reply = None if read_now is None else read_now(reading, body)
+        if reply is None:
+            self._answer_later(request, reading, self.server.read(reading, body))
+            return
+        if reading.headers:
+            reply = Reply(
+                reply.status, reply.body, reply.content_type, reply.headers + reading.headers
+            )
+        if self.transport is not None and not self.transport.is_closing():
+            self._respond(reply, request, read=True)
+        self._dropping = False
+        self._serve()  # a request pipelined behind this one
 
     def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> None:
         """Answer the request with its route's reply once it comes (if the socket is open)."""

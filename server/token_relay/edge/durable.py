@@ -33,6 +33,7 @@ from typing import Any
 from ..core.durable import (
     BEGINNING,
     TAIL,
+    Appended,
     Chunk,
     DurableStream,
     Limits,
@@ -40,6 +41,7 @@ from ..core.durable import (
     position_of,
 )
 from ..core.durablejson import json_array
+from ..core.durableproducers import Producer
 from ..core.durablerequests import (
     MAX_VALUE_LENGTH,
     bounded,
@@ -288,16 +290,47 @@ class DurableStreams:
             return Reply(201, b"", stream.content_type, (("Location", location), *headers))
         return Reply(200, b"", stream.content_type, headers)
 
+    def append_now(self, reading: ReadBody, body: bytes) -> Reply | None:
+        """A ``POST`` (append) answered within the call, with no task: to a stream in this
+        process's memory, with no subscription to tell and no sweep due, exactly as
+        :meth:`serve` answers it; None (nothing done) for any other request."""
+        route = reading.route
+        store = self.store
+        if (
+            not isinstance(route, StreamRequest)
+            or route.method != "POST"
+            or not isinstance(store, LocalStore)
+            or route.stream.startswith(CONTROL_PATH)
+            or not self.hooks.quiet()
+        ):
+            return None
+        now = self.clock()
+        if now - self._swept >= SWEEP_EVERY:
+            return None  # the sweep is due: serve() runs it first
+        try:
+            producer, sent = _producer_of(reading.request)
+            stream_seq = sent.get("stream-seq")
+            if stream_seq is not None and len(stream_seq) > MAX_VALUE_LENGTH:
+                return None
+            store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
+            closed = sent.get("stream-closed")
+            appended = store.memory.append(
+                route.stream,
+                body,
+                content_type=sent.get("content-type", ""),
+                close=closed is not None and closed_of(closed),
+                now=now,
+                stream_seq=stream_seq,
+                producer=producer,
+            )
+        except StreamRefused as exc:
+            return refusal(exc)
+        if appended.next > appended.before or not appended.duplicate:
+            self._wake(route.stream)  # quiet: no subscription to tell
+        return _appended_reply(appended, producer, body)
+
     async def _append(self, route: StreamRequest, request: HttpRequest, body: bytes) -> Reply:
-        sent = dict(request.headers)  # each header's last value, read in one pass
-        producer_id = sent.get("producer-id")
-        epoch = sent.get("producer-epoch")
-        seq = sent.get("producer-seq")
-        producer = (
-            None
-            if producer_id is None and epoch is None and seq is None
-            else producer_of(producer_id, epoch, seq)
-        )
+        producer, sent = _producer_of(request)
         now = await self._now()
         stream_seq = sent.get("stream-seq")
         if stream_seq is not None and len(stream_seq) > MAX_VALUE_LENGTH:
@@ -320,24 +353,7 @@ class DurableStreams:
                 await self._tell(route.stream, before)
         elif not appended.duplicate:
             self._wake(route.stream)  # closed: its readers learn it now
-        if appended.producer_epoch is None:
-            if appended.closed:
-                headers: Headers = (
-                    ("Stream-Next-Offset", offset_text(appended.next)),
-                    ("Stream-Closed", "true"),
-                )
-            else:
-                headers = (("Stream-Next-Offset", offset_text(appended.next)),)
-            return Reply(204, b"", headers=headers)
-        headers = (("Stream-Next-Offset", offset_text(appended.next)),)
-        if appended.closed:
-            headers += (("Stream-Closed", "true"),)
-        headers += (
-            ("Producer-Epoch", str(appended.producer_epoch)),
-            ("Producer-Seq", str(appended.producer_seq)),
-        )
-        status = 200 if producer is not None and not appended.duplicate and body else 204
-        return Reply(status, b"", headers=headers)
+        return _appended_reply(appended, producer, body)
 
     async def _head(self, route: StreamRequest) -> Reply:
         stream = await self.store.get(route.stream, await self._now())
@@ -519,3 +535,37 @@ def _body(stream: DurableStream, chunk: Chunk) -> bytes:
     if stream.json:
         return json_array(list(chunk.entries))
     return b"".join(chunk.entries)
+
+
+def _producer_of(request: HttpRequest) -> tuple[Producer | None, dict[str, str]]:
+    """An append's idempotent producer (None without its headers), and each header's last
+    value, read in one pass."""
+    sent = dict(request.headers)
+    producer_id = sent.get("producer-id")
+    epoch = sent.get("producer-epoch")
+    seq = sent.get("producer-seq")
+    if producer_id is None and epoch is None and seq is None:
+        return None, sent
+    return producer_of(producer_id, epoch, seq), sent
+
+
+def _appended_reply(appended: Appended, producer: Producer | None, body: bytes) -> Reply:
+    """The answer to an append that was made."""
+    if appended.producer_epoch is None:
+        if appended.closed:
+            headers: Headers = (
+                ("Stream-Next-Offset", offset_text(appended.next)),
+                ("Stream-Closed", "true"),
+            )
+        else:
+            headers = (("Stream-Next-Offset", offset_text(appended.next)),)
+        return Reply(204, b"", headers=headers)
+    headers = (("Stream-Next-Offset", offset_text(appended.next)),)
+    if appended.closed:
+        headers += (("Stream-Closed", "true"),)
+    headers += (
+        ("Producer-Epoch", str(appended.producer_epoch)),
+        ("Producer-Seq", str(appended.producer_seq)),
+    )
+    status = 200 if producer is not None and not appended.duplicate and body else 204
+    return Reply(status, b"", headers=headers)

@@ -159,6 +159,7 @@ class Relay:
             self._produce,
             once=self._produce_once,
             takes_once=self._takes_once,
+            read_now=self._read_now,
         )
         await self.server.start()
         self._sweeper = asyncio.create_task(self._expire_idle())
@@ -329,6 +330,15 @@ class Relay:
                     "seconds": round(time.monotonic() - opened, 3),
                 },
             )
+
+    def _read_now(self, request: ReadBody, body: bytes) -> Reply | None:
+        """A request whose route takes a body, answered within the call if it can be (a
+        Durable Streams append to a stream in this process's memory); None otherwise, and
+        :meth:`_read_body` answers it."""
+        route = request.route
+        if not isinstance(route, routes.StreamRequest) or _is_channel_stream(route):
+            return None
+        return self.durable.append_now(request, body)
 
     async def _read_body(self, request: ReadBody, body: bytes) -> Reply:
         r"""A request whose route takes a body: ``POST /cancel``, Stop of the AI SDK, the

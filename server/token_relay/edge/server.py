@@ -118,6 +118,7 @@ class HttpServer:
         produce: ProduceHandler,
         once: OnceHandler | None = None,
         takes_once: Callable[[ReadBody], bool] | None = None,
+        read_now: Callable[[ReadBody, bytes], Reply | None] | None = None,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -133,6 +134,9 @@ class HttpServer:
         by :attr:`produce`, fed the body whole."""
         self.takes_once: Callable[[ReadBody], bool] = takes_once or _never
         """Whether a producer request's body is read whole first, for :attr:`once`."""
+        self.read_now = read_now
+        """Answers a request whose route takes a body, given the whole body, within the
+        call and with no task, if it can; when it declines (None), :attr:`read` answers."""
         origins = settings.allowed_origins
         self.origins: list[Origin | None] | None = (
             [*(Origin(origin) for origin in origins), None] if origins else None
