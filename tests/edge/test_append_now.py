@@ -25,9 +25,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
-from token_relay.edge.connection import HttpConnection
 
-from tests.edge.test_http11 import FakeTransport
+from tests.edge.played import answers, connection, settle
 from tests.edge.test_oneshot import _counters
 
 EXAMPLES = int(os.environ.get("APPEND_NOW_EXAMPLES", "150"))
@@ -91,18 +90,6 @@ def requests(draw: st.DrawFn) -> bytes:
     return _request("POST", path, headers, body)
 
 
-async def _settle() -> None:
-    for _ in range(40):
-        await asyncio.sleep(0)
-
-
-def _connection(relay: Relay) -> tuple[HttpConnection, FakeTransport]:
-    assert relay.server is not None
-    connection, transport = HttpConnection(relay.server), FakeTransport()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-    return connection, transport
-
-
 DATE = re.compile(
     rb"(?m)^(Date|Stream-Cursor|ETag): [^\r]*\r\n"
     rb'|"streamCursor":"\d+"|\d{4}-\d\d-\d\dT[\d:.]+Z|"kid": "ds_[^"]*"'
@@ -126,38 +113,24 @@ async def _play(at_once: bool, sequence: list[bytes], together: bool) -> dict[st
 
     server.read_now = counted if at_once else None
     try:
-        create, created = _connection(relay)
+        create, created = connection(relay)
         create.data_received(_request("PUT", STREAM, {"Content-Type": "text/plain"}))
-        await _settle()
+        await settle()
         assert created.written.startswith(b"HTTP/1.1 201")
-        reader, seen = _connection(relay)
+        reader, seen = connection(relay)
         reader.data_received(_request("GET", STREAM + "?offset=-1&live=sse", {}))
-        await _settle()
-        answers: list[bytes] = []
+        await settle()
         opened = [create, reader]
-        if together:  # pipelined on one connection
-            connection, transport = _connection(relay)
-            opened.append(connection)
-            connection.data_received(b"".join(sequence))
-            for _ in range(len(sequence) + 2):
-                await _settle()
-            answers.append(bytes(transport.written))
-        else:
-            for request in sequence:
-                connection, transport = _connection(relay)
-                opened.append(connection)
-                connection.data_received(request)
-                await _settle()
-                answers.append(bytes(transport.written))
-        content, read = _connection(relay)
+        written = await answers(relay, sequence, together, opened)
+        content, read = connection(relay)
         content.data_received(_request("GET", STREAM + "?offset=-1", {}))
-        await _settle()
+        await settle()
         opened.append(content)
-        for connection in opened:
-            connection.connection_lost(None)
-        await _settle()
+        for one in opened:
+            one.connection_lost(None)
+        await settle()
         return {
-            "answers": [DATE.sub(b"", answer) for answer in answers],
+            "answers": [DATE.sub(b"", answer) for answer in written],
             "reader": DATE.sub(b"", bytes(seen.written)),
             "content": DATE.sub(b"", bytes(read.written)),
             "counters": _counters(relay),

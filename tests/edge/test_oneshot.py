@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
-from token_relay.edge.connection import HttpConnection
 
-from tests.edge.test_http11 import FakeTransport
+from tests.edge.played import answers, settle
+from tests.edge.played import connection as _connection
 
 EXAMPLES = int(os.environ.get("ONESHOT_EXAMPLES", "200"))
 MAX_CHARS = 40
@@ -124,18 +124,6 @@ SUBSCRIBE = (
 )
 
 
-async def _settle() -> None:
-    for _ in range(40):
-        await asyncio.sleep(0)
-
-
-def _connection(relay: Relay) -> tuple[HttpConnection, FakeTransport]:
-    assert relay.server is not None
-    connection, transport = HttpConnection(relay.server), FakeTransport()
-    connection.connection_made(transport)  # type: ignore[arg-type]
-    return connection, transport
-
-
 COUNTED = re.compile(rb"^relay_\w+(_total|_count)?(\{[^}]*\})? ", re.M)
 """The relay's counters and the counts of its timings (not their sums or buckets)."""
 
@@ -163,31 +151,17 @@ async def _play(
     try:
         subscriber, seen = _connection(relay)
         subscriber.data_received(SUBSCRIBE)
-        await _settle()
-        answers: list[bytes] = []
+        await settle()
         opened = [subscriber]
-        if together:  # pipelined on one connection
-            connection, transport = _connection(relay)
-            opened.append(connection)
-            connection.data_received(b"".join(sequence))
-            for _ in range(len(sequence) + 2):
-                await _settle()
-            answers.append(bytes(transport.written))
-        else:
-            for request in sequence:
-                connection, transport = _connection(relay)
-                opened.append(connection)
-                connection.data_received(request)
-                await _settle()
-                answers.append(bytes(transport.written))
+        written = await answers(relay, sequence, together, opened)
         cut = await relay.broker.catch_up("c", None, live=True, rewind=1000)
-        for connection in opened:
-            connection.connection_lost(None)
-        await _settle()
+        for one in opened:
+            one.connection_lost(None)
+        await settle()
         epoch = cut.epoch.encode()
         _, _, frames = bytes(seen.written).partition(b"\r\n\r\n")  # after the 101 (its Date)
         return {
-            "answers": answers,
+            "answers": written,
             "subscriber": frames.replace(epoch, b"E"),
             "history": [frame.replace(cut.epoch, "E") for frame in cut.frames],
             "live": [(m.message_id, m.text) for m in cut.live],
@@ -300,7 +274,7 @@ def test_a_one_shot_message_is_answered_on_the_next_pass_without_a_task() -> Non
                 % (len(body), body.replace(b'"m"', b'"n"'))
             )
             assert len(asyncio.all_tasks()) == tasks + 1
-            await _settle()
+            await settle()
             assert later.written.endswith(b'"channel":"c"}],"errors":[],"cancels":[]}')
         finally:
             await relay.stop()
@@ -323,7 +297,7 @@ def test_a_one_shot_message_is_applied_even_if_its_socket_is_gone_before_its_ans
             connection.data_received(_post(body))
             transport.closing = True
             connection.connection_lost(None)
-            await _settle()
+            await settle()
             assert not transport.written and errors == []
             cut = await relay.broker.catch_up("c", None, live=False, rewind=10)
             assert [json.loads(frame)["text"] for frame in cut.frames] == ["hi"]
@@ -346,11 +320,11 @@ def test_an_id_in_progress_elsewhere_is_refused(one_shot: bool) -> None:
             holder, _ = _connection(relay)
             opening = b'{"id":"m","delta":"x"}'
             holder.data_received(_post(opening, "?channel=c&producer=p"))
-            await _settle()
+            await settle()
             body = b'{"id":"m","delta":"hi","final":true}'
             connection, transport = _connection(relay)
             connection.data_received(_post(body))
-            await _settle()
+            await settle()
             return bytes(transport.written)
         finally:
             await relay.stop()

@@ -32,12 +32,12 @@ from hypothesis import strategies as st
 from token_relay import Relay, Settings
 from token_relay.edge.connection import HttpConnection
 
+from tests.edge.played import connection as _connection
 from tests.edge.test_http11 import FakeTransport
 from tests.edge.test_oneshot import (
     MAX_CHARS,
     NEAR,
     SUBSCRIBE,
-    _connection,
     _counters,
     _post,
     requests,

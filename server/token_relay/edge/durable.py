@@ -28,7 +28,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.durable import (
     BEGINNING,
@@ -313,16 +313,8 @@ class DurableStreams:
             if stream_seq is not None and len(stream_seq) > MAX_VALUE_LENGTH:
                 return None
             store.max_total_bytes = max(0, self.settings.max_memory_bytes - self.elsewhere())
-            closed = sent.get("stream-closed")
-            appended = store.memory.append(
-                route.stream,
-                body,
-                content_type=sent.get("content-type", ""),
-                close=closed is not None and closed_of(closed),
-                now=now,
-                stream_seq=stream_seq,
-                producer=producer,
-            )
+            options = _append_options(sent, now, stream_seq, producer)
+            appended = store.memory.append(route.stream, body, **options)
         except StreamRefused as exc:
             return refusal(exc)
         if appended.next > appended.before or not appended.duplicate:
@@ -336,16 +328,8 @@ class DurableStreams:
         if stream_seq is not None and len(stream_seq) > MAX_VALUE_LENGTH:
             await self.store.get(route.stream, now)  # no stream there answers first
             bounded("Stream-Seq", stream_seq)
-        closed = sent.get("stream-closed")
-        appended = await self.store.append(
-            route.stream,
-            body,
-            content_type=sent.get("content-type", ""),
-            close=closed is not None and closed_of(closed),
-            now=now,
-            stream_seq=stream_seq,
-            producer=producer,
-        )
+        options = _append_options(sent, now, stream_seq, producer)
+        appended = await self.store.append(route.stream, body, **options)
         before = appended.before
         if appended.next > before:
             self._wake(route.stream)  # as _changed does, without a coroutine when quiet
@@ -547,6 +531,30 @@ def _producer_of(request: HttpRequest) -> tuple[Producer | None, dict[str, str]]
     if producer_id is None and epoch is None and seq is None:
         return None, sent
     return producer_of(producer_id, epoch, seq), sent
+
+
+class _AppendOptions(TypedDict):
+    """What a store's ``append`` is told of an append, besides its path and body."""
+
+    content_type: str
+    close: bool
+    now: float
+    stream_seq: str | None
+    producer: Producer | None
+
+
+def _append_options(
+    sent: dict[str, str], now: float, stream_seq: str | None, producer: Producer | None
+) -> _AppendOptions:
+    """An append's options, from its headers (each one's last value)."""
+    closed = sent.get("stream-closed")
+    return _AppendOptions(
+        content_type=sent.get("content-type", ""),
+        close=closed is not None and closed_of(closed),
+        now=now,
+        stream_seq=stream_seq,
+        producer=producer,
+    )
 
 
 def _appended_reply(appended: Appended, producer: Producer | None, body: bytes) -> Reply:
