@@ -530,14 +530,7 @@ class HttpConnection(asyncio.Protocol):
         if not isinstance(reply, Reply):  # answered once its broker has replied
             self._answer_later(request, reading, reply)
             return
-        if self.transport is None or self.transport.is_closing():
-            return
-        if reading.headers:
-            headers = reply.headers + reading.headers
-            reply = Reply(reply.status, reply.body, reply.content_type, headers)
-        self._respond(reply, request, read=True)
-        self._dropping = False
-        self._serve()  # a request pipelined behind this one
+        self._reply(request, reading, reply)
 
     def _spawn_body(self, request: Head, reading: ReadBody, body: bytes) -> None:
         """Hand a whole body to its route, and answer with what it returns: on the loop's
@@ -562,30 +555,27 @@ class HttpConnection(asyncio.Protocol):
         if reply is None:
             self._answer_later(request, reading, self.server.read(reading, body))
             return
-        if reading.headers:
-            reply = Reply(
-                reply.status, reply.body, reply.content_type, reply.headers + reading.headers
-            )
-        if self.transport is not None and not self.transport.is_closing():
-            self._respond(reply, request, read=True)
-        self._dropping = False
-        self._serve()  # a request pipelined behind this one
+        self._reply(request, reading, reply)
 
     def _answer_later(self, request: Head, reading: ReadBody, replying: Awaitable[Reply]) -> None:
         """Answer the request with its route's reply once it comes (if the socket is open)."""
 
         async def answer() -> None:
-            reply = await replying
-            if reading.headers:
-                # Built directly: dataclasses.replace costs three times as much.
-                headers = reply.headers + reading.headers
-                reply = Reply(reply.status, reply.body, reply.content_type, headers)
-            if self.transport is not None and not self.transport.is_closing():
-                self._respond(reply, request, read=True)
-            self._dropping = False
-            self._serve()  # a request pipelined behind this one
+            self._reply(request, reading, await replying)
 
         self.server.spawn(answer())
+
+    def _reply(self, request: Head, reading: ReadBody, reply: Reply) -> None:
+        """Answer a request whose body was read with its route's reply (if the socket is
+        open), then go on to the request pipelined behind it."""
+        if reading.headers:
+            # Built directly: dataclasses.replace costs three times as much.
+            headers = reply.headers + reading.headers
+            reply = Reply(reply.status, reply.body, reply.content_type, headers)
+        if self.transport is not None and not self.transport.is_closing():
+            self._respond(reply, request, read=True)
+        self._dropping = False
+        self._serve()  # a request pipelined behind this one
 
     def _view(self, request: Head) -> HttpRequest:
         """The request as the gate reads it, decoded once (for its head in this cycle)."""
