@@ -428,3 +428,29 @@ async def test_rewind_replays_the_last_messages_then_goes_live(relay: RunningRel
             async with relay.connect("/subscribe?channel=rw&rewind=0"):
                 pass
         assert refused.value.response.status_code == 400
+
+
+async def test_stop_ends_when_the_sweeper_swallows_its_cancel() -> None:
+    """A cancel that lands while a Redis client's own timeout fires can be swallowed by it:
+    the relay's sweep of idle messages must end with the relay all the same, not sweep on
+    (a process would never exit: its loop waits for every task at the end)."""
+    _, relay = await start_relay(idle_timeout=0.2)
+    swallowed = swept_after = 0
+    sweeping = asyncio.Event()
+
+    async def expire_idle(before: float) -> None:
+        nonlocal swallowed, swept_after
+        sweeping.set()
+        swept_after += swallowed
+        try:
+            await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            if swallowed:
+                raise
+            swallowed += 1  # as a library's timeout can: this cancel goes no further
+
+    relay.producers.expire_idle = expire_idle  # type: ignore[method-assign]
+    await asyncio.wait_for(sweeping.wait(), 5)
+    await asyncio.wait_for(relay.stop(), 10)
+    assert swallowed == 1
+    assert swept_after == 0  # the sweep ended once the relay stopped

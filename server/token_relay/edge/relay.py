@@ -505,7 +505,10 @@ class Relay:
         durable streams."""
         timeout = self.settings.idle_timeout
         loop = asyncio.get_running_loop()
-        while True:
+        # Until the relay stops, not only until cancelled: a cancel that lands while a
+        # Redis client's own timeout fires can be swallowed by it (as the broker's tasks
+        # know), and stop() would wait for this loop forever.
+        while not self._stopping:
             await asyncio.sleep(min(timeout / 4, 1.0))
             await self.producers.expire_idle(loop.time() - timeout)
             await self.durable.sweep()
