@@ -144,3 +144,71 @@ def test_the_hot_path_takes_plain_deltas_and_leaves_the_rest() -> None:
         "room", "m", "abé", True
     )
     assert streams.plain_delta("m", "x", 8.0) is None  # completed
+
+
+def _one_by_one(
+    streams: MessageStreams, message_id: str, deltas: list[str], now: float
+) -> tuple[bool, list[Any]]:
+    """Each delta through ``plain_delta`` (``receive`` where it declines): whether it took
+    every one, and what each gave."""
+    took, results = True, []
+    for delta in deltas:
+        streamed = streams.plain_delta(message_id, delta, now)
+        if streamed is None:
+            took = False
+            streamed = _outcome(streams, ProducerEvent(id=message_id, delta=delta), now)
+        results.append(streamed)
+    return took, results
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(steps, max_size=25),
+    st.sampled_from(IDS),
+    st.lists(DELTAS, min_size=1, max_size=8),
+    st.floats(0, 2),
+)
+def test_a_run_of_deltas_applies_as_each_in_turn(
+    before: list[Step], message_id: str, deltas: list[str], later: float
+) -> None:
+    """``plain_deltas`` takes a run of one message's deltas at one ``now`` exactly when
+    ``plain_delta`` takes each of them in turn, and leaves the same state; it gives the
+    first non-empty delta's wait and flag (every later one waits 0.0, not a first), and
+    how many are not empty. Declining, it changes nothing."""
+    checked, run = _streams(), _streams()
+    now = 0.0
+    for kind, fields, step in before:  # the same history on both
+        now += step
+        for streams in (checked, run):
+            if kind == "default":
+                streams.default_channel = fields["channel"]
+            elif kind == "abort":
+                streams.abort(fields["id"])
+            elif kind == "refuse":
+                streams.refuse(fields["id"])
+            else:
+                _outcome(streams, ProducerEvent(**fields), now)
+    now += later
+    took, results = _one_by_one(checked, message_id, deltas, now)
+    state = _state(run)
+    together = run.plain_deltas(message_id, deltas, now)
+    if together is None:
+        assert not took
+        assert _state(run) == state  # nothing changed: one at a time decides
+        _one_by_one(run, message_id, deltas, now)
+    else:
+        assert took
+        waited = [result for result in results if result[1] is not None]
+        channel, wait, first, count = together
+        assert count == len(waited) == sum(1 for delta in deltas if delta)
+        assert {result[0] for result in results} == {channel}
+        if waited:
+            assert (wait, first) == waited[0][1:]
+            assert all(result[1:] == (0.0, False) for result in waited[1:])
+        else:
+            assert (wait, first) == (None, False)
+    assert _state(run) == _state(checked)
+    # The wait of the message's next delta tells its last delta's time apart.
+    assert run.plain_delta(message_id, "z", now + 1) == checked.plain_delta(
+        message_id, "z", now + 1
+    )

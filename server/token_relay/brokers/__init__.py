@@ -263,6 +263,13 @@ class Broker(Protocol):
         refused, even once the holder is done
         (:meth:`~token_relay.core.inflight.InflightIndex.may_publish`)."""
 
+    def deltas(
+        self, channel: str, owner: str, message_id: str, deltas: Sequence[str], count: int
+    ) -> None:
+        """A run of a claimed message's unnumbered deltas, ``count`` of them not empty, as
+        :meth:`delta` takes each in turn (an empty one is skipped: :meth:`delta` is never
+        given one)."""
+
     def part(
         self,
         channel: str,

@@ -214,6 +214,22 @@ class MemoryBroker:
         if listener is not None and listener.wants_deltas(channel):
             listener.on_delta(channel, self._seq, Delta(channel, message_id, delta))
 
+    def deltas(
+        self, channel: str, owner: str, message_id: str, deltas: Sequence[str], count: int
+    ) -> None:
+        """Each non-empty delta as :meth:`delta` takes it (claimed): the holder is asked
+        once, and the frames are built only if someone wants them."""
+        if self.inflight.holder(channel, message_id) != owner:
+            return
+        listener = self._listener
+        if listener is not None and listener.wants_deltas(channel):
+            for delta in deltas:
+                if delta:
+                    self._seq += 1
+                    listener.on_delta(channel, self._seq, Delta(channel, message_id, delta))
+        else:
+            self._seq += count
+
     def terminal(
         self,
         channel: str,

@@ -22,7 +22,7 @@ This module is pure: no I/O, no asyncio.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from .errors import UsageError
 
@@ -92,6 +92,19 @@ class TokenAssembler:
         if parts is None:
             return False
         parts.append(delta)
+        joined = parts.joined
+        if len(parts) - joined >= RUN:
+            parts[joined:] = ["".join(parts[joined:])]
+            parts.joined = joined + 1
+        return True
+
+    def extend(self, message_id: str, deltas: Sequence[str]) -> bool:
+        """:meth:`append` for several deltas at once: the same text as appending each in
+        turn; False, changing nothing, if the message is not streaming."""
+        parts = self._parts.get(message_id)
+        if parts is None:
+            return False
+        parts.extend(deltas)
         joined = parts.joined
         if len(parts) - joined >= RUN:
             parts[joined:] = ["".join(parts[joined:])]

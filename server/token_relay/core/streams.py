@@ -78,6 +78,7 @@ Pure: the caller passes the time, and the edge turns the answers into frames.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
@@ -453,6 +454,50 @@ class MessageStreams:
         if previous is None:
             return state.channel, now - state.opened, True
         return state.channel, now - previous, False
+
+    def plain_deltas(
+        self, message_id: str, deltas: Sequence[str], now: float = 0.0
+    ) -> tuple[str, float | None, bool, int] | None:
+        """:meth:`plain_delta` for a run of a message's deltas, all at one ``now`` (as one
+        batch's events are): the same state as applying each in turn, or None, changing
+        nothing, if any of them needs :meth:`receive` (a surrogate half, or the run would
+        pass ``max_chars``; the caller then applies them one at a time).
+
+        Returns ``(channel, delta_wait, first_delta, count)``: ``count`` of the deltas are
+        not empty; the first of them has the wait and flag :meth:`plain_delta` would give
+        it, and every later one waited 0.0 (the same ``now``) and is not a first.
+        ``delta_wait`` is None if every delta is empty.
+        """
+        state = self._streaming.get(message_id)
+        if (
+            state is None
+            or state.parts is not None
+            or state.held
+            or state.channel != self.default_channel
+        ):
+            return None
+        chars = state.chars
+        count = 0
+        for delta in deltas:
+            if delta:
+                if not delta.isascii() and has_surrogate(delta):
+                    return None
+                chars += len(delta)
+                count += 1
+        if chars > self.max_chars:
+            return None
+        state.last_event = now
+        assembler = self.assembler
+        if not assembler.extend(message_id, deltas):
+            for delta in deltas:
+                assembler.feed(message_id, delta, False)
+        if not count:
+            return state.channel, None, False, 0
+        state.chars = chars
+        previous, state.last_delta = state.last_delta, now
+        if previous is None:
+            return state.channel, now - state.opened, True, count
+        return state.channel, now - previous, False, count
 
     def phase(self, message_id: str) -> Phase | None:
         """Where a message is in its lifecycle; None if the id is unknown (or forgotten)."""

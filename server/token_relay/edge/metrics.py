@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -96,6 +96,10 @@ class Timings:
         pending.append(seconds)
         if len(pending) >= FOLD_AT:
             self._fold()
+
+    def observe_zeros(self, times: int) -> None:
+        """Record ``times`` durations of 0.0 (as many :meth:`observe` calls would)."""
+        self._counts[bisect_left(self.bounds, 0.0)] += times
 
     @property
     def counts(self) -> list[int]:

@@ -155,6 +155,31 @@ class _Replies:
         await self.below(0)
 
 
+def _run_of_deltas(events: Sequence[Event], start: int, first: str) -> list[str]:
+    """The run of plain deltas of ``events[start]``'s message from it on (its delta is
+    ``first``): up to the first later event that is not one."""
+    message_id, end = events[start].id, len(events)
+    deltas = [first]
+    at = start + 1
+    while at < end:
+        event = events[at]
+        delta = event.delta
+        if (
+            event.id != message_id
+            or delta is MISSING
+            or event.channel is not MISSING
+            or event.seq is not MISSING
+            or event.meta is not MISSING
+            or event.chunk is not MISSING
+            or event.abort is not MISSING
+            or event.final
+        ):
+            break
+        deltas.append(delta)
+        at += 1
+    return deltas
+
+
 class ProducerEndpoint:
     """Every producer connection and session of one relay process."""
 
@@ -433,8 +458,12 @@ class ProducerEndpoint:
         # One count of memory for the frame: every event of it is applied at one ``now``,
         # at which the count is refreshed at most once (see :meth:`overloaded`).
         overloaded = self.overloaded(now)
-        plain_delta, owner, metrics = session.streams.plain_delta, session.owner, self.metrics
-        for index in range(start, len(events)):
+        streams, owner, metrics = session.streams, session.owner, self.metrics
+        plain_delta = streams.plain_delta
+        count, skip, tried = len(events), start, start
+        for index in range(start, count):
+            if index < skip:
+                continue  # in a run of deltas applied together (below)
             event = events[index]
             if (
                 event.delta is not MISSING
@@ -447,6 +476,25 @@ class ProducerEndpoint:
             ):
                 # Most events: a delta of a plain message in progress, on the default
                 # channel: the short way of _apply (as in _frame).
+                if index >= tried:
+                    deltas = _run_of_deltas(events, index, event.delta)
+                    run = index + len(deltas)
+                    if run > index + 1:
+                        # Its next events are more deltas of the same message: applied
+                        # together, as one after another (see MessageStreams.plain_deltas).
+                        ran = streams.plain_deltas(event.id, deltas, now)
+                        if ran is not None:
+                            channel, wait, first, applied_count = ran
+                            if wait is not None:
+                                self.broker.deltas(channel, owner, event.id, deltas, applied_count)
+                                (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+                                if applied_count > 1:
+                                    metrics.delta_gap.observe_zeros(applied_count - 1)
+                            skip = run
+                            continue
+                        # One at a time: from the next event on if this one opens its
+                        # message, else the whole run.
+                        tried = run if streams.phase(event.id) is Phase.STREAMING else index + 1
                 streamed = plain_delta(event.id, event.delta, now)
                 if streamed is not None:
                     channel, wait, first = streamed

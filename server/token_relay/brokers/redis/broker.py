@@ -182,6 +182,14 @@ class RedisBroker:
         if self._pipeline.enqueue(write, target):
             self._runs.opened(target, write, delta, seq)
 
+    def deltas(
+        self, channel: str, owner: str, message_id: str, deltas: Sequence[str], count: int
+    ) -> None:
+        """Each non-empty delta as :meth:`delta` takes it (claimed, unnumbered)."""
+        for delta in deltas:
+            if delta:
+                self.delta(channel, owner, message_id, delta)
+
     def part(
         self,
         channel: str,

@@ -1,0 +1,186 @@
+"""A batch's run of deltas of one message is applied together (``MessageStreams.plain_deltas``,
+``Broker.deltas``): differential tests against applying each delta in turn.
+
+Generated batches (plain deltas, empty ones, non-ASCII and surrogate halves, finals,
+other channels, numbered events, aborts, deltas past the message's size) are played through
+two relays in memory over real connections: one as it is, one with no run of deltas ever
+taken together. Every frame the producer and both subscribers (one with deltas, one
+without) receive must be the same bytes, and so must the counters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from token_relay import Relay
+from token_relay.core.settings import Settings
+from token_relay.core.streams import MessageStreams
+from token_relay.edge import producers
+from token_relay.edge.connection import HttpConnection
+
+from bench.wire import client_frame, upgrade_request
+from tests.edge.played import settle
+from tests.edge.test_http11 import FakeTransport
+
+IDS = ("a", "b", "c")
+DELTAS = st.sampled_from(["", "x", "hello ", "é", "\ud83d", "\ude00", "\ud83d\ude00", "0123456789"])
+
+plain = st.fixed_dictionaries({"id": st.sampled_from(IDS), "delta": DELTAS})
+other = st.fixed_dictionaries(
+    {"id": st.sampled_from(IDS)},
+    optional={
+        "delta": DELTAS,
+        "final": st.booleans(),
+        "channel": st.sampled_from(["room", "other"]),
+        "seq": st.integers(1, 3),
+        "abort": st.just("stop"),
+    },
+)
+# Runs of one message's deltas, as a gateway's batch holds them, between other events.
+run = st.tuples(st.sampled_from(IDS), st.lists(DELTAS, min_size=1, max_size=6)).map(
+    lambda pair: [{"id": pair[0], "delta": delta} for delta in pair[1]]
+)
+batch = st.lists(
+    st.one_of(run, run, st.lists(plain, max_size=3), st.lists(other, max_size=2)), max_size=6
+).map(lambda parts: [event for part in parts for event in part])
+
+_MASKED = re.compile(rb'\A.*?\r\n\r\n|"(session|epoch)":"[^"]*"', re.DOTALL)
+"""The upgrade's answer (its date and key differ), the session's name and the history's
+epoch, which differ between two relays."""
+
+
+def _connect(relay: Relay, target: str) -> tuple[HttpConnection, FakeTransport]:
+    assert relay.server is not None
+    connection, transport = HttpConnection(relay.server), FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.data_received(upgrade_request(1, target)[1])
+    return connection, transport
+
+
+async def _quiet(*transports: FakeTransport) -> None:
+    """Until nothing more is written for 50 ms (a relay on Redis answers later)."""
+    previous: list[int] = []
+    while (sizes := [len(transport.written) for transport in transports]) != previous:
+        previous = sizes
+        await asyncio.sleep(0.05)
+
+
+async def _play(
+    batches: list[list[dict[str, Any]]], runs: bool, broker: str = "memory://"
+) -> tuple[Any, ...]:
+    relay = Relay(
+        Settings(
+            port=0,
+            broker=broker,
+            max_message_chars=16,
+            max_events_per_second=1_000_000,
+            max_connections_per_ip=100,
+            max_handshakes_per_ip=100,
+        )
+    )
+    await relay.start()
+    original = producers._run_of_deltas
+    if not runs:
+        producers._run_of_deltas = lambda events, start, first: [first]  # type: ignore[assignment]
+    try:
+        deltas_reader, deltas_seen = _connect(relay, "/subscribe?channel=room&deltas=1")
+        messages_reader, messages_seen = _connect(relay, "/subscribe?channel=room")
+        producer, answers = _connect(relay, "/produce?channel=room")
+        await settle()
+        if broker != "memory://":
+            await _quiet(answers, deltas_seen, messages_seen)
+        for events in batches:
+            text = json.dumps(events) if len(events) != 1 else json.dumps(events[0])
+            producer.data_received(client_frame(text.encode()))
+            await settle()
+            if broker != "memory://":
+                await _quiet(answers, deltas_seen, messages_seen)
+        metrics = relay.metrics
+        counted = (
+            sum(metrics.first_delta.counts),
+            sum(metrics.delta_gap.counts),
+            metrics.frames_in_producer.value,
+        )
+        for connection in (producer, deltas_reader, messages_reader):
+            connection.connection_lost(None)
+        await settle()
+        return (
+            _MASKED.sub(b"", bytes(answers.written)),
+            _MASKED.sub(b"", bytes(deltas_seen.written)),
+            _MASKED.sub(b"", bytes(messages_seen.written)),
+            counted,
+        )
+    finally:
+        producers._run_of_deltas = original  # type: ignore[assignment]
+        await relay.stop()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(batch, min_size=1, max_size=6))
+def test_runs_of_deltas_apply_as_each_delta_in_turn(batches: list[list[dict[str, Any]]]) -> None:
+    together = asyncio.run(_play(batches, runs=True))
+    one_by_one = asyncio.run(_play(batches, runs=False))
+    assert together == one_by_one
+
+
+def test_a_run_is_taken_together() -> None:
+    """The run after a message's first delta goes through ``plain_deltas`` once."""
+    seen: list[list[str]] = []
+    keep = MessageStreams.plain_deltas
+
+    def spy(self: MessageStreams, message_id: str, deltas: Any, now: float = 0.0) -> Any:
+        seen.append(list(deltas))
+        return keep(self, message_id, deltas, now)
+
+    MessageStreams.plain_deltas = spy  # type: ignore[method-assign]
+    try:
+        events = [{"id": "m", "delta": piece} for piece in ("a", "b", "", "c")]
+        answered = asyncio.run(_play([[*events, {"id": "m", "final": True}]], runs=True))
+    finally:
+        MessageStreams.plain_deltas = keep  # type: ignore[method-assign]
+    # The first delta opens the message (one at a time); the other three go together.
+    assert seen == [["a", "b", "", "c"], ["b", "", "c"]]
+    assert b'"text":"abc"' in answered[2]
+
+
+@pytest.mark.parametrize("tail", ["\ud83d", "x" * 16])
+def test_a_run_that_needs_the_general_path_is_applied_one_at_a_time(tail: str) -> None:
+    """A surrogate half, or a run past the message's size: the same as one by one."""
+    events = [{"id": "m", "delta": piece} for piece in ("a", "b", "c", tail)]
+    batches = [[*events, {"id": "m", "final": True}]]
+    assert asyncio.run(_play(batches, runs=True)) == asyncio.run(_play(batches, runs=False))
+
+
+def test_runs_of_deltas_on_redis_apply_as_each_delta_in_turn(redis_url: str) -> None:
+    """On Redis a run's deltas are written and published one by one, as they were."""
+    pieces = ["a", "", "é", "bc", ""]
+    batches = [
+        [{"id": "m", "delta": "x"}, *({"id": "m", "delta": p} for p in pieces)],
+        [*({"id": "n", "delta": p} for p in pieces), {"id": "m", "delta": "y"}],
+        [*({"id": "m", "delta": p} for p in pieces), {"id": "m", "final": True}],
+        [{"id": "n", "delta": "z"}, {"id": "n", "delta": "w"}, {"id": "n", "final": True}],
+    ]
+
+    async def both() -> tuple[Any, Any]:
+        client = aioredis.from_url(redis_url)
+        try:
+            await client.flushall()
+            together = await _play(batches, runs=True, broker=redis_url)
+            await client.flushall()
+            one_by_one = await _play(batches, runs=False, broker=redis_url)
+            return together, one_by_one
+        finally:
+            await client.aclose()
+
+    together, one_by_one = asyncio.run(both())
+    assert together == one_by_one
+    assert '"text":"xaébcyaébc"'.encode() in together[2]
+    # Redis merges a message's waiting deltas into fewer frames; their text is the same.
+    streamed = re.findall(rb'"id":"m","delta":"([^"]*)"', together[1])
+    assert b"".join(streamed).decode() == "xaébcyaébc"
