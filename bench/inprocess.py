@@ -8,7 +8,9 @@ relay's own Python costs:
 
 * ``ingest``: CPU per producer event, one producer to one subscriber, each event in its own
   frame, then 100 to an array frame; in memory, and through a private ``redis-server``
-  (the relay's side only).
+  (the relay's side only). Messages of 10 deltas and a final; those of 1 delta and of 100,
+  solved for the two unknowns, split it into what a plain delta costs and what a message's
+  own work costs (its open and its final: claim, completion, history, delivery, ack).
 * ``framing``: the part of ingest spent reading frames and handing them over, with the
   events left unapplied; and the part spent decoding them too.
 * ``fan-out``: CPU per subscriber for one completed message to 10,000 subscribers.
@@ -140,11 +142,14 @@ async def feed(
     await settle(lambda: not transport.paused and not ws._messages, quiet)
 
 
-def load(messages: int, batch: int, prefix: str = "m") -> tuple[int, list[str], list[bytes]]:
-    """``messages`` messages of 10 deltas and a final, their ids starting with ``prefix``,
-    in frames of ``batch`` events: how many events, the frames' texts, and their bytes as
-    the socket's reads would bring them."""
-    texts = [frame for message in build_messages(messages, 10, prefix) for frame in message.frames]
+def load(
+    messages: int, batch: int, prefix: str = "m", deltas: int = 10
+) -> tuple[int, list[str], list[bytes]]:
+    """``messages`` messages of ``deltas`` deltas and a final, their ids starting with
+    ``prefix``, in frames of ``batch`` events: how many events, the frames' texts, and their
+    bytes as the socket's reads would bring them."""
+    built = build_messages(messages, deltas, prefix)
+    texts = [frame for message in built for frame in message.frames]
     events = len(texts)
     if batch > 1:
         texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]
@@ -152,15 +157,19 @@ def load(messages: int, batch: int, prefix: str = "m") -> tuple[int, list[str], 
     return events, texts, [data[at : at + READ] for at in range(0, len(data), READ)]
 
 
-async def ingest(relay: Relay, batch: int, repeat: int, redis: bool = False) -> float:
-    """Nanoseconds of CPU per event, the lowest of ``repeat`` passes of 10,000 messages."""
+async def ingest(
+    relay: Relay, batch: int, repeat: int, redis: bool = False, deltas: int = 10
+) -> float:
+    """Nanoseconds of CPU per event, the lowest of ``repeat`` passes of 10,000 messages of
+    ``deltas`` deltas and a final (1,000 messages of 100 deltas or more)."""
     assert relay.server is not None
     server, handed = relay.server, relay.metrics.frames_in_producer
     subscriber, seen = connect(server, "/subscribe?channel=c")
     passes = []
     for n in range(repeat + 1):  # the first pass warms up
         # Ids of its own: a producer's ids stay held for --id-hold once completed.
-        events, texts, reads = load(10_000, batch, prefix=f"m{next(_PASSES)}-")
+        count = 10_000 if deltas < 100 else 1_000
+        events, texts, reads = load(count, batch, f"m{next(_PASSES)}-", deltas)
         producer, transport = connect(server, f"/produce?channel=c&n={n}")
         await settle(lambda: True)
         before, frames, start = seen.written, handed.value, time.process_time()
@@ -223,6 +232,13 @@ async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]
     server = await relay.start()
     rows.append(("ingest, a frame per event", await ingest(relay, 1, repeat), "event"))
     rows.append(("ingest, 100 events per frame", await ingest(relay, 100, repeat), "event"))
+    for batch, frames in ((1, "a frame each"), (100, "100 per frame")):
+        # Messages of 1 and of 100 deltas, solved for what a delta and a message cost.
+        short = await ingest(relay, batch, repeat, deltas=1)  # (message + delta) / 2
+        long = await ingest(relay, batch, repeat, deltas=100)  # (message + 100 deltas) / 101
+        delta = (101 * long - 2 * short) / 99
+        rows.append((f"  a plain delta, {frames}", delta, "delta"))
+        rows.append((f"  a message's open and final, {frames}", 2 * short - delta, "message"))
     with unapplied(decode=False):
         rows.append(("  of which reading frames only", await ingest(relay, 1, repeat), "event"))
     with unapplied(decode=True):
