@@ -1,5 +1,6 @@
-"""Tests for the hot path of token_relay.core.streams: ``MessageStreams.plain_delta``, the
-short way of a plain message's delta, does what ``receive`` does, or nothing at all."""
+"""Tests for the hot paths of token_relay.core.streams: ``MessageStreams.plain_delta`` and
+``plain_final``, the short ways of a plain message's delta and final, and ``plain_deltas``
+for a run of deltas, do what ``receive`` does, or nothing at all."""
 
 from __future__ import annotations
 
@@ -27,11 +28,33 @@ plain: st.SearchStrategy[Step] = st.tuples(
 )
 """The events the hot path takes: an id and a delta, nothing else."""
 
+final: st.SearchStrategy[Step] = st.tuples(
+    st.just("event"),
+    st.fixed_dictionaries({"id": st.sampled_from(IDS), "final": st.just(True)}),
+    st.floats(0, 2),
+)
+"""The finals the other hot path takes: an id and ``final``, nothing else."""
+
 steps: st.SearchStrategy[Step] = st.one_of(
     plain,
     plain,
     plain,
     plain,
+    final,
+    final,
+    # An event with metadata, and a numbered one: what a final's Applied carries on.
+    st.tuples(
+        st.just("event"),
+        st.fixed_dictionaries(
+            {"id": st.sampled_from(IDS), "meta": st.fixed_dictionaries({"k": st.just("v")})}
+        ),
+        st.floats(0, 2),
+    ),
+    st.tuples(
+        st.just("event"),
+        st.fixed_dictionaries({"id": st.sampled_from(IDS), "seq": st.integers(1, 2)}),
+        st.floats(0, 2),
+    ),
     # Every other shape, which opens, ends, numbers and moves messages around them.
     st.tuples(
         st.just("event"),
@@ -43,6 +66,7 @@ steps: st.SearchStrategy[Step] = st.one_of(
                 "channel": st.sampled_from(["room", "other"]),
                 "seq": st.integers(1, 3),
                 "chunk": st.just({"type": "text-start", "id": "t"}),
+                "meta": st.fixed_dictionaries({"k": st.sampled_from(["v", "w"])}),
             },
         ),
         st.floats(0, 2),
@@ -108,19 +132,26 @@ def test_the_hot_path_applies_a_delta_as_receive_does(played: list[Step]) -> Non
         else:
             event = ProducerEvent(**fields)
             expected = _outcome(checked, event, now)
-            streamed = None
+            taken: Any = None
+            before = _state(hot)
             if set(fields) == {"id", "delta"}:
-                before = _state(hot)
                 streamed = hot.plain_delta(event.id, event.delta, now)
-                if streamed is None:
-                    assert _state(hot) == before  # nothing changed: receive decides
-            if streamed is None:
-                assert _outcome(hot, event, now) == expected
-            else:
-                channel, wait, first = streamed
-                assert expected == Applied(
-                    channel, event.id, None, delta=event.delta, delta_wait=wait, first_delta=first
-                )
+                if streamed is not None:
+                    channel, wait, first = streamed
+                    taken = Applied(
+                        channel,
+                        event.id,
+                        None,
+                        delta=event.delta,
+                        delta_wait=wait,
+                        first_delta=first,
+                    )
+            elif set(fields) == {"id", "final"} and fields["final"]:
+                taken = hot.plain_final(event.id)
+            if taken is None:
+                assert _state(hot) == before  # nothing changed: receive decides
+                taken = _outcome(hot, event, now)
+            assert taken == expected
         assert _state(hot) == _state(checked)
         assert hot.streaming_count == checked.streaming_count
 
@@ -212,3 +243,21 @@ def test_a_run_of_deltas_applies_as_each_in_turn(
     assert run.plain_delta(message_id, "z", now + 1) == checked.plain_delta(
         message_id, "z", now + 1
     )
+
+
+def test_the_final_hot_path_takes_plain_finals_and_leaves_the_rest() -> None:
+    streams = MessageStreams("room", max_chars=10)
+    assert streams.plain_final("m") is None  # unseen: receive finalizes it to ""
+    streams.receive(ProducerEvent(id="m", delta="ab", meta={"k": "v"}), 1.0)
+    assert streams.plain_final("m") == Applied("room", "m", "ab", True, meta={"k": "v"})
+    assert streams.plain_final("m") is None  # completed: a repeated final is receive's
+    streams.receive(ProducerEvent(id="n", seq=1, delta="x"), 2.0)
+    assert streams.plain_final("n") == Applied("room", "n", "x", True)
+    # Its final was numbered 1: a numbered event at or below it is a duplicate.
+    assert streams.receive(ProducerEvent(id="n", seq=1, final=True), 3.0).duplicate
+    streams.receive(ProducerEvent(id="h", delta="\ud83d"), 4.0)
+    assert streams.plain_final("h") is None  # a half held back: receive mends it
+    streams.receive(ProducerEvent(id="o", channel="other"), 4.0)
+    assert streams.plain_final("o") is None  # another channel
+    streams.receive(ProducerEvent(id="s", chunk={"type": "text-start", "id": "t"}), 5.0)
+    assert streams.plain_final("s") is None  # structured

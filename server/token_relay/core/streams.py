@@ -499,6 +499,30 @@ class MessageStreams:
             return state.channel, now - state.opened, True, count
         return state.channel, now - previous, False, count
 
+    def plain_final(self, message_id: str) -> Applied | None:
+        """The hot path of :meth:`receive` for an event of only ``id`` and ``final`` (no
+        ``delta``, ``channel``, ``seq``, ``meta``, ``chunk`` nor ``abort``) that completes a
+        plain message in progress on the default channel: the :class:`Applied` that
+        :meth:`receive` returns, with the same state after it. None, changing nothing, when
+        the event needs :meth:`receive` (an unknown, ended or structured message, another
+        channel, a surrogate half held back)."""
+        state = self._streaming.get(message_id)
+        if (
+            state is None
+            or state.parts is not None
+            or state.held
+            or state.channel != self.default_channel
+        ):
+            return None
+        text = self.assembler.feed(message_id, None, True)
+        assert text is not None
+        del self._streaming[message_id]
+        self.completed_chars += len(text)
+        self._remember(self._completed, message_id, state.channel)
+        if state.seq:
+            self._final_seq[message_id] = state.seq
+        return Applied(state.channel, message_id, text, True, meta=state.meta)
+
     def phase(self, message_id: str) -> Phase | None:
         """Where a message is in its lifecycle; None if the id is unknown (or forgotten)."""
         if message_id in self._streaming:

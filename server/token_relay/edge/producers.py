@@ -459,7 +459,7 @@ class ProducerEndpoint:
         # at which the count is refreshed at most once (see :meth:`overloaded`).
         overloaded = self.overloaded(now)
         streams, owner, metrics = session.streams, session.owner, self.metrics
-        plain_delta = streams.plain_delta
+        plain_delta, plain_final = streams.plain_delta, streams.plain_final
         count, skip, tried = len(events), start, start
         for index in range(start, count):
             if index < skip:
@@ -509,7 +509,19 @@ class ProducerEndpoint:
                     rest = (connection, session, events, batch, now, index + 1, acks, waiting)
                     return self._abort_then(session, unfinished, rest, AbortReason(event.abort))
                 continue
-            applied = self._apply(connection, session, event, now, at, overloaded)
+            applied: Applied | Overflow | None = None
+            if (
+                event.final
+                and event.delta is MISSING
+                and event.channel is MISSING
+                and event.seq is MISSING
+                and event.meta is MISSING
+                and event.chunk is MISSING
+            ):
+                # Most finals: a plain message in progress, completed (all _apply would do).
+                applied = plain_final(event.id)
+            if applied is None:
+                applied = self._apply(connection, session, event, now, at, overloaded)
             if applied is None:
                 continue
             if isinstance(applied, Overflow):

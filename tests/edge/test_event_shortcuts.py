@@ -1,10 +1,11 @@
-"""A batch's run of deltas of one message is applied together (``MessageStreams.plain_deltas``,
-``Broker.deltas``): differential tests against applying each delta in turn.
+"""The producer's short ways for a batch's run of deltas of one message, applied together
+(``MessageStreams.plain_deltas``, ``Broker.deltas``), and for a plain message's final
+(``MessageStreams.plain_final``): differential tests against the general path.
 
-Generated batches (plain deltas, empty ones, non-ASCII and surrogate halves, finals,
-other channels, numbered events, aborts, deltas past the message's size) are played through
-two relays in memory over real connections: one as it is, one with no run of deltas ever
-taken together. Every frame the producer and both subscribers (one with deltas, one
+Generated batches and single frames (plain deltas, empty ones, non-ASCII and surrogate
+halves, finals, other channels, numbered events, aborts, deltas past the message's size) are
+played through two relays in memory over real connections: one as it is, one that never
+takes a short way. Every frame the producer and both subscribers (one with deltas, one
 without) receive must be the same bytes, and so must the counters."""
 
 from __future__ import annotations
@@ -40,14 +41,32 @@ other = st.fixed_dictionaries(
         "channel": st.sampled_from(["room", "other"]),
         "seq": st.integers(1, 3),
         "abort": st.just("stop"),
+        "meta": st.fixed_dictionaries({"k": st.sampled_from(["v", "w"])}),
     },
 )
 # Runs of one message's deltas, as a gateway's batch holds them, between other events.
 run = st.tuples(st.sampled_from(IDS), st.lists(DELTAS, min_size=1, max_size=6)).map(
     lambda pair: [{"id": pair[0], "delta": delta} for delta in pair[1]]
 )
+# Finals: plain ones (the short way), and ones with a delta, a seq, meta or a channel.
+closing = st.fixed_dictionaries(
+    {"id": st.sampled_from(IDS), "final": st.just(True)},
+    optional={
+        "delta": DELTAS,
+        "seq": st.integers(1, 3),
+        "meta": st.fixed_dictionaries({"k": st.just("v")}),
+        "channel": st.sampled_from(["room", "other"]),
+    },
+)
 batch = st.lists(
-    st.one_of(run, run, st.lists(plain, max_size=3), st.lists(other, max_size=2)), max_size=6
+    st.one_of(
+        run,
+        run,
+        st.lists(plain, max_size=3),
+        st.lists(other, max_size=2),
+        st.lists(closing, min_size=1, max_size=2),
+    ),
+    max_size=6,
 ).map(lambda parts: [event for part in parts for event in part])
 
 _MASKED = re.compile(rb'\A.*?\r\n\r\n|"(session|epoch)":"[^"]*"', re.DOTALL)
@@ -72,7 +91,7 @@ async def _quiet(*transports: FakeTransport) -> None:
 
 
 async def _play(
-    batches: list[list[dict[str, Any]]], runs: bool, broker: str = "memory://"
+    batches: list[list[dict[str, Any]]], shortcuts: bool, broker: str = "memory://"
 ) -> tuple[Any, ...]:
     relay = Relay(
         Settings(
@@ -85,9 +104,10 @@ async def _play(
         )
     )
     await relay.start()
-    original = producers._run_of_deltas
-    if not runs:
+    original, final = producers._run_of_deltas, MessageStreams.plain_final
+    if not shortcuts:
         producers._run_of_deltas = lambda events, start, first: [first]  # type: ignore[assignment]
+        MessageStreams.plain_final = lambda self, message_id: None  # type: ignore[assignment,method-assign]
     try:
         deltas_reader, deltas_seen = _connect(relay, "/subscribe?channel=room&deltas=1")
         messages_reader, messages_seen = _connect(relay, "/subscribe?channel=room")
@@ -118,14 +138,17 @@ async def _play(
         )
     finally:
         producers._run_of_deltas = original  # type: ignore[assignment]
+        MessageStreams.plain_final = final  # type: ignore[method-assign]
         await relay.stop()
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(batch, min_size=1, max_size=6))
-def test_runs_of_deltas_apply_as_each_delta_in_turn(batches: list[list[dict[str, Any]]]) -> None:
-    together = asyncio.run(_play(batches, runs=True))
-    one_by_one = asyncio.run(_play(batches, runs=False))
+def test_the_short_ways_apply_events_as_the_general_path(
+    batches: list[list[dict[str, Any]]],
+) -> None:
+    together = asyncio.run(_play(batches, shortcuts=True))
+    one_by_one = asyncio.run(_play(batches, shortcuts=False))
     assert together == one_by_one
 
 
@@ -141,7 +164,7 @@ def test_a_run_is_taken_together() -> None:
     MessageStreams.plain_deltas = spy  # type: ignore[method-assign]
     try:
         events = [{"id": "m", "delta": piece} for piece in ("a", "b", "", "c")]
-        answered = asyncio.run(_play([[*events, {"id": "m", "final": True}]], runs=True))
+        answered = asyncio.run(_play([[*events, {"id": "m", "final": True}]], shortcuts=True))
     finally:
         MessageStreams.plain_deltas = keep  # type: ignore[method-assign]
     # The first delta opens the message (one at a time); the other three go together.
@@ -149,15 +172,43 @@ def test_a_run_is_taken_together() -> None:
     assert b'"text":"abc"' in answered[2]
 
 
+def test_a_plain_final_takes_the_short_way() -> None:
+    """A final of only ``id`` and ``final``, a frame of its own and in a batch."""
+    taken: list[str] = []
+    keep = MessageStreams.plain_final
+
+    def spy(self: MessageStreams, message_id: str) -> Any:
+        applied = keep(self, message_id)
+        if applied is not None:
+            taken.append(message_id)
+        return applied
+
+    MessageStreams.plain_final = spy  # type: ignore[method-assign]
+    try:
+        batches = [
+            [{"id": "m", "delta": "a"}],
+            [{"id": "m", "final": True}],
+            [{"id": "n", "delta": "b"}, {"id": "n", "final": True}],
+            [{"id": "o", "final": True}],  # unseen: the general path finalizes it to ""
+        ]
+        answered = asyncio.run(_play(batches, shortcuts=True))
+    finally:
+        MessageStreams.plain_final = keep  # type: ignore[method-assign]
+    assert taken == ["m", "n"]
+    assert b'"id":"o","text":"","offset":3' in answered[2]
+
+
 @pytest.mark.parametrize("tail", ["\ud83d", "x" * 16])
 def test_a_run_that_needs_the_general_path_is_applied_one_at_a_time(tail: str) -> None:
     """A surrogate half, or a run past the message's size: the same as one by one."""
     events = [{"id": "m", "delta": piece} for piece in ("a", "b", "c", tail)]
     batches = [[*events, {"id": "m", "final": True}]]
-    assert asyncio.run(_play(batches, runs=True)) == asyncio.run(_play(batches, runs=False))
+    assert asyncio.run(_play(batches, shortcuts=True)) == asyncio.run(
+        _play(batches, shortcuts=False)
+    )
 
 
-def test_runs_of_deltas_on_redis_apply_as_each_delta_in_turn(redis_url: str) -> None:
+def test_the_short_ways_on_redis_apply_events_as_the_general_path(redis_url: str) -> None:
     """On Redis a run's deltas are written and published one by one, as they were."""
     pieces = ["a", "", "é", "bc", ""]
     batches = [
@@ -171,9 +222,9 @@ def test_runs_of_deltas_on_redis_apply_as_each_delta_in_turn(redis_url: str) -> 
         client = aioredis.from_url(redis_url)
         try:
             await client.flushall()
-            together = await _play(batches, runs=True, broker=redis_url)
+            together = await _play(batches, shortcuts=True, broker=redis_url)
             await client.flushall()
-            one_by_one = await _play(batches, runs=False, broker=redis_url)
+            one_by_one = await _play(batches, shortcuts=False, broker=redis_url)
             return together, one_by_one
         finally:
             await client.aclose()
