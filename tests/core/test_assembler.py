@@ -423,3 +423,43 @@ def test_long_messages_are_joined_in_runs_and_stay_exact() -> None:
     assert len(parts) < RUN + 3  # joined, not one string per delta
     assert assembler.feed("b", "end", final=True) == "".join(expected["b"]) + "end"
     assert assembler.discard("a") == "".join(expected["a"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from(["", "a", "bc", "é", "\U0001f600"]), max_size=2 * RUN),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_extend_appends_a_run_of_deltas_as_append_does_each(
+    runs: list[list[str]], finish: bool
+) -> None:
+    """``extend`` gives the text ``append`` gives, delta by delta, across :data:`RUN`."""
+    together, one_by_one = TokenAssembler(), TokenAssembler()
+    assert not together.extend("m", ["x"])  # not streaming: nothing changes
+    assert together.get("m") is None
+    for assembler in (together, one_by_one):
+        assembler.feed("m", None)
+    for deltas in runs:
+        assert together.extend("m", deltas)
+        for delta in deltas:
+            assert one_by_one.append("m", delta)
+        assert together.get("m") == one_by_one.get("m")
+        assert len(together._parts["m"]) < RUN * 3  # joined in runs, not a string per delta
+    if finish:
+        assert together.feed("m", None, True) == one_by_one.feed("m", None, True)
+        assert not together.extend("m", ["y"])  # completed: ignored, as the seed says
+        assert together.get("m") == one_by_one.get("m")
+
+
+def test_extend_joins_a_long_message_in_runs() -> None:
+    """Runs of deltas given to ``extend`` are joined a run at a time, as ``append`` joins."""
+    assembler = TokenAssembler()
+    assembler.feed("m", None)
+    deltas = [f"{n}é " for n in range(RUN * 5)]
+    for at in range(0, len(deltas), 10):
+        assert assembler.extend("m", deltas[at : at + 10])
+    assert len(assembler._parts["m"]) < RUN + 3  # joined, not one string per delta
+    assert assembler.feed("m", None, True) == "".join(deltas)

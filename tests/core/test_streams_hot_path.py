@@ -19,6 +19,15 @@ DELTAS = st.sampled_from(
 """Empty, ASCII, non-ASCII, surrogate halves (held back and mended), and long enough to
 pass the size limit below."""
 
+OPTIONAL: dict[str, st.SearchStrategy[Any]] = {
+    "delta": DELTAS,
+    "final": st.booleans(),
+    "channel": st.sampled_from(["room", "other"]),
+    "seq": st.integers(1, 3),
+    "meta": st.fixed_dictionaries({"k": st.sampled_from(["v", "w"])}),
+}
+"""An event's other fields, each there or not: what opens, ends, numbers and moves messages."""
+
 Step = tuple[str, dict[str, Any], float]
 
 plain: st.SearchStrategy[Step] = st.tuples(
@@ -60,14 +69,7 @@ steps: st.SearchStrategy[Step] = st.one_of(
         st.just("event"),
         st.fixed_dictionaries(
             {"id": st.sampled_from(IDS)},
-            optional={
-                "delta": DELTAS,
-                "final": st.booleans(),
-                "channel": st.sampled_from(["room", "other"]),
-                "seq": st.integers(1, 3),
-                "chunk": st.just({"type": "text-start", "id": "t"}),
-                "meta": st.fixed_dictionaries({"k": st.sampled_from(["v", "w"])}),
-            },
+            optional={**OPTIONAL, "chunk": st.just({"type": "text-start", "id": "t"})},
         ),
         st.floats(0, 2),
     ),

@@ -26,23 +26,13 @@ from token_relay.edge import producers
 from token_relay.edge.connection import HttpConnection
 
 from bench.wire import client_frame, upgrade_request
+from tests.core.test_streams_hot_path import DELTAS, IDS, OPTIONAL
 from tests.edge.played import settle
 from tests.edge.test_http11 import FakeTransport
 
-IDS = ("a", "b", "c")
-DELTAS = st.sampled_from(["", "x", "hello ", "é", "\ud83d", "\ude00", "\ud83d\ude00", "0123456789"])
-
 plain = st.fixed_dictionaries({"id": st.sampled_from(IDS), "delta": DELTAS})
 other = st.fixed_dictionaries(
-    {"id": st.sampled_from(IDS)},
-    optional={
-        "delta": DELTAS,
-        "final": st.booleans(),
-        "channel": st.sampled_from(["room", "other"]),
-        "seq": st.integers(1, 3),
-        "abort": st.just("stop"),
-        "meta": st.fixed_dictionaries({"k": st.sampled_from(["v", "w"])}),
-    },
+    {"id": st.sampled_from(IDS)}, optional={**OPTIONAL, "abort": st.just("stop")}
 )
 # Runs of one message's deltas, as a gateway's batch holds them, between other events.
 run = st.tuples(st.sampled_from(IDS), st.lists(DELTAS, min_size=1, max_size=6)).map(

@@ -104,10 +104,11 @@ class TokenAssembler:
         parts = self._parts.get(message_id)
         if parts is None:
             return False
-        parts.extend(deltas)
         joined = parts.joined
-        if len(parts) - joined >= RUN:
-            parts[joined:] = ["".join(parts[joined:])]
+        if len(parts) + len(deltas) - joined < RUN:
+            parts.extend(deltas)
+        else:  # a run's worth: joined into one string, as append joins them
+            parts[joined:] = ["".join((*parts[joined:], *deltas))]
             parts.joined = joined + 1
         return True
 

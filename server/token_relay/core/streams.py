@@ -468,13 +468,8 @@ class MessageStreams:
         it, and every later one waited 0.0 (the same ``now``) and is not a first.
         ``delta_wait`` is None if every delta is empty.
         """
-        state = self._streaming.get(message_id)
-        if (
-            state is None
-            or state.parts is not None
-            or state.held
-            or state.channel != self.default_channel
-        ):
+        state = self._plain(message_id)
+        if state is None:
             return None
         chars = state.chars
         count = 0
@@ -493,8 +488,8 @@ class MessageStreams:
                 assembler.feed(message_id, delta, False)
         if not count:
             return state.channel, None, False, 0
-        state.chars = chars
-        previous, state.last_delta = state.last_delta, now
+        previous = state.last_delta
+        state.chars, state.last_delta = chars, now
         if previous is None:
             return state.channel, now - state.opened, True, count
         return state.channel, now - previous, False, count
@@ -506,13 +501,8 @@ class MessageStreams:
         :meth:`receive` returns, with the same state after it. None, changing nothing, when
         the event needs :meth:`receive` (an unknown, ended or structured message, another
         channel, a surrogate half held back)."""
-        state = self._streaming.get(message_id)
-        if (
-            state is None
-            or state.parts is not None
-            or state.held
-            or state.channel != self.default_channel
-        ):
+        state = self._plain(message_id)
+        if state is None:
             return None
         text = self.assembler.feed(message_id, None, True)
         assert text is not None
@@ -522,6 +512,20 @@ class MessageStreams:
         if state.seq:
             self._final_seq[message_id] = state.seq
         return Applied(state.channel, message_id, text, True, meta=state.meta)
+
+    def _plain(self, message_id: str) -> _Open | None:
+        """A plain message in progress on the default channel, with no surrogate half held
+        back: what the short ways take (see :meth:`plain_deltas`, :meth:`plain_final`;
+        :meth:`plain_delta`, taken once per delta, checks the same inline, a call less)."""
+        state = self._streaming.get(message_id)
+        if (
+            state is None
+            or state.parts is not None
+            or state.held
+            or state.channel != self.default_channel
+        ):
+            return None
+        return state
 
     def phase(self, message_id: str) -> Phase | None:
         """Where a message is in its lifecycle; None if the id is unknown (or forgotten)."""
