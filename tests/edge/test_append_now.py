@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from token_relay import Relay, Settings
 
 from tests.edge.played import answers, connection, settle
+from tests.edge.test_http11 import NO_SWEEPS
 from tests.edge.test_oneshot import _counters
 
 EXAMPLES = int(os.environ.get("APPEND_NOW_EXAMPLES", "150"))
@@ -99,7 +100,7 @@ straddle its change), a stream's epoch or a signing key rather than on the reque
 
 
 async def _play(at_once: bool, sequence: list[bytes], together: bool) -> dict[str, Any]:
-    relay = Relay(Settings(port=0, max_durable_stream_bytes=MAX_STREAM_BYTES))
+    relay = Relay(Settings(port=0, max_durable_stream_bytes=MAX_STREAM_BYTES, **NO_SWEEPS))
     server = await relay.start()
     answered_at_once = 0
     read_now = server.read_now

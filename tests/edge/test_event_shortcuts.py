@@ -28,7 +28,7 @@ from token_relay.edge.connection import HttpConnection
 from bench.wire import client_frame, upgrade_request
 from tests.core.test_streams_hot_path import DELTAS, IDS, OPTIONAL
 from tests.edge.played import settle
-from tests.edge.test_http11 import FakeTransport
+from tests.edge.test_http11 import NO_SWEEPS, FakeTransport
 
 plain = st.fixed_dictionaries({"id": st.sampled_from(IDS), "delta": DELTAS})
 other = st.fixed_dictionaries(
@@ -91,6 +91,7 @@ async def _play(
             max_events_per_second=1_000_000,
             max_connections_per_ip=100,
             max_handshakes_per_ip=100,
+            **NO_SWEEPS,
         )
     )
     await relay.start()

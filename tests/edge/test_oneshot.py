@@ -28,6 +28,7 @@ from token_relay import Relay, Settings
 
 from tests.edge.played import answers, settle
 from tests.edge.played import connection as _connection
+from tests.edge.test_http11 import NO_SWEEPS
 
 EXAMPLES = int(os.environ.get("ONESHOT_EXAMPLES", "200"))
 MAX_CHARS = 40
@@ -143,7 +144,11 @@ def _counters(relay: Relay) -> list[bytes]:
 async def _play(
     one_shot: bool, sequence: list[bytes], together: bool, overloaded: bool = False
 ) -> dict[str, Any]:
-    relay = Relay(Settings(port=0, max_message_chars=MAX_CHARS, id_hold=60.0, max_body_bytes=4096))
+    relay = Relay(
+        Settings(
+            port=0, max_message_chars=MAX_CHARS, id_hold=60.0, max_body_bytes=4096, **NO_SWEEPS
+        )
+    )
     await relay.start()
     relay.producers.one_shot = one_shot
     if overloaded:  # what the rest of the relay holds is past --max-memory-bytes

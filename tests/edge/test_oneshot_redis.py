@@ -33,7 +33,7 @@ from token_relay import Relay, Settings
 from token_relay.edge.connection import HttpConnection
 
 from tests.edge.played import connection as _connection
-from tests.edge.test_http11 import FakeTransport
+from tests.edge.test_http11 import NO_SWEEPS, FakeTransport
 from tests.edge.test_oneshot import (
     MAX_CHARS,
     NEAR,
@@ -110,7 +110,7 @@ async def _started(url: str, one_shot: bool, **overrides: Any) -> tuple[Relay, F
             max_message_chars=MAX_CHARS,
             id_hold=60.0,
             max_body_bytes=4096,
-            **overrides,
+            **{**NO_SWEEPS, **overrides},
         )
     )
     await relay.start()
