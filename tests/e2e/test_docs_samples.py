@@ -13,12 +13,21 @@ import sys
 import sysconfig
 import tempfile
 import tomllib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..conftest import RunningRelay, connect, recv_core, recv_json, send_json, start_relay
+from ..conftest import (
+    NO_SWEEPS,
+    RunningRelay,
+    connect,
+    recv_core,
+    recv_json,
+    send_json,
+    start_relay,
+)
 from ..docs.blocks import ROOT, docs_block
 from ..harness import Nginx, RedisServer, WebhookReceiver, eventually, free_port
 
@@ -256,6 +265,15 @@ def _json_values(text: str) -> list[Any]:
         value, index = decoder.raw_decode(text, index)
         values.append(value)
     return values
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[RunningRelay]:
+    """A relay with default settings but no SSE heartbeats nor keepalive pings: what curl
+    prints of a stream is compared with the printed sample, which shows none."""
+    running, server = await start_relay(**NO_SWEEPS)
+    async with server:
+        yield running
 
 
 def _events(text: str) -> list[dict[str, Any]]:

@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
 
+from tests.conftest import NO_SWEEPS
 from tests.edge.played import answers, connection, settle
-from tests.edge.test_http11 import NO_SWEEPS
 from tests.edge.test_oneshot import _counters
 
 EXAMPLES = int(os.environ.get("APPEND_NOW_EXAMPLES", "150"))

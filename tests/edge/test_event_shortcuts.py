@@ -26,9 +26,10 @@ from token_relay.edge import producers
 from token_relay.edge.connection import HttpConnection
 
 from bench.wire import client_frame, upgrade_request
+from tests.conftest import NO_SWEEPS
 from tests.core.test_streams_hot_path import DELTAS, IDS, OPTIONAL
 from tests.edge.played import settle
-from tests.edge.test_http11 import NO_SWEEPS, FakeTransport
+from tests.edge.test_http11 import FakeTransport
 
 plain = st.fixed_dictionaries({"id": st.sampled_from(IDS), "delta": DELTAS})
 other = st.fixed_dictionaries(

@@ -29,16 +29,12 @@ from token_relay.edge.connection import HttpConnection
 from token_relay.edge.http import HttpRequest
 from token_relay.edge.http11 import CLOSED, END, NEED_DATA, PAUSED, Body, Head, Http11
 
+from tests.conftest import NO_SWEEPS
+
 EXAMPLES = int(os.environ.get("HTTP11_EXAMPLES", "150"))
 
 
 # ---------------------------------------------------------------------- the transport
-
-NO_SWEEPS: dict[str, Any] = {"ping_interval": 86_400.0, "sse_heartbeat": 86_400.0}
-"""Settings that keep keepalive pings and SSE heartbeats out of the bytes a played relay
-writes. A sweep visits a 64th of the peers each 64th of its interval, so with the defaults a
-peer may get a ping a third of a second after the relay started: under load, in one of two
-runs compared byte for byte and not in the other."""
 
 
 @dataclass

@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
 
+from tests.conftest import NO_SWEEPS
 from tests.edge.played import answers, settle
 from tests.edge.played import connection as _connection
-from tests.edge.test_http11 import NO_SWEEPS
 
 EXAMPLES = int(os.environ.get("ONESHOT_EXAMPLES", "200"))
 MAX_CHARS = 40

@@ -32,8 +32,9 @@ from hypothesis import strategies as st
 from token_relay import Relay, Settings
 from token_relay.edge.connection import HttpConnection
 
+from tests.conftest import NO_SWEEPS
 from tests.edge.played import connection as _connection
-from tests.edge.test_http11 import NO_SWEEPS, FakeTransport
+from tests.edge.test_http11 import FakeTransport
 from tests.edge.test_oneshot import (
     MAX_CHARS,
     NEAR,
