@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import AsyncIterator
 
@@ -364,9 +365,17 @@ async def test_held_ids_are_one_hash_per_channel_bounded_in_count_and_time(
         assert sorted(held) == [b"w", b"x", b"y"]
         assert {value.partition(b"|")[2] for value in held.values()} == {b"alpha.1"}
         assert 0 < ttl <= Settings().id_hold * 1000
+        # Where each was published, for its owner's script sent again: bounded alike.
+        published = await redis.hgetall("tr:published:c")
+        digest = {i: hashlib.sha1(message_body("c", i, "").encode()).hexdigest() for i in "wxyz"}
+        assert published == {
+            i.encode(): f"{n}|alpha.1|{digest[i]}".encode() for n, i in enumerate("wxy", 1)
+        }
+        assert 0 < await redis.pttl("tr:published:c") <= Settings().id_hold * 1000
         # A fourth id: past the cap, the channel's holds start again.
         await alpha.terminal("c", "alpha.1", "z", message_body("c", "z", ""))
         assert sorted(await redis.hkeys("tr:held:c")) == [b"z"]
+        assert await redis.hgetall("tr:published:c") == {b"z": f"4|alpha.1|{digest['z']}".encode()}
     frame = await beta.terminal("c", "beta.1", "w", message_body("c", "w", "free"))
     assert json.loads(frame)["text"] == "free"
     with pytest.raises(FrameRejected):

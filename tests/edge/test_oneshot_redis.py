@@ -243,6 +243,7 @@ def test_one_shot_messages_keep_nothing_per_owner_in_redis(redis_url: str) -> No
         "tr:instances",
         "tr:lease:I",
         "tr:offset:c",
+        "tr:published:c",
         "tr:seq:c",
     ], keys
 

@@ -54,6 +54,10 @@ for a resync, and the reader reconnects with backoff. Once it is back, every
 message in progress here is rewritten to Redis (its full text, and a
 ``snapshot`` frame to deltas subscribers), and the listener is told so that
 subscribers resume by offset: what was published meanwhile may have been missed.
+A terminal write that timed out may still have run in Redis: the same owner's same frame,
+sent again (the retried final, or the outbox's copy), publishes nothing more within
+``--id-hold`` (``tr:published:C``) and is answered with the frame as published. The outbox
+is sent again after any batch that went through, and a second after a try of it failed.
 
 The package, one module per concept, behind :class:`RedisBroker` (``broker``):
 

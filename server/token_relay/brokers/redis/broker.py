@@ -58,6 +58,7 @@ class RedisBroker:
         self._health = Health()
         self._outbox = Outbox()
         self._pipeline = Pipeline(self._connections, self._health, self._outbox, self._text_ttl)
+        self._pipeline.drain_outbox = self._drain_outbox
         # The pipeline's own runs and dirty set, at hand for the publish path (one lookup).
         self._runs = self._pipeline.runs
         self._dirty = self._pipeline.dirty

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -28,6 +29,9 @@ MAX_BATCH = 1000
 """Writes sent in one pipeline, at most."""
 MAX_BROKEN_LOGS = 10_000
 """Structured messages remembered as having a broken log, at most (see ``broken_logs``)."""
+OUTBOX_RETRY = 1.0
+"""Seconds after a write of the outbox failed before the outbox is tried again, whether or
+not Redis was seen to go away (a write that timed out on a Redis that still answers PING)."""
 
 
 class Pipeline:
@@ -62,6 +66,10 @@ class Pipeline:
         :meth:`execute`), not reply by reply."""
         self._writes_since = 0
         """The outages the writer's connection has been renewed after."""
+        self.drain_outbox: Callable[[], None] | None = None
+        """Queue the outbox's frames again (the broker's): after a batch that went through,
+        and :data:`OUTBOX_RETRY` after one of its frames failed."""
+        self._retry: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ queueing
 
@@ -151,13 +159,22 @@ class Pipeline:
             self._settle_all(batch, results)
 
     def _settle_all(self, batch: list[Write], results: list[Any]) -> None:
+        kept_back = False
         for write, result in reversed(list(zip(batch, results, strict=True))):
             if isinstance(result, Exception) and write.deferred is not None:
                 self._outbox.put_back(write.deferred)  # in order, for the next try
+                kept_back = True
         for n, (write, result) in enumerate(zip(batch, results, strict=True)):
             if write.script in ("terminal", "whole") and isinstance(result, list):
-                frame, queued = result
-                if write.webhook is not None and not queued and self.webhooks is not None:
+                # The frame; whether its webhook was queued; a third value if the frame
+                # had been published already (its reply lost): nothing was done again.
+                frame, queued, again = result[0], result[1], len(result) > 2
+                if (
+                    write.webhook is not None
+                    and not queued
+                    and not again
+                    and self.webhooks is not None
+                ):
                     note_not_queued(self.webhooks, *write.webhook)
                 results[n] = result = frame
             failed = isinstance(result, Exception)
@@ -174,6 +191,25 @@ class Pipeline:
                     self._settle(write.done, write.terminal, result)
                 else:
                     write.done.set_result(result)
+        self._outbox_next(kept_back, any(isinstance(result, Exception) for result in results))
+
+    def _outbox_next(self, kept_back: bool, failed: bool) -> None:
+        """Publish the outbox's frames once Redis takes writes again: at once after a batch
+        that went through; after :data:`OUTBOX_RETRY` if some of them failed again. (Redis
+        coming back after an outage drains it too.)"""
+        if not self._outbox or self.drain_outbox is None:
+            return
+        if kept_back:
+            if self._retry is None:
+                loop = asyncio.get_running_loop()
+                self._retry = loop.call_later(OUTBOX_RETRY, self._retry_outbox)
+        elif not failed and self._health.healthy:
+            self.drain_outbox()
+
+    def _retry_outbox(self) -> None:
+        self._retry = None
+        if self._outbox and self.drain_outbox is not None and self._health.healthy:
+            self.drain_outbox()
 
     def log_broken(self, target: Target) -> None:
         """A structured message's log in Redis misses an entry: cut it with the next."""

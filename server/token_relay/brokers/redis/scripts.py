@@ -168,6 +168,19 @@ local owner = ARGV[9]
 if redis.call('EXISTS', 'tr:gone:' .. owner) == 1 then
   return 0
 end
+if ARGV[11] == 'm' then
+  -- This owner's message, the same frame, completed here already (the reply to its script
+  -- was lost, and the script was sent again): the frame as published, nothing done again.
+  local published = redis.call('HGET', 'tr:published:' .. ARGV[14], ARGV[8])
+  if published then
+    local bar = string.find(published, '|', 1, true)
+    if string.sub(published, bar + 1) == owner .. '|' .. redis.sha1hex(ARGV[1]) then
+      local at = redis.call('GET', KEYS[1]) or ARGV[2]
+      return {string.sub(ARGV[1], 1, -2) .. ',"offset":' .. string.sub(published, 1, bar - 1)
+        .. ',"epoch":"' .. at .. '"}', 0, 1}
+    end
+  end
+end
 local holder = redis.call('HGET', KEYS[8], ARGV[8])
 if holder and holder ~= owner then
   return 0
@@ -226,6 +239,17 @@ redis.call('EXPIRE', KEYS[2], ARGV[7])
 local seq = redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 local frame = string.sub(ARGV[1], 1, -2) .. ',"offset":' .. offset .. ',"epoch":"' .. epoch .. '"}'
+if hold > 0 then
+  -- Where it was published, for the same owner's script sent again (above); bounded as
+  -- the holds are, and gone with them.
+  local published = 'tr:published:' .. ARGV[14]
+  if redis.call('HEXISTS', published, ARGV[8]) == 0
+      and redis.call('HLEN', published) >= tonumber(ARGV[20]) then
+    redis.call('DEL', published)
+  end
+  redis.call('HSET', published, ARGV[8], offset .. '|' .. owner .. '|' .. redis.sha1hex(ARGV[1]))
+  redis.call('PEXPIRE', published, hold)
+end
 redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[3], offset .. '-0', 't', ARGV[4], 'f', frame)
 redis.call('EXPIRE', KEYS[4], ARGV[6])
 redis.call('SREM', KEYS[5], ARGV[5])
@@ -245,7 +269,8 @@ return {frame, queued}
 """
 )
 """Give a terminal frame its offset, record and publish it, release the id's claim, hold
-the id for its owner for ``hold`` milliseconds (ARGV[19]) in ``tr:held:C``, and
+the id for its owner for ``hold`` milliseconds (ARGV[19]) in ``tr:held:C`` (and where it
+was published, ``OFFSET|OWNER|SHA1`` of the frame, in ``tr:published:C``, as long), and
 remember the id as completed (``m``) or aborted (``a``) in the owner's session, the last
 ``max_done`` of them (ARGV[12]; 0 for an owner with no session, a one-shot message, which
 keeps nothing of it per owner); 0 if another owner holds the id (in progress or within its hold) or
@@ -253,7 +278,10 @@ the session moved; with ``strict``
 1, also if nobody holds it (a reaper's abort happens once); with 2 (a message that opened),
 also if its claim was refused (``tr:refused:``), even once the holder is done. With a
 webhook wanted, queue the frame in the webhook outbox ``tr:wh`` in the same step, unless it
-is full; returns the frame and whether it was queued."""
+is full; returns the frame and whether it was queued. The same frame of a completed message
+that the same owner's script published already within the hold (its reply was lost, and it
+was sent again) is not published again: the frame as it was (its offset, the current
+epoch), 0, and 1."""
 
 _CLAIMED = TERMINAL.index("if holder ~= owner and (ARGV[13]")
 WHOLE = (
@@ -398,6 +426,16 @@ for i = 1, #done, 2 do
     local bar = string.find(entry, '|', 1, true)
     if string.sub(entry, bar + 1) == old then
       redis.call('HSET', held, done[i], string.sub(entry, 1, bar) .. new)
+    end
+  end
+  local published = 'tr:published:' .. string.sub(value, sep + 1)
+  entry = redis.call('HGET', published, done[i])
+  if entry then
+    local bar = string.find(entry, '|', 1, true)
+    local tail = string.find(entry, '|', bar + 1, true)
+    if tail and string.sub(entry, bar + 1, tail - 1) == old then
+      redis.call('HSET', published, done[i], string.sub(entry, 1, bar) .. new
+        .. string.sub(entry, tail))
     end
   end
 end
