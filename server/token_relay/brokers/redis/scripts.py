@@ -218,7 +218,8 @@ if hold > 0 then
   local held = 'tr:held:' .. ARGV[14]
   if redis.call('HEXISTS', held, ARGV[8]) == 0
       and redis.call('HLEN', held) >= tonumber(ARGV[20]) then
-    redis.call('DEL', held)
+    -- tr:published:C (below) is written with it, so it holds no more ids: reset together.
+    redis.call('DEL', held, 'tr:published:' .. ARGV[14])
   end
   local now = redis.call('TIME')
   local expiry = now[1] * 1000 + math.floor(now[2] / 1000) + hold
@@ -240,13 +241,9 @@ local seq = redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[7])
 local frame = string.sub(ARGV[1], 1, -2) .. ',"offset":' .. offset .. ',"epoch":"' .. epoch .. '"}'
 if hold > 0 then
-  -- Where it was published, for the same owner's script sent again (above); bounded as
-  -- the holds are, and gone with them.
+  -- Where it was published, for the same owner's script sent again (above): written with
+  -- the hold, reset and expiring with it, so bounded as the holds are.
   local published = 'tr:published:' .. ARGV[14]
-  if redis.call('HEXISTS', published, ARGV[8]) == 0
-      and redis.call('HLEN', published) >= tonumber(ARGV[20]) then
-    redis.call('DEL', published)
-  end
   redis.call('HSET', published, ARGV[8], offset .. '|' .. owner .. '|' .. redis.sha1hex(ARGV[1]))
   redis.call('PEXPIRE', published, hold)
 end
