@@ -387,11 +387,15 @@ async def test_a_session_taken_over_keeps_the_holds_of_the_ids_it_ended(
 ) -> None:
     alpha, beta = two_brokers
     await alpha.save_session("token", "alpha.1", "grant")
-    await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "mine"))
+    first = await alpha.terminal("c", "alpha.1", "m", message_body("c", "m", "mine"))
     assert await beta.take_session("token", "grant", "beta.1") is not None
+    # Its final sent again through the new owner (the reply to the old one lost on its way):
+    # the frame as published, and nothing published again.
+    assert await beta.terminal("c", "beta.1", "m", message_body("c", "m", "mine")) == first
     # The session's new owner may use its id; another owner may not.
     frame = await beta.terminal("c", "beta.1", "m", message_body("c", "m", "again"))
     assert json.loads(frame)["text"] == "again"
+    assert json.loads(frame)["offset"] == json.loads(first)["offset"] + 1
     with pytest.raises(FrameRejected):
         await alpha.terminal("c", "alpha.2", "m", message_body("c", "m", "not yours"))
 
