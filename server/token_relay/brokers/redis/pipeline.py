@@ -159,7 +159,7 @@ class Pipeline:
             self._settle_all(batch, results)
 
     def _settle_all(self, batch: list[Write], results: list[Any]) -> None:
-        kept_back = False
+        kept_back = any_failed = False
         for write, result in reversed(list(zip(batch, results, strict=True))):
             if isinstance(result, Exception) and write.deferred is not None:
                 self._outbox.put_back(write.deferred)  # in order, for the next try
@@ -178,6 +178,7 @@ class Pipeline:
                     note_not_queued(self.webhooks, *write.webhook)
                 results[n] = result = frame
             failed = isinstance(result, Exception)
+            any_failed = any_failed or failed
             if failed and write.message is not None:
                 self.dirty.add(write.message)
                 if write.script == "part":
@@ -191,7 +192,7 @@ class Pipeline:
                     self._settle(write.done, write.terminal, result)
                 else:
                     write.done.set_result(result)
-        self._outbox_next(kept_back, any(isinstance(result, Exception) for result in results))
+        self._outbox_next(kept_back, any_failed)
 
     def _outbox_next(self, kept_back: bool, failed: bool) -> None:
         """Publish the outbox's frames once Redis takes writes again: at once after a batch

@@ -412,29 +412,26 @@ if old_instance then
   redis.call('SREM', 'tr:sessions:' .. old_instance, ARGV[6])
 end
 redis.call('SADD', 'tr:sessions:' .. ARGV[2], ARGV[6])
+-- The owner in an entry's second field (UNTIL|OWNER in tr:held:C, OFFSET|OWNER|SHA1 in
+-- tr:published:C) becomes the new one, if it was the old.
+local function move(key, id)
+  local entry = redis.call('HGET', key, id)
+  if entry then
+    local bar = string.find(entry, '|', 1, true)
+    local tail = string.find(entry, '|', bar + 1, true) or #entry + 1
+    if string.sub(entry, bar + 1, tail - 1) == old then
+      redis.call('HSET', key, id, string.sub(entry, 1, bar) .. new .. string.sub(entry, tail))
+    end
+  end
+end
 local done = redis.call('HGETALL', 'tr:done:' .. new)
 for i = 1, #done, 2 do
   -- An id the session ended is still held for it, under its new owner.
   local value = done[i + 1]
   local sep = string.find(value, '|', string.find(value, '|', 1, true) + 1, true)
-  local held = 'tr:held:' .. string.sub(value, sep + 1)
-  local entry = redis.call('HGET', held, done[i])
-  if entry then
-    local bar = string.find(entry, '|', 1, true)
-    if string.sub(entry, bar + 1) == old then
-      redis.call('HSET', held, done[i], string.sub(entry, 1, bar) .. new)
-    end
-  end
-  local published = 'tr:published:' .. string.sub(value, sep + 1)
-  entry = redis.call('HGET', published, done[i])
-  if entry then
-    local bar = string.find(entry, '|', 1, true)
-    local tail = string.find(entry, '|', bar + 1, true)
-    if tail and string.sub(entry, bar + 1, tail - 1) == old then
-      redis.call('HSET', published, done[i], string.sub(entry, 1, bar) .. new
-        .. string.sub(entry, tail))
-    end
-  end
+  local channel = string.sub(value, sep + 1)
+  move('tr:held:' .. channel, done[i])
+  move('tr:published:' .. channel, done[i])
 end
 return {old, old_instance or '', out, done}
 """
