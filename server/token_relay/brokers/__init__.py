@@ -181,12 +181,13 @@ class Publication(Protocol):
 
 class Published:
     """A publication that ended within the call (a broker in this process): no future,
-    no event loop, for the price of one small object."""
+    no event loop, for the price of one small object. Its :attr:`frame` and :attr:`error`
+    are read as they are, where the relay handles one of these (no calls)."""
 
-    __slots__ = ("_error", "_frame")
+    __slots__ = ("error", "frame")
 
     def __init__(self, frame: str = "", error: BaseException | None = None) -> None:
-        self._frame, self._error = frame, error
+        self.frame, self.error = frame, error
 
     def done(self) -> bool:
         return True
@@ -195,18 +196,18 @@ class Published:
         return False
 
     def exception(self) -> BaseException | None:
-        return self._error
+        return self.error
 
     def result(self) -> str:
         """The full frame, once published (or the publication's error, raised)."""
-        if self._error is not None:
-            raise self._error
-        return self._frame
+        if self.error is not None:
+            raise self.error
+        return self.frame
 
     def __await__(self) -> Generator[Any, None, str]:
-        if self._error is not None:
-            raise self._error
-        return self._frame
+        if self.error is not None:
+            raise self.error
+        return self.frame
         yield  # a generator, never suspended
 
 

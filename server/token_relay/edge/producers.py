@@ -37,7 +37,7 @@ from msgspec import DecodeError
 from pydantic import MISSING
 from websockets import CloseCode
 
-from ..brokers import Broker, Publication
+from ..brokers import Broker, Publication, Published
 from ..core.codec import (
     Event,
     FastEvent,
@@ -455,9 +455,10 @@ class ProducerEndpoint:
         waiting: bool,
     ) -> Coroutine[Any, Any, None] | None:
         """Apply a frame's events from ``start`` on; its acks go out once all are applied."""
-        # One count of memory for the frame: every event of it is applied at one ``now``,
-        # at which the count is refreshed at most once (see :meth:`overloaded`).
-        overloaded = self.overloaded(now)
+        # One count of memory for the frame, taken when an event first needs it (most
+        # frames' events never do): every event of it is applied at one ``now``, at which
+        # the count is refreshed at most once (see :meth:`overloaded`).
+        overloaded: bool | None = None
         streams, owner, metrics = session.streams, session.owner, self.metrics
         plain_delta, plain_final = streams.plain_delta, streams.plain_final
         count, skip, tried = len(events), start, start
@@ -521,6 +522,8 @@ class ProducerEndpoint:
                 # Most finals: a plain message in progress, completed (all _apply would do).
                 applied = plain_final(event.id)
             if applied is None:
+                if overloaded is None:
+                    overloaded = self.overloaded(now)
                 applied = self._apply(connection, session, event, now, at, overloaded)
             if applied is None:
                 continue
@@ -531,7 +534,10 @@ class ProducerEndpoint:
                 continue
             completion = self._complete(session, applied, now, event, at)
             replies = self._replies.get(connection)
-            if replies is None and (completion.published is None or completion.published.done()):
+            published = completion.published
+            if replies is None and (
+                published is None or isinstance(published, Published) or published.done()
+            ):
                 settled = self._settle(session, completion)
                 if isinstance(settled, FrameRejected):
                     self.reject_now(connection, settled)
@@ -773,11 +779,12 @@ class ProducerEndpoint:
         channel, message_id = completion.channel, completion.message_id
         published = completion.published
         if published is not None:
-            error = (
-                BrokerUnavailable("the broker closed")
-                if published.cancelled()
-                else published.exception()
-            )
+            if isinstance(published, Published):  # a broker in this process: ended already
+                error = published.error
+            elif published.cancelled():
+                error = BrokerUnavailable("the broker closed")
+            else:
+                error = published.exception()
             if isinstance(error, BrokerUnavailable):
                 session.unpublished[message_id] = None
                 if len(session.unpublished) > self.settings.max_completed_per_producer:
@@ -792,7 +799,8 @@ class ProducerEndpoint:
                 raise error
             session.unpublished.pop(message_id, None)
             self.metrics.completed.inc()
-            self._ended(session, message_id, published.result())
+            frame = published.frame if isinstance(published, Published) else published.result()
+            self._ended(session, message_id, frame)
             if completion.meta:
                 self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
             elapsed = self.clock() - completion.received
@@ -803,9 +811,12 @@ class ProducerEndpoint:
     def _ended(session: Session, message_id: str, frame: str) -> None:
         """Tell the session's HTTP requests that a message of it ended, published as
         ``frame``."""
-        for connection in session.connections():
-            if isinstance(connection, HttpProducer):
-                connection.ended(message_id, frame)
+        connection = session.connection
+        if isinstance(connection, HttpProducer):
+            connection.ended(message_id, frame)
+        for joined in session.joined:  # a named HTTP producer's other requests
+            if isinstance(joined, HttpProducer):
+                joined.ended(message_id, frame)
 
     def producer_identity(self, grant: Grant) -> str:
         """The producer identity a webhook carries: "" when the relay runs open."""
