@@ -453,6 +453,49 @@ async def test_a_whole_message_is_published_as_its_delta_and_final(broker: Broke
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+async def test_a_whole_message_sent_again_by_another_owner_is_answered_as_the_first(
+    broker: Broker,
+) -> None:
+    """Within the hold, the same whole message under an id from another owner (a one-shot
+    post retried after its answer was lost: a new producer) is answered with the frame as it
+    was published, and nothing of it is published again; other text is refused, and so is
+    the same text from a message that opened (claimed), or while the id is in progress."""
+    recorder = recorder_of(broker)
+    await broker.listen("c", True, True)
+    body = message_body("c", "m", "hi")
+    first = broker.whole("c", "inst.1", "m", "hi", body)
+    assert first is not None
+    frame = await first
+    copy = broker.whole("c", "inst.2", "m", "hi", body)
+    assert copy is not None
+    assert await copy == frame
+    # The general path's one-shot: a final that opened its message, nothing claimed.
+    assert await broker.terminal("c", "inst.3", "m", body) == frame
+    for text, claimed in (("hI", False), ("hi", True)):
+        with pytest.raises(FrameRejected) as refused:
+            await broker.terminal("c", "inst.4", "m", message_body("c", "m", text), claimed=claimed)
+        assert refused.value.code is ErrorCode.ID_IN_USE
+    # Its owner opens the id again: while that message is in progress, no copy is taken.
+    assert broker.open("c", "inst.1", "m") is True
+    held = broker.whole("c", "inst.5", "m", "hi", body)
+    assert held is not None
+    with pytest.raises(FrameRejected) as refused:
+        await held
+    assert refused.value.code is ErrorCode.ID_IN_USE
+    await broker.terminal("c", "inst.1", "m", message_body("c", "m", "two"), claimed=True)
+    await broker.flush()
+    await until(lambda: len(terminal_texts(recorder)) == 2)
+    events = [(kind, json.loads(f)) for _, kind, _, f in recorder.frames]
+    assert [(k, f.get("delta", f.get("text"))) for k, f in events] == [
+        (FrameKind.DELTA, "hi"),
+        (FrameKind.TERMINAL, "hi"),
+        (FrameKind.TERMINAL, "two"),
+    ]
+    cut = await broker.catch_up("c", None, live=False, rewind=10)
+    assert [json.loads(f)["text"] for f in cut.frames] == ["hi", "two"]
+    assert cut.frames[0] == frame
+
+
 @pytest.mark.id_hold(0.2)
 async def test_a_held_id_is_free_once_the_hold_ends(broker: Broker) -> None:
     recorder = recorder_of(broker)

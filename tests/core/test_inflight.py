@@ -276,6 +276,22 @@ def test_an_ended_id_is_held_for_its_owner_until_the_hold_ends() -> None:
     assert (index.holder("c", "m"), index.held_count) == ("b", 0)
 
 
+def test_a_hold_keeps_what_was_published_while_nobody_has_the_id_in_progress() -> None:
+    index: InflightIndex[str] = InflightIndex(hold=60.0)
+    index.end("c", "a", "m", now=10.0, published=("digest", 1))  # a one-shot message
+    assert index.published("c", "m", 69.999) == ("digest", 1)
+    assert index.published("c", "n", 11.0) is None  # another id
+    assert index.published("d", "m", 11.0) is None  # another channel
+    assert index.claim("c", "a", "m", now=20.0)  # its owner opens it again: in progress
+    assert index.published("c", "m", 21.0) is None
+    index.end("c", "a", "m", now=30.0, published=("other", 2))
+    assert index.published("c", "m", 31.0) == ("other", 2)
+    assert index.published("c", "m", 90.0) is None  # the hold ended
+    index.end("c", "b", "n", now=100.0, completed=False, published=("x", 3))  # aborted
+    assert index.published("c", "n", 100.0) is None
+    assert InflightIndex[str](hold=0.0).published("c", "m", 0.0) is None
+
+
 def test_an_aborted_id_is_not_held() -> None:
     index: InflightIndex[str] = InflightIndex(hold=60.0)
     index.claim("c", "a", "m", now=0.0)

@@ -82,7 +82,7 @@ def test_a_post_whose_reply_never_came_is_published_once(
     a producer session first, on a connection of its own that waits the hang out.)"""
     monkeypatch.setattr(pipeline, "COMMAND_TIMEOUT", TIMEOUT)
 
-    async def play() -> tuple[bytes, bytes, bytes, list[tuple[str, str]]]:
+    async def play() -> tuple[bytes, bytes, bytes, bytes, list[list[tuple[str, str]]]]:
         relay, _ = await _started(redis_server.url, True)
         try:
             # A write first: the writer's connection is open when Redis hangs, so the next
@@ -90,18 +90,27 @@ def test_a_post_whose_reply_never_came_is_published_once(
             warm = await _post_and_answer(relay, b'{"id":"w","delta":"x","final":true}')
             _hang(redis_server)
             answer = await _post_and_answer(relay, b'{"id":"m","delta":"hello","final":true}')
-            history = await _settled(relay)
-            # A retry is a producer of its own: the id is held by the first attempt's.
+            history = [await _settled(relay)]
+            # The retry is a producer of its own, and the id is held by the first attempt's;
+            # it is the same whole message, so it is acked, and publishes nothing more.
             retry = await _post_and_answer(relay, b'{"id":"m","delta":"hello","final":true}')
-            return warm, answer, retry, history
+            history.append(await _settled(relay))
+            # Other text under the id is another message: refused.
+            other = await _post_and_answer(relay, b'{"id":"m","delta":"hellO","final":true}')
+            history.append(await _settled(relay))
+            return warm, answer, retry, other, history
         finally:
             await _stopped(relay)
 
-    warm, answer, retry, history = asyncio.run(play())
+    warm, answer, retry, other, history = asyncio.run(play())
     assert b'"acks":[{"type":"ack","id":"w"' in warm
     assert _unavailable(answer), answer
-    assert history == [("w", "x"), ("m", "hello")]
-    assert b'"code":"id_in_use"' in retry and b'"acks":[]' in retry
+    assert history == [[("w", "x"), ("m", "hello")]] * 3
+    assert b" 200 " in retry.split(b"\r\n")[0], retry
+    assert retry.endswith(
+        b'{"acks":[{"type":"ack","id":"m","channel":"c"}],"errors":[],"cancels":[]}'
+    )
+    assert b'"code":"id_in_use"' in other and b'"acks":[]' in other
 
 
 def test_a_kept_final_is_published_once_writes_pass_again(
@@ -159,16 +168,22 @@ def test_a_final_sent_again_after_its_reply_was_lost_is_acked_and_published_once
 
 
 def test_a_terminal_script_sent_again_by_its_owner_publishes_nothing_more(redis_url: str) -> None:
-    """The script itself: a whole message sent twice by one owner is published once, and the
-    second answer is the frame as published; another owner is refused the id."""
+    """The script itself: a whole message sent twice by one owner, then by another, is
+    published once, and each later answer is the frame as published; other text under the
+    id from another owner is refused the id."""
 
     async def play() -> tuple[list[Any], list[str]]:
         relay, _ = await _started(redis_url, True)
         try:
-            broker, body = relay.broker, message_body("c", "m", "hello")
+            broker = relay.broker
             answers: list[Any] = []
-            for owner in ("one", "one", "two"):
-                published = broker.whole("c", owner, "m", "hello", body)
+            for owner, text in (
+                ("one", "hello"),
+                ("one", "hello"),
+                ("two", "hello"),
+                ("three", "bye"),
+            ):
+                published = broker.whole("c", owner, "m", text, message_body("c", "m", text))
                 assert published is not None
                 try:
                     answers.append(await published)
@@ -179,7 +194,7 @@ def test_a_terminal_script_sent_again_by_its_owner_publishes_nothing_more(redis_
         finally:
             await _stopped(relay)
 
-    (first, again, other), history = asyncio.run(play())
+    (first, again, copy, other), history = asyncio.run(play())
     assert history == [first]
-    assert again == first and json.loads(first)["offset"] == 1
+    assert again == copy == first and json.loads(first)["offset"] == 1
     assert other == "id_in_use"

@@ -17,6 +17,9 @@ class Proxy:
         self.cuts = 0
         self.delay = 0.0
         """Seconds each chunk of bytes waits before it is passed on (latency; order kept)."""
+        self.lose_answers = False
+        """While set, every byte from the backend to its client is lost on the way (the
+        requests still pass): an answer that never arrives."""
         self.drop_requests = 0
         """The next connections to drop once their first bytes (an HTTP request, a WebSocket
         handshake) arrive, before anything is answered."""
@@ -96,7 +99,7 @@ class Proxy:
             while data := await source.read(65536):
                 if self.delay:
                     await asyncio.sleep(self.delay)
-                if pair in self._frozen:
+                if pair in self._frozen or (self.lose_answers and sink is pair[0]):
                     continue  # lost on the way
                 sink.write(data)
                 await sink.drain()

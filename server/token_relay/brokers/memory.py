@@ -335,12 +335,26 @@ class MemoryBroker:
         aborted: bool = False,
     ) -> str:
         now = time.monotonic()
-        if not self.inflight.may_publish(channel, owner, message_id, claimed, now):
+        inflight = self.inflight
+        if not inflight.may_publish(channel, owner, message_id, claimed, now):
+            if not claimed and not aborted:
+                # Another owner's message under the id ended within its hold. If it was
+                # this very message (a whole one sent again: its answer was lost), it was
+                # published once: the frame as it was, nothing done again.
+                copy = inflight.published(channel, message_id, now)
+                if isinstance(copy, tuple) and copy[0] == hash(body):
+                    return with_position(body, copy[1], copy[2])
             raise id_in_use(channel, message_id)
-        self.inflight.end(channel, owner, message_id, now, completed=not aborted)
         payload = self.history.record(
             channel, now, lambda offset, epoch: with_position(body, offset, epoch)
         )
+        if aborted or not inflight.hold:
+            inflight.end(channel, owner, message_id, now, completed=not aborted)
+        else:
+            # How it was published, for a copy of it sent again (above): a digest of the
+            # frame (Python's keyed string hash), its offset and epoch.
+            offset, epoch = self.history.last(channel)
+            inflight.end(channel, owner, message_id, now, published=(hash(body), offset, epoch))
         webhooks = self.webhooks
         if isinstance(webhooks, MemoryWebhooks) and self._wants_webhook(channel):
             webhooks.add(channel, payload, producer, time.time())

@@ -280,11 +280,12 @@ def binary_rejected() -> FrameRejected:
 
 
 def id_in_use(channel: str, message_id: str) -> FrameRejected:
-    """Another producer is streaming a message with this id in this channel."""
+    """Another producer holds this id in this channel: its message is in progress, or
+    completed within ``--id-hold`` (and this is not that very message again)."""
     return FrameRejected(
         ErrorCode.ID_IN_USE,
-        f"message '{message_id}' is in progress on channel '{channel}' from another producer; "
-        "use another id",
+        f"message '{message_id}' on channel '{channel}' is another producer's (in progress, "
+        "or completed within --id-hold); use another id",
         message_id,
     )
 
@@ -297,6 +298,7 @@ def broker_rejected(message_id: str | None) -> FrameRejected:
     """
     return FrameRejected(
         ErrorCode.BROKER_UNAVAILABLE,
-        "the relay's broker is unreachable; nothing was published, retry shortly",
+        "the relay's broker is unreachable or did not answer in time; send it again shortly"
+        " (a final that was published after all is acked, and not published twice)",
         message_id,
     )

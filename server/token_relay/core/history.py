@@ -222,5 +222,10 @@ class HistoryStore:
         self.bytes += log.bytes - before
         return payload
 
+    def last(self, channel: str) -> tuple[int, str]:
+        """The offset of the channel's last frame, and its epoch ((0, "") with no log)."""
+        log = self._logs.get(channel)
+        return (0, "") if log is None else (log.offset, log.epoch)
+
     def __len__(self) -> int:
         return len(self._logs)

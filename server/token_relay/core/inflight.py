@@ -25,7 +25,10 @@ lost its session sends it again whole, as a new producer, under the same id. The
 ids are one map in the order they completed, pruned by ``now`` (the caller's monotonic
 clock) at each call, at most ``max_held`` of them and ``max_held_chars`` characters of
 ids and channel names: past either the oldest hold ends early.
-``hold`` 0 holds nothing: an id is free once its message ended.
+``hold`` 0 holds nothing: an id is free once its message ended. A hold keeps what its
+caller said of how the message was published (:meth:`InflightIndex.published`), so that an
+exact copy of a whole message sent again by another owner is answered as the first was,
+and published no more.
 
 Entries are added when a message opens and removed when it completes or is
 aborted, so the index never outgrows the producers' own limits on unfinished
@@ -74,8 +77,8 @@ class InflightIndex(Generic[OwnerT]):
         self._holders: dict[tuple[str, str], OwnerT] = {}
         self.hold, self.max_held, self.max_held_chars = hold, max_held, max_held_chars
         self._held_chars = 0
-        # (channel, id) -> (owner, until), in the order the holds end.
-        self._held: OrderedDict[tuple[str, str], tuple[OwnerT, float]] = OrderedDict()
+        # (channel, id) -> (owner, until, what was published), in the order the holds end.
+        self._held: OrderedDict[tuple[str, str], tuple[OwnerT, float, object]] = OrderedDict()
         # When the first hold in the map ends (inf if none): pruning before it does nothing.
         self._prune_at = _NEVER
 
@@ -110,10 +113,18 @@ class InflightIndex(Generic[OwnerT]):
         return not self._held_by_another(channel, owner, message_id, now)
 
     def end(
-        self, channel: str, owner: OwnerT, message_id: str, now: float, *, completed: bool = True
+        self,
+        channel: str,
+        owner: OwnerT,
+        message_id: str,
+        now: float,
+        *,
+        completed: bool = True,
+        published: object = None,
     ) -> None:
         """A message completed or was aborted: forget it, and if it completed, hold its id
-        for ``owner`` until ``now + hold``."""
+        for ``owner`` until ``now + hold``, with what the caller says of how it was
+        ``published`` (see :meth:`published`)."""
         self.remove(channel, owner, message_id)
         if self.hold <= 0 or not completed:
             return
@@ -123,7 +134,7 @@ class InflightIndex(Generic[OwnerT]):
         ended = held.pop(key, None)
         if ended is None:
             self._held_chars += len(channel) + len(message_id)
-        held[key] = (owner, now + self.hold)
+        held[key] = (owner, now + self.hold, published)
         front_moved = ended is not None or len(held) == 1
         while len(held) > self.max_held or self._held_chars > self.max_held_chars:
             (old_channel, old_id), _ = held.popitem(last=False)
@@ -138,6 +149,16 @@ class InflightIndex(Generic[OwnerT]):
         self._prune(now)
         entry = self._held.get((channel, message_id))
         return None if entry is None else entry[0]
+
+    def published(self, channel: str, message_id: str, now: float) -> object:
+        """What :meth:`end` was told of how the message under ``message_id`` that ended on
+        ``channel`` less than ``hold`` seconds before ``now`` was published, if its id is
+        held and nobody has a message under it in progress; None otherwise."""
+        if (channel, message_id) in self._holders:
+            return None
+        self._prune(now)
+        entry = self._held.get((channel, message_id))
+        return None if entry is None else entry[2]
 
     @property
     def held_count(self) -> int:
@@ -158,7 +179,7 @@ class InflightIndex(Generic[OwnerT]):
             return  # the oldest hold ends later (nearly every call: one comparison)
         held = self._held
         while held:
-            key, (_, until) = next(iter(held.items()))
+            key, (_, until, _) = next(iter(held.items()))
             if until > now:
                 self._prune_at = until
                 return

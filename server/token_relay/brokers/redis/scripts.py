@@ -169,12 +169,18 @@ if redis.call('EXISTS', 'tr:gone:' .. owner) == 1 then
   return 0
 end
 if ARGV[11] == 'm' then
-  -- This owner's message, the same frame, completed here already (the reply to its script
-  -- was lost, and the script was sent again): the frame as published, nothing done again.
+  -- The same frame, completed here already within the hold: the frame as published, nothing
+  -- done again. This owner's (the reply to its script was lost, and the script was sent
+  -- again), or, for a message that claimed nothing (strict 0: a whole message), anyone's
+  -- while nobody has the id in progress (a whole message sent again by a new producer, a
+  -- one-shot post retried after its answer was lost).
   local published = redis.call('HGET', 'tr:published:' .. ARGV[14], ARGV[8])
   if published then
     local bar = string.find(published, '|', 1, true)
-    if string.sub(published, bar + 1) == owner .. '|' .. redis.sha1hex(ARGV[1]) then
+    local sha = redis.sha1hex(ARGV[1])
+    local by = string.sub(published, bar + 1)
+    if by == owner .. '|' .. sha or (ARGV[13] == '0' and string.sub(by, -41) == '|' .. sha
+        and not redis.call('HGET', KEYS[8], ARGV[8])) then
       local at = redis.call('GET', KEYS[1]) or ARGV[2]
       return {string.sub(ARGV[1], 1, -2) .. ',"offset":' .. string.sub(published, 1, bar - 1)
         .. ',"epoch":"' .. at .. '"}', 0, 1}
@@ -278,7 +284,9 @@ webhook wanted, queue the frame in the webhook outbox ``tr:wh`` in the same step
 is full; returns the frame and whether it was queued. The same frame of a completed message
 that the same owner's script published already within the hold (its reply was lost, and it
 was sent again) is not published again: the frame as it was (its offset, the current
-epoch), 0, and 1."""
+epoch), 0, and 1. So is a whole message's (``strict`` 0) that any owner published within
+the hold, while nobody has the id in progress (a one-shot post retried after its answer was
+lost)."""
 
 _CLAIMED = TERMINAL.index("if holder ~= owner and (ARGV[13]")
 WHOLE = (
