@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import assert_silent, connect, recv_json, start_relay
+from ..conftest import assert_silent, connect, open_producer, recv_json, send_json, start_relay
 from ..harness import Balancer, Proxy, RedisServer, relays_on
 
 ANSWER = {"acks": [{"type": "ack", "id": "m", "channel": "c"}], "errors": [], "cancels": []}
@@ -73,6 +73,10 @@ async def test_a_one_shot_post_sent_again_after_its_answer_was_lost_is_acked_and
             # first post would have been; nothing more reaches the subscriber.
             assert await _post(proxy.port, "hello") == (200, ANSWER)
             assert await _post(proxy.port, "hello") == (200, ANSWER)
+            # So is the same whole message from a WebSocket producer (a session of its own).
+            async with open_producer(f"{url}/produce?channel=c") as producer:
+                await send_json(producer, {"id": "m", "delta": "hello", "final": True})
+                assert await recv_json(producer) == ANSWER["acks"][0]
             await assert_silent(sub, 0.5)
             # Other text under the held id is another message: refused, nothing published.
             status, answer = await _post(proxy.port, "hello!")
