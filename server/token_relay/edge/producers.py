@@ -780,11 +780,12 @@ class ProducerEndpoint:
         published = completion.published
         if published is not None:
             if isinstance(published, Published):  # a broker in this process: ended already
-                error = published.error
+                error, frame = published.error, published.frame
             elif published.cancelled():
-                error = BrokerUnavailable("the broker closed")
+                error, frame = BrokerUnavailable("the broker closed"), ""
             else:
                 error = published.exception()
+                frame = "" if error is not None else published.result()
             if isinstance(error, BrokerUnavailable):
                 session.unpublished[message_id] = None
                 if len(session.unpublished) > self.settings.max_completed_per_producer:
@@ -799,7 +800,6 @@ class ProducerEndpoint:
                 raise error
             session.unpublished.pop(message_id, None)
             self.metrics.completed.inc()
-            frame = published.frame if isinstance(published, Published) else published.result()
             self._ended(session, message_id, frame)
             if completion.meta:
                 self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten

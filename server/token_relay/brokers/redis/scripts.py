@@ -175,12 +175,10 @@ if ARGV[11] == 'm' then
   -- while nobody has the id in progress (a whole message sent again by a new producer, a
   -- one-shot post retried after its answer was lost).
   local published = redis.call('HGET', 'tr:published:' .. ARGV[14], ARGV[8])
-  if published then
+  if published and string.sub(published, -41) == '|' .. redis.sha1hex(ARGV[1]) then
     local bar = string.find(published, '|', 1, true)
-    local sha = redis.sha1hex(ARGV[1])
-    local by = string.sub(published, bar + 1)
-    if by == owner .. '|' .. sha or (ARGV[13] == '0' and string.sub(by, -41) == '|' .. sha
-        and not redis.call('HGET', KEYS[8], ARGV[8])) then
+    if string.sub(published, bar + 1, -42) == owner
+        or (ARGV[13] == '0' and not redis.call('HGET', KEYS[8], ARGV[8])) then
       local at = redis.call('GET', KEYS[1]) or ARGV[2]
       return {string.sub(ARGV[1], 1, -2) .. ',"offset":' .. string.sub(published, 1, bar - 1)
         .. ',"epoch":"' .. at .. '"}', 0, 1}
