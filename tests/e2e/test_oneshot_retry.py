@@ -2,8 +2,8 @@
 sockets: through a proxy that cuts the connection after the relay published the message and
 before its answer reached the gateway. The retry is a producer of its own (the id is held
 by the first attempt's), on the same relay or, behind a balancer, on another process on one
-Redis; it is acked as the first post would have been, and subscribers get the message once.
-Other text under the id is still refused."""
+Redis (one that runs ``--workers 2``); it is acked as the first post would have been, and
+subscribers get the message once. Other text under the id is still refused."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ..conftest import assert_silent, connect, open_producer, recv_json, send_json, start_relay
-from ..harness import Balancer, Proxy, RedisServer, relays_on
+from ..harness import Balancer, Proxy, RedisServer, relay_process
 
 ANSWER = {"acks": [{"type": "ack", "id": "m", "channel": "c"}], "errors": [], "cancels": []}
 """The answer the first post would have had, and its retry gets."""
@@ -48,8 +48,15 @@ async def _relays(broker: str, redis_server: Any) -> AsyncIterator[tuple[Proxy, 
                 yield proxy, running.url
         return
     server: RedisServer = redis_server
-    async with relays_on(server.url) as (a, b), Balancer([a.port, b.port]) as balancer:
-        yield balancer, a.url
+    # Two relay processes on one Redis, the second with --workers 2, behind a balancer.
+    a = relay_process("--broker", server.url)
+    w = relay_process("--broker", server.url, "--workers", "2")
+    await asyncio.gather(a.start(), w.start())
+    try:
+        async with Balancer([a.port, w.port]) as balancer:
+            yield balancer, a.url
+    finally:
+        await asyncio.gather(a.stop(), w.stop())
 
 
 @pytest.mark.parametrize("broker", ["memory", "redis"])
