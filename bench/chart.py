@@ -91,11 +91,11 @@ def write_chart(
     names = ["posts (appends) per second,\none per message", "SSE delivery p99, ms"]
     axes[0][3].set_yscale("log")
     _bars(axes[0][3], "HTTP publishing and SSE, beside durable-streams", names, http)
-    keys = ["ingest.relay", "ingest.http", "ingest.noop", "ingest.socketio", "batched.relay"]
-    keys.append("batched.noop")
-    names = ["relay", "relay\nNDJSON", "no-op ws", "socketio", "relay\nbatched"]
-    names.append("no-op ws\nbatched")
-    colors = [RELAY, RELAY, OTHER, PEER, RELAY, OTHER]
+    keys = ["ingest.relay", "ingest.http", "ingest.noop", "ingest.floor", "ingest.wsrelay"]
+    keys += ["ingest.socketio", "batched.relay", "batched.floor"]
+    names = ["relay", "relay\nNDJSON", "no-op ws", "Python\nfloor", "Node ws", "socketio"]
+    names += ["relay\nbatched", "floor\nbatched"]
+    colors = [RELAY, RELAY, OTHER, OTHER, PEER, PEER, RELAY, OTHER]
     heading = (
         f"ingest events/s: relay {times(r.ratio('ingest.relay', 'ingest.noop'))} of no-op, "
         f"{times(r.ratio('ingest.relay', 'ingest.socketio'))} socketio (target: batched 1M)"

@@ -188,6 +188,8 @@ class Run:
         await file("ingest.relay", stream(relay, relay, self.channel("ingest", n), messages))
         peer = c["wsrelay"]
         await file("ingest.wsrelay", stream(peer, peer, self.channel("ingest-ws", n), messages))
+        floor = c["floor"]
+        await file("ingest.floor", stream(floor, floor, self.channel("ingest-floor", n), messages))
         if "S0" in c:
             channel = self.channel("ingest-compare", n)
             await file("ingest.compare", stream(c["S0"], c["S0"], channel, messages))
@@ -201,6 +203,8 @@ class Run:
         if "S0" in c:
             channel = self.channel("batched-compare", n)
             await file("batched.compare", stream(c["S0"], c["S0"], channel, messages, batch=batch))
+        channel = self.channel("batched-floor", n)
+        await file("batched.floor", stream(floor, floor, channel, messages, batch=batch))
         # The no-op server reads array frames in a blink: ten copies make the run timeable.
         await file("batched.noop", stream(noop, None, "", messages, batch=batch, copies=10))
         summary = ", ".join(f"{key} {value:,.0f}" for key, value in rates.items())

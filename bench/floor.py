@@ -1,13 +1,19 @@
-"""``python -m bench.floor --port N``: the fan-out floor, a bare ``os.write`` per socket.
+"""``python -m bench.floor --port N``: the Python floor of the relay's job, for fan-out and
+ingest: a bare ``os.write`` per socket.
 
-It speaks as much of the relay's protocol as the fan-out case uses, and does nothing
-else: subscribers of ``/subscribe?channel=`` get ``subscribed`` (and again for a
+It speaks as much of the relay's protocol as the fan-out and ingest cases use, and does
+nothing else: subscribers of ``/subscribe?channel=`` get ``subscribed`` (and again for a
 ``subscribe`` frame, with or without deltas); a producer of ``/produce?channel=`` gets
-``session``; its deltas are joined with a list per message, and at each final the
-``message`` frame is built once and written to every subscriber's socket with one
-``os.write`` each, in a plain loop, before the ``ack``. Deltas go the same way to the
-subscribers that asked for them. What the relay does beyond this (validation, rules,
-history, backpressure, the event loop's transports) is what the fan-out ratio charges it.
+``session``, and sends events one per frame or in array frames. Frames are read by hand
+(websockets' sans-I/O protocol takes only the handshake) and decoded with msgspec, the
+relay's own decoder. Each message's deltas are joined by the seed's rules, with the Node ws
+relay's bounds (``bench/wsrelay``): empty deltas count, a repeated final is acked again and
+not sent again, an unseen id completes as "". At each final the ``message`` frame is built
+once for every subscriber, and deltas go the same way to the subscribers that asked for
+them. Everything one read of the producer's socket brings a subscriber goes to it in one
+``os.write``, in a plain loop, and its acks to the producer in one write after it. What the
+relay does beyond this (validation, limits, history, backpressure, the event loop's
+transports) is what the fan-out and ingest ratios against the floor charge it.
 """
 
 from __future__ import annotations
@@ -15,21 +21,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
+from msgspec.json import decode, encode
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.speedups import apply_mask
 
+MAX_STREAMING = 10_000
+"""Unfinished messages per producer; past it, the connection is closed."""
+MAX_COMPLETED = 10_000
+"""Completed ids remembered per producer, the oldest dropped first."""
+
 
 def _frame(payload: dict[str, object]) -> bytes:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    data = encode(payload)
     return Frame(Opcode.TEXT, data).serialize(mask=False)
 
 
@@ -52,6 +63,10 @@ class Connection(asyncio.Protocol):
         self.channel = ""
         self.producer = False
         self.parts: dict[str, list[str]] = {}
+        self.completed: dict[str, str] = {}
+        """A producer's completed messages' texts, by id, oldest first."""
+        self.acks: list[bytes] = []
+        """The producer's acks from the read being handled."""
         self.fd = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -84,6 +99,10 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
                 return
         self.buffer = data[at:]
+        _flush()
+        if self.acks:
+            self.transport.write(b"".join(self.acks))
+            self.acks.clear()
 
     def _handshake(self, data: bytes) -> None:
         handshake = self.handshake
@@ -115,27 +134,47 @@ class Connection(asyncio.Protocol):
         self.transport.write(_frame(subscribed | {"epoch": "floor"}))
 
     def _text(self, payload: bytes) -> None:
-        frame = json.loads(payload)
+        frame = decode(payload)
         channel = self.channels[self.channel]
         if not self.producer:
             if frame.get("type") == "subscribe":
                 self._subscribe(channel, bool(frame.get("deltas")))
             return
-        message_id, delta = frame["id"], frame.get("delta")
-        parts = self.parts.setdefault(message_id, [])
-        if delta:
-            parts.append(delta)
-            if channel.deltas:
-                out = {"type": "delta", "channel": self.channel, "id": message_id, "delta": delta}
-                _write_all(channel.deltas, _frame(out))
-        if frame.get("final"):
+        for event in frame if isinstance(frame, list) else (frame,):
+            self._event(channel, event)
+
+    def _event(self, channel: Channel, event: dict[str, Any]) -> None:
+        """One event, by the seed's rules and the Node ws relay's bounds."""
+        message_id = event["id"]
+        text = self.completed.get(message_id)
+        if text is None:
+            parts = self.parts.get(message_id)
+            if parts is None:
+                if len(self.parts) >= MAX_STREAMING:
+                    self.transport.close()
+                    return
+                parts = self.parts[message_id] = []
+            delta = event.get("delta")
+            if type(delta) is str:
+                parts.append(delta)
+                if channel.deltas:
+                    out = {"type": "delta", "channel": self.channel, "id": message_id}
+                    _write_all(channel.deltas, _frame(out | {"delta": delta}))
+            if not event.get("final"):
+                return
+            text = "".join(parts)
+            del self.parts[message_id]
+            completed = self.completed
+            if len(completed) >= MAX_COMPLETED:
+                del completed[next(iter(completed))]
+            completed[message_id] = text
             channel.offset += 1
-            text = "".join(self.parts.pop(message_id))
             message = {"type": "message", "channel": self.channel, "id": message_id}
             message |= {"text": text, "offset": channel.offset, "epoch": "floor"}
             _write_all(channel.plain, _frame(message))
-            ack = {"type": "ack", "id": message_id, "channel": self.channel}
-            self.transport.write(_frame(ack))
+        elif not event.get("final"):
+            return
+        self.acks.append(_frame({"type": "ack", "id": message_id, "channel": self.channel}))
 
     def connection_lost(self, exc: Exception | None) -> None:
         channel = self.channels.get(self.channel)
@@ -144,12 +183,28 @@ class Connection(asyncio.Protocol):
             channel.deltas.pop(self.fd, None)
 
 
+_pending: dict[int, list[bytes]] = {}
+"""Each subscriber socket's frames from the read being handled, by descriptor."""
+
+
 def _write_all(descriptors: dict[int, None], frame: bytes) -> None:
-    """The floor itself: one system call per socket (small frames fit a socket's buffer)."""
-    write = os.write
+    """Queue ``frame`` for each socket, until the read is handled."""
     for fd in descriptors:
+        queued = _pending.get(fd)
+        if queued is None:
+            _pending[fd] = [frame]
+        else:
+            queued.append(frame)
+
+
+def _flush() -> None:
+    """The floor itself: one system call per socket for everything a read brought it (small
+    frames fit a socket's buffer)."""
+    write = os.write
+    for fd, frames in _pending.items():
         with contextlib.suppress(BlockingIOError, OSError):
-            write(fd, frame)
+            write(fd, frames[0] if len(frames) == 1 else b"".join(frames))
+    _pending.clear()
 
 
 async def _serve(port: int) -> None:

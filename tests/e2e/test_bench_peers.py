@@ -173,3 +173,63 @@ async def test_wrk_posts_to_the_produce_floor_are_each_acked_and_counted(
     # many messages as wrk counted requests.
     record = await produceload.floor_load(floor.port, floor.pid, 1)
     assert record["posts"] > 0 and record["cpu_us_per_post"] > 0
+
+
+@pytest.fixture
+async def ws_floor() -> AsyncIterator[ServiceProcess]:
+    async with _service("bench.floor", "os.write floor") as service:
+        yield service
+
+
+async def test_the_ws_floor_assembles_by_the_seed_rules_in_any_frames(
+    ws_floor: ServiceProcess,
+) -> None:
+    """The Python floor of the ingest job does the job it is compared on, as the Node ws
+    relay does: empty deltas count, a repeated final is acked again and not sent again, an
+    unseen id completes as "", events come one per frame or in array frames, and each
+    final's ack follows its message."""
+    async with (
+        connect(f"{ws_floor.url}/subscribe?channel=c") as plain,
+        connect(f"{ws_floor.url}/subscribe?channel=c&deltas=1") as live,
+        connect(f"{ws_floor.url}/produce?channel=c") as producer,
+    ):
+        for ws in (plain, live):
+            assert await recv(ws) == {
+                "type": "subscribed", "channel": "c", "offset": 0, "epoch": "floor"
+            }  # fmt: skip
+        assert (await recv(producer))["type"] == "session"
+        await producer.send(json.dumps({"id": "m", "delta": "hel"}))
+        await producer.send(json.dumps([{"id": "e"}, {"id": "m", "delta": ""}]))
+        await producer.send(json.dumps({"id": "m", "delta": "lo", "final": True}))
+        await producer.send(
+            json.dumps(
+                [
+                    {"id": "m", "delta": "ignored", "final": True},
+                    {"id": "m", "delta": "ignored too"},
+                    {"id": "e", "final": True},
+                    {"id": "u", "final": True},
+                ]
+            )
+        )
+        acks = [await recv(producer) for _ in range(4)]
+        assert acks == [{"type": "ack", "id": i, "channel": "c"} for i in ("m", "m", "e", "u")]
+        messages = [
+            {"type": "message", "channel": "c", "id": i, "text": text, "offset": offset}
+            | {"epoch": "floor"}
+            for i, text, offset in (("m", "hello", 1), ("e", "", 2), ("u", "", 3))
+        ]
+        assert [await recv(plain) for _ in range(3)] == messages
+        deltas = [
+            {"type": "delta", "channel": "c", "id": "m", "delta": piece}
+            for piece in ("hel", "", "lo")
+        ]
+        assert [await recv(live) for _ in range(6)] == [*deltas, *messages]
+
+
+@pytest.mark.parametrize("batch", [None, 100])
+async def test_the_ingest_case_drives_the_ws_floor_unchanged(
+    ws_floor: ServiceProcess, batch: int | None
+) -> None:
+    messages = build_messages(300, 10)
+    record = await cases.stream(ws_floor, ws_floor, f"ingest-{batch}", messages, batch=batch)
+    assert record["events"] == 300 * 11
