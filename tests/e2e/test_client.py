@@ -299,3 +299,36 @@ async def test_leaving_async_with_closes_each_client_with_1000(
 
         await eventually(lambda: len(closes()) == 2, what="both closes logged")
         assert closes() == {"producer": [1000], "subscriber": [1000]}
+
+
+@pytest.mark.parametrize("on_redis", [False, True], ids=["memory", "redis"])
+async def test_a_completed_message_whose_ack_was_lost_with_its_session_is_acked_once(
+    request: pytest.FixtureRequest, on_redis: bool
+) -> None:
+    # The final lands and is published, but its ack is lost, and so is the session (no
+    # grace left when the producer is back): the new session, another owner, sends the
+    # message again as one whole event, which the relay answers as first published.
+    broker = request.getfixturevalue("redis_server").url if on_redis else "memory://"
+    running, relay = await start_relay(session_grace=0.2, broker=broker)
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
+    ):
+        await recv_json(sub)
+        for piece in ("lost ", "", "ack"):
+            await producer.send("m", piece)
+        proxy.lose_answers = True
+        finishing = asyncio.create_task(producer.finish("m"))
+        first = await recv_core(sub)
+        assert (first["type"], first["id"], first["text"]) == ("message", "m", "lost ack")
+        assert not finishing.done()
+        proxy.cut()
+        proxy.lose_answers = False
+        ack = await asyncio.wait_for(finishing, 10)
+        assert ack.id == "m" and producer.reconnects >= 1
+        await producer.send("n", "next")
+        await asyncio.wait_for(producer.finish("n"), 10)
+        after = await recv_core(sub)  # nothing of "m" again: the next frame is "n"
+        assert (after["type"], after["id"], after["text"]) == ("message", "n", "next")

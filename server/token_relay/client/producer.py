@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -318,20 +319,40 @@ class RelayProducer(Background):
     async def _start(self, ws: ClientConnection, hello: SessionFrame) -> None:
         if self.session is not None and not hello.resumed and self._unacked:
             # The relay no longer has our session: every unacknowledged message is sent
-            # again whole, from seq 1, under its own id; a message the relay cannot take
-            # again fails (finish raises MessageFailed) rather than arrive cut.
+            # again whole, from seq 1, under its own id (a completed plain one as one whole
+            # event, see _make_whole); a message the relay cannot take again fails (finish
+            # raises MessageFailed) rather than arrive cut.
             log.warning(
                 "relay session not resumed: sending %d messages again from the start",
                 len(self._unacked),
             )
         self.session = hello.session
         async with self._lock:
+            if not hello.resumed:
+                await self._make_whole()
             pending = [frame for frames in self._unacked.values() for frame in frames]
             for start in range(0, len(pending), RESEND_BATCH):
                 chunk = pending[start : start + RESEND_BATCH]
                 await ws.send("[" + ",".join(chunk) + "]")
             self._ws = ws
         self._started.set()
+
+    async def _make_whole(self) -> None:
+        """In a new session, each completed plain message still unacknowledged becomes one
+        whole event (``{"id", "seq": 1, "delta", "final": true}``): if the relay published
+        it before its ack was lost with the old session, the same whole message is acked as
+        published, not refused as another owner's (see the protocol's ids' hold)."""
+        merged = 0
+        for message_id, frames in self._unacked.items():
+            whole = _whole(message_id, frames)
+            if whole is not None:
+                merged += len(frames) - 1
+                frames[:] = [whole]
+                self._seq[message_id] = 1
+        if merged:
+            async with self._room:
+                self._buffered -= merged
+                self._room.notify_all()
 
     async def _handle(self, frame: AnyServerFrame) -> None:
         if isinstance(frame, Ack):
@@ -434,3 +455,26 @@ class RelayProducer(Background):
                 else:
                     for frame in frames:
                         await self._ws.send(frame)
+
+
+PLAIN_FIELDS = frozenset({"id", "seq", "delta", "final", "channel"})
+"""The fields of a plain message's events (no chunk, meta or abort)."""
+
+
+def _whole(message_id: str, frames: list[str]) -> str | None:
+    """A plain message's events, the last its final, as one whole event; None for any other
+    message (structured, with meta, aborted or not yet completed) or one already whole."""
+    if len(frames) < 2:
+        return None
+    events = [json.loads(frame) for frame in frames]
+    channel = events[0].get("channel", MISSING)
+    for event in events:
+        if not PLAIN_FIELDS.issuperset(event) or event.get("channel", MISSING) != channel:
+            return None
+    if not events[-1].get("final") or any(event.get("final") for event in events[:-1]):
+        return None
+    fields: dict[str, Any] = {"id": message_id, "seq": 1, "final": True}
+    fields["delta"] = "".join(event.get("delta", "") for event in events)
+    if channel is not MISSING:
+        fields["channel"] = channel
+    return ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
