@@ -1,9 +1,11 @@
 """``python -m bench.servers --port N {noop,socketio}``: the relay's side-by-side peers.
 
-``noop``, the ceiling: a websockets server set up like the relay that only reads frames and,
-to ``/?frames=N``, says ``done N`` once it has read N. ``socketio``, the peer: the relay's job
-done the way many users would, with python-socketio on aiohttp and its defaults: ``event``
-per delta event, ``message`` to the channel's room and ``ack`` at each final.
+``noop``, the ceiling of websockets' asyncio connection (not of Python: ``bench.floor``
+reads and applies frames faster by hand): a websockets server set up like the relay that
+only reads frames and, to ``/?frames=N``, says ``done N`` once it has read N.
+``socketio``, the peer: the relay's job done the way many users would, with python-socketio
+on aiohttp and its defaults: ``event`` per delta event, ``message`` to the channel's room and
+``ack`` at each final.
 """
 
 from __future__ import annotations
