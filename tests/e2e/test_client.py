@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
 from token_relay.core.errors import HandshakeRefused
 from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
+from websockets.asyncio.client import ClientConnection
 
 from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
 from ..harness import Proxy, eventually
@@ -18,6 +21,24 @@ from ..harness import Proxy, eventually
 
 def _port(running: RunningRelay) -> int:
     return int(running.url.rsplit(":", 1)[1])
+
+
+@contextlib.asynccontextmanager
+async def _lapsing(
+    broker: str = "memory://",
+) -> AsyncIterator[tuple[Proxy, ClientConnection, RelayProducer]]:
+    """A relay whose producer sessions lapse 0.2 s after their connection drops, a
+    subscriber of channel ``c`` (past its ``subscribed``), and a ``RelayProducer`` behind a
+    proxy, which comes back 0.6 s after a cut: with a session of its own, another owner."""
+    running, relay = await start_relay(session_grace=0.2, broker=broker)
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
+    ):
+        await recv_json(sub)
+        yield proxy, sub, producer
 
 
 async def test_producer_survives_cuts_mid_message_with_exact_text_once() -> None:
@@ -148,14 +169,7 @@ async def test_a_chunk_the_relay_refuses_fails_its_message_by_name(relay: Runnin
 async def test_a_message_whose_session_expired_is_sent_again_whole() -> None:
     # The new session is another owner; the old attempt was aborted, which holds no id, so
     # the message goes again whole under the same id (with the default --id-hold).
-    running, relay = await start_relay(session_grace=0.2)
-    async with (
-        relay,
-        Proxy(_port(running)) as proxy,
-        running.connect("/subscribe?channel=c") as sub,
-        RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
-    ):
-        await recv_json(sub)
+    async with _lapsing() as (proxy, sub, producer):
         await producer.send("m", "first half, ")
         await asyncio.sleep(0.05)
         proxy.cut()
@@ -309,14 +323,7 @@ async def test_a_completed_message_whose_ack_was_lost_with_its_session_is_acked_
     # grace left when the producer is back): the new session, another owner, sends the
     # message again as one whole event, which the relay answers as first published.
     broker = request.getfixturevalue("redis_server").url if on_redis else "memory://"
-    running, relay = await start_relay(session_grace=0.2, broker=broker)
-    async with (
-        relay,
-        Proxy(_port(running)) as proxy,
-        running.connect("/subscribe?channel=c") as sub,
-        RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
-    ):
-        await recv_json(sub)
+    async with _lapsing(broker) as (proxy, sub, producer):
         for piece in ("lost ", "", "ack"):
             await producer.send("m", piece)
         proxy.lose_answers = True
