@@ -1,9 +1,10 @@
 """``python -m bench.peers``: the relay beside its Node peers, the rows of ``python -m bench``
 that compare them, on their own: WebSocket ingest (one frame per event) against the Node ws
-relay (``bench/wsrelay``), fan-out to 1,000 (plain messages) against it, and ``POST
-/produce`` under ``wrk`` (16 connections, one completed message per request) against the
-``@durable-streams/server`` reference's appends under the same load. Each row is a ratio
-against its peer in the same run; ``--quick`` is a smoke run.
+relay (``bench/wsrelay``) and the Python floor of that job (``bench/floor.py``), fan-out to
+1,000 (plain messages) against the Node ws relay, and ``POST /produce`` under ``wrk`` (16
+connections, one completed message per request) against the ``@durable-streams/server``
+reference's appends under the same load. Each row is a ratio against its peer in the same
+run; ``--quick`` is a smoke run.
 """
 
 from __future__ import annotations
@@ -37,16 +38,18 @@ async def measure(run: Run) -> None:
     relay, fanout = cases.relay("S", *config.relay_args), cases.relay("F", *config.relay_args)
     peer = ServiceProcess("bench.wsrelay", name="Node ws relay")
     floor = ServiceProcess("bench.producefloor", name="produce floor")
+    wsfloor = ServiceProcess("bench.floor", name="os.write floor")
     messages = build_messages(config.ingest_messages, config.deltas)
     load = protocol.Load(seconds=config.durable_seconds)
     async with (
-        cases.started(relay, fanout, peer, floor, notable=run.notable),
+        cases.started(relay, fanout, peer, floor, wsfloor, notable=run.notable),
         durable.running_reference() as (port, pid),
     ):
-        for server in (relay, peer):  # every code path once before anything is measured
+        for server in (relay, peer, wsfloor):  # every code path once before any measuring
             await stream(server, server, run.channel(f"warm-{server.name}", 0), messages[:1000])
         for n in range(1, config.repeat + 1):
-            for key, server in (("ingest.relay", relay), ("ingest.wsrelay", peer)):
+            ingest = (("ingest.relay", relay), ("ingest.wsrelay", peer), ("ingest.floor", wsfloor))
+            for key, server in ingest:
                 record = await stream(server, server, run.channel(key, n), messages)
                 results.add(key, record["events_per_second"], {"repetition": n, **record})
             ratio = results.samples["ingest.relay"][-1] / results.samples["ingest.wsrelay"][-1]
@@ -76,6 +79,12 @@ def rows(run: Run) -> list[tuple[str, str, str, str]]:
     return [
         ("ingest", "relay, one frame per event", rate("ingest.relay", "events/s"), ingest),
         ("ingest", "  Node ws relay, the same", rate("ingest.wsrelay", "events/s"), ""),
+        (
+            "ingest",
+            "  Python floor of the job (bench.floor), the same",
+            rate("ingest.floor", "events/s"),
+            times(r.ratio("ingest.floor", "ingest.wsrelay")),
+        ),
         ("fan-out", f"relay, {size} subscribers, p50", spread(fanout), ""),
         ("fan-out", f"  Node ws relay, {size}", spread(peer), ""),
         (
