@@ -1,5 +1,6 @@
 """Which unacknowledged messages ``RelayProducer`` sends again as one whole event in a new
-session: completed plain ones only, with their text exactly as sent."""
+session (completed plain ones only, with their text exactly as sent, within
+``RESEND_BYTES``), and how what it sends again is cut into frames."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from token_relay.client.producer import _whole
+from token_relay.client.producer import RESEND_BATCH, RESEND_BYTES, _batches, _whole
 from token_relay.core.assembler import TokenAssembler
 
 
@@ -48,3 +49,28 @@ def test_the_whole_event_holds_the_seed_assembly_of_the_deltas(deltas: list[str]
     for delta in deltas:
         assembler.apply({"id": "m", "delta": delta})
     assert whole["delta"] == assembler.apply({"id": "m", "final": True})
+
+
+def test_a_message_too_long_for_one_resent_frame_is_left_as_sent() -> None:
+    # A quarter of the relay's default frame limit, counted in UTF-8 bytes: 70,000 "é" are
+    # 140,000 bytes, so two of them pass it, though 140,000 characters would not.
+    half = "\u00e9" * 70_000
+    assert _whole("m", _frames({"delta": half}, {"final": True})) is not None
+    assert _whole("m", _frames({"delta": half}, {"delta": half}, {"final": True})) is None
+
+
+@given(st.lists(st.integers(min_value=0, max_value=RESEND_BYTES + 10), max_size=40))
+def test_resent_frames_keep_order_and_stay_within_both_bounds(sizes: list[int]) -> None:
+    frames = [json.dumps({"id": str(n), "delta": "\u00e9" * (size // 2)}) for n, size in
+              enumerate(sizes)]  # fmt: skip
+    batches = list(_batches(frames))
+    assert [frame for batch in batches for frame in batch] == frames
+    for batch in batches:
+        assert 1 <= len(batch) <= RESEND_BATCH
+        frame = "[" + ",".join(batch) + "]"
+        assert len(batch) == 1 or len(frame.encode()) <= RESEND_BYTES + 1
+
+
+def test_many_small_events_go_in_frames_of_at_most_the_batch() -> None:
+    frames = _frames(*({"delta": "x"} for _ in range(RESEND_BATCH * 2 + 1)))
+    assert [len(batch) for batch in _batches(frames)] == [RESEND_BATCH, RESEND_BATCH, 1]

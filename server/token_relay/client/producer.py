@@ -7,7 +7,7 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from pydantic import MISSING
@@ -38,7 +38,11 @@ RETRIED = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.BROKER_UNAVAILABLE, Error
 log = logging.getLogger("token_relay.client")
 
 RESEND_BATCH = 500
-"""Events per frame when sending buffered events again after a reconnect."""
+"""Events per frame, at most, when sending buffered events again after a reconnect."""
+RESEND_BYTES = 256 * 1024
+"""Bytes per frame, at most, when sending buffered events again (an event past it goes in a
+frame of its own): a quarter of the relay's default ``--max-frame-bytes``. A completed
+message is sent again as one whole event only within it."""
 
 MAX_FAILED = 10_000
 """Failed message ids remembered, so a later event for one raises instead of starting anew."""
@@ -331,8 +335,7 @@ class RelayProducer(Background):
             if not hello.resumed:
                 await self._make_whole()
             pending = [frame for frames in self._unacked.values() for frame in frames]
-            for start in range(0, len(pending), RESEND_BATCH):
-                chunk = pending[start : start + RESEND_BATCH]
+            for chunk in _batches(pending):
                 await ws.send("[" + ",".join(chunk) + "]")
             self._ws = ws
         self._started.set()
@@ -451,7 +454,8 @@ class RelayProducer(Background):
                 return
             with contextlib.suppress(ConnectionClosed):
                 if batch:
-                    await self._ws.send("[" + ",".join(frames) + "]")
+                    for chunk in _batches(frames):
+                        await self._ws.send("[" + ",".join(chunk) + "]")
                 else:
                     for frame in frames:
                         await self._ws.send(frame)
@@ -461,9 +465,26 @@ PLAIN_FIELDS = frozenset({"id", "seq", "delta", "final", "channel"})
 """The fields of a plain message's events (no chunk, meta or abort)."""
 
 
+def _batches(frames: list[str]) -> Iterator[list[str]]:
+    """``frames`` in order, in runs of at most :data:`RESEND_BATCH` events and
+    :data:`RESEND_BYTES` bytes (a longer event alone)."""
+    batch: list[str] = []
+    size = 0
+    for frame in frames:
+        length = len(frame.encode()) + 1
+        if batch and (len(batch) >= RESEND_BATCH or size + length > RESEND_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(frame)
+        size += length
+    if batch:
+        yield batch
+
+
 def _whole(message_id: str, frames: list[str]) -> str | None:
     """A plain message's events, the last its final, as one whole event; None for any other
-    message (structured, with meta, aborted or not yet completed) or one already whole."""
+    message (structured, with meta, aborted or not yet completed), one already whole, or one
+    whose whole event would pass :data:`RESEND_BYTES`."""
     if len(frames) < 2:
         return None
     events = [json.loads(frame) for frame in frames]
@@ -477,4 +498,5 @@ def _whole(message_id: str, frames: list[str]) -> str | None:
     fields["delta"] = "".join(event.get("delta", "") for event in events)
     if channel is not MISSING:
         fields["channel"] = channel
-    return ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
+    whole = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
+    return whole if len(whole.encode()) < RESEND_BYTES else None
