@@ -339,3 +339,31 @@ async def test_a_completed_message_whose_ack_was_lost_with_its_session_is_acked_
         await asyncio.wait_for(producer.finish("n"), 10)
         after = await recv_core(sub)  # nothing of "m" again: the next frame is "n"
         assert (after["type"], after["id"], after["text"]) == ("message", "n", "next")
+
+
+async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames() -> None:
+    # 300 unacknowledged deltas of 4,000 characters, 1.2 MB: sent again in one frame after
+    # a cut, they would pass the relay's default --max-frame-bytes (1 MiB) and be refused
+    # 1009, again at every reconnect.
+    running, relay = await start_relay(session_grace=10)
+    texts = {m: [f"{m}{n:03d}".ljust(4000, ".") for n in range(150)] for m in ("a", "b")}
+    async with (
+        relay,
+        Proxy(_port(running)) as proxy,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
+    ):
+        await recv_json(sub)
+        proxy.lose_answers = True  # nothing the relay says arrives: all stays unacked
+        for message_id, deltas in texts.items():
+            for delta in deltas:
+                await producer.send(message_id, delta)
+        proxy.cut()
+        proxy.lose_answers = False
+        acks = await asyncio.wait_for(
+            asyncio.gather(*(producer.finish(message_id) for message_id in texts)), 15
+        )
+        assert [ack.id for ack in acks] == ["a", "b"]
+        got = {(frame := await recv_core(sub))["id"]: frame["text"] for _ in texts}
+        assert got == {message_id: "".join(deltas) for message_id, deltas in texts.items()}
+        assert producer.reconnects == 1
