@@ -13,6 +13,10 @@ from token_relay.client.producer import RESEND_BATCH, RESEND_BYTES, _batches, _w
 from token_relay.core.assembler import TokenAssembler
 
 
+def _event(message_id: str, delta: str) -> str:
+    return json.dumps({"id": message_id, "delta": delta}, ensure_ascii=False)
+
+
 def _frames(*events: dict[str, Any]) -> list[str]:
     return [json.dumps({"id": "m", "seq": seq, **event}) for seq, event in enumerate(events, 1)]
 
@@ -61,8 +65,8 @@ def test_a_message_too_long_for_one_resent_frame_is_left_as_sent() -> None:
 
 @given(st.lists(st.integers(min_value=0, max_value=RESEND_BYTES + 10), max_size=40))
 def test_resent_frames_keep_order_and_stay_within_both_bounds(sizes: list[int]) -> None:
-    frames = [json.dumps({"id": str(n), "delta": "\u00e9" * (size // 2)}) for n, size in
-              enumerate(sizes)]  # fmt: skip
+    # Events of about ``size`` bytes each in UTF-8 ("é" is two bytes).
+    frames = [_event(str(n), "\u00e9" * (size // 2)) for n, size in enumerate(sizes)]
     batches = list(_batches(frames))
     assert [frame for batch in batches for frame in batch] == frames
     for batch in batches:
