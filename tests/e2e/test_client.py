@@ -24,21 +24,29 @@ def _port(running: RunningRelay) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _lapsing(
-    broker: str = "memory://",
+async def _behind_proxy(
+    session_grace: float, backoff: float, broker: str = "memory://"
 ) -> AsyncIterator[tuple[Proxy, ClientConnection, RelayProducer]]:
-    """A relay whose producer sessions lapse 0.2 s after their connection drops, a
-    subscriber of channel ``c`` (past its ``subscribed``), and a ``RelayProducer`` behind a
-    proxy, which comes back 0.6 s after a cut: with a session of its own, another owner."""
-    running, relay = await start_relay(session_grace=0.2, broker=broker)
+    """A relay keeping producer sessions ``session_grace`` seconds after their connection
+    drops, a subscriber of channel ``c`` (past its ``subscribed``), and a ``RelayProducer``
+    behind a proxy, which comes back ``backoff`` seconds after a cut."""
+    running, relay = await start_relay(session_grace=session_grace, broker=broker)
     async with (
         relay,
         Proxy(_port(running)) as proxy,
         running.connect("/subscribe?channel=c") as sub,
-        RelayProducer(proxy.url, channel="c", backoff=(0.6, 0.6)) as producer,
+        RelayProducer(proxy.url, channel="c", backoff=(backoff, backoff)) as producer,
     ):
         await recv_json(sub)
         yield proxy, sub, producer
+
+
+def _lapsing(
+    broker: str = "memory://",
+) -> contextlib.AbstractAsyncContextManager[tuple[Proxy, ClientConnection, RelayProducer]]:
+    """:func:`_behind_proxy` with sessions that lapse 0.2 s after a drop, and a producer
+    back 0.6 s after a cut: with a session of its own, another owner."""
+    return _behind_proxy(0.2, 0.6, broker)
 
 
 async def test_producer_survives_cuts_mid_message_with_exact_text_once() -> None:
@@ -345,15 +353,8 @@ async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames() -> 
     # 300 unacknowledged deltas of 4,000 characters, 1.2 MB: sent again in one frame after
     # a cut, they would pass the relay's default --max-frame-bytes (1 MiB) and be refused
     # 1009, again at every reconnect.
-    running, relay = await start_relay(session_grace=10)
     texts = {m: [f"{m}{n:03d}".ljust(4000, ".") for n in range(150)] for m in ("a", "b")}
-    async with (
-        relay,
-        Proxy(_port(running)) as proxy,
-        running.connect("/subscribe?channel=c") as sub,
-        RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
-    ):
-        await recv_json(sub)
+    async with _behind_proxy(10, 0.05) as (proxy, sub, producer):
         for message_id, deltas in texts.items():
             for delta in deltas:
                 await producer.send(message_id, delta)  # unacknowledged until the final
