@@ -13,10 +13,10 @@ import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
 from token_relay.core.errors import HandshakeRefused
 from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
-from ..harness import Proxy, eventually
+from ..harness import Balancer, Proxy, eventually, relay_process
 
 
 def _port(running: RunningRelay) -> int:
@@ -347,6 +347,45 @@ async def test_a_completed_message_whose_ack_was_lost_with_its_session_is_acked_
         await asyncio.wait_for(producer.finish("n"), 10)
         after = await recv_core(sub)  # nothing of "m" again: the next frame is "n"
         assert (after["type"], after["id"], after["text"]) == ("message", "n", "next")
+
+
+async def test_a_lost_ack_and_session_across_two_relay_processes_on_redis_is_acked_once(
+    redis_server: Any,
+) -> None:
+    # Behind a balancer, two relay processes on one Redis, the second with --workers 2: the
+    # final lands on the first, its ack is lost, the session ends there at once (no grace),
+    # and the producer comes back on the second in a new session: acked, delivered once.
+    grace = ("--broker", redis_server.url, "--session-grace", "0")
+    a, w = relay_process(*grace), relay_process(*grace, "--workers", "2")
+    await asyncio.gather(a.start(), w.start())
+    try:
+        async with (
+            Balancer([a.port, w.port]) as balancer,
+            connect(f"{a.url}/subscribe?channel=c") as sub,
+            RelayProducer(balancer.url, channel="c", backoff=(0.6, 0.6)) as producer,
+        ):
+            await recv_json(sub)
+            for piece in ("across ", "processes"):
+                await producer.send("m", piece)
+            session = producer.session
+            balancer.lose_answers = True
+            finishing = asyncio.create_task(producer.finish("m"))
+            first = await recv_core(sub, 10)
+            assert (first["type"], first["id"], first["text"]) == (
+                "message",
+                "m",
+                "across processes",
+            )
+            balancer.cut()
+            balancer.lose_answers = False
+            ack = await asyncio.wait_for(finishing, 15)
+            assert ack.id == "m" and producer.session not in (None, session)
+            await producer.send("n", "next")
+            await asyncio.wait_for(producer.finish("n"), 10)
+            after = await recv_core(sub, 10)  # nothing of "m" again: the next frame is "n"
+            assert (after["type"], after["id"], after["text"]) == ("message", "n", "next")
+    finally:
+        await asyncio.gather(a.stop(), w.stop())
 
 
 async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames() -> None:
