@@ -9,7 +9,13 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from token_relay.client.producer import RESEND_BATCH, RESEND_BYTES, _batches, _whole
+from token_relay.client.producer import (
+    MIN_RESEND_BYTES,
+    RESEND_BATCH,
+    RESEND_BYTES,
+    _batches,
+    _whole,
+)
 from token_relay.core.assembler import TokenAssembler
 
 
@@ -61,18 +67,28 @@ def test_a_message_too_long_for_one_resent_frame_is_left_as_sent() -> None:
     half = "\u00e9" * 70_000
     assert _whole("m", _frames({"delta": half}, {"final": True})) is not None
     assert _whole("m", _frames({"delta": half}, {"delta": half}, {"final": True})) is None
+    # After the relay refused a frame as too big, within the halved bound only.
+    assert _whole("m", _frames({"delta": half}, {"final": True}), RESEND_BYTES // 2) is None
+    short = _frames({"delta": "x" * 900}, {"final": True})
+    assert _whole("m", short, MIN_RESEND_BYTES) is not None
+    assert _whole("m", _frames({"delta": "x" * 1000}, {"final": True}), MIN_RESEND_BYTES) is None
 
 
-@given(st.lists(st.integers(min_value=0, max_value=RESEND_BYTES + 10), max_size=40))
-def test_resent_frames_keep_order_and_stay_within_both_bounds(sizes: list[int]) -> None:
-    # Events of about ``size`` bytes each in UTF-8 ("é" is two bytes).
+@given(
+    st.lists(st.integers(min_value=0, max_value=RESEND_BYTES + 10), max_size=40),
+    st.sampled_from([RESEND_BYTES, RESEND_BYTES // 8, MIN_RESEND_BYTES]),
+)
+def test_resent_frames_keep_order_and_stay_within_both_bounds(sizes: list[int], limit: int) -> None:
+    # Events of about ``size`` bytes each in UTF-8 ("é" is two bytes), cut into frames of
+    # at most ``limit`` bytes (as sent at first, or after the relay refused frames as too
+    # big: each 1009 halves it).
     frames = [_event(str(n), "\u00e9" * (size // 2)) for n, size in enumerate(sizes)]
-    batches = list(_batches(frames))
+    batches = list(_batches(frames, limit))
     assert [frame for batch in batches for frame in batch] == frames
     for batch in batches:
         assert 1 <= len(batch) <= RESEND_BATCH
         frame = "[" + ",".join(batch) + "]"
-        assert len(batch) == 1 or len(frame.encode()) <= RESEND_BYTES + 1
+        assert len(batch) == 1 or len(frame.encode()) <= limit
 
 
 def test_many_small_events_go_in_frames_of_at_most_the_batch() -> None:

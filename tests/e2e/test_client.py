@@ -25,12 +25,13 @@ def _port(running: RunningRelay) -> int:
 
 @contextlib.asynccontextmanager
 async def _behind_proxy(
-    session_grace: float, backoff: float, broker: str = "memory://"
+    session_grace: float, backoff: float, broker: str = "memory://", **settings: Any
 ) -> AsyncIterator[tuple[Proxy, ClientConnection, RelayProducer]]:
     """A relay keeping producer sessions ``session_grace`` seconds after their connection
-    drops, a subscriber of channel ``c`` (past its ``subscribed``), and a ``RelayProducer``
-    behind a proxy, which comes back ``backoff`` seconds after a cut."""
-    running, relay = await start_relay(session_grace=session_grace, broker=broker)
+    drops (and any other ``settings``), a subscriber of channel ``c`` (past its
+    ``subscribed``), and a ``RelayProducer`` behind a proxy, which comes back ``backoff``
+    seconds after a cut."""
+    running, relay = await start_relay(session_grace=session_grace, broker=broker, **settings)
     async with (
         relay,
         Proxy(_port(running)) as proxy,
@@ -388,14 +389,27 @@ async def test_a_lost_ack_and_session_across_two_relay_processes_on_redis_is_ack
         await asyncio.gather(a.stop(), w.stop())
 
 
-async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames() -> None:
-    # 300 unacknowledged deltas of 4,000 characters, 1.2 MB: sent again in one frame after
-    # a cut, they would pass the relay's default --max-frame-bytes (1 MiB) and be refused
-    # 1009, again at every reconnect.
-    texts = {m: [f"{m}{n:03d}".ljust(4000, ".") for n in range(150)] for m in ("a", "b")}
-    async with _behind_proxy(10, 0.05) as (proxy, sub, producer):
-        for message_id, deltas in texts.items():
-            for delta in deltas:
+@pytest.mark.parametrize(
+    ("limit", "deltas"),
+    [
+        # 300 unacknowledged deltas of 4,000 characters, 1.2 MB: sent again in one frame,
+        # they would pass the default --max-frame-bytes (1 MiB) and be refused 1009, again
+        # at every reconnect.
+        (None, 150),
+        # A relay whose limit is under the client's own bound (256 KiB): the client learns
+        # it from the relay's 1009 and sends again in smaller frames.
+        (48 * 1024, 20),
+    ],
+    ids=["default-limit", "48KiB-limit"],
+)
+async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames(
+    limit: int | None, deltas: int
+) -> None:
+    texts = {m: [f"{m}{n:03d}".ljust(4000, ".") for n in range(deltas)] for m in ("a", "b")}
+    settings = {} if limit is None else {"max_frame_bytes": limit}
+    async with _behind_proxy(10, 0.05, **settings) as (proxy, sub, producer):
+        for message_id, sent in texts.items():
+            for delta in sent:
                 await producer.send(message_id, delta)  # unacknowledged until the final
         proxy.cut()
         acks = await asyncio.wait_for(
@@ -403,5 +417,5 @@ async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames() -> 
         )
         assert [ack.id for ack in acks] == ["a", "b"]
         got = {(frame := await recv_core(sub))["id"]: frame["text"] for _ in texts}
-        assert got == {message_id: "".join(deltas) for message_id, deltas in texts.items()}
+        assert got == {message_id: "".join(sent) for message_id, sent in texts.items()}
         assert producer.reconnects >= 1

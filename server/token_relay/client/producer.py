@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import MISSING
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 
 from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError, UsageError
 from ..core.protocol import (
@@ -42,7 +43,11 @@ RESEND_BATCH = 500
 RESEND_BYTES = 256 * 1024
 """Bytes per frame, at most, when sending buffered events again (an event past it goes in a
 frame of its own): a quarter of the relay's default ``--max-frame-bytes``. A completed
-message is sent again as one whole event only within it."""
+message is sent again as one whole event only within it. A relay that closes the connection
+with 1009 (a frame past its ``--max-frame-bytes``) halves it for that producer, down to
+:data:`MIN_RESEND_BYTES`."""
+MIN_RESEND_BYTES = 1024
+"""The least :data:`RESEND_BYTES` is halved to: past it, each event goes in a frame of its own."""
 
 MAX_FAILED = 10_000
 """Failed message ids remembered, so a later event for one raises instead of starting anew."""
@@ -95,6 +100,8 @@ class RelayProducer(Background):
         self._stops: dict[str, asyncio.Event] = {}
         """Messages being forwarded, each with the event its Stop sets."""
         self._closing = False
+        self._resend_bytes = RESEND_BYTES
+        """Bytes per frame of events sent again: halved at each 1009 from the relay."""
 
     async def close(self) -> None:
         """Close the connection (unfinished messages are aborted by the relay)."""
@@ -309,12 +316,23 @@ class RelayProducer(Background):
         )
 
     async def _serve(self, ws: ClientConnection) -> None:
-        hello = SERVER_FRAME.validate_json(await ws.recv())
-        if not isinstance(hello, SessionFrame):
-            raise RelayProtocolError(f"expected a session frame, got {hello!r}")
-        await self._start(ws, hello)
-        async for raw in ws:
-            await self._handle(SERVER_FRAME.validate_json(raw))
+        try:
+            hello = SERVER_FRAME.validate_json(await ws.recv())
+            if not isinstance(hello, SessionFrame):
+                raise RelayProtocolError(f"expected a session frame, got {hello!r}")
+            await self._start(ws, hello)
+            async for raw in ws:
+                await self._handle(SERVER_FRAME.validate_json(raw))
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == CloseCode.MESSAGE_TOO_BIG:
+                # A frame of ours passed the relay's --max-frame-bytes: what is sent again
+                # after the reconnect goes in frames half the size.
+                self._resend_bytes = max(MIN_RESEND_BYTES, self._resend_bytes // 2)
+                log.warning(
+                    "relay refused a frame as too big: sending again in frames of %d bytes",
+                    self._resend_bytes,
+                )
+            raise
 
     async def _dropped(self) -> None:
         async with self._lock:
@@ -335,7 +353,7 @@ class RelayProducer(Background):
             if not hello.resumed:
                 await self._make_whole()
             pending = [frame for frames in self._unacked.values() for frame in frames]
-            for chunk in _batches(pending):
+            for chunk in _batches(pending, self._resend_bytes):
                 await ws.send("[" + ",".join(chunk) + "]")
             self._ws = ws
         self._started.set()
@@ -347,7 +365,7 @@ class RelayProducer(Background):
         published, not refused as another owner's (see the protocol's ids' hold)."""
         merged = 0
         for message_id, frames in self._unacked.items():
-            whole = _whole(message_id, frames)
+            whole = _whole(message_id, frames, self._resend_bytes)
             if whole is not None:
                 merged += len(frames) - 1
                 frames[:] = [whole]
@@ -454,7 +472,7 @@ class RelayProducer(Background):
                 return
             with contextlib.suppress(ConnectionClosed):
                 if batch:
-                    for chunk in _batches(frames):
+                    for chunk in _batches(frames, self._resend_bytes):
                         await self._ws.send("[" + ",".join(chunk) + "]")
                 else:
                     for frame in frames:
@@ -465,26 +483,27 @@ PLAIN_FIELDS = frozenset({"id", "seq", "delta", "final", "channel"})
 """The fields of a plain message's events (no chunk, meta or abort)."""
 
 
-def _batches(frames: list[str]) -> Iterator[list[str]]:
-    """``frames`` in order, in runs of at most :data:`RESEND_BATCH` events and
-    :data:`RESEND_BYTES` bytes (a longer event alone)."""
+def _batches(frames: list[str], limit: int = RESEND_BYTES) -> Iterator[list[str]]:
+    """``frames`` in order, in runs of at most :data:`RESEND_BATCH` events whose array
+    frame (``[`` the events joined by commas ``]``) is at most ``limit`` bytes (a longer
+    event alone)."""
     batch: list[str] = []
-    size = 0
+    size = 1  # the array's "[" and "]", with the commas counted one per event less
     for frame in frames:
         length = len(frame.encode()) + 1
-        if batch and (len(batch) >= RESEND_BATCH or size + length > RESEND_BYTES):
+        if batch and (len(batch) >= RESEND_BATCH or size + length > limit):
             yield batch
-            batch, size = [], 0
+            batch, size = [], 1
         batch.append(frame)
         size += length
     if batch:
         yield batch
 
 
-def _whole(message_id: str, frames: list[str]) -> str | None:
+def _whole(message_id: str, frames: list[str], limit: int = RESEND_BYTES) -> str | None:
     """A plain message's events, the last its final, as one whole event; None for any other
     message (structured, with meta, aborted or not yet completed), one already whole, or one
-    whose whole event would pass :data:`RESEND_BYTES`."""
+    whose whole event would reach ``limit`` bytes."""
     if len(frames) < 2:
         return None
     events = [json.loads(frame) for frame in frames]
@@ -499,4 +518,4 @@ def _whole(message_id: str, frames: list[str]) -> str | None:
     if channel is not MISSING:
         fields["channel"] = channel
     whole = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
-    return whole if len(whole.encode()) < RESEND_BYTES else None
+    return whole if len(whole.encode()) < limit else None
