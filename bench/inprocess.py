@@ -213,7 +213,9 @@ def unapplied(decode: bool) -> Iterator[None]:
 
     original = ProducerEndpoint._frame
 
-    def frame(self: ProducerEndpoint, connection: Any, session: Any, raw: Any, now: float) -> None:
+    def frame(
+        self: ProducerEndpoint, connection: Any, session: Any, raw: Any, now: float, run: Any = None
+    ) -> None:
         if decode:
             decode_producer_frame(raw)
 

@@ -513,6 +513,14 @@ class MessageStreams:
             self._final_seq[message_id] = state.seq
         return Applied(state.channel, message_id, text, True, meta=state.meta)
 
+    def room(self, message_id: str) -> int | None:
+        """How many characters more the deltas of ``message_id`` may bring through
+        :meth:`plain_deltas`: a plain message in progress on the default channel, with no
+        surrogate half held back (see :meth:`_plain`). None if its deltas need
+        :meth:`receive`."""
+        state = self._plain(message_id)
+        return None if state is None else self.max_chars - state.chars
+
     def _plain(self, message_id: str) -> _Open | None:
         """A plain message in progress on the default channel, with no surrogate half held
         back: what the short ways take (see :meth:`plain_deltas`, :meth:`plain_final`;

@@ -67,6 +67,7 @@ from ..core.protocol import (
 from ..core.sessions import ProducerSession, SessionTable
 from ..core.settings import Settings
 from ..core.streams import Applied, Overflow, Phase, Unfinished
+from ..core.surrogates import has_surrogate
 from ..core.webhooks import identity
 from .flow import loop_clock
 from .httpproducer import AbortMessage, HttpProducer, Item
@@ -180,6 +181,62 @@ def _run_of_deltas(events: Sequence[Event], start: int, first: str) -> list[str]
     return deltas
 
 
+class _DeltaRun:
+    """A WebSocket producer's deltas of one plain message, a frame each, read in a row:
+    applied together when the run ends (as :meth:`MessageStreams.plain_deltas` applies a
+    batch's run, with one call to the broker). It ends before anything else is done: at the
+    producer's next frame that is not one of them, and at the end of each read of its
+    socket, before the loop runs anything else. So nobody can see anything but what
+    applying each frame as it came shows, in the same order.
+
+    It takes only deltas that :meth:`MessageStreams.plain_deltas` applies as
+    :meth:`MessageStreams.plain_delta` would one by one: of a plain message in progress on
+    the default channel, without a surrogate half, within the message's size. Any other
+    is applied alone, after the run.
+    """
+
+    __slots__ = ("deltas", "endpoint", "message_id", "now", "room", "session")
+
+    def __init__(self, endpoint: ProducerEndpoint, session: Session) -> None:
+        self.endpoint = endpoint
+        self.session = session
+        self.message_id: str | None = None
+        """The message of the run; None when no run is under way."""
+        self.deltas: list[str] = []
+        self.room = 0
+        """Characters the message may still take."""
+        self.now = 0.0
+        """When the run's first delta was read."""
+
+    def take(self, message_id: str, delta: str, now: float) -> bool:
+        """Add a delta to the run (ending the run of another message first); False, with
+        no run left under way, if it must be applied alone."""
+        if message_id != self.message_id:
+            if self.message_id is not None:
+                self.end()
+            room = self.session.streams.room(message_id)
+            if room is None:
+                return False
+            self.message_id, self.room, self.now = message_id, room, now
+        if len(delta) > self.room or (not delta.isascii() and has_surrogate(delta)):
+            self.end()
+            return False
+        self.room -= len(delta)
+        self.deltas.append(delta)
+        return True
+
+    def end(self) -> None:
+        """Apply the run's deltas, if a run is under way."""
+        message_id = self.message_id
+        if message_id is None:
+            return
+        deltas, self.message_id, self.deltas = self.deltas, None, []
+        if deltas:
+            ran = self.session.streams.plain_deltas(message_id, deltas, self.now)
+            assert ran is not None, "take() admits only deltas plain_deltas applies"
+            self.endpoint.published_run(self.session.owner, message_id, deltas, ran)
+
+
 class ProducerEndpoint:
     """Every producer connection and session of one relay process."""
 
@@ -206,6 +263,10 @@ class ProducerEndpoint:
         self.one_shot = True
         """Whether a one-shot message may be answered at once (:mod:`.oneshot`); when
         False, every producer request takes the general path (the tests play both)."""
+        self.delta_runs = True
+        """Whether a WebSocket producer's deltas read in a row are applied as runs
+        (:class:`_DeltaRun`); when False, each frame is applied as it is read (the tests
+        play both)."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
         self.held_elsewhere: Callable[[], int] = lambda: 0
@@ -261,6 +322,13 @@ class ProducerEndpoint:
             await self._take_requests(session.owner, channel, taker, True)
         received, waiting, streams = self.metrics.frames_in_producer, self._replies, session.streams
         self.clock = loop_time = loop_clock(loop)
+        # A WebSocket ends each read's run of deltas (see _DeltaRun); HTTP bodies' lines are
+        # applied one by one.
+        run = (
+            _DeltaRun(self, session)
+            if self.delta_runs and isinstance(connection, WebSocket)
+            else None
+        )
 
         def handle(raw: Item | bytes) -> Awaitable[None] | None:
             received.value += 1
@@ -270,7 +338,7 @@ class ProducerEndpoint:
                 return _stop()
             # Requests of one named producer may overlap, each with its own ?channel=.
             streams.default_channel = channel
-            later = self._frame(connection, session, raw, loop_time())
+            later = self._frame(connection, session, raw, loop_time(), run)
             if later is None and not connection.paused:
                 # Nearly always no producer's replies wait for the broker: one check then.
                 replies = waiting.get(connection) if waiting else None
@@ -279,10 +347,16 @@ class ProducerEndpoint:
             return self._after_frame(connection, later)
 
         try:
-            await connection.dispatch(handle)
+            if run is None:
+                await connection.dispatch(handle)
+            else:
+                assert isinstance(connection, WebSocket)
+                await connection.dispatch(handle, run.end)
         except _Stopped:
             pass
         finally:
+            if run is not None:
+                run.end()  # (each read ended its run already)
             if taker is not None:
                 await self._take_requests(session.owner, channel, taker, False)
             # Every final's fate is settled (published, or kept for a retry) before the
@@ -385,9 +459,11 @@ class ProducerEndpoint:
         session: Session,
         raw: Item | bytes,
         now: float,
+        run: _DeltaRun | None = None,
     ) -> Coroutine[Any, Any, None] | None:
         """Apply one frame and answer it, without waiting; what is left to wait for (an
-        abort being published), if anything."""
+        abort being published), if anything. With ``run`` (a WebSocket's), a plain delta
+        may join the run of its message's deltas; any other frame ends the run first."""
         if isinstance(raw, str):
             try:  # codec.decode_producer_frame, inlined
                 frame: Event | list[FastEvent] | list[ProducerEvent] = decode_fast(raw)
@@ -395,6 +471,8 @@ class ProducerEndpoint:
                 try:
                     frame = decode_by_models(raw)
                 except FrameRejected as exc:
+                    if run is not None:
+                        run.end()
                     self.reject_now(connection, exc)
                     return None
         elif isinstance(raw, AbortMessage):
@@ -403,6 +481,8 @@ class ProducerEndpoint:
             return None if unfinished is None else self._abort(session, unfinished, raw.reason)
         else:
             # An HTTP body's line the edge refused before decoding it, or a binary frame.
+            if run is not None:
+                run.end()
             self.reject_now(
                 connection, raw if isinstance(raw, FrameRejected) else binary_rejected()
             )
@@ -410,15 +490,21 @@ class ProducerEndpoint:
         if now - self._memory_checked >= MEMORY_CHECK_SECONDS:  # see overloaded()
             self._count_memory(now)
         if isinstance(frame, list):
+            if run is not None:
+                run.end()
             if not session.bucket.take(now, len(frame)):
                 # The whole frame is refused, so the producer sends it again as it was.
                 self.reject_now(connection, self._rate_limited(frame, session))
                 return None
             return self._events(connection, session, frame, True, now, 0, [], False)
         if not session.bucket.take(now, 1):  # one event: one type check per frame, not two
+            if run is not None:
+                run.end()
             self.reject_now(connection, self._rate_limited(frame, session))
             return None
         if frame.final or frame.abort is not MISSING:
+            if run is not None:
+                run.end()
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
         if (
@@ -429,7 +515,10 @@ class ProducerEndpoint:
             and frame.chunk is MISSING
         ):
             # Most frames: a delta of a plain message in progress, on the default channel
-            # (the short way of _apply, as in _events).
+            # (the short way of _apply, as in _events), or of the run under way.
+            if run is not None and run.take(frame.id, frame.delta, now):
+                return None
+            # Applied alone (with no run under way now: take() ended it).
             streamed = session.streams.plain_delta(frame.id, frame.delta, now)
             if streamed is not None:
                 channel, wait, first = streamed
@@ -438,6 +527,8 @@ class ProducerEndpoint:
                     metrics = self.metrics
                     (metrics.first_delta if first else metrics.delta_gap).observe(wait)
                 return None
+        elif run is not None:
+            run.end()
         applied = self._apply(connection, session, frame, now, None, None)
         if isinstance(applied, Overflow):
             return self._abort_then(session, applied.unfinished, None)
@@ -485,12 +576,7 @@ class ProducerEndpoint:
                         # together, as one after another (see MessageStreams.plain_deltas).
                         ran = streams.plain_deltas(event.id, deltas, now)
                         if ran is not None:
-                            channel, wait, first, applied_count = ran
-                            if wait is not None:
-                                self.broker.deltas(channel, owner, event.id, deltas, applied_count)
-                                (metrics.first_delta if first else metrics.delta_gap).observe(wait)
-                                if applied_count > 1:
-                                    metrics.delta_gap.observe_zeros(applied_count - 1)
+                            self.published_run(owner, event.id, deltas, ran)
                             skip = run
                             continue
                         # One at a time: from the next event on if this one opens its
@@ -560,6 +646,23 @@ class ProducerEndpoint:
         elif acks:
             replies.entries.append(acks_frame(acks, batch=False))
         return None
+
+    def published_run(
+        self,
+        owner: str,
+        message_id: str,
+        deltas: Sequence[str],
+        ran: tuple[str, float | None, bool, int],
+    ) -> None:
+        """Publish a run of a message's deltas that :meth:`MessageStreams.plain_deltas`
+        applied (``ran`` is its answer), and count their waits."""
+        channel, wait, first, count = ran
+        if wait is not None:
+            self.broker.deltas(channel, owner, message_id, deltas, count)
+            metrics = self.metrics
+            (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+            if count > 1:
+                metrics.delta_gap.observe_zeros(count - 1)
 
     async def _after_frame(
         self, connection: ProducerPeer, later: Coroutine[Any, Any, None] | None

@@ -120,6 +120,7 @@ class WebSocket(SocketPeer):
         "_paused_reading",
         "_queued_bytes",
         "_resting",
+        "_settle",
         "_unbroken",
         "_waiter",
         "cork",
@@ -171,6 +172,9 @@ class WebSocket(SocketPeer):
         self._resting = False
         """A fair share was handled: the rest of the read waits in the reader, unparsed,
         for the next pass of the loop (see :meth:`_go_on`)."""
+        self._settle: Callable[[], None] | None = None
+        """What :meth:`dispatch`'s handler left undone is done by this before anything
+        else runs: called after each read's messages, and before each wait."""
 
     # ------------------------------------------------------------------ state
 
@@ -206,8 +210,12 @@ class WebSocket(SocketPeer):
         self._parsed()
 
     def _parsed(self) -> None:
-        """After a read's frames (or a fair share of them): wake the reader if no more
-        will come, and write what the protocol answered."""
+        """After a read's frames (or a fair share of them): settle what the handler left
+        undone, wake the reader if no more will come, and write what the protocol
+        answered."""
+        settle = self._settle
+        if settle is not None:
+            settle()
         if self.protocol.state is not State.OPEN:
             self._wake()  # failed (1007, 1009, a protocol error) or closing: no more messages
         self._flush()
@@ -302,7 +310,7 @@ class WebSocket(SocketPeer):
     def __aiter__(self) -> WebSocket:
         return self
 
-    async def dispatch(self, handle: Handler) -> None:
+    async def dispatch(self, handle: Handler, settle: Callable[[], None] | None = None) -> None:
         """Hand every message to ``handle``, in order, until the connection ends.
 
         While ``handle`` keeps up, each message is handled as it is read, inside the
@@ -310,17 +318,28 @@ class WebSocket(SocketPeer):
         for, the messages after it queue (at most :data:`MAX_QUEUE`, then the socket is
         not read) until that is done. A read hands over at most :data:`FAIR_SHARE`
         messages this way; the rest queue, and the loop runs other work between them.
+
+        ``settle``, if given, is called after each read's messages are handed over, and
+        before every wait here: whatever ``handle`` put off is done before the loop runs
+        anything else.
         """
         protocol, messages = self.protocol, self._messages
+        self._settle = settle
         try:
             while True:
                 while messages:
                     if self._yields():
+                        if settle is not None:
+                            settle()
                         await asyncio.sleep(0)
                         continue
                     later = handle(self._next())
                     if later is not None:
+                        if settle is not None:
+                            settle()
                         await later
+                if settle is not None:
+                    settle()
                 self._unbroken = 0
                 if protocol.state is not State.OPEN or protocol.close_rcvd is not None:
                     return
@@ -332,8 +351,11 @@ class WebSocket(SocketPeer):
                     self._waiter, self._handle = None, None
                 later, self._later = self._later, None
                 if later is not None:
+                    if settle is not None:
+                        settle()
                     await later
         finally:
+            self._settle = None
             later, self._handle, self._later = self._later, None, None
             if isinstance(later, Coroutine):
                 later.close()  # the connection ended first: nothing is left to wait for

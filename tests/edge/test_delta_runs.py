@@ -1,0 +1,214 @@
+"""A WebSocket producer's deltas read in a row are applied as a run, exactly as one by one.
+
+Generated sequences of producer frames (plain deltas of a few messages, mostly in runs, and
+everything that ends a run or must not join one: finals, aborts, a ``channel``, ``seq``,
+``meta`` or ``chunk`` in the event, unknown and ended ids, empty deltas, non-ASCII ones and
+surrogate halves, deltas past ``--max-message-chars``, arrays, frames that are not JSON,
+binary frames, invalid UTF-8) are cut into reads at generated places and played through a
+real relay's :class:`~token_relay.edge.connection.HttpConnection` over an in-memory
+transport, with a deltas subscriber and a plain subscriber on the channel: once with runs,
+once with every frame applied as it is read. The bytes written back to the producer, every
+frame each subscriber was sent, the channel's history, the messages in progress and the
+relay's counters must be the same, with the connection's fair share per read at its default
+and cut to a few frames (so that reads rest and resume in the middle of a run).
+
+``DELTA_RUN_EXAMPLES=N`` plays N sequences instead of the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from token_relay import Relay, Settings
+from token_relay.edge import websocket
+from websockets.frames import Frame, Opcode
+
+from tests.conftest import NO_SWEEPS
+from tests.edge.played import connection, settle
+from tests.edge.test_oneshot import _counters
+
+EXAMPLES = int(os.environ.get("DELTA_RUN_EXAMPLES", "150"))
+MAX_CHARS = 40
+
+IDS = ["a", "a", "a", "b", "b", "c"]
+DELTAS = ["tok ", "tok ", "x", "", "caf\u00e9", "\U0001f600", "\ud83d", "\ude00", "y" * 30]
+
+
+def _upgrade(target: bytes) -> bytes:
+    return (
+        b"GET %b HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n" % target
+    )
+
+
+def _frame(payload: bytes, opcode: Opcode = Opcode.TEXT) -> bytes:
+    return Frame(opcode, payload).serialize(mask=True)
+
+
+@st.composite
+def _event(draw: st.DrawFn) -> dict[str, Any]:
+    """Mostly a plain delta; often an event that ends a run, or one that may not join it."""
+    event: dict[str, Any] = {"id": draw(st.sampled_from(IDS))}
+    kind = draw(st.sampled_from(["delta"] * 8 + ["final", "final", "odd"]))
+    if kind != "final" or draw(st.booleans()):
+        event["delta"] = draw(st.sampled_from(DELTAS))
+    if kind == "final":
+        event["final"] = True
+    elif kind == "odd":
+        name, value = draw(
+            st.sampled_from(
+                [
+                    ("channel", "c"),
+                    ("channel", "other"),
+                    ("seq", 1),
+                    ("seq", 2),
+                    ("meta", {"k": 1}),
+                    ("chunk", {"type": "text-delta", "id": "t", "delta": "z"}),
+                    ("abort", "cancelled"),
+                    ("final", False),
+                    ("unknown", 1),
+                    ("delta", 5),
+                ]
+            )
+        )
+        event[name] = value
+    return event
+
+
+@st.composite
+def _frames(draw: st.DrawFn) -> bytes:
+    """One producer frame, as a client sends it (masked)."""
+    kind = draw(st.sampled_from(["one"] * 12 + ["array", "bad", "binary", "utf8"]))
+    if kind == "one":
+        return _frame(json.dumps(draw(_event())).encode())
+    if kind == "array":
+        return _frame(json.dumps(draw(st.lists(_event(), max_size=3))).encode())
+    if kind == "bad":
+        return _frame(draw(st.sampled_from([b"{", b"null", b"[]", b'{"id": 1}'])))
+    if kind == "binary":
+        return _frame(b'{"id": "a", "delta": "b"}', Opcode.BINARY)
+    return _frame(b'{"id": "a", "delta": "\xff"}')  # invalid UTF-8: closed 1007
+
+
+@st.composite
+def _reads(draw: st.DrawFn) -> list[bytes]:
+    """A sequence of frames, cut into the reads of a socket at generated places."""
+    data = b"".join(draw(st.lists(_frames(), min_size=1, max_size=60)))
+    cuts = sorted(draw(st.lists(st.integers(1, max(1, len(data) - 1)), max_size=4)))
+    bounds = [0, *cuts, len(data)]
+    return [data[start:end] for start, end in itertools.pairwise(bounds) if end > start]
+
+
+async def _play(runs: bool, reads: list[bytes]) -> dict[str, Any]:
+    relay = Relay(Settings(port=0, max_message_chars=MAX_CHARS, id_hold=60.0, **NO_SWEEPS))
+    await relay.start()
+    relay.producers.delta_runs = runs
+    try:
+        deltas, seen_deltas = connection(relay)
+        deltas.data_received(_upgrade(b"/subscribe?channel=c&deltas=1"))
+        messages, seen_messages = connection(relay)
+        messages.data_received(_upgrade(b"/subscribe?channel=c"))
+        producer, written = connection(relay)
+        producer.data_received(_upgrade(b"/produce?channel=c"))
+        await settle()
+        # Frames start here: an opening message "a" in progress, so that the first deltas
+        # may run at once.
+        producer.data_received(_frame(b'{"id": "a", "delta": "go "}'))
+        for read in reads:
+            await settle()
+            for _ in range(100):  # the kernel holds what a paused socket is sent
+                if not written.paused:
+                    break
+                await asyncio.sleep(0)
+            if written.closing:
+                break
+            producer.data_received(read)
+        await settle()
+        cut = await relay.broker.catch_up("c", None, live=True, rewind=1000)
+        tokens = list(relay.producers.sessions.by_token)
+        for one in (deltas, messages, producer):
+            one.connection_lost(None)
+        await settle()
+        played: dict[str, Any] = {
+            "history": [frame.replace(cut.epoch, "E") for frame in cut.frames],
+            "live": [(m.message_id, m.text) for m in cut.live],
+            "counters": _counters(relay),
+        }
+        for name, seen in (
+            ("producer", written),
+            ("deltas", seen_deltas),
+            ("messages", seen_messages),
+        ):
+            _, _, frames = bytes(seen.written).partition(b"\r\n\r\n")  # after the 101
+            for token in tokens:
+                frames = frames.replace(token.encode(), b"T")
+            played[name] = frames.replace(cut.epoch.encode(), b"E")
+        return played
+    finally:
+        await relay.stop()
+
+
+@pytest.mark.parametrize("fair_share", [websocket.FAIR_SHARE, 3])
+def test_runs_of_deltas_are_applied_as_one_by_one(
+    fair_share: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(websocket, "FAIR_SHARE", fair_share)
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(_reads())
+    def play(reads: list[bytes]) -> None:
+        with_runs = asyncio.run(_play(True, reads))
+        one_by_one = asyncio.run(_play(False, reads))
+        assert with_runs == one_by_one
+
+    play()
+
+
+def test_a_run_is_published_with_one_call_to_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The short way is taken: ten deltas of a message in one read reach the broker in one
+    call, and the subscriber has each of them, in order, before the final's message."""
+    calls: list[tuple[str, list[str]]] = []
+
+    async def play() -> tuple[bytes, bytes]:
+        relay = Relay(Settings(port=0, **NO_SWEEPS))
+        await relay.start()
+        deltas = relay.broker.deltas
+
+        def counted(channel: str, owner: str, message_id: str, run: Any, count: int) -> None:
+            calls.append((message_id, list(run)))
+            deltas(channel, owner, message_id, run, count)
+
+        monkeypatch.setattr(relay.broker, "deltas", counted)
+        try:
+            subscriber, seen = connection(relay)
+            subscriber.data_received(_upgrade(b"/subscribe?channel=c&deltas=1"))
+            producer, written = connection(relay)
+            producer.data_received(_upgrade(b"/produce?channel=c"))
+            await settle()
+            producer.data_received(_frame(b'{"id": "m", "delta": "0"}'))
+            await settle()
+            events = [{"id": "m", "delta": str(n)} for n in range(1, 11)]
+            events.append({"id": "m", "final": True})
+            producer.data_received(b"".join(_frame(json.dumps(e).encode()) for e in events))
+            await settle()
+            return bytes(seen.written), bytes(written.written)
+        finally:
+            await relay.stop()
+
+    seen, written = asyncio.run(play())
+    assert calls == [("m", [str(n) for n in range(1, 11)])]
+    for n in range(11):
+        assert b'"delta":"%d"' % n in seen
+    assert seen.index(b'"delta":"10"') < seen.index(b'"text":"012345678910"')
+    assert b'"type":"ack"' in written
