@@ -459,7 +459,8 @@ async def test_a_whole_message_sent_again_by_another_owner_is_answered_as_the_fi
     """Within the hold, the same whole message under an id from another owner (a one-shot
     post retried after its answer was lost: a new producer) is answered with the frame as it
     was published, and nothing of it is published again; other text is refused, and so is
-    the same text from a message that opened (claimed), or while the id is in progress."""
+    the same text from a message that opened (claimed, also with its open and deltas handed
+    over with its final), or while the id is in progress."""
     recorder = recorder_of(broker)
     await broker.listen("c", True, True)
     body = message_body("c", "m", "hi")
@@ -475,6 +476,15 @@ async def test_a_whole_message_sent_again_by_another_owner_is_answered_as_the_fi
         with pytest.raises(FrameRejected) as refused:
             await broker.terminal("c", "inst.4", "m", message_body("c", "m", text), claimed=claimed)
         assert refused.value.code is ErrorCode.ID_IN_USE
+    # The same text from a message that opened with a delta of its own, its open, delta
+    # and final handed over together (on Redis, one script): refused too.
+    if broker.open("c", "inst.6", "m"):  # Redis: the claim is settled with the final
+        broker.delta("c", "inst.6", "m", "hi")
+        with pytest.raises(FrameRejected) as refused:
+            await broker.terminal("c", "inst.6", "m", body, claimed=True)
+        assert refused.value.code is ErrorCode.ID_IN_USE
+    else:  # memory: refused at once
+        assert broker.shares_sessions is False
     # Its owner opens the id again: while that message is in progress, no copy is taken.
     assert broker.open("c", "inst.1", "m") is True
     held = broker.whole("c", "inst.5", "m", "hi", body)

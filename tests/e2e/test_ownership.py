@@ -7,12 +7,13 @@ when the second producer starts only once the first one's message ended: within
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import (
     RunningRelay,
@@ -21,6 +22,7 @@ from ..conftest import (
     send_json,
     subscribed_pair,
 )
+from ..harness import relay_process
 
 ROUNDS = 50
 
@@ -203,3 +205,68 @@ async def test_an_http_producer_and_a_websocket_one_race_for_one_id(relay: Runni
         assert (await recv_json(ws))["type"] == "ack"
         end = await recv_json(watcher)
         assert (end["type"], end["id"], end["text"]) == ("message", "end", "")
+
+
+@pytest.mark.parametrize("broker", ["memory", "redis"])
+async def test_the_same_message_from_another_producer_is_refused_unless_sent_whole(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
+    """Within the hold, another producer sending the very message the first one published,
+    as its deltas and final (in frames of their own, then in one array frame), is refused
+    ``id_in_use`` and nothing of it is delivered; the same message as one whole event is
+    acked as it was published. With Redis, on two relay processes (the first producer on
+    one, the others on the other), where deltas and a final handed over together once went
+    to Redis as one script and were taken for a whole message sent again."""
+    events = [{"id": "m", "delta": "hel"}, {"id": "m", "delta": "lo"}, {"id": "m", "final": True}]
+    flags: tuple[str, ...] = ()
+    if broker == "redis":
+        flags = ("--broker", request.getfixturevalue("redis_server").url)
+    first = relay_process(*flags)
+    second = first if broker == "memory" else relay_process(*flags)
+    relays = list({id(first): first, id(second): second}.values())
+    await asyncio.gather(*(relay.start() for relay in relays))
+    try:
+        async with (
+            connect(f"{second.url}/subscribe?channel=c&deltas=1") as watcher,
+            connect(f"{first.url}/produce?channel=c") as owner,
+        ):
+            await recv_json(watcher)
+            await recv_json(owner)
+            for event in events:
+                await send_json(owner, event)
+            assert (await recv_json(owner))["type"] == "ack"
+            for array in (False, True):
+                async with connect(f"{second.url}/produce?channel=c") as again:
+                    await recv_json(again)
+                    if array:
+                        await send_json(again, events)
+                    else:
+                        for event in events:
+                            await send_json(again, event)
+                    replies = [await recv_json(again)]
+                    with contextlib.suppress(TimeoutError):
+                        while True:
+                            replies.append(await recv_json(again, 0.5))
+                    # Refused, and never acked (on Redis the delta's refusal may come a
+                    # round trip late, so not one per event).
+                    assert {(r["type"], r["code"], r["id"]) for r in replies} == {
+                        ("error", "id_in_use", "m")
+                    }, replies
+            async with connect(f"{second.url}/produce?channel=c") as whole:
+                await recv_json(whole)
+                await send_json(whole, {"id": "m", "delta": "hello", "final": True})
+                ack = await recv_json(whole)
+                assert (ack["type"], ack["id"]) == ("ack", "m")
+                await send_json(whole, {"id": "end", "delta": "end", "final": True})
+                assert (await recv_json(whole))["type"] == "ack"
+            seen: list[tuple[str, str, str]] = []
+            while not seen or seen[-1][:2] != ("message", "end"):
+                frame = await recv_json(watcher)
+                seen.append((frame["type"], frame["id"], frame.get("delta", frame.get("text"))))
+            # The first producer's deltas (Redis may join them into one) and message, once.
+            deltas = "".join(text for kind, key, text in seen if kind == "delta" and key == "m")
+            messages = [(key, text) for kind, key, text in seen if kind == "message"]
+            assert deltas == "hello"
+            assert messages == [("m", "hello"), ("end", "end")]
+    finally:
+        await asyncio.gather(*(relay.stop() for relay in relays))

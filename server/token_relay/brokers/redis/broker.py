@@ -27,6 +27,7 @@ from .sessions import Sessions
 from .webhooks import RedisWebhooks
 from .writes import (
     CLAIMED,
+    OPENED_HERE,
     Target,
     Write,
     delta_write,
@@ -273,8 +274,9 @@ class RedisBroker:
             return done
         target = (channel, owner, message_id)
         opening = self._runs.completes(target, pipeline.last)
-        # Joined to its open (WHOLE), the claim is checked in the same script.
-        strict = CLAIMED if claimed and opening is None else 0
+        # Joined to its open (WHOLE), the claim is checked in the same script; a message
+        # that opened with events of its own is never taken for a whole one sent again.
+        strict = (CLAIMED if opening is None else OPENED_HERE) if claimed else 0
         write = self._terminal(target, body, done, seq, aborted, strict, producer)
         write.terminal = target
         if opening is None:

@@ -277,7 +277,8 @@ remember the id as completed (``m``) or aborted (``a``) in the owner's session, 
 keeps nothing of it per owner); 0 if another owner holds the id (in progress or within its hold) or
 the session moved; with ``strict``
 1, also if nobody holds it (a reaper's abort happens once); with 2 (a message that opened),
-also if its claim was refused (``tr:refused:``), even once the holder is done. With a
+also if its claim was refused (``tr:refused:``), even once the holder is done; 3 is a
+message that opened in the same script (WHOLE: its open and deltas joined its final). With a
 webhook wanted, queue the frame in the webhook outbox ``tr:wh`` in the same step, unless it
 is full; returns the frame and whether it was queued. The same frame of a completed message
 that the same owner's script published already within the hold (its reply was lost, and it

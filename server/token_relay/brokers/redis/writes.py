@@ -23,6 +23,7 @@ from .webhooks import OUTBOX, OUTBOX_BYTES
 __all__ = [
     "CLAIMED",
     "MAX_HELD_PER_CHANNEL",
+    "OPENED_HERE",
     "DeltaArgs",
     "MetaArgs",
     "OpenArgs",
@@ -47,6 +48,11 @@ __all__ = [
 
 CLAIMED = 2
 """TERMINAL's ``strict`` for a message that opened: refused if its claim was refused."""
+OPENED_HERE = 3
+"""WHOLE's ``strict`` for a message that opened with events of its own (its open, and the
+deltas that joined it, go in the same script as its final): its claim is checked there, and
+unlike a whole message's (``strict`` 0), the same frame another owner published within the
+hold is refused, not answered as published (see ``TERMINAL``)."""
 MAX_HELD_PER_CHANNEL = 10_000
 """Ids held after their message ended (``--id-hold``) per channel in ``tr:held:C``, at most:
 past it the channel's holds start again (the ones before end early)."""
