@@ -28,11 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
 from token_relay.edge import websocket
+from token_relay.edge.connection import HttpConnection
 from websockets.frames import Frame, Opcode
 
 from tests.conftest import NO_SWEEPS
 from tests.edge.played import connection, settle
-from tests.edge.test_oneshot import _counters
+from tests.edge.test_http11 import FakeTransport
+from tests.edge.test_oneshot import ODD_FIELDS, _counters
 
 EXAMPLES = int(os.environ.get("DELTA_RUN_EXAMPLES", "150"))
 MAX_CHARS = 40
@@ -52,6 +54,13 @@ def _frame(payload: bytes, opcode: Opcode = Opcode.TEXT) -> bytes:
     return Frame(opcode, payload).serialize(mask=True)
 
 
+def _upgraded(relay: Relay, target: bytes) -> tuple[HttpConnection, FakeTransport]:
+    """A connection of ``relay`` upgraded to a WebSocket at ``target``, and its transport."""
+    opened, transport = connection(relay)
+    opened.data_received(_upgrade(target))
+    return opened, transport
+
+
 @st.composite
 def _event(draw: st.DrawFn) -> dict[str, Any]:
     """Mostly a plain delta; often an event that ends a run, or one that may not join it."""
@@ -62,22 +71,7 @@ def _event(draw: st.DrawFn) -> dict[str, Any]:
     if kind == "final":
         event["final"] = True
     elif kind == "odd":
-        name, value = draw(
-            st.sampled_from(
-                [
-                    ("channel", "c"),
-                    ("channel", "other"),
-                    ("seq", 1),
-                    ("seq", 2),
-                    ("meta", {"k": 1}),
-                    ("chunk", {"type": "text-delta", "id": "t", "delta": "z"}),
-                    ("abort", "cancelled"),
-                    ("final", False),
-                    ("unknown", 1),
-                    ("delta", 5),
-                ]
-            )
-        )
+        name, value = draw(st.sampled_from([*ODD_FIELDS, ("final", False)]))
         event[name] = value
     return event
 
@@ -111,12 +105,9 @@ async def _play(runs: bool, reads: list[bytes]) -> dict[str, Any]:
     await relay.start()
     relay.producers.delta_runs = runs
     try:
-        deltas, seen_deltas = connection(relay)
-        deltas.data_received(_upgrade(b"/subscribe?channel=c&deltas=1"))
-        messages, seen_messages = connection(relay)
-        messages.data_received(_upgrade(b"/subscribe?channel=c"))
-        producer, written = connection(relay)
-        producer.data_received(_upgrade(b"/produce?channel=c"))
+        deltas, seen_deltas = _upgraded(relay, b"/subscribe?channel=c&deltas=1")
+        messages, seen_messages = _upgraded(relay, b"/subscribe?channel=c")
+        producer, written = _upgraded(relay, b"/produce?channel=c")
         await settle()
         # Frames start here: an opening message "a" in progress, so that the first deltas
         # may run at once.
@@ -191,14 +182,12 @@ def test_a_run_is_published_with_one_call_to_the_broker(monkeypatch: pytest.Monk
 
         monkeypatch.setattr(relay.broker, "deltas", counted)
         try:
-            subscriber, seen = connection(relay)
-            subscriber.data_received(_upgrade(b"/subscribe?channel=c&deltas=1"))
-            producer, written = connection(relay)
-            producer.data_received(_upgrade(b"/produce?channel=c"))
+            _, seen = _upgraded(relay, b"/subscribe?channel=c&deltas=1")
+            producer, written = _upgraded(relay, b"/produce?channel=c")
             await settle()
             producer.data_received(_frame(b'{"id": "m", "delta": "0"}'))
             await settle()
-            events = [{"id": "m", "delta": str(n)} for n in range(1, 11)]
+            events: list[dict[str, Any]] = [{"id": "m", "delta": str(n)} for n in range(1, 11)]
             events.append({"id": "m", "final": True})
             producer.data_received(b"".join(_frame(json.dumps(e).encode()) for e in events))
             await settle()

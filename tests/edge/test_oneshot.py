@@ -39,6 +39,20 @@ IDS = ["a", "b", "c", "", "x" * 300, "a b"]
 DELTAS = ["", "hi", "a" * MAX_CHARS, "a" * (MAX_CHARS + 1), "caf\u00e9", "\U0001f600", "\ud83d"]
 
 
+ODD_FIELDS: list[tuple[str, Any]] = [
+    ("channel", "c"),
+    ("channel", "other"),
+    ("seq", 1),
+    ("seq", 2),
+    ("meta", {"k": 1}),
+    ("chunk", {"type": "text-delta", "id": "t", "delta": "z"}),
+    ("abort", "cancelled"),
+    ("unknown", 1),
+    ("delta", 5),
+]
+"""Fields that take an event off the short ways: each changes how it is applied or refused."""
+
+
 @st.composite
 def events(draw: st.DrawFn) -> dict[str, Any]:
     """One producer event: mostly a one-shot message, often not quite."""
@@ -52,19 +66,7 @@ def events(draw: st.DrawFn) -> dict[str, Any]:
         st.just([])
         | st.just([])
         | st.lists(
-            st.sampled_from(
-                [
-                    ("channel", "c"),
-                    ("channel", "other"),
-                    ("seq", 1),
-                    ("seq", 2),
-                    ("meta", {"k": 1}),
-                    ("chunk", {"type": "text-delta", "id": "t", "delta": "z"}),
-                    ("abort", "cancelled"),
-                    ("unknown", 1),
-                    ("delta", 5),
-                ]
-            ),
+            st.sampled_from(ODD_FIELDS),
             min_size=1,
             max_size=2,
         )
