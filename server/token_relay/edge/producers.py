@@ -488,6 +488,8 @@ class ProducerEndpoint:
             )
             return None
         if now - self._memory_checked >= MEMORY_CHECK_SECONDS:  # see overloaded()
+            if run is not None:
+                run.end()  # its deltas counted as the frames' before them would be
             self._count_memory(now)
         if isinstance(frame, list):
             if run is not None:
