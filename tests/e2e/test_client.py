@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
-from token_relay.core.errors import HandshakeRefused
+from token_relay.core.errors import HandshakeRefused, UsageError
 from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -390,32 +390,73 @@ async def test_a_lost_ack_and_session_across_two_relay_processes_on_redis_is_ack
 
 
 @pytest.mark.parametrize(
-    ("limit", "deltas"),
+    ("limit", "deltas", "advertised"),
     [
         # 300 unacknowledged deltas of 4,000 characters, 1.2 MB: sent again in one frame,
         # they would pass the default --max-frame-bytes (1 MiB) and be refused 1009, again
         # at every reconnect.
-        (None, 150),
-        # A relay whose limit is under the client's own bound (256 KiB): the client learns
-        # it from the relay's 1009 and sends again in smaller frames.
-        (48 * 1024, 20),
+        (None, 150, True),
+        # A relay whose limit is under the client's own bound (256 KiB): the client sends
+        # again within the limit its handshake gave...
+        (48 * 1024, 20, True),
+        # ...and, from a relay that does not give it, learns it from the relay's 1009s
+        # (a proxy with a limit of its own is such a relay).
+        (48 * 1024, 20, False),
     ],
-    ids=["default-limit", "48KiB-limit"],
+    ids=["default-limit", "48KiB-limit", "48KiB-limit-unsaid"],
 )
 async def test_a_resend_past_the_relays_frame_limit_goes_in_several_frames(
-    limit: int | None, deltas: int
+    limit: int | None,
+    deltas: int,
+    advertised: bool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if not advertised:  # the client reads no limit from the handshake
+        monkeypatch.setattr("token_relay.client.producer.MAX_FRAME_HEADER", "X-Absent")
     texts = {m: [f"{m}{n:03d}".ljust(4000, ".") for n in range(deltas)] for m in ("a", "b")}
     settings = {} if limit is None else {"max_frame_bytes": limit}
-    async with _behind_proxy(10, 0.05, **settings) as (proxy, sub, producer):
-        for message_id, sent in texts.items():
-            for delta in sent:
-                await producer.send(message_id, delta)  # unacknowledged until the final
-        proxy.cut()
-        acks = await asyncio.wait_for(
-            asyncio.gather(*(producer.finish(message_id) for message_id in texts)), 15
-        )
-        assert [ack.id for ack in acks] == ["a", "b"]
-        got = {(frame := await recv_core(sub))["id"]: frame["text"] for _ in texts}
-        assert got == {message_id: "".join(sent) for message_id, sent in texts.items()}
-        assert producer.reconnects >= 1
+    with caplog.at_level(logging.WARNING, logger="token_relay.client"):
+        async with _behind_proxy(10, 0.05, **settings) as (proxy, sub, producer):
+            for message_id, sent in texts.items():
+                for delta in sent:
+                    await producer.send(message_id, delta)  # unacknowledged until the final
+            proxy.cut()
+            acks = await asyncio.wait_for(
+                asyncio.gather(*(producer.finish(message_id) for message_id in texts)), 15
+            )
+            assert [ack.id for ack in acks] == ["a", "b"]
+            got = {(frame := await recv_core(sub))["id"]: frame["text"] for _ in texts}
+            assert got == {message_id: "".join(sent) for message_id, sent in texts.items()}
+            assert producer.reconnects >= 1
+    too_big = [r for r in caplog.records if "refused a frame as too big" in r.getMessage()]
+    # Within a limit the handshake gave, no frame is ever refused.
+    assert bool(too_big) is (limit is not None and not advertised)
+
+
+async def test_an_event_past_the_relays_frame_limit_is_refused_before_it_is_sent() -> None:
+    # The relay's 101 gives its --max-frame-bytes; RelayProducer refuses an event past it
+    # at once (the relay would close the connection with 1009, and again at every resend),
+    # and the message goes on, its next event numbered as if the refused one never was.
+    running, relay = await start_relay(max_frame_bytes=64 * 1024)
+    async with (
+        relay,
+        running.connect("/subscribe?channel=c") as sub,
+        RelayProducer(running.url, channel="c") as producer,
+    ):
+        for path in ("/produce?channel=c", "/ai-sdk/ws"):  # every WebSocket endpoint
+            async with running.connect(path) as other:
+                assert other.response is not None
+                assert other.response.headers["Relay-Max-Frame-Bytes"] == str(64 * 1024)
+        assert sub.response is not None
+        assert sub.response.headers["Relay-Max-Frame-Bytes"] == str(64 * 1024)
+        await recv_json(sub)
+        await producer.send("m", "start ")
+        with pytest.raises(UsageError, match="max-frame-bytes"):
+            await producer.send("m", "\u00e9" * 40_000)  # 80,000 bytes in UTF-8
+        await producer.send("m", "end")
+        ack = await asyncio.wait_for(producer.finish("m"), 10)
+        assert ack.id == "m"
+        frame = await recv_core(sub)
+        assert (frame["type"], frame["text"]) == ("message", "start end")
+        assert producer.reconnects == 0

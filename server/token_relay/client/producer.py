@@ -17,6 +17,7 @@ from websockets.frames import CloseCode
 
 from ..core.errors import ErrorCode, MessageFailed, RelayProtocolError, UsageError
 from ..core.protocol import (
+    MAX_FRAME_HEADER,
     SERVER_FRAME,
     Ack,
     AckBatch,
@@ -101,7 +102,11 @@ class RelayProducer(Background):
         """Messages being forwarded, each with the event its Stop sets."""
         self._closing = False
         self._resend_bytes = RESEND_BYTES
-        """Bytes per frame of events sent again: halved at each 1009 from the relay."""
+        """Bytes per frame of events sent again: within the relay's frame limit once it is
+        known, and halved at each 1009 from the relay."""
+        self._frame_limit: int | None = None
+        """The relay's ``--max-frame-bytes``, as its last handshake gave it: an event past
+        it is refused by :meth:`send` rather than sent."""
 
     async def close(self) -> None:
         """Close the connection (unfinished messages are aborted by the relay)."""
@@ -129,6 +134,8 @@ class RelayProducer(Background):
         last write wins, as the protocol's ``meta`` does.
         Raises :class:`MessageFailed` if the relay already gave this message up: a later
         part of it is never sent alone, so no subscriber sees a message missing its start.
+        Raises :class:`UsageError`, sending nothing, if the event would pass the relay's
+        ``--max-frame-bytes`` (the message goes on: send the delta in parts).
         """
         await self._submit(message_id, delta, final=False, channel=channel, meta=meta)
 
@@ -277,7 +284,6 @@ class RelayProducer(Background):
         async with self._room:
             await self._room.wait_for(lambda: self._buffered < self.max_unacked)
             seq = self._seq.get(message_id, 0) + 1
-            self._seq[message_id] = seq
             fields: dict[str, Any] = {"id": message_id, "seq": seq, "final": final}
             if delta is not None:
                 fields["delta"] = delta
@@ -290,6 +296,14 @@ class RelayProducer(Background):
             if abort is not None:
                 fields["abort"] = abort
             frame = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
+            limit = self._frame_limit
+            if limit is not None and len(frame) > limit // 4 and len(frame.encode()) > limit:
+                # The relay would close the connection (1009), and again at every resend.
+                raise UsageError(
+                    f"an event of message {message_id!r} is {len(frame.encode())} bytes, past "
+                    f"the relay's --max-frame-bytes ({limit}): send its delta in parts"
+                )
+            self._seq[message_id] = seq
             self._unacked.setdefault(message_id, []).append(frame)
             self._buffered += 1
         async with self._lock:
@@ -316,6 +330,10 @@ class RelayProducer(Background):
         )
 
     async def _serve(self, ws: ClientConnection) -> None:
+        limit = _frame_limit(ws)
+        if limit is not None:
+            self._frame_limit = limit
+            self._resend_bytes = min(self._resend_bytes, limit)
         try:
             hello = SERVER_FRAME.validate_json(await ws.recv())
             if not isinstance(hello, SessionFrame):
@@ -477,6 +495,15 @@ class RelayProducer(Background):
                 else:
                     for frame in frames:
                         await self._ws.send(frame)
+
+
+def _frame_limit(ws: ClientConnection) -> int | None:
+    """The relay's frame limit, as its handshake's response gave it (None if it did not)."""
+    response = ws.response
+    value = response.headers.get(MAX_FRAME_HEADER) if response is not None else None
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
 
 
 PLAIN_FIELDS = frozenset({"id", "seq", "delta", "final", "channel"})

@@ -139,7 +139,8 @@ class ConfigError(RelayError, ValueError):
 
 
 class UsageError(RelayError, TypeError):
-    """Our caller passed a value of the wrong type (the core assumes well-formed input)."""
+    """Our caller passed a value of the wrong type (the core assumes well-formed input), or
+    used a client in a way it can't serve (an event too large for the relay's frames)."""
 
     blame = Blame.LOCAL
 

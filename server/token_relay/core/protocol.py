@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails
 from .errors import ErrorCode, FrameRejected
 
 __all__ = [
+    "MAX_FRAME_HEADER",
     "PRODUCER_EVENT",
     "SERVER_FRAME",
     "SUBSCRIBER_FRAME",
@@ -79,6 +80,10 @@ MAX_BATCH = 10_000
 
 MAX_POSITIONS = 1000
 """How many message ids a subscribe frame's ``positions`` may name."""
+
+MAX_FRAME_HEADER = "Relay-Max-Frame-Bytes"
+"""The header of a WebSocket upgrade's 101 response that gives the relay's
+``--max-frame-bytes``: the largest frame it reads (1009 past it)."""
 
 Offset = Annotated[int, Field(ge=0)]
 """A per-channel offset: the first completed message of a channel has offset 1."""

@@ -47,6 +47,7 @@ from websockets.typing import Origin
 
 from ..core.errors import BadRequest, InvalidResponse
 from ..core.forwarded import Network
+from ..core.protocol import MAX_FRAME_HEADER
 from ..core.settings import Settings
 from . import routes
 from .aisdk import AiSdkStream
@@ -609,6 +610,9 @@ class HttpConnection(asyncio.Protocol):
             self._respond(reply, request)
             return
         settings = self.server.settings
+        # The largest frame the relay reads (1009 past it), for clients that cut what they
+        # send to fit (RelayProducer does).
+        response.headers[MAX_FRAME_HEADER] = str(settings.max_frame_bytes)
         kind = AiSdkSocket if isinstance(admit.route, routes.AiSdkSocket) else WebSocket
         self.ws = kind(
             self.transport,
