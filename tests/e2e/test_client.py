@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from token_relay.client import MessageFailed, RelayProducer, RelaySubscriber
 from token_relay.core.errors import HandshakeRefused, UsageError
-from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Subscribed
+from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, ProducerEvent, Subscribed
 from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
@@ -460,3 +460,72 @@ async def test_an_event_past_the_relays_frame_limit_is_refused_before_it_is_sent
         frame = await recv_core(sub)
         assert (frame["type"], frame["text"]) == ("message", "start end")
         assert producer.reconnects == 0
+
+
+async def test_a_lone_event_of_the_relays_very_frame_limit_is_sent_again_as_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An event exactly at --max-frame-bytes passes sent live; sent again after a cut it
+    # must go as itself: in an array of one, its two brackets would pass the limit (1009),
+    # again at every reconnect.
+    limit = 64 * 1024
+    overhead = len(ProducerEvent(id="m", seq=1, delta="").model_dump_json(exclude_defaults=True))
+    delta = "x" * (limit - overhead)
+    frame = ProducerEvent(id="m", seq=1, delta=delta).model_dump_json(exclude_defaults=True)
+    assert len(frame.encode()) == limit
+    with caplog.at_level(logging.WARNING, logger="token_relay.client"):
+        async with _behind_proxy(10, 0.05, max_frame_bytes=limit) as (proxy, sub, producer):
+            await producer.send("m", delta)  # unacknowledged until the final
+            assert proxy.cut() == 1
+            ack = await asyncio.wait_for(producer.finish("m"), 10)
+            assert ack.id == "m"
+            frame_in = await recv_core(sub)
+            assert (frame_in["type"], frame_in["text"]) == ("message", delta)
+            assert producer.reconnects == 1
+    assert not [r for r in caplog.records if "too big" in r.getMessage()]
+
+
+async def test_an_event_past_a_restarted_relays_lower_frame_limit_fails_its_message_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An event buffered under one limit meets a relay started again with a lower one: sent,
+    # it would close the connection with 1009 at every reconnect, and every message of the
+    # producer would wait forever. Its message fails by name instead (aborted for its
+    # subscribers, with what came before it), and the others go on, exact.
+    first, first_relay = await start_relay()
+    second, second_relay = await start_relay(max_frame_bytes=64 * 1024)
+    big = "y" * (100 * 1024)
+    async with (
+        first_relay,
+        second_relay,
+        Proxy(_port(first)) as proxy,
+        second.connect("/subscribe?channel=c&deltas=1") as sub,
+        RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
+    ):
+        await recv_json(sub)
+        await producer.send("m", "start ")
+        await producer.send("m", big)  # within the first relay's limit (1 MiB)
+        await producer.send("n", "other ")
+        proxy.target_port = _port(second)  # the relay, started again with 64 KiB
+        with caplog.at_level(logging.WARNING, logger="token_relay.client"):
+            assert proxy.cut() == 1
+            with pytest.raises(MessageFailed) as failed:
+                await asyncio.wait_for(producer.finish("m"), 10)
+            assert failed.value.code == "message_too_large"
+            with pytest.raises(MessageFailed):
+                await producer.send("m", "more")  # a later part is never sent alone
+            await producer.send("n", "reply")
+            ack = await asyncio.wait_for(producer.finish("n"), 10)
+        assert ack.id == "n"
+        frames = [await recv_core(sub) for _ in range(5)]
+        ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
+        assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
+        assert ended["m"]["text"] == "start "
+        assert "max-frame-bytes" in ended["m"]["meta"]["errorText"]
+        assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
+        deltas = [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"]
+        assert deltas == [("m", "start "), ("n", "other "), ("n", "reply")]
+        assert producer.reconnects == 1
+    assert not [r for r in caplog.records if "too big" in r.getMessage()]
+    failures = [r for r in caplog.records if "failed: an event of" in r.getMessage()]
+    assert len(failures) == 1 and "'m'" in failures[0].getMessage()

@@ -370,11 +370,47 @@ class RelayProducer(Background):
         async with self._lock:
             if not hello.resumed:
                 await self._make_whole()
+            past = await self._past_limit()
             pending = [frame for frames in self._unacked.values() for frame in frames]
-            for chunk in _batches(pending, self._resend_bytes):
-                await ws.send("[" + ",".join(chunk) + "]")
+            await _send_batches(ws, pending, self._resend_bytes)
             self._ws = ws
+        for message_id in past:  # aborted above: nothing of it is acked
+            await self._release(message_id)
         self._started.set()
+
+    async def _past_limit(self) -> list[str]:
+        """Fail each unacknowledged message holding an event past the relay's frame limit
+        (buffered before the limit was known, or before a restart lowered it): sent, it
+        would close the connection with 1009, and again at every reconnect. What came
+        before that event stays, and an abort (reason ``error``) takes its place, so that
+        subscribers see the message end, not wait for it; ``finish`` raises
+        :class:`MessageFailed` (``message_too_large``). The ids failed, to release once
+        the abort is sent."""
+        limit = self._frame_limit
+        if limit is None:
+            return []
+        failed: list[str] = []
+        for message_id, frames in self._unacked.items():
+            first = next((n for n, frame in enumerate(frames) if len(frame.encode()) > limit), None)
+            if first is None:
+                continue
+            size = len(frames[first].encode())
+            reason = f"an event of {size} bytes is past the relay's --max-frame-bytes ({limit})"
+            log.warning("message %r failed: %s", message_id, reason)
+            self._fail(message_id, ErrorCode.MESSAGE_TOO_LARGE.value, reason)
+            fields: dict[str, Any] = {"id": message_id, "seq": first + 1, "abort": "error"}
+            channel = json.loads(frames[0]).get("channel")
+            if channel is not None:
+                fields["channel"] = channel
+            fields["meta"] = {"errorText": f"message_too_large: {reason}"}
+            abort = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
+            dropped = len(frames) - first
+            frames[first:] = [abort] if first else []  # nothing before it: nothing to end
+            failed.append(message_id)
+            async with self._room:
+                self._buffered -= dropped - (1 if first else 0)
+                self._room.notify_all()
+        return failed
 
     async def _make_whole(self) -> None:
         """In a new session, each completed plain message still unacknowledged becomes one
@@ -490,8 +526,7 @@ class RelayProducer(Background):
                 return
             with contextlib.suppress(ConnectionClosed):
                 if batch:
-                    for chunk in _batches(frames, self._resend_bytes):
-                        await self._ws.send("[" + ",".join(chunk) + "]")
+                    await _send_batches(self._ws, frames, self._resend_bytes)
                 else:
                     for frame in frames:
                         await self._ws.send(frame)
@@ -525,6 +560,13 @@ def _batches(frames: list[str], limit: int = RESEND_BYTES) -> Iterator[list[str]
         size += length
     if batch:
         yield batch
+
+
+async def _send_batches(ws: ClientConnection, frames: list[str], limit: int) -> None:
+    """Send ``frames`` in :func:`_batches`: an array frame each, or a lone event as itself
+    (an event of the relay's very limit would pass it by the array's two brackets)."""
+    for chunk in _batches(frames, limit):
+        await ws.send(chunk[0] if len(chunk) == 1 else "[" + ",".join(chunk) + "]")
 
 
 def _whole(message_id: str, frames: list[str], limit: int = RESEND_BYTES) -> str | None:
