@@ -432,6 +432,45 @@ def test_the_writer_writes_what_h11_wrote(
     assert ours.start_next_cycle() is done
 
 
+@pytest.mark.parametrize("request_bytes", REQUESTS)
+@pytest.mark.parametrize(
+    "headers", [*HEADER_SETS, [("Server", "token-relay"), ("Stream-Next-Offset", "0_12")]]
+)
+def test_a_204_written_whole_is_what_respond_and_end_write(
+    request_bytes: bytes, headers: list[tuple[str, str]]
+) -> None:
+    # The short way of a 204 (an append's answer): the same bytes and the same state after
+    # as the writer's, or None (and nothing changed) where the writer must write it.
+    short, writer = Http11(), Http11()
+    if request_bytes:
+        for http in (short, writer):
+            http.receive_data(request_bytes)
+            assert isinstance(http.next_event(), Head)
+
+    def written(http: Http11) -> bytes | None:
+        try:
+            return http.respond(204, headers) + http.end()
+        except InvalidResponse:
+            return None  # refused
+
+    expected = written(writer)
+    try:
+        whole = short.no_content(headers)
+    except InvalidResponse:
+        assert expected is None  # refused both ways
+        return
+    if whole is None:  # left to the writer, as it was: the same bytes
+        assert written(short) == expected
+    else:
+        assert whole == expected
+    assert short.start_next_cycle() is writer.start_next_cycle()
+    framing = {"content-length", "connection", "transfer-encoding"}
+    common = request_bytes in (REQUESTS[0], REQUESTS[5]) and not any(
+        name.lower() in framing for name, _ in headers
+    )
+    assert (whole is not None) is common  # the short way is the common case's
+
+
 # ---------------------------------------------------------------------- the target
 
 

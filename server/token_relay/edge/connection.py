@@ -588,6 +588,7 @@ class HttpConnection(asyncio.Protocol):
                 [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers],
                 self.peer,
                 self.server.trusted,
+                lowered=True,  # a head's names are (Head.headers)
             )
             if request is self.request:
                 self._view_of = view
@@ -689,7 +690,9 @@ class HttpConnection(asyncio.Protocol):
         http = self.http
         try:
             sized = None
-            if keep:  # the common case, its head up to its length built once
+            if keep and reply.status == 204 and not reply.body:  # an append's, mostly
+                sized = http.no_content((("Server", "token-relay"), *reply.headers))
+            elif keep:  # the common case, its head up to its length built once
                 head = _sized_head(reply.status, reply.headers, reply.content_type)
                 sized = None if head is None else http.sized(head, reply.body)
             if sized is not None:

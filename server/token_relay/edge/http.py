@@ -89,6 +89,21 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 log = logging.getLogger("token_relay")
 
 
+# Route classes as tuples: ``isinstance`` against ``A | B`` builds the union at every call.
+_STREAMED = (routes.Sse, routes.AiSdkStream, routes.StreamRequest)
+_BODY_STREAMS = (routes.HttpProduce, routes.AiSdkProduce)
+_PAGES = (routes.Health, routes.Ready, routes.MetricsPage, routes.Static)
+_PRODUCERS = (routes.Produce, routes.HttpProduce, routes.AiSdkProduce)
+_AI_SDK_CHANNELS = (routes.AiSdkStream, routes.AiSdkStop, routes.AiSdkMessages)
+_READ_BODIES = (
+    routes.HttpProduce,
+    routes.AiSdkProduce,
+    routes.AiSdkStop,
+    routes.AiSdkMessages,
+    routes.Cancel,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
     """What the gate reads of a request: never its body."""
@@ -115,18 +130,21 @@ class HttpRequest:
         headers: Sequence[tuple[str, str]],
         peer: str,
         trusted: Sequence[Network],
+        *,
+        lowered: bool = False,
     ) -> HttpRequest:
-        """A request from ``peer``; the client is worked out from ``--trusted-proxy``."""
-        lowered = tuple((name.lower(), value) for name, value in headers)
+        """A request from ``peer``; the client is worked out from ``--trusted-proxy``.
+        ``lowered``: the header names are lower-cased already (as a parsed head's are)."""
+        names = tuple(headers) if lowered else tuple((k.lower(), v) for k, v in headers)
         if target[:1] == "/" and target[1:2] != "/" and "#" not in target:
             # The common origin form, split as urlsplit splits it, without its cost.
             path, _, query = target.partition("?")
         else:
             parts = urlsplit(target)
             path, query = parts.path, parts.query
-        client = client_address(peer, lowered, trusted) if trusted else peer
-        used = scheme(peer, lowered, trusted) if trusted else "http"
-        return cls(method, target, path, lowered, client, query, used)
+        client = client_address(peer, names, trusted) if trusted else peer
+        used = scheme(peer, names, trusted) if trusted else "http"
+        return cls(method, target, path, names, client, query, used)
 
     def header(self, name: str) -> str:
         """The last value of a header, or ''."""
@@ -198,7 +216,7 @@ class Admit:
     @property
     def streamed(self) -> bool:
         """A streamed response (SSE, AI SDK), not a WebSocket."""
-        return isinstance(self.route, routes.Sse | routes.AiSdkStream | routes.StreamRequest)
+        return isinstance(self.route, _STREAMED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +234,7 @@ class ReadBody:
     def stream(self) -> bool:
         """The body is applied as it arrives (``POST /produce``, the AI SDK's producer), not
         read whole first."""
-        return isinstance(self.route, routes.HttpProduce | routes.AiSdkProduce)
+        return isinstance(self.route, _BODY_STREAMS)
 
 
 REMEMBERED_ROUTES = 512
@@ -355,7 +373,7 @@ class Gate:
         )
         if isinstance(route, Refusal):
             return self._refused(request, route)
-        if isinstance(route, routes.Health | routes.Ready | routes.MetricsPage | routes.Static):
+        if isinstance(route, _PAGES):
             reply = self._page(route)
             if reply is None:
                 return self.refuse(
@@ -370,22 +388,13 @@ class Gate:
             return reply
         if isinstance(route, routes.DeadLetters):
             return self._operator(request, route)
-        produce = isinstance(route, routes.Produce | routes.HttpProduce | routes.AiSdkProduce)
+        produce = isinstance(route, _PRODUCERS)
         decision = self._decide(Role.PRODUCE if produce else Role.SUBSCRIBE, request, route)
         if isinstance(decision, Refusal):
             return self._refused(request, decision)
-        if isinstance(
-            route, routes.AiSdkStream | routes.AiSdkStop | routes.AiSdkMessages
-        ) and not decision.allows(route.channel):
+        if isinstance(route, _AI_SDK_CHANNELS) and not decision.allows(route.channel):
             return self.refuse(request, 403, "this token does not grant the channel")
-        if isinstance(
-            route,
-            routes.HttpProduce
-            | routes.AiSdkProduce
-            | routes.AiSdkStop
-            | routes.AiSdkMessages
-            | routes.Cancel,
-        ):
+        if isinstance(route, _READ_BODIES):
             return ReadBody(request, route, decision)
         if isinstance(route, routes.Sse) and route.resume:
             try:
@@ -480,11 +489,7 @@ class Gate:
             return Refusal(401, "invalid_token", f"invalid token: {exc}")
         if grant.role is not role:
             return Refusal(403, "wrong_role", f"this token's role is '{grant.role}', not '{role}'")
-        channel = (
-            route.channel
-            if isinstance(route, routes.Produce | routes.HttpProduce | routes.AiSdkProduce)
-            else None
-        )
+        channel = route.channel if isinstance(route, _PRODUCERS) else None
         if channel is not None and not grant.allows(channel):
             return Refusal(403, "forbidden", "this token does not grant the URL's channel")
         return grant

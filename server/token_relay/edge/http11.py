@@ -500,6 +500,30 @@ class Http11:
         self._our = _State.DONE
         return b"%bContent-Length: %d\r\n\r\n%b" % (head, len(body), body)
 
+    def no_content(self, headers: Sequence[tuple[str, str]]) -> bytes | None:
+        """The whole ``204`` response with ``headers``, byte for byte what :meth:`respond`
+        and :meth:`end` write for it, with the same change of state; None (nothing
+        changed) where :meth:`sized` gives None, or for a header :meth:`respond` must look
+        at (``Content-Length``, ``Connection``, ``Transfer-Encoding``)."""
+        request = self.request
+        if (
+            self._our is not _State.SEND_RESPONSE
+            or self._h11 is not None
+            or request is None
+            or request.method in (b"HEAD", b"CONNECT")
+        ):
+            return None
+        parts = [_status_line(204)]
+        for name, value in headers:
+            line, special = _header_line(name, value)
+            if special:
+                return None
+            parts.append(line)
+        parts.append(b"\r\n")
+        self._framing, self._left, self._keep = "length", 0, True
+        self._our = _State.DONE
+        return b"".join(parts)
+
     def continue_100(self) -> bytes:
         """``100 Continue``: the client may send its body."""
         if self._our is not _State.SEND_RESPONSE:
