@@ -482,19 +482,25 @@ class Http11:
         self._keep = keep
         return b"".join(parts)
 
+    def _written_whole(self) -> bool:
+        """Whether a response may be written whole, its state changed at once: the request
+        was read by the fast parser (so HTTP/1.1, kept alive), is neither ``HEAD`` nor
+        ``CONNECT``, and has no response yet."""
+        request = self.request
+        return (
+            self._our is _State.SEND_RESPONSE
+            and self._h11 is None
+            and request is not None
+            and request.method not in (b"HEAD", b"CONNECT")
+        )
+
     def sized(self, head: bytes, body: bytes) -> bytes | None:
         """The whole response, ``head`` (from :func:`sized_head`) with its
         ``Content-Length`` and ``body``, byte for byte what :meth:`respond`, :meth:`body`
         and :meth:`end` write for it, with the same change of state; None (nothing
         changed) unless the request was read by the fast parser (so HTTP/1.1, kept alive)
         and is neither ``HEAD`` nor ``CONNECT``: :meth:`respond` writes those."""
-        request = self.request
-        if (
-            self._our is not _State.SEND_RESPONSE
-            or self._h11 is not None
-            or request is None
-            or request.method in (b"HEAD", b"CONNECT")
-        ):
+        if not self._written_whole():
             return None
         self._framing, self._left, self._keep = "length", 0, True
         self._our = _State.DONE
@@ -505,13 +511,7 @@ class Http11:
         and :meth:`end` write for it, with the same change of state; None (nothing
         changed) where :meth:`sized` gives None, or for a header :meth:`respond` must look
         at (``Content-Length``, ``Connection``, ``Transfer-Encoding``)."""
-        request = self.request
-        if (
-            self._our is not _State.SEND_RESPONSE
-            or self._h11 is not None
-            or request is None
-            or request.method in (b"HEAD", b"CONNECT")
-        ):
+        if not self._written_whole():
             return None
         parts = [_status_line(204)]
         for name, value in headers:
