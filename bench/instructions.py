@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -158,6 +159,11 @@ async def _child(messages: int, batch: int, setup_only: bool, redis: bool) -> No
             server.kill()
 
 
+class CountFailed(Exception):
+    """A counted run did not finish (another installation may lack an extra, such as
+    ``redis``): its row is reported failed, and the other rows are still counted."""
+
+
 def _count(python: str, messages: int, batch: int, setup_only: bool, redis: bool) -> int:
     """Instructions one child run executes, as callgrind counts them."""
     arguments = [str(messages), str(batch), "1" if setup_only else "0", "1" if redis else "0"]
@@ -179,7 +185,7 @@ def _counted(python: str, arguments: list[str]) -> int:
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if done.returncode or found is None:
-        raise SystemExit(f"{python}: the counted run failed:\n{done.stderr[-2000:]}")
+        raise CountFailed(f"{python}: the counted run failed:\n{done.stderr[-2000:]}")
     return int(found.group(1))
 
 
@@ -235,18 +241,38 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(1, False, "a frame per event"), (100, False, "100 events per frame")]
     if shutil.which("redis-server"):
         cases.append((1, True, "through Redis"))
-    for batch, redis, what in cases:
-        counts = [
-            (name, per_event(python, batch, args.messages, redis)) for name, python in pythons
-        ]
-        for index, (name, count) in enumerate(counts):
-            ratio = f"  {count / counts[0][1]:.2f}x this relay" if index else ""
-            print(f"ingest, {what:<22} {name:<26} {count:9,.0f} instructions/event{ratio}")
-    for kind, what in HTTP_CASES.items():
-        counts = [(name, per_request(python, kind, args.messages)) for name, python in pythons]
-        for index, (name, count) in enumerate(counts):
-            ratio = f"  {count / counts[0][1]:.2f}x this relay" if index else ""
-            print(f"{what:<37} {name:<26} {count:9,.0f} instructions/request{ratio}")
+    failed = 0
+    rows: list[tuple[str, str, Callable[[str], float]]] = [
+        (
+            f"ingest, {what:<22}",
+            "event",
+            functools.partial(per_event, batch=batch, messages=args.messages, redis=redis),
+        )
+        for batch, redis, what in cases
+    ]
+    rows += [
+        (
+            f"{what:<37}",
+            "request",
+            functools.partial(per_request, kind=kind, requests=args.messages),
+        )
+        for kind, what in HTTP_CASES.items()
+    ]
+    for what, unit, count_of in rows:
+        first: float | None = None
+        for index, (name, python) in enumerate(pythons):
+            try:
+                count = count_of(python)
+            except CountFailed as exc:
+                failed += 1
+                print(f"{what} {name:<26} failed: {exc}", file=sys.stderr)
+                print(f"{what} {name:<26} {'failed':>9}")
+                continue
+            if index == 0:
+                first = count
+            ratio = f"  {count / first:.2f}x this relay" if index and first else ""
+            print(f"{what} {name:<26} {count:9,.0f} instructions/{unit}{ratio}")
+    return 1 if failed else 0
     return 0
 
 
