@@ -529,3 +529,55 @@ async def test_an_event_past_a_restarted_relays_lower_frame_limit_fails_its_mess
     assert not [r for r in caplog.records if "too big" in r.getMessage()]
     failures = [r for r in caplog.records if "failed: an event of" in r.getMessage()]
     assert len(failures) == 1 and "'m'" in failures[0].getMessage()
+
+
+async def test_a_resumed_session_on_another_process_with_a_lower_limit_ends_the_message(
+    redis_server: Any,
+) -> None:
+    # A rolling restart lowers --max-frame-bytes: two relay processes on one Redis, the
+    # second (with --workers 2) at 64 KiB. The producer's 100 KB event was applied by the
+    # first; the session resumes on the second, which holds the message with that event.
+    # The message fails by name and is aborted there with all of its text; the other
+    # message goes on, exact, and nothing loops on 1009.
+    big = "y" * (100 * 1024)
+    first = relay_process("--broker", redis_server.url)
+    second = relay_process(
+        "--broker", redis_server.url, "--max-frame-bytes", str(64 * 1024), "--workers", "2"
+    )
+    await asyncio.gather(first.start(), second.start())
+    try:
+        async with (
+            Proxy(first.port) as proxy,
+            connect(f"{first.url}/subscribe?channel=c&deltas=1") as sub,
+            RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
+        ):
+            await recv_json(sub)
+            await producer.send("m", "start ")
+            await producer.send("m", big)
+            await producer.send("n", "other ")
+            live: dict[str, str] = {"m": "", "n": ""}
+            while live["n"] != "other ":  # through Redis, a message's deltas may come merged
+                frame = await recv_core(sub, 10)
+                assert frame["type"] == "delta"
+                live[frame["id"]] += frame["delta"]
+            assert live == {"m": "start " + big, "n": "other "}
+            session = producer.session
+            proxy.target_port = second.port
+            assert proxy.cut() == 1
+            with pytest.raises(MessageFailed) as failed:
+                await asyncio.wait_for(producer.finish("m"), 15)
+            assert failed.value.code == "message_too_large"
+            await producer.send("n", "reply")
+            ack = await asyncio.wait_for(producer.finish("n"), 15)
+            assert ack.id == "n" and producer.session == session  # resumed
+            frames = [await recv_core(sub, 10) for _ in range(3)]
+            ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
+            assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
+            assert ended["m"]["text"] == "start " + big
+            assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
+            assert [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"] == [
+                ("n", "reply")
+            ]
+            assert producer.reconnects == 1
+    finally:
+        await asyncio.gather(first.stop(), second.stop())

@@ -383,7 +383,8 @@ class RelayProducer(Background):
         (buffered before the limit was known, or before a restart lowered it): sent, it
         would close the connection with 1009, and again at every reconnect. What came
         before that event stays, and an abort (reason ``error``) takes its place, so that
-        subscribers see the message end, not wait for it; ``finish`` raises
+        subscribers see the message end with what the relay has of it, not wait for it;
+        ``finish`` raises
         :class:`MessageFailed` (``message_too_large``). The ids failed, to release once
         the abort is sent."""
         limit = self._frame_limit
@@ -398,7 +399,9 @@ class RelayProducer(Background):
             reason = f"an event of {size} bytes is past the relay's --max-frame-bytes ({limit})"
             log.warning("message %r failed: %s", message_id, reason)
             self._fail(message_id, ErrorCode.MESSAGE_TOO_LARGE.value, reason)
-            fields: dict[str, Any] = {"id": message_id, "seq": first + 1, "abort": "error"}
+            # With no seq, the abort ends the message whatever the relay applied of it: a
+            # resumed session's relay may hold the event itself (sent under a higher limit).
+            fields: dict[str, Any] = {"id": message_id, "abort": "error"}
             channel = json.loads(frames[0]).get("channel")
             if channel is not None:
                 fields["channel"] = channel
