@@ -370,27 +370,30 @@ class RelayProducer(Background):
         async with self._lock:
             if not hello.resumed:
                 await self._make_whole()
-            past = await self._past_limit()
-            pending = [frame for frames in self._unacked.values() for frame in frames]
+            ended = self._past_limit()
+            pending = [
+                frame
+                for message_id, frames in self._unacked.items()
+                for frame in ended.get(message_id, frames)
+            ]
             await _send_batches(ws, pending, self._resend_bytes)
+            for message_id in ended:  # aborted: nothing of it is acked
+                await self._release(message_id)
             self._ws = ws
-        for message_id in past:  # aborted above: nothing of it is acked
-            await self._release(message_id)
         self._started.set()
 
-    async def _past_limit(self) -> list[str]:
+    def _past_limit(self) -> dict[str, list[str]]:
         """Fail each unacknowledged message holding an event past the relay's frame limit
         (buffered before the limit was known, or before a restart lowered it): sent, it
         would close the connection with 1009, and again at every reconnect. What came
-        before that event stays, and an abort (reason ``error``) takes its place, so that
+        before that event is sent, with an abort (reason ``error``) in its place, so that
         subscribers see the message end with what the relay has of it, not wait for it;
-        ``finish`` raises
-        :class:`MessageFailed` (``message_too_large``). The ids failed, to release once
-        the abort is sent."""
+        ``finish`` raises :class:`MessageFailed` (``message_too_large``). The frames to send
+        for each message failed, which is released once they are sent."""
         limit = self._frame_limit
         if limit is None:
-            return []
-        failed: list[str] = []
+            return {}
+        ended: dict[str, list[str]] = {}
         for message_id, frames in self._unacked.items():
             first = next((n for n, frame in enumerate(frames) if len(frame.encode()) > limit), None)
             if first is None:
@@ -399,6 +402,9 @@ class RelayProducer(Background):
             reason = f"an event of {size} bytes is past the relay's --max-frame-bytes ({limit})"
             log.warning("message %r failed: %s", message_id, reason)
             self._fail(message_id, ErrorCode.MESSAGE_TOO_LARGE.value, reason)
+            if not first:
+                ended[message_id] = []  # nothing of it sent before: nothing to end
+                continue
             # With no seq, the abort ends the message whatever the relay applied of it: a
             # resumed session's relay may hold the event itself (sent under a higher limit).
             fields: dict[str, Any] = {"id": message_id, "abort": "error"}
@@ -407,13 +413,8 @@ class RelayProducer(Background):
                 fields["channel"] = channel
             fields["meta"] = {"errorText": f"message_too_large: {reason}"}
             abort = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
-            dropped = len(frames) - first
-            frames[first:] = [abort] if first else []  # nothing before it: nothing to end
-            failed.append(message_id)
-            async with self._room:
-                self._buffered -= dropped - (1 if first else 0)
-                self._room.notify_all()
-        return failed
+            ended[message_id] = [*frames[:first], abort]
+        return ended
 
     async def _make_whole(self) -> None:
         """In a new session, each completed plain message still unacknowledged becomes one

@@ -65,6 +65,10 @@ async def _raise(exc: Exception) -> None:
     raise exc
 
 
+def _nothing() -> None:
+    """Nothing to settle (:meth:`WebSocket.dispatch` with no ``settle``)."""
+
+
 class Cork:
     """Write coalescing for the WebSockets of one event loop.
 
@@ -325,21 +329,19 @@ class WebSocket(SocketPeer):
         """
         protocol, messages = self.protocol, self._messages
         self._settle = settle
+        done = settle or _nothing
         try:
             while True:
                 while messages:
                     if self._yields():
-                        if settle is not None:
-                            settle()
+                        done()
                         await asyncio.sleep(0)
                         continue
                     later = handle(self._next())
                     if later is not None:
-                        if settle is not None:
-                            settle()
+                        done()
                         await later
-                if settle is not None:
-                    settle()
+                done()
                 self._unbroken = 0
                 if protocol.state is not State.OPEN or protocol.close_rcvd is not None:
                     return
@@ -351,8 +353,7 @@ class WebSocket(SocketPeer):
                     self._waiter, self._handle = None, None
                 later, self._later = self._later, None
                 if later is not None:
-                    if settle is not None:
-                        settle()
+                    done()
                     await later
         finally:
             self._settle = None
