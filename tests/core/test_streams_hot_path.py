@@ -1,6 +1,7 @@
-"""Tests for the hot paths of token_relay.core.streams: ``MessageStreams.plain_delta`` and
-``plain_final``, the short ways of a plain message's delta and final, and ``plain_deltas``
-for a run of deltas, do what ``receive`` does, or nothing at all."""
+"""Tests for the hot paths of token_relay.core.streams: ``MessageStreams.plain_delta``,
+``plain_open`` and ``plain_final``, the short ways of a plain message's delta, first delta
+and final, and ``plain_deltas`` for a run of deltas, do what ``receive`` does, or nothing at
+all."""
 
 from __future__ import annotations
 
@@ -148,6 +149,19 @@ def test_the_hot_path_applies_a_delta_as_receive_does(played: list[Step]) -> Non
                         delta_wait=wait,
                         first_delta=first,
                     )
+                else:
+                    opened = hot.plain_open(event.id, event.delta, now)
+                    if opened is not None:
+                        first = event.delta != ""
+                        taken = Applied(
+                            opened,
+                            event.id,
+                            None,
+                            delta=event.delta,
+                            opened=True,
+                            delta_wait=0.0 if first else None,
+                            first_delta=first,
+                        )
             elif set(fields) == {"id", "final"} and fields["final"]:
                 taken = hot.plain_final(event.id)
             if taken is None:
@@ -177,6 +191,26 @@ def test_the_hot_path_takes_plain_deltas_and_leaves_the_rest() -> None:
         "room", "m", "abé", True
     )
     assert streams.plain_delta("m", "x", 8.0) is None  # completed
+
+
+def test_the_hot_path_opens_plain_messages_and_leaves_the_rest() -> None:
+    streams = MessageStreams("room", max_streaming=2, max_chars=4)
+    assert streams.plain_open("a", "ab", 1.0) == "room"
+    assert streams.partial("a") == "ab"
+    assert streams.plain_open("a", "c", 2.0) is None  # in progress: plain_delta's
+    assert streams.plain_open("b", "\ud83d", 2.0) is None  # a half to hold back
+    assert streams.plain_open("b", "abcde", 2.0) is None  # past max_chars
+    assert streams.plain_open("b", "", 2.0) == "room"  # an empty delta counts
+    assert streams.partial("b") == ""
+    assert streams.plain_open("c", "x", 3.0) is None  # at max_streaming
+    assert streams.plain_final("a") is not None
+    assert streams.plain_open("a", "x", 4.0) is None  # completed: receive answers
+    assert streams.plain_open("r", "x", 4.0) == "room"
+    streams.refuse("r")
+    assert streams.plain_open("r", "x", 5.0) is None  # refused
+    streams.default_channel = None
+    assert streams.plain_open("d", "x", 4.0) is None  # no channel: receive refuses
+    assert streams.phase("d") is None
 
 
 def _one_by_one(

@@ -1,6 +1,7 @@
 """The producer's short ways for a batch's run of deltas of one message, applied together
-(``MessageStreams.plain_deltas``, ``Broker.deltas``), and for a plain message's final
-(``MessageStreams.plain_final``): differential tests against the general path.
+(``MessageStreams.plain_deltas``, ``Broker.deltas``), for a plain message's first delta
+(``MessageStreams.plain_open``) and for its final (``MessageStreams.plain_final``):
+differential tests against the general path.
 
 Generated batches and single frames (plain deltas, empty ones, non-ASCII and surrogate
 halves, finals, other channels, numbered events, aborts, deltas past the message's size) are
@@ -82,8 +83,15 @@ async def _quiet(*transports: FakeTransport) -> None:
 
 
 async def _play(
-    batches: list[list[dict[str, Any]]], shortcuts: bool, broker: str = "memory://"
+    batches: list[list[dict[str, Any]]],
+    shortcuts: bool,
+    broker: str = "memory://",
+    holding: list[str] = (),  # type: ignore[assignment]
+    overloaded: bool = False,
 ) -> tuple[Any, ...]:
+    """Play ``batches`` from one producer; ``holding``: ids another producer opened first,
+    and holds while these are played; ``overloaded``: past ``--max-memory-bytes`` from
+    then on."""
     relay = Relay(
         Settings(
             port=0,
@@ -96,13 +104,26 @@ async def _play(
         )
     )
     await relay.start()
-    original, final = producers._run_of_deltas, MessageStreams.plain_final
+    original, final, opening = (
+        producers._run_of_deltas,
+        MessageStreams.plain_final,
+        MessageStreams.plain_open,
+    )
     if not shortcuts:
         producers._run_of_deltas = lambda events, start, first: [first]  # type: ignore[assignment]
         MessageStreams.plain_final = lambda self, message_id: None  # type: ignore[assignment,method-assign]
+        MessageStreams.plain_open = lambda self, message_id, delta, now=0.0: None  # type: ignore[assignment,method-assign]
     try:
         deltas_reader, deltas_seen = _connect(relay, "/subscribe?channel=room&deltas=1")
         messages_reader, messages_seen = _connect(relay, "/subscribe?channel=room")
+        holder = None
+        if holding:
+            holder, _ = _connect(relay, "/produce?channel=room")
+            for message_id in holding:
+                opened = json.dumps({"id": message_id, "delta": "held"})
+                holder.data_received(client_frame(opened.encode()))
+        if overloaded:
+            relay.producers.held_elsewhere = lambda: relay.settings.max_memory_bytes + 1
         producer, answers = _connect(relay, "/produce?channel=room")
         await settle()
         if broker != "memory://":
@@ -119,8 +140,9 @@ async def _play(
             sum(metrics.delta_gap.counts),
             metrics.frames_in_producer.value,
         )
-        for connection in (producer, deltas_reader, messages_reader):
-            connection.connection_lost(None)
+        for connection in (producer, deltas_reader, messages_reader, holder):
+            if connection is not None:
+                connection.connection_lost(None)
         await settle()
         return (
             _MASKED.sub(b"", bytes(answers.written)),
@@ -131,6 +153,7 @@ async def _play(
     finally:
         producers._run_of_deltas = original  # type: ignore[assignment]
         MessageStreams.plain_final = final  # type: ignore[method-assign]
+        MessageStreams.plain_open = opening  # type: ignore[method-assign]
         await relay.stop()
 
 
@@ -188,6 +211,64 @@ def test_a_plain_final_takes_the_short_way() -> None:
         MessageStreams.plain_final = keep  # type: ignore[method-assign]
     assert taken == ["m", "n"]
     assert b'"id":"o","text":"","offset":3' in answered[2]
+
+
+def test_a_first_delta_takes_the_short_way() -> None:
+    """A plain message opened by a delta of only ``id`` and ``delta``, a frame of its own
+    and in a batch; an empty one too. A refused one (past the size) goes the general way."""
+    opened: list[str] = []
+    keep = MessageStreams.plain_open
+
+    def spy(self: MessageStreams, message_id: str, delta: str, now: float = 0.0) -> Any:
+        channel = keep(self, message_id, delta, now)
+        if channel is not None:
+            opened.append(message_id)
+        return channel
+
+    MessageStreams.plain_open = spy  # type: ignore[method-assign]
+    try:
+        batches = [
+            [{"id": "m", "delta": "a"}],
+            [{"id": "n", "delta": "b"}, {"id": "n", "delta": "c"}, {"id": "n", "final": True}],
+            [{"id": "o", "delta": ""}],
+            [{"id": "p", "delta": "x" * 17}],
+            [{"id": "m", "final": True}],
+        ]
+        answered = asyncio.run(_play(batches, shortcuts=True))
+    finally:
+        MessageStreams.plain_open = keep  # type: ignore[method-assign]
+    assert opened == ["m", "n", "o"]
+    assert b'"id":"n","text":"bc"' in answered[2]
+    assert b'"id":"m","text":"a"' in answered[2]
+    assert b'"code":"message_too_large"' in answered[0]
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["a frame each", "in a batch"])
+def test_a_first_delta_refused_by_the_ids_holder_is_as_the_general_paths(alone: bool) -> None:
+    """Another producer holds the id: the short way's refusal (``id_in_use``, the event's
+    index in a batch) and everything after it are the general path's, byte for byte."""
+    events = [{"id": "a", "delta": "x"}, {"id": "b", "delta": "y"}, {"id": "a", "final": True}]
+    events += [{"id": "b", "final": True}]
+    batches = [[event] for event in events] if alone else [events]
+    short = asyncio.run(_play(batches, shortcuts=True, holding=["a"]))
+    general = asyncio.run(_play(batches, shortcuts=False, holding=["a"]))
+    assert short == general
+    assert short[0].count(b'"code":"id_in_use"') == 2  # the delta and the final
+    assert b'"id":"b","text":"y"' in short[2]
+    assert (b'"index":0' in short[0]) is not alone
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["a frame each", "in a batch"])
+def test_a_first_delta_past_the_memory_limit_is_as_the_general_paths(alone: bool) -> None:
+    """Past ``--max-memory-bytes`` a new message is refused ``overloaded``, the short way
+    as the general one."""
+    events = [{"id": "a", "delta": "x"}, {"id": "c", "delta": "y"}, {"id": "a", "final": True}]
+    batches = [[event] for event in events] if alone else [events]
+    short = asyncio.run(_play(batches, shortcuts=True, holding=["h"], overloaded=True))
+    general = asyncio.run(_play(batches, shortcuts=False, holding=["h"], overloaded=True))
+    assert short == general
+    # "a" and "c" are new messages, and so is the one-shot final of "a", refused before it
+    assert short[0].count(b'"code":"overloaded"') == 3
 
 
 @pytest.mark.parametrize("tail", ["\ud83d", "x" * 16])

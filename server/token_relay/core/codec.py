@@ -43,6 +43,7 @@ from .protocol import decode_producer_frame as decode_by_models
 __all__ = [
     "Event",
     "FastEvent",
+    "ack_frame",
     "acks_frame",
     "decode_by_models",
     "decode_events",
@@ -114,18 +115,22 @@ def _dumps(value: Any) -> bytes | None:
         return None  # a lone surrogate: the models say how it goes out
 
 
+def ack_frame(channel: str, message_id: str, duplicate: bool) -> bytes:
+    """The ``ack`` frame for a single event, as the bytes a socket is sent."""
+    one: dict[str, Any] = {"type": "ack", "id": message_id, "channel": channel}
+    if duplicate:
+        one["duplicate"] = True
+    data = _dumps(one)
+    if data is not None:
+        return data
+    ack = Ack(id=message_id, channel=channel)
+    return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack).encode()
+
+
 def acks_frame(acks: list[tuple[str, str, bool]], *, batch: bool) -> str:
     """One ``ack`` frame for a single event, one ``acks`` frame for a batch."""
     if not batch:
-        channel, message_id, duplicate = acks[0]
-        one: dict[str, Any] = {"type": "ack", "id": message_id, "channel": channel}
-        if duplicate:
-            one["duplicate"] = True
-        data = _dumps(one)
-        if data is not None:
-            return data.decode()
-        ack = Ack(id=message_id, channel=channel)
-        return encode(ack.model_copy(update={"duplicate": True}) if duplicate else ack)
+        return ack_frame(*acks[0]).decode()
     entries: list[dict[str, Any]] = []
     for channel, message_id, duplicate in acks:
         entry: dict[str, Any] = {"id": message_id, "channel": channel}

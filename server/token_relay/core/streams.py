@@ -455,6 +455,36 @@ class MessageStreams:
             return state.channel, now - state.opened, True
         return state.channel, now - previous, False
 
+    def plain_open(self, message_id: str, delta: str, now: float = 0.0) -> str | None:
+        """The hot path of :meth:`receive` for an event of only ``id`` and ``delta`` (as
+        :meth:`plain_delta` takes) that opens a new plain message on the default channel:
+        the state after it is the one :meth:`receive` leaves, and the :class:`Applied` it
+        returns has ``opened``, this ``delta``, ``first_delta`` if the delta is not empty
+        and then ``delta_wait`` 0.0, and its other fields their defaults.
+
+        Returns the message's channel; None, changing nothing, when the event needs
+        :meth:`receive`: a known id (in progress, completed, aborted or refused), no
+        default channel, the most unfinished messages already, a surrogate half to mend,
+        or a delta past ``max_chars``."""
+        channel = self.default_channel
+        if (
+            channel is None
+            or message_id in self._streaming
+            or message_id in self._completed
+            or message_id in self._refused
+            or message_id in self._aborted
+            or len(self._streaming) >= self.max_streaming
+            or len(delta) > self.max_chars
+            or (not delta.isascii() and has_surrogate(delta))
+        ):
+            return None
+        self.assembler.feed(message_id, delta, False)
+        state = self._streaming[message_id] = _Open(channel, now, 0)
+        if delta:
+            state.chars = len(delta)
+            state.last_delta = now
+        return channel
+
     def plain_deltas(
         self, message_id: str, deltas: Sequence[str], now: float = 0.0
     ) -> tuple[str, float | None, bool, int] | None:

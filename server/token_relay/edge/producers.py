@@ -41,6 +41,7 @@ from ..brokers import Broker, Publication, Published
 from ..core.codec import (
     Event,
     FastEvent,
+    ack_frame,
     acks_frame,
     decode_by_models,
     decode_fast,
@@ -507,6 +508,19 @@ class ProducerEndpoint:
         if frame.final or frame.abort is not MISSING:
             if run is not None:
                 run.end()
+            if (
+                frame.delta is MISSING
+                and frame.abort is MISSING
+                and frame.channel is MISSING
+                and frame.seq is MISSING
+                and frame.meta is MISSING
+                and frame.chunk is MISSING
+            ):
+                # Most finals: a plain message in progress, completed (as in _events).
+                completed = session.streams.plain_final(frame.id)
+                if completed is not None:
+                    self._completed_alone(connection, session, completed, now, frame)
+                    return None
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
         if (
@@ -528,6 +542,8 @@ class ProducerEndpoint:
                     self.broker.delta(channel, session.owner, frame.id, frame.delta, 0, True)
                     metrics = self.metrics
                     (metrics.first_delta if first else metrics.delta_gap).observe(wait)
+                return None
+            if self._opened(connection, session, frame.id, frame.delta, now, None, None):
                 return None
         elif run is not None:
             run.end()
@@ -591,6 +607,11 @@ class ProducerEndpoint:
                         self.broker.delta(channel, owner, event.id, event.delta, 0, True)
                         (metrics.first_delta if first else metrics.delta_gap).observe(wait)
                     continue
+                if overloaded is None:
+                    overloaded = self.overloaded(now)
+                at = index if batch else None
+                if self._opened(connection, session, event.id, event.delta, now, at, overloaded):
+                    continue
             at = index if batch else None
             if event.abort is not MISSING:
                 unfinished = self._cancel(connection, session, event, at)
@@ -632,12 +653,7 @@ class ProducerEndpoint:
                 else:
                     acks.append(settled)
                 continue
-            # Still publishing: the producer's next events go on meanwhile, and its replies
-            # wait their turn behind this one, so they keep their order.
-            if replies is None:
-                replies = self._replies[connection] = _Replies()
-                self.spawn(self._answer(connection, session, replies))
-            replies.push(completion, acks, batch)
+            self._queue_reply(connection, session, replies, completion, acks, batch)
             waiting = True
         replies = self._replies.get(connection)
         if replies is None:
@@ -648,6 +664,42 @@ class ProducerEndpoint:
         elif acks:
             replies.entries.append(acks_frame(acks, batch=False))
         return None
+
+    def _completed_alone(
+        self, connection: ProducerPeer, session: Session, applied: Applied, now: float, event: Event
+    ) -> None:
+        """Publish the message a final in a frame of its own completed, and answer it: what
+        :meth:`_events` does for such a frame, the short way."""
+        completion = self._complete(session, applied, now, event, None)
+        replies = self._replies.get(connection)
+        published = completion.published
+        if replies is None and (
+            published is None or isinstance(published, Published) or published.done()
+        ):
+            settled = self._settle(session, completion)
+            if isinstance(settled, FrameRejected):
+                self.reject_now(connection, settled)
+            else:
+                self.writer.send_to(connection, ack_frame(*settled))
+        else:
+            self._queue_reply(connection, session, replies, completion, [], False)
+
+    def _queue_reply(
+        self,
+        connection: ProducerPeer,
+        session: Session,
+        replies: _Replies | None,
+        completion: _Completion,
+        acks: list[tuple[str, str, bool]],
+        batch: bool,
+    ) -> None:
+        """A final still being published: the producer's next events go on meanwhile, and
+        its replies wait their turn behind this one (``replies``, None if none waits yet),
+        so they keep their order."""
+        if replies is None:
+            replies = self._replies[connection] = _Replies()
+            self.spawn(self._answer(connection, session, replies))
+        replies.push(completion, acks, batch)
 
     def published_run(
         self,
@@ -740,6 +792,36 @@ class ProducerEndpoint:
             exc.index = index
             self.reject_now(connection, exc)
             return None
+
+    def _opened(
+        self,
+        connection: ProducerPeer,
+        session: Session,
+        message_id: str,
+        delta: str,
+        now: float,
+        index: int | None,
+        overloaded: bool | None,
+    ) -> bool:
+        """An event of only ``id`` and ``delta`` that opens a plain message on the default
+        channel, applied the short way of :meth:`_apply` (``index`` and ``overloaded`` as
+        it takes them); False, changing nothing, if it needs :meth:`_apply`."""
+        if overloaded or (overloaded is None and self._over_memory()):
+            return False  # _apply refuses it
+        streams, owner = session.streams, session.owner
+        channel = streams.plain_open(message_id, delta, now)
+        if channel is None:
+            return False
+        broker = self.broker
+        if not broker.open(channel, owner, message_id, 0):
+            streams.refuse(message_id)
+            refusal = id_in_use(channel, message_id)
+            refusal.index = index
+            self.reject_now(connection, refusal)
+        elif delta:
+            broker.delta(channel, owner, message_id, delta, 0, True)
+            self.metrics.first_delta.observe(0.0)
+        return True
 
     def _apply(
         self,

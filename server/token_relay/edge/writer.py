@@ -89,6 +89,16 @@ class Writer:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
             self.metrics.slow_closes.inc()
 
+    def send_to(self, receiver: Peer, payload: Outgoing) -> None:
+        """:meth:`send` to one receiver (a producer's reply): the same, in fewer steps."""
+        if (not self.backlogs or receiver not in self.backlogs) and (
+            receiver.transport.get_write_buffer_size() <= self.high_water
+        ):
+            receiver.take(Broadcast(payload))
+            self.metrics.frames_out.inc()
+        else:
+            self.send((receiver,), payload)
+
     def offer(self, connection: Peer, payload: Outgoing) -> bool:
         """Send a frame the peer can do without (a cancel to a producer), only if its socket
         is under the high-water mark; False if it was dropped. Never closes the peer."""
