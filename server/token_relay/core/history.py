@@ -187,9 +187,12 @@ class HistoryStore:
             if reserved is not None:
                 log.epoch = reserved  # the epoch its subscribers were told
         self._logs[channel] = log
-        before = log.bytes
-        log.prune(now - self.ttl)
-        self.bytes += log.bytes - before
+        oldest_allowed = now - self.ttl
+        entries = log._entries
+        if entries and entries[0][1] < oldest_allowed:  # nearly never: a call spared
+            before = log.bytes
+            log.prune(oldest_allowed)
+            self.bytes += log.bytes - before
         return log
 
     def position(self, channel: str, now: float) -> ChannelLog:

@@ -128,7 +128,8 @@ class InflightIndex(Generic[OwnerT]):
         self.remove(channel, owner, message_id)
         if self.hold <= 0 or not completed:
             return
-        self._prune(now)
+        if now >= self._prune_at:
+            self._prune(now)
         key = (channel, message_id)
         held = self._held
         ended = held.pop(key, None)
@@ -146,7 +147,8 @@ class InflightIndex(Generic[OwnerT]):
     def held(self, channel: str, message_id: str, now: float) -> OwnerT | None:
         """The owner whose message under ``message_id`` ended on ``channel`` less than
         ``hold`` seconds before ``now``, if any."""
-        self._prune(now)
+        if now >= self._prune_at:
+            self._prune(now)
         entry = self._held.get((channel, message_id))
         return None if entry is None else entry[0]
 
@@ -175,8 +177,10 @@ class InflightIndex(Generic[OwnerT]):
         return held is not None and held != owner
 
     def _prune(self, now: float) -> None:
+        """End the holds that end by ``now``. Callers skip the call before
+        ``_prune_at``, when the oldest hold ends later (nearly every time)."""
         if now < self._prune_at:
-            return  # the oldest hold ends later (nearly every call: one comparison)
+            return
         held = self._held
         while held:
             key, (_, until, _) = next(iter(held.items()))

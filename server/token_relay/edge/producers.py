@@ -951,7 +951,7 @@ class ProducerEndpoint:
                 message_id,
                 body,
                 seq,
-                producer=self.producer_identity(session.grant),
+                producer="" if self._open_access else identity(session.grant),
                 claimed=claimed,
             )
         return completion
@@ -987,7 +987,8 @@ class ProducerEndpoint:
                 raise error
             session.unpublished.pop(message_id, None)
             self.metrics.completed.inc()
-            self._ended(session, message_id, frame)
+            if session.joined or isinstance(session.connection, HttpProducer):
+                self._ended(session, message_id, frame)
             if completion.meta:
                 self.broker.meta(channel, session.owner, message_id, "")  # ended: forgotten
             elapsed = self.clock() - completion.received
