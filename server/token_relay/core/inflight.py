@@ -90,12 +90,20 @@ class InflightIndex(Generic[OwnerT]):
     def claim(self, channel: str, owner: OwnerT, message_id: str, now: float = 0.0) -> bool:
         """Open ``message_id`` on ``channel`` for ``owner``; False (nothing changed) if
         another owner holds it, in progress or ended less than ``hold`` seconds ago."""
-        holder = self._holders.get((channel, message_id))
-        if holder is not None and holder != owner:
+        key = (channel, message_id)
+        holder = self._holders.get(key)
+        if holder is None:
+            held = self._held
+            if held:  # as _held_by_another(), inline
+                if now >= self._prune_at:
+                    self._prune(now)
+                ended = held.get(key)
+                if ended is not None and ended[0] != owner:
+                    return False
+            self._holders[key] = owner
+        elif holder != owner:
             return False
-        if holder is None and self._held_by_another(channel, owner, message_id, now):
-            return False
-        self.add(channel, owner, message_id)
+        self._by_channel.setdefault(channel, {})[(owner, message_id)] = None  # as add()
         return True
 
     def may_publish(
