@@ -166,6 +166,21 @@ def test_runs_of_deltas_are_applied_as_one_by_one(
     play()
 
 
+@pytest.mark.parametrize(
+    "deltas",
+    [("y" * 30, "tok ", "tok ", "x", "x", "x", "z"), ("y" * 30, "tok ", "\ud83d", "\ude00", "z")],
+    ids=["a character past the size", "a surrogate half"],
+)
+def test_a_run_ends_where_a_delta_may_not_join_it_as_one_by_one(deltas: tuple[str, ...]) -> None:
+    """A run that fills the message to ``--max-message-chars`` exactly, then a delta of one
+    character more; or a surrogate half to hold back: the run ends there, as one by one."""
+    events: list[dict[str, Any]] = [{"id": "m", "delta": delta} for delta in deltas]
+    events.append({"id": "m", "final": True})
+    reads = [b"".join(_frame(json.dumps(event).encode()) for event in events)]
+    assert asyncio.run(_play(True, reads)) == asyncio.run(_play(False, reads))
+    assert sum(map(len, deltas[:5])) == MAX_CHARS or "\ud83d" in deltas
+
+
 def test_a_run_is_published_with_one_call_to_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The short way is taken: ten deltas of a message in one read reach the broker in one
     call, and the subscriber has each of them, in order, before the final's message."""

@@ -209,20 +209,18 @@ class _DeltaRun:
         self.now = 0.0
         """When the run's first delta was read."""
 
-    def take(self, message_id: str, delta: str, now: float) -> bool:
-        """Add a delta to the run (ending the run of another message first); False, with
-        no run left under way, if it must be applied alone."""
-        if message_id != self.message_id:
-            if self.message_id is not None:
-                self.end()
-            room = self.session.streams.room(message_id)
-            if room is None:
-                return False
-            self.message_id, self.room, self.now = message_id, room, now
-        if len(delta) > self.room or (not delta.isascii() and has_surrogate(delta)):
+    def start(self, message_id: str, delta: str, now: float) -> bool:
+        """Start a run of another message's deltas with ``delta`` (ending the run under way
+        first); False, with no run under way, if it must be applied alone.
+
+        The run's next deltas :meth:`ProducerEndpoint._frame` adds itself (``deltas``,
+        ``room``), a call less per frame, and ends the run with one that does not fit."""
+        if self.message_id is not None:
             self.end()
+        room = self.session.streams.room(message_id)
+        if room is None or len(delta) > room or (not delta.isascii() and has_surrogate(delta)):
             return False
-        self.room -= len(delta)
+        self.message_id, self.room, self.now = message_id, room - len(delta), now
         self.deltas.append(delta)
         return True
 
@@ -532,9 +530,18 @@ class ProducerEndpoint:
         ):
             # Most frames: a delta of a plain message in progress, on the default channel
             # (the short way of _apply, as in _events), or of the run under way.
-            if run is not None and run.take(frame.id, frame.delta, now):
-                return None
-            # Applied alone (with no run under way now: take() ended it).
+            if run is not None:
+                delta = frame.delta
+                if frame.id != run.message_id:
+                    if run.start(frame.id, delta, now):
+                        return None
+                elif len(delta) <= run.room and (delta.isascii() or not has_surrogate(delta)):
+                    run.room -= len(delta)  # the next delta of the run (see _DeltaRun.start)
+                    run.deltas.append(delta)
+                    return None
+                else:
+                    run.end()
+            # Applied alone (with no run under way now: it ended above, or never started).
             streamed = session.streams.plain_delta(frame.id, frame.delta, now)
             if streamed is not None:
                 channel, wait, first = streamed
