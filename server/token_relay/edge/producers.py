@@ -993,7 +993,7 @@ class ProducerEndpoint:
             if error is not None:
                 raise error
             session.unpublished.pop(message_id, None)
-            self.metrics.completed.inc()
+            self.metrics.completed.value += 1  # Tally.inc(), a call less per message
             if session.joined or isinstance(session.connection, HttpProducer):
                 self._ended(session, message_id, frame)
             if completion.meta:

@@ -83,7 +83,7 @@ class Writer:
             if backlog.bytes + _unsent(receiver) > self.hard_limit:
                 over.append(receiver)
         if written:
-            self.metrics.frames_out.inc(written)
+            self.metrics.frames_out.value += written  # Tally.inc(), a call less per frame
         # Closing edits the set being iterated above (the hub's), so it comes after.
         for receiver in over:
             self.close(receiver, CloseCode.TRY_AGAIN_LATER, SLOW_CONSUMER_REASON)
@@ -95,7 +95,7 @@ class Writer:
             receiver.transport.get_write_buffer_size() <= self.high_water
         ):
             receiver.take(Broadcast(payload))
-            self.metrics.frames_out.inc()
+            self.metrics.frames_out.value += 1
         else:
             self.send((receiver,), payload)
 
