@@ -16,7 +16,7 @@ from token_relay.core.protocol import Aborted, DeltaFrame, MessageFrame, Produce
 from websockets.asyncio.client import ClientConnection, connect
 
 from ..conftest import RunningRelay, recv_core, recv_json, send_json, start_relay
-from ..harness import Balancer, Proxy, eventually, relay_process
+from ..harness import Balancer, FrameLimitProxy, Proxy, eventually, relay_process
 
 
 def _port(running: RunningRelay) -> int:
@@ -527,6 +527,49 @@ async def test_an_event_past_a_restarted_relays_lower_frame_limit_fails_its_mess
         assert deltas == [("m", "start "), ("n", "other "), ("n", "reply")]
         assert producer.reconnects == 1
     assert not [r for r in caplog.records if "too big" in r.getMessage()]
+    failures = [r for r in caplog.records if "failed: an event of" in r.getMessage()]
+    assert len(failures) == 1 and "'m'" in failures[0].getMessage()
+
+
+async def test_an_event_past_a_proxys_own_frame_limit_fails_its_message_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A proxy on the way refuses frames past 16 KiB with 1009, and no handshake says so. An
+    # event past it closed the connection at every reconnect, and every message of the
+    # producer waited forever. The careful resend after the first 1009 finds the event
+    # refused alone: its message fails by name (aborted for subscribers, with what came
+    # before it), a later event as big is refused before it is sent, and the others go on.
+    running, relay = await start_relay(session_grace=10)
+    big = "y" * (32 * 1024)
+    async with (
+        relay,
+        FrameLimitProxy(_port(running), 16 * 1024) as proxy,
+        running.connect("/subscribe?channel=c&deltas=1") as sub,
+        RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
+    ):
+        await recv_json(sub)
+        await producer.send("m", "start ")
+        await producer.send("n", "other ")
+        with caplog.at_level(logging.WARNING, logger="token_relay.client"):
+            await producer.send("m", big)  # the proxy closes the connection: 1009
+            with pytest.raises(MessageFailed) as failed:
+                await asyncio.wait_for(producer.finish("m"), 10)
+            assert failed.value.code == "message_too_large"
+            assert "1009" in str(failed.value)
+            with pytest.raises(UsageError, match="1009"):
+                await producer.send("n", big)  # now known: never sent
+            await producer.send("n", "reply")
+            ack = await asyncio.wait_for(producer.finish("n"), 10)
+        assert ack.id == "n"
+        frames = [await recv_core(sub) for _ in range(5)]
+        ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
+        assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
+        assert ended["m"]["text"] == "start "
+        assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
+        deltas = [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"]
+        assert deltas == [("m", "start "), ("n", "other "), ("n", "reply")]
+        assert proxy.refused == 2  # the live event, then the same event sent alone
+        assert producer.reconnects == 2
     failures = [r for r in caplog.records if "failed: an event of" in r.getMessage()]
     assert len(failures) == 1 and "'m'" in failures[0].getMessage()
 

@@ -12,7 +12,8 @@
 * :mod:`.nginx`: :class:`Nginx`, a real ``nginx`` running the repository's
   ``deploy/nginx.conf`` in front of relays.
 * :mod:`.proxy`: :class:`Proxy`, a TCP proxy that can cut or freeze every connection at
-  once; :class:`Balancer`, one that spreads connections over backends that may change.
+  once; :class:`Balancer`, one that spreads connections over backends that may change;
+  :class:`FrameLimitProxy`, a WebSocket proxy with a frame limit of its own (1009).
 * :mod:`.webhooks`: :class:`WebhookReceiver`, a real HTTP server taking webhook POSTs.
 * :mod:`.liveparts`: :class:`LiveParts`, each message's parts as a deltas subscriber
   rebuilds them from live frames.
@@ -25,13 +26,14 @@ from .machine import cpu_seconds, eventually, free_port, rss_bytes
 from .nginx import Nginx
 from .npm import npm_installed
 from .processes import ServiceProcess, relay_process, relays_on
-from .proxy import Balancer, Proxy
+from .proxy import Balancer, FrameLimitProxy, Proxy
 from .redis_server import RedisServer
 from .sse import SseEvent, SseReader
 from .webhooks import Received, WebhookReceiver
 
 __all__ = [
     "Balancer",
+    "FrameLimitProxy",
     "LiveParts",
     "Nginx",
     "Proxy",

@@ -1,11 +1,18 @@
-"""TCP proxies for fault tests: :class:`Proxy` can cut every connection at once, with no
+"""Proxies for fault tests: :class:`Proxy` (TCP) can cut every connection at once, with no
 close frame, as a network failure would, or freeze them; :class:`Balancer` spreads
-connections over backends that may change (a rolling restart)."""
+connections over backends that may change (a rolling restart); :class:`FrameLimitProxy`
+(WebSocket) refuses frames past a limit of its own with 1009."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
+
+from websockets import CloseCode
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 
 class Proxy:
@@ -126,3 +133,64 @@ class Balancer(Proxy):
         self._next += 1  # before any await: connections arriving together spread out
         count = len(self.backends)
         return [self.backends[(start + attempt) % count] for attempt in range(count * 2)]
+
+
+class FrameLimitProxy:
+    """A WebSocket proxy with a frame limit of its own, as some gateways and load balancers
+    have: a client's frame past ``max_size`` bytes closes that connection with 1009, and
+    nothing at the handshake says so (the relay's ``Relay-Max-Frame-Bytes`` is not passed
+    on). Each connection is forwarded to the same path and query on ``target_port``,
+    message by message both ways; pings are answered by the proxy itself, once it read
+    every frame before them. When either side ends, the other is dropped."""
+
+    def __init__(self, target_port: int, max_size: int) -> None:
+        self.target_port = target_port
+        self.max_size = max_size
+        self.port = 0
+        self.refused = 0
+        """Connections closed with 1009 for a frame past the limit."""
+        self._server: Server | None = None
+
+    @property
+    def url(self) -> str:
+        """The WebSocket base URL to give clients instead of the relay's."""
+        return f"ws://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> FrameLimitProxy:
+        self._server = await serve(
+            self._forward, "127.0.0.1", 0, max_size=self.max_size, compression=None
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _forward(self, client: ServerConnection) -> None:
+        assert client.request is not None
+        target = f"ws://127.0.0.1:{self.target_port}{client.request.path}"
+        async with connect(target, compression=None, max_size=None) as upstream:
+            pumps = {
+                asyncio.create_task(_pump(client, upstream)),
+                asyncio.create_task(_pump(upstream, client)),
+            }
+            _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            # As a proxy failing a connection: the relay's side is dropped, no close frame
+            # (a producer that vanished, whose session waits for it to come back).
+            upstream.transport.abort()
+        sent = client.protocol.close_sent
+        if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG:
+            self.refused += 1
+        await client.close()
+
+
+async def _pump(source: ServerConnection | ClientConnection, sink: Any) -> None:
+    """Pass ``source``'s messages to ``sink`` until either closes."""
+    with contextlib.suppress(ConnectionClosed):
+        async for message in source:
+            await sink.send(message)

@@ -7,7 +7,7 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, Literal
 
 from pydantic import MISSING
@@ -44,9 +44,11 @@ RESEND_BATCH = 500
 RESEND_BYTES = 256 * 1024
 """Bytes per frame, at most, when sending buffered events again (an event past it goes in a
 frame of its own): a quarter of the relay's default ``--max-frame-bytes``. A completed
-message is sent again as one whole event only within it. A relay that closes the connection
-with 1009 (a frame past its ``--max-frame-bytes``) halves it for that producer, down to
-:data:`MIN_RESEND_BYTES`."""
+message is sent again as one whole event only within it. A 1009 (a frame past the relay's
+``--max-frame-bytes``, or a proxy's limit) halves it for that producer, down to
+:data:`MIN_RESEND_BYTES`, and makes the next resend careful: an event a frame, each
+confirmed before the next, so that an event refused alone fails its message rather than
+close the connection at every reconnect."""
 MIN_RESEND_BYTES = 1024
 """The least :data:`RESEND_BYTES` is halved to: past it, each event goes in a frame of its own."""
 
@@ -107,6 +109,15 @@ class RelayProducer(Background):
         self._frame_limit: int | None = None
         """The relay's ``--max-frame-bytes``, as its last handshake gave it: an event past
         it is refused by :meth:`send` rather than sent."""
+        self._learned_limit: int | None = None
+        """The most bytes a frame may have on the way to the relay, as a 1009 taught it (a
+        proxy's limit of its own, which no handshake gives): one less than the least event
+        refused alone. Past it, as past :attr:`_frame_limit`, an event is never sent."""
+        self._careful = False
+        """After a 1009: the next resend goes an event a frame, each confirmed (the pong of
+        a ping sent after it) before the next, so that an event refused alone is known."""
+        self._confirming: str | None = None
+        """The first event of a careful resend not confirmed when its connection closed."""
 
     async def close(self) -> None:
         """Close the connection (unfinished messages are aborted by the relay)."""
@@ -296,12 +307,12 @@ class RelayProducer(Background):
             if abort is not None:
                 fields["abort"] = abort
             frame = ProducerEvent(**fields).model_dump_json(exclude_defaults=True)
-            limit = self._frame_limit
+            limit = self._limit()
             if limit is not None and len(frame) > limit // 4 and len(frame.encode()) > limit:
                 # The relay would close the connection (1009), and again at every resend.
                 raise UsageError(
                     f"an event of message {message_id!r} is {len(frame.encode())} bytes, past "
-                    f"the relay's --max-frame-bytes ({limit}): send its delta in parts"
+                    f"{self._limit_named(limit)}: send its delta in parts"
                 )
             self._seq[message_id] = seq
             self._unacked.setdefault(message_id, []).append(frame)
@@ -329,11 +340,26 @@ class RelayProducer(Background):
             self.url, "/produce", channel=self.channel, token=self.token, session=self.session
         )
 
+    def _limit(self) -> int | None:
+        """The most bytes an event may have: the relay's frame limit, or less if a 1009 on
+        the way taught less (None if neither is known)."""
+        given, learned = self._frame_limit, self._learned_limit
+        if given is None or learned is None:
+            return learned if given is None else given
+        return min(given, learned)
+
+    def _limit_named(self, limit: int) -> str:
+        """Where ``limit`` (:meth:`_limit`'s) comes from, for a refusal's reason."""
+        if limit == self._frame_limit:
+            return f"the relay's --max-frame-bytes ({limit})"
+        return f"the {limit} bytes a frame may have on the way to the relay (a 1009 said so)"
+
     async def _serve(self, ws: ClientConnection) -> None:
         limit = _frame_limit(ws)
         if limit is not None:
             self._frame_limit = limit
             self._resend_bytes = min(self._resend_bytes, limit)
+        self._confirming = None
         try:
             hello = SERVER_FRAME.validate_json(await ws.recv())
             if not isinstance(hello, SessionFrame):
@@ -343,14 +369,30 @@ class RelayProducer(Background):
                 await self._handle(SERVER_FRAME.validate_json(raw))
         except ConnectionClosed as exc:
             if exc.rcvd is not None and exc.rcvd.code == CloseCode.MESSAGE_TOO_BIG:
-                # A frame of ours passed the relay's --max-frame-bytes: what is sent again
-                # after the reconnect goes in frames half the size.
-                self._resend_bytes = max(MIN_RESEND_BYTES, self._resend_bytes // 2)
-                log.warning(
-                    "relay refused a frame as too big: sending again in frames of %d bytes",
-                    self._resend_bytes,
-                )
+                self._too_big(self._confirming)
             raise
+
+    def _too_big(self, refused: str | None) -> None:
+        """A frame of ours was refused with 1009: by the relay (past its --max-frame-bytes)
+        or by a proxy on the way, with a limit of its own that no handshake gives.
+
+        ``refused``: the event a careful resend sent alone and had not yet confirmed, which
+        is then the one refused. Every event of its size or more never passes, so its
+        message fails at the next handshake (see :meth:`_past_limit`), and later ones are
+        refused by :meth:`send`. Otherwise which frame it was is not known: the next resend
+        is careful, and what is sent again after it goes in frames half the size."""
+        if refused is not None:
+            size = len(refused.encode())
+            if self._learned_limit is None or size - 1 < self._learned_limit:
+                self._learned_limit = size - 1
+            log.warning("a frame of one event, %d bytes, was refused as too big (1009)", size)
+            return
+        self._careful = True
+        self._resend_bytes = max(MIN_RESEND_BYTES, self._resend_bytes // 2)
+        log.warning(
+            "relay refused a frame as too big: sending again in frames of %d bytes",
+            self._resend_bytes,
+        )
 
     async def _dropped(self) -> None:
         async with self._lock:
@@ -376,11 +418,33 @@ class RelayProducer(Background):
                 for message_id, frames in self._unacked.items()
                 for frame in ended.get(message_id, frames)
             ]
-            await _send_batches(ws, pending, self._resend_bytes)
+            if self._careful:
+                await self._send_confirmed(ws, pending)
+            else:
+                await _send_batches(ws, pending, self._resend_bytes)
             for message_id in ended:  # aborted: nothing of it is acked
                 await self._release(message_id)
             self._ws = ws
         self._started.set()
+
+    async def _send_confirmed(self, ws: ClientConnection, frames: list[str]) -> None:
+        """Send ``frames`` an event a frame, each followed by a ping, whose pong comes only
+        once everything on the way read the event and let it pass; the pongs are awaited
+        together, so this takes one round trip, not one per event. If the connection closes
+        on the way, the first event not confirmed is the one refused (see
+        :meth:`_too_big`). Once every event is confirmed, the resends are no longer
+        careful."""
+        sent: list[tuple[str, Awaitable[float]]] = []
+        try:
+            for frame in frames:
+                await ws.send(frame)
+                sent.append((frame, await ws.ping()))
+            for _, pong in sent:
+                await pong
+        except ConnectionClosed:
+            self._confirming = next((frame for frame, pong in sent if not _confirmed(pong)), None)
+            raise
+        self._careful = False
 
     def _past_limit(self) -> dict[str, list[str]]:
         """Fail each unacknowledged message holding an event past the relay's frame limit
@@ -390,7 +454,7 @@ class RelayProducer(Background):
         subscribers see the message end with what the relay has of it, not wait for it;
         ``finish`` raises :class:`MessageFailed` (``message_too_large``). The frames to send
         for each message failed, which is released once they are sent."""
-        limit = self._frame_limit
+        limit = self._limit()
         if limit is None:
             return {}
         ended: dict[str, list[str]] = {}
@@ -399,7 +463,7 @@ class RelayProducer(Background):
             if first is None:
                 continue
             size = len(frames[first].encode())
-            reason = f"an event of {size} bytes is past the relay's --max-frame-bytes ({limit})"
+            reason = f"an event of {size} bytes is past {self._limit_named(limit)}"
             log.warning("message %r failed: %s", message_id, reason)
             self._fail(message_id, ErrorCode.MESSAGE_TOO_LARGE.value, reason)
             if not first:
@@ -421,9 +485,11 @@ class RelayProducer(Background):
         whole event (``{"id", "seq": 1, "delta", "final": true}``): if the relay published
         it before its ack was lost with the old session, the same whole message is acked as
         published, not refused as another owner's (see the protocol's ids' hold)."""
-        merged = 0
+        merged, bound = 0, self._resend_bytes
+        if self._learned_limit is not None:
+            bound = min(bound, self._learned_limit + 1)  # a whole event may have the limit
         for message_id, frames in self._unacked.items():
-            whole = _whole(message_id, frames, self._resend_bytes)
+            whole = _whole(message_id, frames, bound)
             if whole is not None:
                 merged += len(frames) - 1
                 frames[:] = [whole]
@@ -534,6 +600,16 @@ class RelayProducer(Background):
                 else:
                     for frame in frames:
                         await self._ws.send(frame)
+
+
+def _confirmed(pong: Awaitable[float]) -> bool:
+    """Whether a ping's pong came (its waiter holds the round trip, not an error)."""
+    return (
+        isinstance(pong, asyncio.Future)
+        and pong.done()
+        and not pong.cancelled()
+        and pong.exception() is None
+    )
 
 
 def _frame_limit(ws: ClientConnection) -> int | None:
