@@ -619,7 +619,8 @@ class ProducerEndpoint:
                 at = index if batch else None
                 if self._opened(connection, session, event.id, event.delta, now, at, overloaded):
                     continue
-            at = index if batch else None
+            else:
+                at = index if batch else None
             if event.abort is not MISSING:
                 unfinished = self._cancel(connection, session, event, at)
                 if unfinished is not None:
