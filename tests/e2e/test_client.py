@@ -485,6 +485,20 @@ async def test_a_lone_event_of_the_relays_very_frame_limit_is_sent_again_as_itse
     assert not [r for r in caplog.records if "too big" in r.getMessage()]
 
 
+async def _m_failed_and_n_whole(sub: ClientConnection) -> dict[str, Any]:
+    """What a deltas subscriber of ``c`` saw of message ``m`` ("start ", then an event too
+    big) and ``n`` ("other ", then "reply"): ``m``'s delta, then ``m`` aborted (reason
+    ``error``) with that text, and ``n`` whole. ``m``'s ``aborted`` frame."""
+    frames = [await recv_core(sub) for _ in range(5)]
+    ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
+    assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
+    assert ended["m"]["text"] == "start "
+    assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
+    deltas = [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"]
+    assert deltas == [("m", "start "), ("n", "other "), ("n", "reply")]
+    return ended["m"]
+
+
 async def test_an_event_past_a_restarted_relays_lower_frame_limit_fails_its_message_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -517,14 +531,8 @@ async def test_an_event_past_a_restarted_relays_lower_frame_limit_fails_its_mess
             await producer.send("n", "reply")
             ack = await asyncio.wait_for(producer.finish("n"), 10)
         assert ack.id == "n"
-        frames = [await recv_core(sub) for _ in range(5)]
-        ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
-        assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
-        assert ended["m"]["text"] == "start "
-        assert "max-frame-bytes" in ended["m"]["meta"]["errorText"]
-        assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
-        deltas = [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"]
-        assert deltas == [("m", "start "), ("n", "other "), ("n", "reply")]
+        aborted = await _m_failed_and_n_whole(sub)
+        assert "max-frame-bytes" in aborted["meta"]["errorText"]
         assert producer.reconnects == 1
     assert not [r for r in caplog.records if "too big" in r.getMessage()]
     failures = [r for r in caplog.records if "failed: an event of" in r.getMessage()]
@@ -561,13 +569,8 @@ async def test_an_event_past_a_proxys_own_frame_limit_fails_its_message_once(
             await producer.send("n", "reply")
             ack = await asyncio.wait_for(producer.finish("n"), 10)
         assert ack.id == "n"
-        frames = [await recv_core(sub) for _ in range(5)]
-        ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
-        assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
-        assert ended["m"]["text"] == "start "
-        assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
-        deltas = [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"]
-        assert deltas == [("m", "start "), ("n", "other "), ("n", "reply")]
+        aborted = await _m_failed_and_n_whole(sub)
+        assert "1009" in aborted["meta"]["errorText"]
         assert proxy.refused == 2  # the live event, then the same event sent alone
         assert producer.reconnects == 2
     failures = [r for r in caplog.records if "failed: an event of" in r.getMessage()]

@@ -187,28 +187,34 @@ def test_a_run_is_taken_together() -> None:
     assert b'"text":"abc"' in answered[2]
 
 
+def _taken(shortcut: str, batches: list[list[dict[str, Any]]]) -> tuple[list[str], Any]:
+    """Play ``batches``: the ids for which ``MessageStreams.<shortcut>`` took the short way
+    (answered anything but None), and what :func:`_play` gives."""
+    taken: list[str] = []
+    keep = getattr(MessageStreams, shortcut)
+
+    def spy(self: MessageStreams, message_id: str, *args: Any) -> Any:
+        answer = keep(self, message_id, *args)
+        if answer is not None:
+            taken.append(message_id)
+        return answer
+
+    setattr(MessageStreams, shortcut, spy)
+    try:
+        return taken, asyncio.run(_play(batches, shortcuts=True))
+    finally:
+        setattr(MessageStreams, shortcut, keep)
+
+
 def test_a_plain_final_takes_the_short_way() -> None:
     """A final of only ``id`` and ``final``, a frame of its own and in a batch."""
-    taken: list[str] = []
-    keep = MessageStreams.plain_final
-
-    def spy(self: MessageStreams, message_id: str) -> Any:
-        applied = keep(self, message_id)
-        if applied is not None:
-            taken.append(message_id)
-        return applied
-
-    MessageStreams.plain_final = spy  # type: ignore[method-assign]
-    try:
-        batches = [
-            [{"id": "m", "delta": "a"}],
-            [{"id": "m", "final": True}],
-            [{"id": "n", "delta": "b"}, {"id": "n", "final": True}],
-            [{"id": "o", "final": True}],  # unseen: the general path finalizes it to ""
-        ]
-        answered = asyncio.run(_play(batches, shortcuts=True))
-    finally:
-        MessageStreams.plain_final = keep  # type: ignore[method-assign]
+    batches = [
+        [{"id": "m", "delta": "a"}],
+        [{"id": "m", "final": True}],
+        [{"id": "n", "delta": "b"}, {"id": "n", "final": True}],
+        [{"id": "o", "final": True}],  # unseen: the general path finalizes it to ""
+    ]
+    taken, answered = _taken("plain_final", batches)
     assert taken == ["m", "n"]
     assert b'"id":"o","text":"","offset":3' in answered[2]
 
@@ -216,27 +222,14 @@ def test_a_plain_final_takes_the_short_way() -> None:
 def test_a_first_delta_takes_the_short_way() -> None:
     """A plain message opened by a delta of only ``id`` and ``delta``, a frame of its own
     and in a batch; an empty one too. A refused one (past the size) goes the general way."""
-    opened: list[str] = []
-    keep = MessageStreams.plain_open
-
-    def spy(self: MessageStreams, message_id: str, delta: str, now: float = 0.0) -> Any:
-        channel = keep(self, message_id, delta, now)
-        if channel is not None:
-            opened.append(message_id)
-        return channel
-
-    MessageStreams.plain_open = spy  # type: ignore[method-assign]
-    try:
-        batches = [
-            [{"id": "m", "delta": "a"}],
-            [{"id": "n", "delta": "b"}, {"id": "n", "delta": "c"}, {"id": "n", "final": True}],
-            [{"id": "o", "delta": ""}],
-            [{"id": "p", "delta": "x" * 17}],
-            [{"id": "m", "final": True}],
-        ]
-        answered = asyncio.run(_play(batches, shortcuts=True))
-    finally:
-        MessageStreams.plain_open = keep  # type: ignore[method-assign]
+    batches = [
+        [{"id": "m", "delta": "a"}],
+        [{"id": "n", "delta": "b"}, {"id": "n", "delta": "c"}, {"id": "n", "final": True}],
+        [{"id": "o", "delta": ""}],
+        [{"id": "p", "delta": "x" * 17}],
+        [{"id": "m", "final": True}],
+    ]
+    opened, answered = _taken("plain_open", batches)
     assert opened == ["m", "n", "o"]
     assert b'"id":"n","text":"bc"' in answered[2]
     assert b'"id":"m","text":"a"' in answered[2]

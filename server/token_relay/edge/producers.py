@@ -517,7 +517,12 @@ class ProducerEndpoint:
                 # Most finals: a plain message in progress, completed (as in _events).
                 completed = session.streams.plain_final(frame.id)
                 if completed is not None:
-                    self._completed_alone(connection, session, completed, now, frame)
+                    # As _events answers it, without the loop: its ack, encoded once, to
+                    # the one producer.
+                    acks: list[tuple[str, str, bool]] = []
+                    self._finished(connection, session, completed, now, frame, None, acks, False)
+                    if acks:  # settled now (else its reply waits its turn)
+                        self.writer.send_to(connection, ack_frame(*acks[0]))
                     return None
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
@@ -649,20 +654,8 @@ class ProducerEndpoint:
                 return self._abort_then(session, applied.unfinished, rest)
             if applied.text is None:
                 continue
-            completion = self._complete(session, applied, now, event, at)
-            replies = self._replies.get(connection)
-            published = completion.published
-            if replies is None and (
-                published is None or isinstance(published, Published) or published.done()
-            ):
-                settled = self._settle(session, completion)
-                if isinstance(settled, FrameRejected):
-                    self.reject_now(connection, settled)
-                else:
-                    acks.append(settled)
-                continue
-            self._queue_reply(connection, session, replies, completion, acks, batch)
-            waiting = True
+            if self._finished(connection, session, applied, now, event, at, acks, batch):
+                waiting = True
         replies = self._replies.get(connection)
         if replies is None:
             if acks:
@@ -673,12 +666,22 @@ class ProducerEndpoint:
             replies.entries.append(acks_frame(acks, batch=False))
         return None
 
-    def _completed_alone(
-        self, connection: ProducerPeer, session: Session, applied: Applied, now: float, event: Event
-    ) -> None:
-        """Publish the message a final in a frame of its own completed, and answer it: what
-        :meth:`_events` does for such a frame, the short way."""
-        completion = self._complete(session, applied, now, event, None)
+    def _finished(
+        self,
+        connection: ProducerPeer,
+        session: Session,
+        applied: Applied,
+        now: float,
+        event: Event,
+        index: int | None,
+        acks: list[tuple[str, str, bool]],
+        batch: bool,
+    ) -> bool:
+        """Publish the message a final completed. Settled now (a broker in this process,
+        nothing waiting before it): its ack goes to ``acks``, or its refusal is answered.
+        Still publishing: the producer's next events go on meanwhile, and its replies wait
+        their turn behind this one, so they keep their order; then True."""
+        completion = self._complete(session, applied, now, event, index)
         replies = self._replies.get(connection)
         published = completion.published
         if replies is None and (
@@ -688,26 +691,13 @@ class ProducerEndpoint:
             if isinstance(settled, FrameRejected):
                 self.reject_now(connection, settled)
             else:
-                self.writer.send_to(connection, ack_frame(*settled))
-        else:
-            self._queue_reply(connection, session, replies, completion, [], False)
-
-    def _queue_reply(
-        self,
-        connection: ProducerPeer,
-        session: Session,
-        replies: _Replies | None,
-        completion: _Completion,
-        acks: list[tuple[str, str, bool]],
-        batch: bool,
-    ) -> None:
-        """A final still being published: the producer's next events go on meanwhile, and
-        its replies wait their turn behind this one (``replies``, None if none waits yet),
-        so they keep their order."""
+                acks.append(settled)
+            return False
         if replies is None:
             replies = self._replies[connection] = _Replies()
             self.spawn(self._answer(connection, session, replies))
         replies.push(completion, acks, batch)
+        return True
 
     def published_run(
         self,
