@@ -577,6 +577,55 @@ async def test_an_event_past_a_proxys_own_frame_limit_fails_its_message_once(
     assert len(failures) == 1 and "'m'" in failures[0].getMessage()
 
 
+async def test_a_proxys_frame_limit_is_learned_across_two_relay_processes_on_redis(
+    redis_server: Any,
+) -> None:
+    # The proxy with a 16 KiB limit of its own sends the producer's connections to one
+    # relay process, then (a rolling restart) to another with --workers 2 on the same
+    # Redis. The session resumes there; its careful resend finds the event the proxy
+    # refuses, and the message fails by name, aborted with what came before it, while the
+    # other message completes exact, once.
+    big = "y" * (32 * 1024)
+    first = relay_process("--broker", redis_server.url, "--session-grace", "10")
+    second = relay_process("--broker", redis_server.url, "--session-grace", "10", "--workers", "2")
+    await asyncio.gather(first.start(), second.start())
+    try:
+        async with (
+            FrameLimitProxy(first.port, 16 * 1024) as proxy,
+            connect(f"{first.url}/subscribe?channel=c&deltas=1") as sub,
+            RelayProducer(proxy.url, channel="c", backoff=(0.05, 0.05)) as producer,
+        ):
+            await recv_json(sub)
+            await producer.send("m", "start ")
+            await producer.send("n", "other ")
+            live: dict[str, str] = {"m": "", "n": ""}
+            while live != {"m": "start ", "n": "other "}:  # through Redis, in any order
+                frame = await recv_core(sub, 10)
+                assert frame["type"] == "delta"
+                live[frame["id"]] += frame["delta"]
+            session = producer.session
+            proxy.target_port = second.port  # from the next connection on
+            await producer.send("m", big)  # the proxy closes the connection: 1009
+            with pytest.raises(MessageFailed) as failed:
+                await asyncio.wait_for(producer.finish("m"), 15)
+            assert failed.value.code == "message_too_large"
+            await producer.send("n", "reply")
+            ack = await asyncio.wait_for(producer.finish("n"), 15)
+            assert ack.id == "n" and producer.session == session  # resumed
+            frames = [await recv_core(sub, 10) for _ in range(3)]
+            ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
+            assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
+            assert ended["m"]["text"] == "start "
+            assert "1009" in ended["m"]["meta"]["errorText"]
+            assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
+            assert [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"] == [
+                ("n", "reply")
+            ]
+            assert proxy.refused == 2 and producer.reconnects == 2
+    finally:
+        await asyncio.gather(first.stop(), second.stop())
+
+
 async def test_a_resumed_session_on_another_process_with_a_lower_limit_ends_the_message(
     redis_server: Any,
 ) -> None:
