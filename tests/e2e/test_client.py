@@ -577,6 +577,28 @@ async def test_an_event_past_a_proxys_own_frame_limit_fails_its_message_once(
     assert len(failures) == 1 and "'m'" in failures[0].getMessage()
 
 
+async def _m_failed_in_the_resumed_session(
+    producer: RelayProducer, session: str | None, sub: ClientConnection, text: str
+) -> dict[str, Any]:
+    """Message ``m`` fails by name (``message_too_large``) and ``n`` ("other " so far)
+    completes with "reply" in ``session``, resumed. A deltas subscriber of ``c`` (past the
+    deltas before) then sees ``n``'s "reply", ``m`` aborted (reason ``error``) with
+    ``text``, and ``n`` whole. ``m``'s ``aborted`` frame."""
+    with pytest.raises(MessageFailed) as failed:
+        await asyncio.wait_for(producer.finish("m"), 15)
+    assert failed.value.code == "message_too_large"
+    await producer.send("n", "reply")
+    ack = await asyncio.wait_for(producer.finish("n"), 15)
+    assert ack.id == "n" and producer.session == session  # resumed
+    frames = [await recv_core(sub, 10) for _ in range(3)]
+    ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
+    assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
+    assert ended["m"]["text"] == text
+    assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
+    assert [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"] == [("n", "reply")]
+    return ended["m"]
+
+
 async def test_a_proxys_frame_limit_is_learned_across_two_relay_processes_on_redis(
     redis_server: Any,
 ) -> None:
@@ -606,21 +628,8 @@ async def test_a_proxys_frame_limit_is_learned_across_two_relay_processes_on_red
             session = producer.session
             proxy.target_port = second.port  # from the next connection on
             await producer.send("m", big)  # the proxy closes the connection: 1009
-            with pytest.raises(MessageFailed) as failed:
-                await asyncio.wait_for(producer.finish("m"), 15)
-            assert failed.value.code == "message_too_large"
-            await producer.send("n", "reply")
-            ack = await asyncio.wait_for(producer.finish("n"), 15)
-            assert ack.id == "n" and producer.session == session  # resumed
-            frames = [await recv_core(sub, 10) for _ in range(3)]
-            ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
-            assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
-            assert ended["m"]["text"] == "start "
-            assert "1009" in ended["m"]["meta"]["errorText"]
-            assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
-            assert [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"] == [
-                ("n", "reply")
-            ]
+            aborted = await _m_failed_in_the_resumed_session(producer, session, sub, "start ")
+            assert "1009" in aborted["meta"]["errorText"]
             assert proxy.refused == 2 and producer.reconnects == 2
     finally:
         await asyncio.gather(first.stop(), second.stop())
@@ -659,20 +668,7 @@ async def test_a_resumed_session_on_another_process_with_a_lower_limit_ends_the_
             session = producer.session
             proxy.target_port = second.port
             assert proxy.cut() == 1
-            with pytest.raises(MessageFailed) as failed:
-                await asyncio.wait_for(producer.finish("m"), 15)
-            assert failed.value.code == "message_too_large"
-            await producer.send("n", "reply")
-            ack = await asyncio.wait_for(producer.finish("n"), 15)
-            assert ack.id == "n" and producer.session == session  # resumed
-            frames = [await recv_core(sub, 10) for _ in range(3)]
-            ended = {f["id"]: f for f in frames if f["type"] in ("message", "aborted")}
-            assert ended["m"]["type"] == "aborted" and ended["m"]["reason"] == "error"
-            assert ended["m"]["text"] == "start " + big
-            assert (ended["n"]["type"], ended["n"]["text"]) == ("message", "other reply")
-            assert [(f["id"], f["delta"]) for f in frames if f["type"] == "delta"] == [
-                ("n", "reply")
-            ]
+            await _m_failed_in_the_resumed_session(producer, session, sub, "start " + big)
             assert producer.reconnects == 1
     finally:
         await asyncio.gather(first.stop(), second.stop())
