@@ -385,6 +385,8 @@ class RelayProducer(Background):
             size = len(refused.encode())
             if self._learned_limit is None or size - 1 < self._learned_limit:
                 self._learned_limit = size - 1
+                # As for the relay's own limit: what is sent again stays within it.
+                self._resend_bytes = min(self._resend_bytes, size - 1)
             log.warning("a frame of one event, %d bytes, was refused as too big (1009)", size)
             return
         self._careful = True
@@ -485,11 +487,9 @@ class RelayProducer(Background):
         whole event (``{"id", "seq": 1, "delta", "final": true}``): if the relay published
         it before its ack was lost with the old session, the same whole message is acked as
         published, not refused as another owner's (see the protocol's ids' hold)."""
-        merged, bound = 0, self._resend_bytes
-        if self._learned_limit is not None:
-            bound = min(bound, self._learned_limit + 1)  # a whole event may have the limit
+        merged = 0
         for message_id, frames in self._unacked.items():
-            whole = _whole(message_id, frames, bound)
+            whole = _whole(message_id, frames, self._resend_bytes)
             if whole is not None:
                 merged += len(frames) - 1
                 frames[:] = [whole]

@@ -49,16 +49,7 @@ class Broadcast:
         """The WebSocket text frame that carries it, built once."""
         frame = self.frame
         if frame is None:
-            payload = self._payload
-            # Most frames: an answer or a message, serialized (what data() gives, inline).
-            data = self._data = (
-                payload.encode()
-                if isinstance(payload, str)
-                else payload
-                if isinstance(payload, bytes)
-                else self.data()
-            )
-            frame = self.frame = text_frame(data)
+            frame = self.frame = text_frame(self.data())
         return frame
 
 
