@@ -576,7 +576,8 @@ class HttpConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self._respond(reply, request, read=True)
         self._dropping = False
-        self._serve()  # a request pipelined behind this one
+        if self.http.pending:
+            self._serve()  # a request pipelined behind this one, or the client's close
 
     def _view(self, request: Head) -> HttpRequest:
         """The request as the gate reads it, decoded once (for its head in this cycle)."""

@@ -253,6 +253,12 @@ class Http11:
             self._eof = True
 
     @property
+    def pending(self) -> bool:
+        """Whether :meth:`next_event` may have something to hand out beyond
+        :data:`NEED_DATA`: bytes (or the socket's end) not read yet, or h11 reading."""
+        return self._h11 is not None or self._eof or bool(self._buffer)
+
+    @property
     def trailing_data(self) -> bytes:
         """What came after the request (for a WebSocket, its first frames)."""
         if self._h11 is not None:

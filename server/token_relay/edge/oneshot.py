@@ -49,7 +49,7 @@ from msgspec import DecodeError
 from pydantic import MISSING
 
 from ..brokers import Publication
-from ..core.codec import Event, FastEvent, acks_frame, decode_fast, message_body
+from ..core.codec import Event, FastEvent, ack_frame, decode_fast, message_body
 from ..core.errors import BrokerUnavailable, FrameRejected, broker_rejected
 from ..core.grants import Grant
 from ..core.protocol import error_frame
@@ -178,5 +178,4 @@ class _Published:
             raise error
         metrics.completed.inc()
         metrics.final_to_delivery.observe(self.loop.time() - self.received)
-        ack = acks_frame([(self.channel, message_id, False)], batch=False)
-        return answer_of([ack.encode()], []), frozenset()
+        return answer_of([ack_frame(self.channel, message_id, False)], []), frozenset()
