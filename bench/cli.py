@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -241,61 +242,72 @@ class Run:
 
     async def fanout(self, c: dict[str, ServiceProcess]) -> None:
         """Fan-out to every size, with and without deltas, on one pool per size and relay:
-        the relay, the os.write floor, SSE streams, --workers 2 on Redis, the Node ws relay."""
-        await self.fanout_of(c, c["F"], "fanout")
-        await self.fanout_of(c, c["floor"], "fanout-floor")
-        await self.fanout_of(c, c["F"], "fanout-sse", sse=True)
-        await self.fanout_of(c, c["W"], "fanout-workers", deltas=False)
+        the relay, the os.write floor and (``--compare-python``) the previous version in
+        turn, a repetition of each before the next (so that a ratio between them pairs
+        measurements taken minutes apart at most, not a whole case apart); then SSE
+        streams, --workers 2 on Redis and the Node ws relay, each in a run of its own."""
+        paired = [(c["F"], "fanout"), (c["floor"], "fanout-floor")]
+        if "F0" in c:
+            paired.append((c["F0"], "fanout-compare"))
+        await self.fanout_of(c, paired)
+        await self.fanout_of(c, [(c["F"], "fanout-sse")], sse=True)
+        await self.fanout_of(c, [(c["W"], "fanout-workers")], deltas=False)
         # The Node ws relay at the smallest size (1,000), plain messages: the issue's peer.
         smallest = (min(self.config.fanout_sizes),)
-        await self.fanout_of(c, c["wsrelay"], "fanout-wsrelay", deltas=False, sizes=smallest)
-        if "F0" in c:
-            await self.fanout_of(c, c["F0"], "fanout-compare")
+        await self.fanout_of(c, [(c["wsrelay"], "fanout-wsrelay")], deltas=False, sizes=smallest)
 
     async def fanout_of(
         self,
         c: dict[str, ServiceProcess],
-        relay: ServiceProcess,
-        case: str,
+        relays: Sequence[tuple[ServiceProcess, str]],
         *,
         sse: bool = False,
         deltas: bool = True,
         sizes: Sequence[int] = (),
     ) -> None:
-        """Fan-out from one relay, its results under keys starting with ``case``: over SSE
-        streams with ``sse``, plain messages only without ``deltas``, to ``sizes``
-        subscribers (by default every configured size)."""
+        """Fan-out from each of ``relays`` (a relay, and the case its results' keys start
+        with), in turn within each repetition, each on a pool of its own: over SSE streams
+        with ``sse``, plain messages only without ``deltas``, to ``sizes`` subscribers (by
+        default every configured size)."""
         config = self.config
         for size in sizes or config.fanout_sizes:
             processes = max(1, round(config.fanout_processes * size / max(config.fanout_sizes)))
-            channel, began = self.channel(f"{case}-{size}", 0), time.monotonic()
             options = {"deltas_per_message": config.deltas, "nice": 10, "sse": int(sse)}
-            pools = SubscriberPool.running(relay.port, channel, size, processes, **options)
-            async with pools as pool:
-                took = time.monotonic() - began
-                _progress(f"{case}: {size:,} subscribers in {processes} processes in {took:.1f} s")
-                warm = build_messages(1, config.deltas, prefix="warm:")
-                await cases.measure_fanout(relay, pool, channel, warm)
+            async with contextlib.AsyncExitStack() as stack:
+                pools: list[tuple[ServiceProcess, str, str, SubscriberPool]] = []
+                for relay, case in relays:
+                    channel, began = self.channel(f"{case}-{size}", 0), time.monotonic()
+                    pool = await stack.enter_async_context(
+                        SubscriberPool.running(relay.port, channel, size, processes, **options)
+                    )
+                    took = time.monotonic() - began
+                    _progress(
+                        f"{case}: {size:,} subscribers in {processes} processes in {took:.1f} s"
+                    )
+                    warm = build_messages(1, config.deltas, prefix="warm:")
+                    await cases.measure_fanout(relay, pool, channel, warm)
+                    pools.append((relay, case, channel, pool))
                 modes = (False, True) if deltas else (False,)
                 for n, live in itertools.product(range(1, config.repeat + 1), modes):
-                    cases.check_alive(*c.values())
-                    if deltas and (live or n > 1):
-                        await pool.ready(live)
-                    mode = "deltas" if live else "plain"
-                    some = build_messages(config.fanout_messages, config.deltas, f"{n}{mode}:")
-                    run = await cases.measure_fanout(relay, pool, channel, some)
-                    record: dict[str, Any] = {"repetition": n, "subscribers": size}
-                    record["deltas"] = live
-                    record |= {"delta_gap_ms": cases.DELTA_GAP * 1000, **run}
-                    key = f"{case.replace('-', '.')}.{size}.{mode}"
-                    self.results.detail(key, record)
-                    for stat in ("p50", "p99"):
-                        self.results.add(f"{key}.{stat}", run[f"{stat}_ms"])
-                    self.results.add(f"{key}.first", statistics.median(run["first_arrival_ms"]))
-                    _progress(
-                        f"[{n}/{config.repeat}] {case} {size:,}{' with deltas' * live}: "
-                        f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms"
-                    )
+                    for relay, case, channel, pool in pools:
+                        cases.check_alive(*c.values())
+                        if deltas and (live or n > 1):
+                            await pool.ready(live)
+                        mode = "deltas" if live else "plain"
+                        some = build_messages(config.fanout_messages, config.deltas, f"{n}{mode}:")
+                        run = await cases.measure_fanout(relay, pool, channel, some)
+                        record: dict[str, Any] = {"repetition": n, "subscribers": size}
+                        record["deltas"] = live
+                        record |= {"delta_gap_ms": cases.DELTA_GAP * 1000, **run}
+                        key = f"{case.replace('-', '.')}.{size}.{mode}"
+                        self.results.detail(key, record)
+                        for stat in ("p50", "p99"):
+                            self.results.add(f"{key}.{stat}", run[f"{stat}_ms"])
+                        self.results.add(f"{key}.first", statistics.median(run["first_arrival_ms"]))
+                        _progress(
+                            f"[{n}/{config.repeat}] {case} {size:,}{' with deltas' * live}: "
+                            f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms"
+                        )
 
     async def memory(self) -> None:
         """RSS per idle subscriber and per in-flight message, each on a fresh relay."""
