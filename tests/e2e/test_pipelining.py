@@ -633,3 +633,74 @@ async def test_curl_uploads_without_waiting_for_expect() -> None:
         assert code == "200"
         assert json.loads(body)["acks"] == [{"type": "ack", "id": "u", "channel": "u"}]
         assert (await recv_json(sub))["text"] == "uploaded"
+
+
+# ---------------------------------------------------------------------- a client's half-close
+
+
+async def _answer_then_close(
+    running: RunningRelay, requests: list[tuple[h11.Request, bytes]]
+) -> tuple[list[tuple[int, dict[str, str], bytes]], bytes]:
+    """Write every request at once, then close the client's side of the socket (a
+    half-close, ``shutdown(SHUT_WR)``): each response, in order, and what came after them
+    before the relay closed the connection (nothing, for a relay that answers and closes)."""
+    pipe = await _Pipeline.open(running)
+    try:
+        pipe.write(requests)
+        pipe.writer.write_eof()
+        got = [await pipe.response(head, body) for head, body in requests]
+        rest = await asyncio.wait_for(pipe.reader.read(), 10)  # b"" once the relay closes
+        return got, pipe.client.trailing_data[0] + rest
+    finally:
+        await pipe.close()
+
+
+async def _half_closed_requests_are_answered(running: RunningRelay) -> None:
+    """One-shot and general ``POST /produce``, a Durable Streams create and append, and a
+    plain GET, each on a socket that the client half-closes right after its requests: every
+    one is answered, then the relay closes the socket."""
+    event = json.dumps({"id": "h", "delta": "half", "final": True}).encode()
+    lines = b'{"id": "n", "delta": "nd"}\n{"id": "n", "delta": "json", "final": true}\n'
+    text = (("Content-Type", "text/plain"),)
+    one_shot = (_request("POST", "/produce?channel=h", event, JSON), event)
+    ndjson = (("Content-Type", "application/x-ndjson"),)
+    general = (_request("POST", "/produce?channel=h", lines, ndjson), lines)
+    create = (_request("PUT", "/v1/stream/half", b"", text), b"")
+    append = (_request("POST", "/v1/stream/half", b"hi", text), b"hi")
+    async with running.connect("/subscribe?channel=h") as sub:
+        assert (await recv_json(sub))["type"] == "subscribed"
+        plays = [
+            ([one_shot], [200]),
+            ([general], [200]),
+            ([create], [201]),
+            ([append], [204]),
+            ([HEALTH], [200]),
+            ([HEALTH, append], [200, 204]),
+        ]
+        answers = []
+        for requests, statuses in plays:
+            got, rest = await _answer_then_close(running, requests)
+            assert [status for status, _, _ in got] == statuses, got
+            assert rest == b""
+            answers.append(got)
+        assert [json.loads(answers[n][0][2])["acks"] for n in (0, 1)] == [
+            [{"type": "ack", "id": "h", "channel": "h"}],
+            [{"type": "ack", "id": "n", "channel": "h"}],
+        ]
+        assert answers[4][0][2] == b"ok\n"
+        texts = [(await recv_json(sub))["text"] for _ in range(2)]
+    assert texts == ["half", "ndjson"]
+
+
+async def test_a_client_that_closes_its_side_after_its_request_is_answered_then_closed() -> None:
+    running, relay = await start_relay()
+    async with relay:
+        await _half_closed_requests_are_answered(running)
+
+
+async def test_a_half_closed_client_is_answered_when_the_answer_waits_for_redis(
+    redis_server: RedisServer,
+) -> None:
+    running, relay = await start_relay(broker=redis_server.url)
+    async with relay:
+        await _half_closed_requests_are_answered(running)

@@ -345,6 +345,34 @@ def test_a_client_closing_between_requests_is_closed() -> None:
     assert http.next_event() is CLOSED
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_client_closing_after_a_whole_request_is_still_answered(fast: bool) -> None:
+    """A half-close: the request came whole, then the client's end. The response is still
+    owed (answering) while the close is read; once it is written and the next cycle starts,
+    the close ends the connection."""
+    http = Http11(fast=fast)
+    http.receive_data(b"POST / HTTP/1.1\r\nHost: r\r\nContent-Length: 2\r\n\r\nhi")
+    assert isinstance(http.next_event(), Head)
+    assert not http.answering  # its body is still to be read
+    body = b""
+    while (event := http.next_event()) is not END:
+        assert isinstance(event, Body)
+        body += event.data
+    assert body == b"hi"
+    assert http.answering
+    assert http.pending is not fast  # nothing left to read; h11 is always asked
+    http.receive_data(b"")
+    assert http.pending
+    assert http.next_event() is CLOSED
+    assert http.answering  # the close did not take the response away
+    written = http.respond(200, [("Content-Length", "2")]) + http.body(b"ok") + http.end()
+    assert written.startswith(b"HTTP/1.1 200 ") and written.endswith(b"\r\n\r\nok")
+    assert not http.answering
+    assert http.start_next_cycle()
+    assert http.pending and http.next_event() is CLOSED
+    assert not http.answering
+
+
 def test_a_body_cut_short_is_refused_as_h11_refuses_it() -> None:
     messages = []
     for fast in (True, False):

@@ -222,6 +222,10 @@ class HttpConnection(asyncio.Protocol):
         if not self.lingering:
             self.http.receive_data(b"")
             self._serve()
+            if self.http.answering and self.transport is not None:
+                # A half-close after a whole request: the response is written first, and
+                # the close read again after it (_reply) closes the socket.
+                return not self.transport.is_closing()
         return None
 
     def _serve(self) -> None:
@@ -412,7 +416,8 @@ class HttpConnection(asyncio.Protocol):
                 self._hold()
                 return
             elif event is CLOSED:
-                self.transport_close()
+                if not http.answering:  # else closed once the response is written
+                    self.transport_close()
                 return
 
     def _body_lost(self) -> None:

@@ -259,6 +259,12 @@ class Http11:
         return self._h11 is not None or self._eof or bool(self._buffer)
 
     @property
+    def answering(self) -> bool:
+        """Whether the request was read whole and its response not yet begun: a client
+        that closes its side now (a half-close) is still owed the response."""
+        return self._their is _State.DONE and self._our is _State.SEND_RESPONSE
+
+    @property
     def trailing_data(self) -> bytes:
         """What came after the request (for a WebSocket, its first frames)."""
         if self._h11 is not None:
