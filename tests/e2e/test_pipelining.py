@@ -704,3 +704,20 @@ async def test_a_half_closed_client_is_answered_when_the_answer_waits_for_redis(
     running, relay = await start_relay(broker=redis_server.url)
     async with relay:
         await _half_closed_requests_are_answered(running)
+
+
+async def test_a_half_close_ends_an_sse_stream() -> None:
+    """The exception: a streamed response has no end of its own, and the client's close of
+    its side ends it."""
+    running, relay = await start_relay()
+    async with relay:
+        pipe = await _Pipeline.open(running)
+        try:
+            pipe.writer.write(_wire(_request("GET", "/sse?channel=s"), b""))
+            head = await asyncio.wait_for(pipe.reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head
+            pipe.writer.write_eof()
+            rest = await asyncio.wait_for(pipe.reader.read(), 10)  # up to the relay's close
+        finally:
+            await pipe.close()
+    assert b"event: subscribed\n" in rest  # it streamed, then ended at the half-close
