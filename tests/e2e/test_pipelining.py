@@ -721,3 +721,27 @@ async def test_a_half_close_ends_an_sse_stream() -> None:
         finally:
             await pipe.close()
     assert b"event: subscribed\n" in rest  # it streamed, then ended at the half-close
+
+
+async def test_a_half_close_ends_a_long_poll_and_frees_its_place() -> None:
+    """A read that waits is taken as the client gone when it half-closes: no answer, the
+    socket closed at once, and its place counted against its address freed."""
+    running, relay = await start_relay(long_poll_timeout=30)
+    async with relay:
+        text = (("Content-Type", "text/plain"),)
+        (made,) = [status for status, _, _ in await _answers(
+            running, [(_request("PUT", "/v1/stream/poll", b"", text), b"")]
+        )]  # fmt: skip
+        assert made == 201
+        pipe = await _Pipeline.open(running)
+        try:
+            poll = _request("GET", "/v1/stream/poll?offset=now&live=long-poll")
+            pipe.writer.write(_wire(poll, b""))
+            await eventually(lambda: running.relay.durable._polls == 1)
+            assert running.relay.gate.per_address.get("127.0.0.1") == 1
+            pipe.writer.write_eof()
+            rest = await asyncio.wait_for(pipe.reader.read(), 5)  # not the poll's 30 s
+        finally:
+            await pipe.close()
+        assert rest == b""
+        await eventually(lambda: "127.0.0.1" not in running.relay.gate.per_address)

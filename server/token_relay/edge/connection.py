@@ -66,6 +66,8 @@ __all__ = ["LINGER_SECONDS", "MAX_HEAD_BYTES", "HttpConnection", "Listener", "ra
 
 LINGER_SECONDS = 1.0
 """How long a socket closing after a refusal keeps reading (and dropping) its input."""
+_READS = (b"GET", b"HEAD")
+"""Requests that only read: a half-close after one is taken as the client gone."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -222,11 +224,20 @@ class HttpConnection(asyncio.Protocol):
         if not self.lingering:
             self.http.receive_data(b"")
             self._serve()
-            if self.http.answering and self.transport is not None:
-                # A half-close after a whole request: the response is written first, and
-                # the close read again after it (_reply) closes the socket.
+            if self._owed() and self.transport is not None:
+                # The response is written first, and the close, read again after it
+                # (_reply), closes the socket.
                 return not self.transport.is_closing()
         return None
+
+    def _owed(self) -> bool:
+        """Whether a client that closes its side now (a half-close) is still owed the
+        response: its request, one that writes (not ``GET`` nor ``HEAD``), was read whole
+        and is being answered, within the broker's round trip. A read's close is taken as
+        the client gone, as before: a long-poll then frees its place at once, and what was
+        read can be read again."""
+        request = self.request
+        return self.http.answering and request is not None and request.method not in _READS
 
     def _serve(self) -> None:
         """Handle the requests read so far. A bug of the relay's answers 500 and closes the
@@ -416,7 +427,7 @@ class HttpConnection(asyncio.Protocol):
                 self._hold()
                 return
             elif event is CLOSED:
-                if not http.answering:  # else closed once the response is written
+                if not self._owed():  # else closed once the response is written
                     self.transport_close()
                 return
 
