@@ -233,9 +233,8 @@ class HttpConnection(asyncio.Protocol):
     def _owed(self) -> bool:
         """Whether a client that closes its side now (a half-close) is still owed the
         response: its request, one that writes (not ``GET`` nor ``HEAD``), was read whole
-        and is being answered, within the broker's round trip. A read's close is taken as
-        the client gone, as before: a long-poll then frees its place at once, and what was
-        read can be read again."""
+        and is being answered. A read's close is taken as the client gone, as before: a
+        long-poll then frees its place at once, and what was read can be read again."""
         request = self.request
         return self.http.answering and request is not None and request.method not in _READS
 
