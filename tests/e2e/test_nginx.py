@@ -301,3 +301,32 @@ async def test_a_client_forging_forwarded_headers_through_nginx_is_seen_as_itsel
             assert "10.0.0." not in log and "10.0.1." not in log
         finally:
             await asyncio.gather(*(ws.close() for ws in sockets))
+
+
+async def test_behind_nginx_a_half_closed_post_is_ended_by_nginx_unanswered(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """nginx (the shipped config) ends a request whose client closes its side, before the
+    relay's answer comes: the half-close the relay answers directly gets nothing here, so a
+    client behind nginx keeps its side open until the answer. With its side open, the same
+    request is answered."""
+    async with _fleet(redis_server, tmp_path) as (nginx, _):
+        port = int(nginx.url.rsplit(":", 1)[1])
+        for half_close in (True, False):
+            body = json.dumps({"id": f"h{half_close}", "delta": "hi", "final": True})
+            request = (
+                "POST /produce?channel=h HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+            )
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(request.encode())
+                if half_close:
+                    writer.write_eof()
+                data = await asyncio.wait_for(reader.read(), 10)
+            finally:
+                writer.close()
+            if half_close:
+                assert data == b""
+            else:
+                assert data.startswith(b"HTTP/1.1 200 ") and b'"acks":[{"type":"ack"' in data

@@ -37,6 +37,7 @@ from ..harness import (
     SseReader,
     eventually,
     relay_process,
+    relays_on,
     rss_bytes,
 )
 
@@ -315,7 +316,7 @@ class _Pipeline:
         self.client = h11.Connection(h11.CLIENT)
 
     @classmethod
-    async def open(cls, running: RunningRelay) -> _Pipeline:
+    async def open(cls, running: RunningRelay | ServiceProcess) -> _Pipeline:
         port = int(running.url.rsplit(":", 1)[1])
         return cls(*await asyncio.open_connection("127.0.0.1", port))
 
@@ -639,7 +640,7 @@ async def test_curl_uploads_without_waiting_for_expect() -> None:
 
 
 async def _answer_then_close(
-    running: RunningRelay, requests: list[tuple[h11.Request, bytes]]
+    running: RunningRelay | ServiceProcess, requests: list[tuple[h11.Request, bytes]]
 ) -> tuple[list[tuple[int, dict[str, str], bytes]], bytes]:
     """Write every request at once, then close the client's side of the socket (a
     half-close, ``shutdown(SHUT_WR)``): each response, in order, and what came after them
@@ -655,10 +656,13 @@ async def _answer_then_close(
         await pipe.close()
 
 
-async def _half_closed_requests_are_answered(running: RunningRelay) -> None:
+async def _half_closed_requests_are_answered(
+    running: RunningRelay | ServiceProcess, watched: RunningRelay | ServiceProcess | None = None
+) -> None:
     """One-shot and general ``POST /produce``, a Durable Streams create and append, and a
     plain GET, each on a socket that the client half-closes right after its requests: every
-    one is answered, then the relay closes the socket."""
+    one is answered, then the relay closes the socket. The messages reach a subscriber of
+    ``watched`` (by default the same relay)."""
     event = json.dumps({"id": "h", "delta": "half", "final": True}).encode()
     lines = b'{"id": "n", "delta": "nd"}\n{"id": "n", "delta": "json", "final": true}\n'
     text = (("Content-Type", "text/plain"),)
@@ -667,7 +671,7 @@ async def _half_closed_requests_are_answered(running: RunningRelay) -> None:
     general = (_request("POST", "/produce?channel=h", lines, ndjson), lines)
     create = (_request("PUT", "/v1/stream/half", b"", text), b"")
     append = (_request("POST", "/v1/stream/half", b"hi", text), b"hi")
-    async with running.connect("/subscribe?channel=h") as sub:
+    async with connect((watched or running).url + "/subscribe?channel=h") as sub:
         assert (await recv_json(sub))["type"] == "subscribed"
         plays = [
             ([one_shot], [200]),
@@ -706,6 +710,19 @@ async def test_a_half_closed_client_is_answered_when_the_answer_waits_for_redis(
         await _half_closed_requests_are_answered(running)
 
 
+async def test_half_closed_clients_are_answered_across_processes_on_redis(
+    redis_server: RedisServer,
+) -> None:
+    """Posted to one relay process while a subscriber holds another, on one Redis; and to
+    ``--workers 2``, whose workers share the port."""
+    async with relays_on(redis_server.url) as (first, second):
+        await _half_closed_requests_are_answered(first, second)
+    async with Redis.from_url(redis_server.url) as redis:
+        await redis.flushall()  # the same streams and ids again, anew
+    async with _relay("--broker", redis_server.url, "--workers", "2") as workers:
+        await _half_closed_requests_are_answered(workers)
+
+
 async def test_a_half_close_ends_an_sse_stream() -> None:
     """The exception: a streamed response has no end of its own, and the client's close of
     its side ends it."""
@@ -729,9 +746,9 @@ async def test_a_half_close_ends_a_long_poll_and_frees_its_place() -> None:
     running, relay = await start_relay(long_poll_timeout=30)
     async with relay:
         text = (("Content-Type", "text/plain"),)
-        (made,) = [status for status, _, _ in await _answers(
+        ((made, _, _),) = await _answers(
             running, [(_request("PUT", "/v1/stream/poll", b"", text), b"")]
-        )]  # fmt: skip
+        )
         assert made == 201
         pipe = await _Pipeline.open(running)
         try:
