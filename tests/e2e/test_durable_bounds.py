@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from ..conftest import RunningRelay, start_relay
+from ..harness import eventually
 from ..harness.sse import SseReader
 
 JSON = {"Content-Type": "application/json"}
@@ -96,6 +97,10 @@ async def test_long_polls_in_flight_count_per_address_until_they_end() -> None:
         polls[1].cancel()
         while running.relay.gate.per_address.get("127.0.0.1", 0) >= 2:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        # Nor does the poll wait on (its 30 s) for a client that is gone.
+        await eventually(
+            lambda: running.relay.channels._polls == 0 and not running.relay.channels.listening("c")
+        )
         appended = await client.post(base + "s", headers=JSON, content=b'{"n": 1}')
         assert appended.status_code == 204
         answered = await polls[0]

@@ -153,6 +153,72 @@ async def test_a_long_poll_on_one_relay_is_woken_by_an_append_on_the_other(
     assert json.loads(answer.content) == [{"n": 1}]
 
 
+async def _poll_and_leave(port: int, target: str, leave: asyncio.Event) -> None:
+    """A long-poll on a raw socket, closed (the client gone) once ``leave`` is set."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
+        await writer.drain()
+        await leave.wait()
+    finally:
+        writer.close()
+    assert await reader.read() == b""  # no answer came: the poll was still waiting
+
+
+async def test_long_polls_whose_clients_go_away_end_at_once_mid_round_trip_or_waiting(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    """A long-poll whose socket closes stops waiting then, not at ``--long-poll-timeout``,
+    on a user stream and on a channel's stream alike: nothing of it is left on the relay.
+    Half the clients go while their polls still make their first round trips to Redis,
+    half once every poll waits; what runs to Redis then is never cut short, and the relay
+    serves on."""
+    a, b = pair
+    base = _http(a)
+    port = int(a.url.rsplit(":", 1)[1])
+    async with httpx.AsyncClient() as client:
+        made = await client.put(base + "left", headers=JSON)
+        tail = made.headers["stream-next-offset"]
+        channel = await client.head(base + "__channel/left")
+        channel_tail = channel.headers["stream-next-offset"]
+    targets = [
+        f"/v1/stream/left?offset={tail}&live=long-poll",
+        f"/v1/stream/__channel/left?offset={channel_tail}&live=long-poll",
+    ] * 20
+    early, late = asyncio.Event(), asyncio.Event()
+    polls = [
+        asyncio.create_task(_poll_and_leave(port, target, early if i % 4 < 2 else late))
+        for i, target in enumerate(targets)
+    ]
+    await eventually(lambda: a.relay.durable._polls + a.relay.channels._polls > 0)
+    early.set()  # some polls are still on their way to Redis: they go at once
+    await eventually(
+        lambda: a.relay.durable._polls == a.relay.channels._polls == 10,
+        what="the polls left waiting",
+    )
+    late.set()
+    await asyncio.gather(*polls)
+    await eventually(
+        lambda: (
+            a.relay.durable._polls == a.relay.channels._polls == 0
+            and not a.relay.durable._waiters
+            and not a.relay.channels.listening("left")
+        ),
+        what="every poll ended and forgotten",  # within 5 s, not the timeout's 30
+    )
+    async with httpx.AsyncClient(timeout=30) as client:
+        waiting = asyncio.create_task(
+            client.get(base + "left", params={"offset": tail, "live": "long-poll"})
+        )
+        # Appended once the new poll is under way: at any step, its wake or its own
+        # look finds the append.
+        await eventually(lambda: a.relay.durable._polls == 1, what="a new poll under way")
+        appended = await client.post(_http(b) + "left", headers=JSON, content=b'{"n":1}')
+        assert appended.status_code == 204
+        answer = await waiting
+    assert (answer.status_code, json.loads(answer.content)) == (200, [{"n": 1}])
+
+
 async def test_an_sse_reader_on_one_relay_gets_appends_made_on_the_other(
     pair: tuple[RunningRelay, RunningRelay],
 ) -> None:

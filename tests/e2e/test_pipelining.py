@@ -762,3 +762,7 @@ async def test_a_half_close_ends_a_long_poll_and_frees_its_place() -> None:
             await pipe.close()
         assert rest == b""
         await eventually(lambda: "127.0.0.1" not in running.relay.gate.per_address)
+        # and the poll stops waiting (not at its 30 s): nothing of it is left
+        await eventually(
+            lambda: running.relay.durable._polls == 0 and not running.relay.durable._waiters
+        )

@@ -188,6 +188,8 @@ class HttpConnection(asyncio.Protocol):
         deadline."""
         self._counted: str | None = None
         """The client address this request counts against, while its body is read."""
+        self._gone: asyncio.Future[None] | None = None
+        """Done when the socket closes, while a long-poll waits on it (:meth:`_until_gone`)."""
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -267,6 +269,9 @@ class HttpConnection(asyncio.Protocol):
         self.server.closed(self)
         self._body_lost()
         self._uncount()
+        gone = self._gone
+        if gone is not None and not gone.done():
+            gone.set_result(None)
         if self.ws is not None:
             self.server.gate.release(self.ws)
             self.ws.lost()
@@ -560,7 +565,15 @@ class HttpConnection(asyncio.Protocol):
         ):  # perhaps an append that is answered at once
             self.server.loop.call_soon(self._read_whole, request, reading, body)
         else:
+            if isinstance(route, routes.StreamRequest) and route.live == "long-poll":
+                reading = self._until_gone(reading)
             self._answer_later(request, reading, self.server.read(reading, body))
+
+    def _until_gone(self, reading: ReadBody) -> ReadBody:
+        """A long-poll, told when its client goes (:attr:`ReadBody.gone`): it stops
+        waiting then, rather than at ``--long-poll-timeout``, and holds nothing more."""
+        gone = self._gone = self.server.loop.create_future()
+        return ReadBody(reading.request, reading.route, reading.grant, reading.headers, gone)
 
     def _read_whole(self, request: Head, reading: ReadBody, body: bytes) -> None:
         """A request whose whole body is here: answered at once if its route can; else as
@@ -591,6 +604,7 @@ class HttpConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self._respond(reply, request, read=True)
         self._dropping = False
+        self._gone = None
         if self.http.pending:
             self._serve()  # a request pipelined behind this one, or the client's close
 

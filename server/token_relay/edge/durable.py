@@ -134,16 +134,27 @@ class DurableStreams:
         """Forget ``waiter`` (woken, timed out, or its reader done)."""
         self._waiters.discard(path, waiter)
 
-    async def wait(self, path: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
+    async def wait(
+        self,
+        path: str,
+        waiter: asyncio.Future[None],
+        timeout: float,  # noqa: ASYNC109
+        gone: asyncio.Future[None] | None = None,
+    ) -> None:
         """Wait until the stream at ``path`` changes after the read ``waiter`` was
-        registered before (:meth:`listen`), or ``timeout`` seconds pass; the waiter is
-        done with either way (the caller listens again before it reads again)."""
+        registered before (:meth:`listen`), ``timeout`` seconds pass, or the reader is
+        ``gone``; the waiter is done with either way (the caller listens again before it
+        reads again). Nothing is cut short: a round trip to Redis under way ends first."""
         try:
             if timeout <= 0 or self.stopping:
                 return
             if await self.store.watch(path):
                 return  # watched from now on: the caller looks again, for a change before
-            await asyncio.wait((waiter,), timeout=timeout)
+            await asyncio.wait(
+                (waiter,) if gone is None else (waiter, gone),
+                timeout=timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             self.discard(path, waiter)
 
@@ -258,7 +269,7 @@ class DurableStreams:
                 return Reply(204, b"")
             if route.method == "HEAD":
                 return await self._head(route)
-            return await self._read(route, request)
+            return await self._read(route, request, reading.gone)
         except StreamRefused as exc:
             return refusal(exc)
 
@@ -364,20 +375,25 @@ class DurableStreams:
             raise StreamRefused(400, "bad_offset", "the offset is past the stream's tail")
         return position
 
-    async def _read(self, route: StreamRequest, request: HttpRequest) -> Reply:
+    async def _read(
+        self, route: StreamRequest, request: HttpRequest, gone: asyncio.Future[None] | None
+    ) -> Reply:
         if route.live == "long-poll":
             self._polls += 1
             try:
-                return await self._poll(route, request)
+                return await self._poll(route, request, gone)
             finally:
                 self._polls -= 1
         stream = await self.store.get(route.stream, await self._now(), touch=True)
         position = self._start(stream, route.offset)
         return await self._catch_up(route, request, stream, position)
 
-    async def _poll(self, route: StreamRequest, request: HttpRequest) -> Reply:
+    async def _poll(
+        self, route: StreamRequest, request: HttpRequest, gone: asyncio.Future[None] | None
+    ) -> Reply:
         """A long-poll: a catch-up read once there is data past its offset, or 204 at the
-        timeout (at once at the tail of a closed stream, or when the relay stops)."""
+        timeout (at once at the tail of a closed stream, or when the relay stops). Once its
+        client is ``gone`` it stops waiting: what it answers then goes nowhere."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.long_poll_timeout
         waiter = self.listen(route.stream)  # before the read: no change falls between
@@ -386,9 +402,9 @@ class DurableStreams:
             position = self._start(stream, route.offset)
             while position >= stream.tail and not stream.closed:
                 left = deadline - loop.time()
-                if left <= 0 or self.stopping:
+                if left <= 0 or self.stopping or (gone is not None and gone.done()):
                     return _nothing_new(stream, ("Stream-Cursor", self.cursor(route)))
-                await self.wait(route.stream, waiter, left)
+                await self.wait(route.stream, waiter, left, gone)
                 waiter = self.listen(route.stream)
                 stream = await self.same(route.stream, stream)
         finally:

@@ -116,10 +116,20 @@ class ChannelStreams:
     def _waiter(self, channel: str) -> asyncio.Future[None]:
         return self._waiters.listen(channel)
 
-    async def _wait(self, channel: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
+    async def _wait(
+        self,
+        channel: str,
+        waiter: asyncio.Future[None],
+        timeout: float,  # noqa: ASYNC109
+        gone: asyncio.Future[None] | None,
+    ) -> None:
         try:
             if timeout > 0 and not self.stopping:
-                await asyncio.wait((waiter,), timeout=timeout)
+                await asyncio.wait(
+                    (waiter,) if gone is None else (waiter, gone),
+                    timeout=timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         finally:
             self._discard(channel, waiter)
 
@@ -146,8 +156,11 @@ class ChannelStreams:
         tail = ChannelPosition(cut.offset, cut.epoch)
         return judge_read(since, tail, bool(cut.recovered), cut.frames)
 
-    async def serve(self, route: StreamRequest, request: HttpRequest) -> Reply:
-        """Answer one request on a channel's stream (anything but an SSE read)."""
+    async def serve(
+        self, route: StreamRequest, request: HttpRequest, gone: asyncio.Future[None] | None = None
+    ) -> Reply:
+        """Answer one request on a channel's stream (anything but an SSE read). A long-poll
+        stops waiting once its client is ``gone``."""
         channel = channel_of_route(route)
         assert channel is not None
         if route.method not in ("GET", "HEAD"):
@@ -168,7 +181,7 @@ class ChannelStreams:
         if route.live == "long-poll":
             self._polls += 1
             try:
-                return await self._poll(channel, route)
+                return await self._poll(channel, route, gone)
             finally:
                 self._polls -= 1
         items = await self.read(channel, route.offset)
@@ -184,7 +197,9 @@ class ChannelStreams:
             return Reply(304, b"", headers=headers)
         return Reply(200, items_body(items.frames), JSON, headers)
 
-    async def _poll(self, channel: str, route: StreamRequest) -> Reply:
+    async def _poll(
+        self, channel: str, route: StreamRequest, gone: asyncio.Future[None] | None
+    ) -> Reply:
         """A long-poll: the frames after the offset once there are any, or 204 at the
         timeout (at once when the relay stops)."""
         loop = asyncio.get_running_loop()
@@ -210,7 +225,7 @@ class ChannelStreams:
                         ),
                     )
                 left = deadline - loop.time()
-                if left <= 0 or self.stopping:
+                if left <= 0 or self.stopping or (gone is not None and gone.done()):
                     self._discard(channel, waiter)
                     return Reply(
                         204,
@@ -222,7 +237,7 @@ class ChannelStreams:
                             ("Cache-Control", "no-store"),
                         ),
                     )
-                await self._wait(channel, waiter, left)
+                await self._wait(channel, waiter, left, gone)
                 position = items.start
         finally:
             self._unfollow(channel)
@@ -278,7 +293,7 @@ class ChannelStreams:
                 if left <= 0 or self.stopping:
                     return
                 if items.up_to_date:  # else the rest is read at once
-                    await self._wait(channel, waiter, left)
+                    await self._wait(channel, waiter, left, None)
                     waiter = self._waiter(channel)
                 try:
                     items = await self.read(channel, items.end)

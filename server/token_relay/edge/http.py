@@ -25,6 +25,7 @@ handshake refused after this check (by the ``Origin`` check, or for a missing
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
 import json
@@ -229,6 +230,9 @@ class ReadBody:
     grant: Grant
     headers: tuple[tuple[str, str], ...] = ()
     """Headers the response carries (CORS)."""
+    gone: asyncio.Future[None] | None = None
+    """For a long-poll: done once the client's socket closes, so that the poll stops
+    waiting then (no one is left to answer), not at ``--long-poll-timeout``."""
 
     @property
     def stream(self) -> bool:

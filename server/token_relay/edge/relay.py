@@ -347,7 +347,7 @@ class Relay:
         if isinstance(route, routes.StreamRequest):
             if _is_channel_stream(route):
                 try:
-                    return await self.channels.serve(route, request.request)
+                    return await self.channels.serve(route, request.request, request.gone)
                 except StreamRefused as exc:
                     return refusal(exc)
             return await self.durable.serve(request, body)
