@@ -127,6 +127,9 @@ async def test_sse_readers_count_per_address_until_they_end() -> None:
         await readers[0].__aexit__()
         while running.relay.gate.per_address.get("127.0.0.1", 0) >= 2:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        # and its reader ends then, not at the response's lifetime (60 s)
+        await eventually(lambda: not running.relay.durable._waiters)
         async with SseReader(port, paths[1]) as again:
             assert again.status == 200
         await readers[1].__aexit__()
+        await eventually(lambda: not running.relay.channels.listening("c"))

@@ -153,16 +153,27 @@ async def test_a_long_poll_on_one_relay_is_woken_by_an_append_on_the_other(
     assert json.loads(answer.content) == [{"n": 1}]
 
 
-async def _poll_and_leave(port: int, target: str, leave: asyncio.Event) -> None:
-    """A long-poll on a raw socket, closed (the client gone) once ``leave`` is set."""
+async def _read_and_leave(
+    port: int, target: str, leave: asyncio.Event, first: bytes = b""
+) -> bytes:
+    """A live read on a raw socket, closed (the client gone) once ``leave`` is set, and
+    once ``first`` came of it: what came of it by then."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    came = b""
     try:
         writer.write(f"GET {target} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
         await writer.drain()
+        if first:
+            came = await asyncio.wait_for(reader.readuntil(first), 10)
         await leave.wait()
     finally:
         writer.close()
-    assert await reader.read() == b""  # no answer came: the poll was still waiting
+    return came + await reader.read()
+
+
+async def _poll_and_leave(port: int, target: str, leave: asyncio.Event) -> None:
+    """A long-poll, left before its answer."""
+    assert await _read_and_leave(port, target, leave) == b""  # the poll was still waiting
 
 
 async def test_long_polls_whose_clients_go_away_end_at_once_mid_round_trip_or_waiting(
@@ -217,6 +228,52 @@ async def test_long_polls_whose_clients_go_away_end_at_once_mid_round_trip_or_wa
         assert appended.status_code == 204
         answer = await waiting
     assert (answer.status_code, json.loads(answer.content)) == (200, [{"n": 1}])
+
+
+async def test_sse_readers_whose_clients_go_away_end_at_once(
+    pair: tuple[RunningRelay, RunningRelay],
+) -> None:
+    """A Durable Streams SSE reader whose socket closes ends then, not at the response's
+    lifetime (60 s), on a user stream and a channel's stream alike; a reader that stays
+    gets an append made on the other relay."""
+    a, b = pair
+    base = _http(a)
+    port = int(a.url.rsplit(":", 1)[1])
+    async with httpx.AsyncClient() as client:
+        assert (await client.put(base + "gone", headers=JSON)).status_code == 201
+    targets = ["/v1/stream/gone?offset=-1&live=sse", "/v1/stream/__channel/gone?offset=-1&live=sse"]
+    leave = asyncio.Event()
+    readers = [
+        asyncio.create_task(_read_and_leave(port, target, leave, b"event: control"))
+        for target in targets * 10
+    ]
+    await eventually(
+        lambda: (
+            len(a.relay.durable._waiters._by_key.get("/v1/stream/gone", ())) == 10
+            and a.relay.channels._readers.get("gone") == 10
+        ),
+        what="every reader waiting",
+    )
+    leave.set()
+    for came in await asyncio.gather(*readers):
+        assert came.startswith(b"HTTP/1.1 200 ") and b"event: control" in came
+    await eventually(
+        lambda: not a.relay.durable._waiters and not a.relay.channels.listening("gone"),
+        what="every reader ended and forgotten",  # within 5 s, not the response's 60
+    )
+    async with (
+        httpx.AsyncClient(timeout=10) as client,
+        client.stream("GET", base + "gone", params={"offset": "-1", "live": "sse"}) as stream,
+    ):
+        await eventually(lambda: bool(a.relay.durable._waiters), what="a new reader waiting")
+        appended = await client.post(_http(b) + "gone", headers=JSON, content=b'{"n":1}')
+        assert appended.status_code == 204
+        seen = ""
+        async for line in stream.aiter_lines():
+            seen += line + "\n"
+            if '{"n":1}' in seen:
+                break
+    assert 'data:[{"n":1}]' in seen
 
 
 async def test_an_sse_reader_on_one_relay_gets_appends_made_on_the_other(

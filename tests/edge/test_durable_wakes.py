@@ -94,6 +94,8 @@ class Sse:
         self.events = b""
         self.data = asyncio.Event()
         self.refused: Reply | None = None
+        self.until_gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Never done: the client stays."""
 
     def begin(self, headers: tuple[tuple[str, str], ...]) -> None:
         pass
@@ -125,3 +127,43 @@ async def test_a_change_made_during_an_sse_reads_read_is_sent_at_once(race: str)
     assert b"data:" + ELSEWHERE in sse.events
     assert store.reads == store.racing_read + 1
     assert not streams._waiters  # every waiter it listened with is forgotten
+
+
+async def _until_waiting(streams: DurableStreams) -> None:
+    while not streams._waiters:  # noqa: ASYNC110 - a pass of the loop at a time
+        await asyncio.sleep(0)
+
+
+async def test_a_long_poll_whose_client_goes_stops_waiting_at_once() -> None:
+    """Told its client is gone, a long-poll ends in the same pass, not at its timeout (an
+    hour here), and forgets its waiter."""
+    streams = DurableStreams(Settings(long_poll_timeout=3600), store=RacingStore(0, False))
+    await streams.store.create(PATH, Create(content_type=TEXT), streams.clock())
+    gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    base = _reading("long-poll")
+    reading = ReadBody(base.request, base.route, base.grant, gone=gone)
+    polling = asyncio.create_task(streams.serve(reading, b""))
+    await asyncio.wait_for(_until_waiting(streams), 10)
+    assert streams._polls == 1 and not polling.done()
+    gone.set_result(None)
+    reply = await asyncio.wait_for(polling, 1)
+    assert reply.status == 204  # written nowhere: its socket is gone
+    assert streams._polls == 0
+    assert not streams._waiters
+
+
+async def test_an_sse_read_whose_client_goes_stops_waiting_at_once() -> None:
+    """An SSE response whose socket goes ends then, not at its lifetime, with nothing
+    more written, and forgets its waiter."""
+    streams = DurableStreams(Settings(), store=RacingStore(0, False))
+    await streams.store.create(PATH, Create(content_type=TEXT), streams.clock())
+    sse = Sse()
+    following = asyncio.create_task(streams.serve_sse(sse, _reading("sse").route))  # type: ignore[arg-type]
+    await asyncio.wait_for(_until_waiting(streams), 10)
+    told = sse.events
+    assert b"event: control" in told and not following.done()
+    sse.open = False  # as the socket's loss leaves it
+    sse.until_gone.set_result(None)
+    await asyncio.wait_for(following, 1)
+    assert sse.events == told
+    assert not streams._waiters

@@ -293,7 +293,7 @@ class ChannelStreams:
                 if left <= 0 or self.stopping:
                     return
                 if items.up_to_date:  # else the rest is read at once
-                    await self._wait(channel, waiter, left, None)
+                    await self._wait(channel, waiter, left, sse.until_gone)
                     waiter = self._waiter(channel)
                 try:
                     items = await self.read(channel, items.end)

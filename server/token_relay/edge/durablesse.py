@@ -46,9 +46,16 @@ class Live(Protocol):
     def discard(self, path: str, waiter: asyncio.Future[None]) -> None:
         """Forget ``waiter``."""
 
-    async def wait(self, path: str, waiter: asyncio.Future[None], timeout: float) -> None:  # noqa: ASYNC109
+    async def wait(
+        self,
+        path: str,
+        waiter: asyncio.Future[None],
+        timeout: float,  # noqa: ASYNC109
+        gone: asyncio.Future[None] | None = None,
+    ) -> None:
         """Wait until the stream at ``path`` changes after the read ``waiter`` was
-        registered before, or ``timeout`` seconds pass; the waiter is done with."""
+        registered before, ``timeout`` seconds pass, or the reader is ``gone``; the waiter
+        is done with."""
 
     async def same(self, path: str, stream: DurableStream) -> DurableStream:
         """The stream, still at its path (:class:`StreamRefused` once it is not)."""
@@ -190,7 +197,7 @@ async def follow(
             left = ends - loop.time()
             if left <= 0 or live.stopping:
                 return
-            await live.wait(route.stream, waiter, left)
+            await live.wait(route.stream, waiter, left, sse.until_gone)
             waiter = live.listen(route.stream)  # before the read: no change falls between
             try:
                 stream = await live.same(route.stream, stream)

@@ -107,6 +107,12 @@ class SocketPeer(PeerBase):
         """Whether the socket is gone (nothing to wait for then)."""
         return self._closed.done()
 
+    @property
+    def until_gone(self) -> asyncio.Future[None]:
+        """Done once the socket is gone: a wait on something else that has no one left to
+        serve then waits on this too."""
+        return self._closed
+
     async def drain(self) -> None:
         """Wait until the socket's buffer is under its high-water mark."""
         if not self.paused or self.gone():
