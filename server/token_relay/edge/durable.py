@@ -66,7 +66,7 @@ from .durablehooks import (
 from .durablesse import DurableSse, follow
 from .http import HttpRequest, ReadBody, Reply
 from .routes import STREAM_PREFIX, StreamRequest
-from .waiters import Waiters
+from .waiters import Waiters, woken
 
 __all__ = ["DurableStreams"]
 
@@ -150,11 +150,7 @@ class DurableStreams:
                 return
             if await self.store.watch(path):
                 return  # watched from now on: the caller looks again, for a change before
-            await asyncio.wait(
-                (waiter,) if gone is None else (waiter, gone),
-                timeout=timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await woken(waiter, timeout, gone)
         finally:
             self.discard(path, waiter)
 

@@ -37,7 +37,7 @@ from ..core.settings import Settings
 from .durablesse import SSE_LIFETIME, DurableSse, sse_event
 from .http import HttpRequest, Reply
 from .routes import STREAM_PREFIX, StreamRequest
-from .waiters import Waiters
+from .waiters import Waiters, woken
 
 __all__ = ["ChannelStreams", "channel_of_route"]
 
@@ -125,11 +125,7 @@ class ChannelStreams:
     ) -> None:
         try:
             if timeout > 0 and not self.stopping:
-                await asyncio.wait(
-                    (waiter,) if gone is None else (waiter, gone),
-                    timeout=timeout,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+                await woken(waiter, timeout, gone)
         finally:
             self._discard(channel, waiter)
 

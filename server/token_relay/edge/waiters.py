@@ -11,7 +11,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-__all__ = ["Waiters"]
+__all__ = ["Waiters", "woken"]
+
+
+async def woken(
+    waiter: asyncio.Future[None],
+    timeout: float,  # noqa: ASYNC109
+    gone: asyncio.Future[None] | None,
+) -> None:
+    """Wait until ``waiter`` is woken, ``timeout`` seconds pass, or the reader is ``gone``
+    (its socket closed: no one is left to answer)."""
+    await asyncio.wait(
+        (waiter,) if gone is None else (waiter, gone),
+        timeout=timeout,
+        return_when=asyncio.FIRST_COMPLETED,
+    )
 
 
 class Waiters:
