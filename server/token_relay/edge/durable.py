@@ -169,6 +169,11 @@ class DurableStreams:
         except StreamRefused as exc:
             log.debug("subscriptions not swept: %s", exc.message)
 
+    @property
+    def polls(self) -> int:
+        """Long-polls in progress."""
+        return self._polls
+
     async def stop(self) -> None:
         """The relay is shutting down: every long-poll answers at once (204), and this
         returns once their answers are written, before their sockets close."""

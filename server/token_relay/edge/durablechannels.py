@@ -86,6 +86,11 @@ class ChannelStreams:
         """A terminal frame of ``channel`` came: wake its live reads."""
         self._waiters.wake(channel)
 
+    @property
+    def polls(self) -> int:
+        """Long-polls in progress."""
+        return self._polls
+
     async def stop(self) -> None:
         """The relay is shutting down: every live read answers now (a long-poll 204), and
         this returns once the long-polls' answers are written, before their sockets close."""

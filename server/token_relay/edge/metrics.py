@@ -244,6 +244,12 @@ class Metrics:
         self.durable_bytes = Gauge(
             "relay_durable_bytes", "Bytes of durable stream data held.", registry=registry
         )
+        self.durable_live_reads = Gauge(
+            "relay_durable_live_reads",
+            "Durable Streams live reads in progress, by kind (long_poll, sse).",
+            ["kind"],
+            registry=registry,
+        )
         self.parked = Gauge(
             "relay_parked_sessions",
             "Producer sessions waiting for their producer to reconnect.",

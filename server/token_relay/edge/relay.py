@@ -128,6 +128,13 @@ class Relay:
             lambda: self.producers.memory_in_use() + self.durable.store.total_bytes
         )
         metrics.durable_streams.set_function(lambda: len(self.durable.store))
+        self._sse_reads = 0
+        """Durable Streams SSE responses in progress (user streams and channels')."""
+        live_reads = metrics.durable_live_reads
+        live_reads.labels("long_poll").set_function(
+            lambda: self.durable.polls + self.channels.polls
+        )
+        live_reads.labels("sse").set_function(lambda: self._sse_reads)
         metrics.durable_bytes.set_function(lambda: self.durable.store.total_bytes)
         metrics.memory_limit.set(self.settings.max_memory_bytes)
         metrics.parked.set_function(lambda: len(self.producers.sessions.parked))
@@ -278,10 +285,14 @@ class Relay:
             # A peer that vanishes without a close frame just ends its iteration: that
             # is the world's doing, not an error of ours to log.
             if isinstance(route, routes.StreamRequest) and isinstance(connection, DurableSse):
-                if _is_channel_stream(route):
-                    await self.channels.serve_sse(connection, route)
-                else:
-                    await self.durable.serve_sse(connection, route)
+                self._sse_reads += 1
+                try:
+                    if _is_channel_stream(route):
+                        await self.channels.serve_sse(connection, route)
+                    else:
+                        await self.durable.serve_sse(connection, route)
+                finally:
+                    self._sse_reads -= 1
             elif isinstance(route, routes.Produce) and isinstance(connection, WebSocket):
                 await self.producers.serve(connection, route.channel, grant, route.session)
             elif isinstance(route, routes.AiSdkSocket) and isinstance(connection, AiSdkSocket):
