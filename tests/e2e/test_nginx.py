@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import re
 import statistics
 import time
@@ -388,3 +389,49 @@ async def test_live_reads_whose_clients_go_end_on_the_relays_behind_nginx(
             return await _live_reads(relays) == {"long_poll": 0.0, "sse": 0.0}
 
         await eventually(all_ended, what="every read ended on the relays")  # within 5 s
+
+
+_TIME_WAIT, _LISTEN = "06", "0A"
+
+
+def _sockets_on(ports: set[int]) -> dict[tuple[str, str], str]:
+    """This host's TCP sockets whose local port is one of ``ports`` (listening ones left
+    out): each one's local and remote address, and its state (``/proc/net/tcp``'s codes)."""
+    found = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        if int(local.rsplit(":", 1)[1], 16) in ports and state != _LISTEN:
+            found[local, remote] = state
+    return found
+
+
+async def test_nginx_reuses_its_connections_to_the_relays_and_closes_them_first(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The shipped config keeps its connections to the relays alive for the next HTTP
+    requests: 60 one-shot posts through nginx take a few connections, not 60. Idle, nginx
+    closes each one itself (its keepalive_timeout, under the relay's --handshake-timeout),
+    so the relay never closes one that nginx may be sending a request on: no relay socket
+    is left in TIME_WAIT, the state of the side that closed first."""
+    async with _fleet(redis_server, tmp_path) as (nginx, relays):
+        ports = {relay.port for relay in relays}
+        before = set(_sockets_on(ports))
+        for n in range(60):
+            body = json.dumps({"id": f"k{n}", "delta": "hi", "final": True})
+            status, text = await _http(
+                nginx.port,
+                "POST /produce?channel=k HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}",
+            )
+            assert status == 200 and f'"id":"k{n}"' in text, text
+        used = set(_sockets_on(ports)) - before
+        # One per nginx worker and relay at most (the machine's cores, two relays).
+        assert 0 < len(used) <= 2 * (os.cpu_count() or 1), len(used)
+
+        def closed() -> bool:
+            states = _sockets_on(ports)
+            return all(states.get(pair) in (None, _TIME_WAIT) for pair in used)
+
+        await eventually(closed, 15, what="nginx's idle connections closed")
+        states = _sockets_on(ports)
+        assert [pair for pair in used if states.get(pair) == _TIME_WAIT] == []
