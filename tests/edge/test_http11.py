@@ -331,6 +331,22 @@ def test_the_fast_parser_reads_a_common_request_itself() -> None:
     assert http.trailing_data == b"GET"
 
 
+def test_the_fast_parser_reads_a_request_that_asks_for_the_close() -> None:
+    """``Connection: close`` (as Python's urllib sends, say): read by the fast parser, its
+    response written the long way, saying ``Connection: close``, and no next cycle."""
+    http = Http11()
+    http.receive_data(b"GET /healthz HTTP/1.1\r\nHost: r\r\nConnection: Close\r\n\r\n")
+    head = http.next_event()
+    assert isinstance(head, Head) and http._h11 is None
+    assert http.next_event() is END
+    assert not http.keep_alive
+    assert http.sized(b"HTTP/1.1 200 OK\r\n", b"ok") is None
+    assert http.no_content(()) is None
+    out = http.respond(200, [("Content-Length", "2")]) + http.body(b"ok") + http.end()
+    assert out == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    assert not http.start_next_cycle()
+
+
 def test_a_head_the_fast_parser_is_unsure_of_goes_to_h11() -> None:
     http = Http11()
     http.receive_data(b"POST / HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
@@ -425,11 +441,13 @@ def _written(send: Any, *steps: Any) -> tuple[bytes, str]:
 @pytest.mark.parametrize("headers", HEADER_SETS)
 @pytest.mark.parametrize("status", [200, 204, 304, 426])
 @pytest.mark.parametrize("body", [b"", b"abc"])
+@pytest.mark.parametrize("fast", [False, True])
 def test_the_writer_writes_what_h11_wrote(
-    request_bytes: bytes, headers: list[tuple[str, str]], status: int, body: bytes
+    request_bytes: bytes, headers: list[tuple[str, str]], status: int, body: bytes, fast: bool
 ) -> None:
+    """Whichever parser read the request (the fast one reads a ``Connection: close``)."""
     reference = h11.Connection(h11.SERVER)
-    ours = Http11(fast=False)
+    ours = Http11(fast=fast)
     if request_bytes:
         reference.receive_data(request_bytes)
         assert isinstance(reference.next_event(), h11.Request)

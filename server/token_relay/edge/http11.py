@@ -20,7 +20,8 @@ property test plays malformed and smuggling shapes through both):
   ``CRLF`` lines, ``HTTP/1.1``, one ``Host``, at most one plain ``Content-Length``, every
   line matching h11's own grammar, and none of the headers that change framing or the
   connection (``Transfer-Encoding``, ``Expect``, ``Upgrade``, ``Connection`` other than
-  ``keep-alive``). Any other request, complete or not, is handed whole to a fresh h11 for
+  ``keep-alive`` or ``close``; after ``close`` the response says so and the socket
+  closes, as with h11). Any other request, complete or not, is handed whole to a fresh h11 for
   the rest of its cycle: the fast parser never refuses anything itself, except a body cut
   short by the client's close, which it answers as h11 does.
 
@@ -227,6 +228,9 @@ class Http11:
         self._eof = False
         self._h11: h11.Connection | None = None
         """The h11 reading this cycle's request, if the fast parser left it to h11."""
+        self._closing = False
+        """The fast parser's request asked for the connection's close (``Connection:
+        close``): its response says so, and the socket closes after it, as with h11."""
         self._their = _State.IDLE
         self._remaining = 0
         """Bytes of the request's body still to come (fast parser)."""
@@ -303,6 +307,9 @@ class Http11:
             return Body(data)
         if their is _State.DONE:
             if self._buffer:
+                if self._closing:  # h11's MUST_CLOSE: nothing may follow the request
+                    self._their = _State.ERROR
+                    raise BadRequest(400, "Got data when expecting EOF")
                 return PAUSED
             if self._eof:
                 return CLOSED
@@ -374,6 +381,7 @@ class Http11:
         headers: list[tuple[bytes, bytes]] = []
         hosts = 0
         length: int | None = None
+        closing = False
         size = len(target)
         fields: list[tuple[bytes, bytes]] = _FIELDS.findall(head)
         for name, value in fields:
@@ -385,13 +393,20 @@ class Http11:
                     if length is not None or _LENGTH.fullmatch(value) is None:
                         return _FALLBACK
                     length = int(value)
-                elif lowered != b"connection" or value.lower() != b"keep-alive":
+                elif lowered == b"connection":
+                    option = value.lower()
+                    if option == b"close":
+                        closing = True
+                    elif option != b"keep-alive":
+                        return _FALLBACK
+                else:
                     return _FALLBACK
             headers.append((lowered, value))
             size += len(name) + len(value) + 4
         if hosts != 1:
             return _FALLBACK
         del buffer[: end + 4]
+        self._closing = closing
         return Head(method, target, tuple(headers), tuple(fields), b"1.1", length, False, size)
 
     def _h11_event(self, conn: h11.Connection) -> Event:
@@ -421,8 +436,11 @@ class Http11:
     def keep_alive(self) -> bool:
         """Whether the client lets the connection go on after this cycle."""
         request = self.request
-        if request is None or self._h11 is None:
-            return True  # the fast parser reads HTTP/1.1 only, with no Connection but keep-alive
+        if request is None:
+            return True
+        if self._h11 is None:
+            # The fast parser reads HTTP/1.1 only, with no Connection but keep-alive or close.
+            return not self._closing
         if request.http_version < b"1.1":
             return False
         return b"close" not in _comma_values(request.headers, b"connection")
@@ -496,12 +514,13 @@ class Http11:
 
     def _written_whole(self) -> bool:
         """Whether a response may be written whole, its state changed at once: the request
-        was read by the fast parser (so HTTP/1.1, kept alive), is neither ``HEAD`` nor
-        ``CONNECT``, and has no response yet."""
+        was read by the fast parser (so HTTP/1.1) and keeps the connection alive, is
+        neither ``HEAD`` nor ``CONNECT``, and has no response yet."""
         request = self.request
         return (
             self._our is _State.SEND_RESPONSE
             and self._h11 is None
+            and not self._closing
             and request is not None
             and request.method not in (b"HEAD", b"CONNECT")
         )
