@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from token_relay import Relay, Settings
 from token_relay.core.errors import BadRequest, InvalidResponse
+from token_relay.edge import http11
 from token_relay.edge.connection import HttpConnection
 from token_relay.edge.http import HttpRequest
 from token_relay.edge.http11 import CLOSED, END, NEED_DATA, PAUSED, Body, Head, Http11
@@ -531,3 +533,36 @@ def test_a_target_splits_as_urlsplit_splits_it(tail: str) -> None:
         return
     request = HttpRequest.of("GET", target, [], "127.0.0.1", [])
     assert (request.path, request.query) == (parts.path, parts.query)
+
+
+# ---------------------------------------------------------------------- the header grammar
+
+_H11_FIELDS = re.compile(
+    rb"\r\n(" + http11._TOKEN + rb"):[ \t]*((?:" + http11._FIELD_CONTENT + rb")?)[ \t]*(?=\r\n|$)"
+)
+"""The header lines as h11's own grammar reads them (the fast parser's form before)."""
+_LINE_BYTES = b"aZ0-_~:;/ \t\x00\x0b\x0c\r\n\x7f\x80\xff\"'"
+
+
+@settings(max_examples=EXAMPLES * 20, deadline=None)
+@given(st.lists(st.sampled_from(list(_LINE_BYTES)), max_size=16).map(bytes))
+def test_the_fast_header_grammar_is_h11s(line: bytes) -> None:
+    """A header line matches the fast parser's form exactly when it matches h11's grammar,
+    with the same name and value; and in a head, a line that matches neither makes no match
+    at all (so the head's matches are fewer than its lines)."""
+    ours = http11._FIELDS.fullmatch(b"\r\n" + line)
+    theirs = _H11_FIELDS.fullmatch(b"\r\n" + line)
+    assert (ours is None) == (theirs is None) == (re.fullmatch(http11._FIELD, line) is None)
+    if ours is not None and theirs is not None:
+        assert ours.groups() == theirs.groups()
+    head = b"GET / HTTP/1.1\r\nHost: r\r\n" + line + b"\r\nX: y"
+    fields = http11._FIELDS.findall(head, head.find(b"\r\n"))
+    whole = b"\r\n" not in line and theirs is not None
+    assert (len(fields) == head.count(b"\r\n")) == (whole or _all_lines_match(line))
+
+
+def _all_lines_match(line: bytes) -> bool:
+    """Whether ``line``, split at its own line breaks, is header lines that all match."""
+    return b"\r\n" in line and all(
+        _H11_FIELDS.fullmatch(b"\r\n" + part) is not None for part in line.split(b"\r\n")
+    )

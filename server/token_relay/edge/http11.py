@@ -135,13 +135,17 @@ _FIELD_VCHAR = rb"[^\x00\s]"
 _FIELD_CONTENT = _FIELD_VCHAR + rb"+(?:[ \t]+" + _FIELD_VCHAR + rb"+)*"
 _FIELD_VALUE = rb"(" + _FIELD_CONTENT + rb")?"
 _FIELD = _TOKEN + rb":[ \t]*(?:" + _FIELD_CONTENT + rb")?[ \t]*"
-_HEAD = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.1(?:\r\n" + _FIELD + rb")*")
-"""A whole head of the common shape, each line matched whole as h11 matches it, in one pass:
-the request line, then the header lines."""
+_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.1")
+"""The request line of the common shape."""
 _FIELDS = re.compile(
-    rb"\r\n(" + _TOKEN + rb"):[ \t]*((?:" + _FIELD_CONTENT + rb")?)[ \t]*(?=\r\n|$)"
+    rb"\r\n(" + _TOKEN + rb"):[ \t]*((?:[^\x00\r\n\x0b\x0c]*[^\x00\s])?)[ \t]*(?=\r\n|$)"
 )
-"""Each header line's name and value, in a head that :data:`_HEAD` matched."""
+"""Each header line's name and value, its surrounding whitespace left out. A line matches
+exactly when it matches h11's grammar (:data:`_FIELD`): a value is VCHARs with spaces and
+tabs between them. This is the same language in a form the regular expression engine runs
+in one sweep of a character class, where h11's form loops once per word. A line that does
+not match makes no match of its own, so a head whose matches are fewer than its line breaks
+goes to h11."""
 _NAME = re.compile(_TOKEN)
 _VALUE = re.compile(_FIELD_VALUE)
 _LENGTH = re.compile(rb"[0-9]{1,18}")
@@ -372,18 +376,23 @@ class Http11:
         if end > MAX_HEAD_BYTES:
             return _FALLBACK
         head = bytes(buffer[:end])
-        line = _HEAD.fullmatch(head)
+        first = head.find(b"\r\n")
+        if first < 0:
+            return _FALLBACK  # no Host
+        line = _REQUEST_LINE.fullmatch(head, 0, first)
         if line is None:
             return _FALLBACK
         method, target = line.group(1, 2)
         if method == b"CONNECT":
             return _FALLBACK
+        fields: list[tuple[bytes, bytes]] = _FIELDS.findall(head, first)
+        if len(fields) != head.count(b"\r\n"):
+            return _FALLBACK  # a line h11's grammar refuses (or h11 reads what it means)
         headers: list[tuple[bytes, bytes]] = []
         hosts = 0
         length: int | None = None
         closing = False
         size = len(target)
-        fields: list[tuple[bytes, bytes]] = _FIELDS.findall(head)
         for name, value in fields:
             lowered = name.lower()
             if lowered in _SPECIAL:
