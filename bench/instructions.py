@@ -14,7 +14,8 @@ relay's side only (Redis is another process).
 
 The HTTP rows count a whole request the same way, one at a time on one keep-alive
 connection, each answered before the next is read: ``POST /produce`` of one completed
-message (as ``bench/durable/produce.lua`` posts it), and a Durable Streams append.
+message (as ``bench/durable/produce.lua`` posts it), the same as a browser's ``fetch`` sends
+it through the shipped nginx (:data:`BROWSER_HEADERS`), and a Durable Streams append.
 
 Needs ``valgrind`` on the PATH (Debian's package). Each figure takes about a minute.
 """
@@ -81,17 +82,30 @@ class _KeptTransport(MemoryTransport):
 
 HTTP_CASES = {
     "produce": "POST /produce, a message per request",
+    "browser": "  the same, a browser's through nginx",
     "append": "Durable Streams append",
 }
 """The HTTP rows: what each request is."""
+BROWSER_HEADERS = (
+    b"User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    b"Chrome/131.0.0.0 Safari/537.36\r\n"
+    b"Accept: */*\r\nAccept-Language: en-US,en;q=0.9\r\nAccept-Encoding: gzip, deflate, br\r\n"
+    b"Origin: https://chat.example\r\nReferer: https://chat.example/\r\n"
+    b"Sec-Fetch-Dest: empty\r\nSec-Fetch-Mode: cors\r\nSec-Fetch-Site: cross-site\r\n"
+    b"Forwarded: for=203.0.113.7\r\nX-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Proto: https\r\n"
+)
+"""What a browser's ``fetch`` sends beside the request's own headers, and what the shipped
+nginx adds to it: the ``browser`` row's request is ``produce``'s with these."""
 
 
 def _request(kind: str, number: int) -> bytes:
     """The ``number``th request of ``kind``, as ``wrk`` sends it."""
-    if kind == "produce":
+    if kind in ("produce", "browser"):
         message = {"id": f"m-{number}", "delta": APPEND_TEXT, "final": True}
         body = json.dumps(message, separators=(",", ":")).encode()
         head = b"POST /produce?channel=c HTTP/1.1\r\nContent-Type: application/json\r\n"
+        if kind == "browser":
+            head += BROWSER_HEADERS
     else:
         body = APPEND_TEXT.encode()
         head = b"POST /v1/stream/counted HTTP/1.1\r\nContent-Type: text/plain; charset=utf-8\r\n"
@@ -130,7 +144,8 @@ async def _http(kind: str, requests: int, setup_only: bool) -> None:
         return
     connection, transport = HttpConnection(server), _KeptTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
-    ends, status = (b"]}", b"HTTP/1.1 200") if kind == "produce" else (b"\r\n\r\n", b"HTTP/1.1 204")
+    produce = kind != "append"
+    ends, status = (b"]}", b"HTTP/1.1 200") if produce else (b"\r\n\r\n", b"HTTP/1.1 204")
     for request in loads:
         written = len(transport.out)
 
@@ -139,9 +154,7 @@ async def _http(kind: str, requests: int, setup_only: bool) -> None:
 
         connection.data_received(request)
         await _until(answered)
-    if transport.out.count(status) != requests or (
-        kind == "produce" and b'"errors":[{' in transport.out
-    ):
+    if transport.out.count(status) != requests or (produce and b'"errors":[{' in transport.out):
         raise SystemExit(f"the relay did not answer every request with {status.decode()}")
 
 
