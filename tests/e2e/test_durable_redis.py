@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 
 import httpx
@@ -15,7 +16,15 @@ import pytest
 from redis.asyncio import Redis
 
 from ..conftest import RunningRelay, start_relay
-from ..harness import RedisServer, WebhookReceiver, eventually, relays_on
+from ..harness import (
+    Proxy,
+    RedisServer,
+    ServiceProcess,
+    WebhookReceiver,
+    eventually,
+    relay_process,
+    relays_on,
+)
 from .test_durable import _verify
 
 JSON = {"Content-Type": "application/json"}
@@ -274,6 +283,105 @@ async def test_sse_readers_whose_clients_go_away_end_at_once(
             if '{"n":1}' in seen:
                 break
     assert 'data:[{"n":1}]' in seen
+
+
+async def _http_text(port: int, request: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request.encode())
+        data = (await asyncio.wait_for(reader.read(), 10)).decode("latin-1")
+    finally:
+        writer.close()
+    return int(data.split(" ", 2)[1]), data
+
+
+async def _live_reads(relays: Sequence[ServiceProcess]) -> dict[str, float]:
+    """Durable Streams live reads in progress on all ``relays`` (every worker of each), by
+    kind, from their /metrics."""
+    found = {"long_poll": 0.0, "sse": 0.0}
+    for relay in relays:
+        _, text = await _http_text(
+            relay.port, "GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+        )
+        samples = re.findall(r"^relay_durable_live_reads\{([^}]*)\} (\S+)$", text, re.M)
+        assert samples, text
+        for labels, value in samples:
+            kind = re.search(r'kind="([^"]*)"', labels)
+            assert kind is not None and kind.group(1) in found, labels
+            found[kind.group(1)] += float(value)
+    return found
+
+
+async def live_reads_end_with_their_clients(
+    port: int, relays: Sequence[ServiceProcess], cut: Callable[[], object] | None = None
+) -> None:
+    """Long-polls and SSE reads, through ``port``, on a user stream and a channel's, three
+    of each; then their clients go (each closes its socket, or ``cut()`` drops them all):
+    every read must end on ``relays`` within 5 s, not at its timeout (30 s for a long-poll,
+    60 s for an SSE response)."""
+    status, _ = await _http_text(
+        port,
+        "PUT /v1/stream/left HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n"
+        "Content-Type: application/json\r\nContent-Length: 0\r\n\r\n",
+    )
+    assert status == 201
+    assert await _live_reads(relays) == {"long_poll": 0.0, "sse": 0.0}
+    reads = [
+        ("/v1/stream/left?offset=now&live=long-poll", b""),
+        ("/v1/stream/__channel/left?offset=now&live=long-poll", b""),
+        ("/v1/stream/left?offset=-1&live=sse", b"event: control"),
+        ("/v1/stream/__channel/left?offset=-1&live=sse", b"event: control"),
+    ] * 3
+    sockets = []
+    try:
+        for target, first in reads:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            sockets.append(writer)
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
+            if first:
+                await asyncio.wait_for(reader.readuntil(first), 10)
+
+        async def all_reading() -> bool:
+            return await _live_reads(relays) == {"long_poll": 6.0, "sse": 6.0}
+
+        await eventually(all_reading, what="every read in progress on the relays")
+        if cut is not None:
+            cut()
+    finally:
+        for writer in sockets:
+            writer.close()
+
+    async def all_ended() -> bool:
+        return await _live_reads(relays) == {"long_poll": 0.0, "sse": 0.0}
+
+    await eventually(all_ended, what="every read ended on the relays")  # within 5 s
+
+
+async def test_live_reads_whose_clients_go_end_on_workers_of_one_relay(
+    redis_server: RedisServer,
+) -> None:
+    """``--workers 2`` on Redis: the workers share the port, and each read ends on the
+    worker that serves it (/metrics sums every worker's)."""
+    relay = relay_process("--broker", redis_server.url, "--workers", "2")
+    await relay.start()
+    try:
+        await live_reads_end_with_their_clients(relay.port, [relay])
+    finally:
+        await relay.stop()
+
+
+async def test_live_reads_end_when_a_proxy_cuts_their_connections(
+    redis_server: RedisServer,
+) -> None:
+    """A proxy between the clients and the relay drops every connection at once, as a
+    network failure would: the relay sees its sockets reset, and each read ends then."""
+    relay = relay_process("--broker", redis_server.url)
+    await relay.start()
+    try:
+        async with Proxy(relay.port) as proxy:
+            await live_reads_end_with_their_clients(proxy.port, [relay], proxy.cut)
+    finally:
+        await relay.stop()
 
 
 async def test_an_sse_reader_on_one_relay_gets_appends_made_on_the_other(

@@ -8,7 +8,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -30,6 +29,7 @@ from ..harness import (
     relay_process,
 )
 from .test_ai_sdk import NodeScript
+from .test_durable_redis import live_reads_end_with_their_clients
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 ORIGIN = "https://chat.example"
@@ -334,20 +334,6 @@ async def test_behind_nginx_a_half_closed_post_is_ended_by_nginx_unanswered(
                 assert data.startswith(b"HTTP/1.1 200 ") and b'"acks":[{"type":"ack"' in data
 
 
-async def _live_reads(relays: list[ServiceProcess]) -> dict[str, float]:
-    """Durable Streams live reads in progress on all ``relays``, by kind (their /metrics)."""
-    found = {"long_poll": 0.0, "sse": 0.0}
-    for relay in relays:
-        _, text = await _http(
-            relay.port, "GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
-        )
-        for kind in found:
-            match = re.search(rf'^relay_durable_live_reads{{kind="{kind}"}} (\S+)$', text, re.M)
-            assert match is not None, text
-            found[kind] += float(match.group(1))
-    return found
-
-
 async def test_live_reads_whose_clients_go_end_on_the_relays_behind_nginx(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -355,40 +341,7 @@ async def test_live_reads_whose_clients_go_end_on_the_relays_behind_nginx(
     sockets to the relays, and each read ends then on its relay, not at its timeout (30 s
     for a long-poll, 60 s for an SSE response), on a user stream and a channel's alike."""
     async with _fleet(redis_server, tmp_path) as (nginx, relays):
-        status, _ = await _http(
-            nginx.port,
-            "PUT /v1/stream/left HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n"
-            "Content-Type: application/json\r\nContent-Length: 0\r\n\r\n",
-        )
-        assert status == 201
-        assert await _live_reads(relays) == {"long_poll": 0.0, "sse": 0.0}
-        reads = [
-            ("/v1/stream/left?offset=now&live=long-poll", b""),
-            ("/v1/stream/__channel/left?offset=now&live=long-poll", b""),
-            ("/v1/stream/left?offset=-1&live=sse", b"event: control"),
-            ("/v1/stream/__channel/left?offset=-1&live=sse", b"event: control"),
-        ] * 3
-        sockets = []
-        try:
-            for target, first in reads:
-                reader, writer = await asyncio.open_connection("127.0.0.1", nginx.port)
-                sockets.append(writer)
-                writer.write(f"GET {target} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
-                if first:
-                    await asyncio.wait_for(reader.readuntil(first), 10)
-
-            async def all_reading() -> bool:
-                return await _live_reads(relays) == {"long_poll": 6.0, "sse": 6.0}
-
-            await eventually(all_reading, what="every read in progress on the relays")
-        finally:
-            for writer in sockets:
-                writer.close()
-
-        async def all_ended() -> bool:
-            return await _live_reads(relays) == {"long_poll": 0.0, "sse": 0.0}
-
-        await eventually(all_ended, what="every read ended on the relays")  # within 5 s
+        await live_reads_end_with_their_clients(nginx.port, relays)
 
 
 _TIME_WAIT, _LISTEN = "06", "0A"
