@@ -79,6 +79,9 @@ class MemoryTransport:
     def is_closing(self) -> bool:
         return self.closing
 
+    def can_write_eof(self) -> bool:
+        return False
+
     def close(self) -> None:
         self.closing = True
 
@@ -123,6 +126,7 @@ def settings(broker: str = "memory://") -> Settings:
         max_events_per_second=big * 1000,
         max_connections_per_ip=big,
         max_handshakes_per_ip=big,
+        max_body_bytes=64 * 2**20,  # as bench.cases runs the relay: NDJSON posts of 4 MiB
     )
 
 
@@ -186,6 +190,86 @@ async def ingest(
     return min(passes)
 
 
+class KeptTransport(MemoryTransport):
+    """A :class:`MemoryTransport` that keeps what is written (an HTTP answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.out += data
+
+
+def chunked_post(target: str, lines: bytes) -> bytes:
+    """A chunked ``POST`` of NDJSON ``lines`` to ``target``, in chunks of :data:`READ`."""
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    parts = (lines[at : at + READ] for at in range(0, len(lines), READ))
+    return head + b"".join(b"%x\r\n%b\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+
+
+def answered(out: bytearray) -> bool:
+    """Whether ``out`` holds a whole HTTP answer framed by ``Content-Length``."""
+    end = out.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    length = int(out[:end].lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    return len(out) >= end + 4 + length
+
+
+def ndjson_post(texts: list[str]) -> bytes:
+    """``texts`` as NDJSON lines in one chunked ``POST /produce?channel=c``."""
+    return chunked_post("/produce?channel=c", "".join(t + "\n" for t in texts).encode())
+
+
+async def post_lines(server: HttpServer, data: bytes) -> bytes:
+    """Hand ``server`` a request (:func:`ndjson_post`) in reads of :data:`READ` bytes, each
+    once the socket is read again, as :func:`bench.cases.http_ingest` posts it; the whole
+    answer, once it is written."""
+    connection, transport = HttpConnection(server), KeptTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    for at in range(0, len(data), READ):
+        await settle(lambda: not transport.paused)
+        connection.data_received(data[at : at + READ])
+    await settle(lambda: answered(transport.out))
+    connection.connection_lost(None)
+    return bytes(transport.out)
+
+
+def check_answer(answer: bytes, messages: int) -> None:
+    """Exit unless ``answer`` is a 200 with an ack for each of ``messages`` and no error."""
+    acked = answer.count(b'"type":"ack"')
+    if not answer.startswith(b"HTTP/1.1 200") or acked != messages or b'"errors":[]' not in answer:
+        raise SystemExit(f"the NDJSON post was answered {answer[:200]!r} ({acked} acks)")
+
+
+async def ndjson(relay: Relay, repeat: int) -> float:
+    """Nanoseconds of CPU per event, the lowest of ``repeat`` passes of 10,000 messages of 10
+    deltas and a final, posted as NDJSON lines in one chunked request (:func:`post_lines`),
+    to one subscriber."""
+    assert relay.server is not None
+    server = relay.server
+    subscriber, seen = connect(server, "/subscribe?channel=c")
+    passes = []
+    for _ in range(repeat + 1):  # the first pass warms up
+        events, texts, _ = load(10_000, 1, f"m{next(_PASSES)}-")
+        data = ndjson_post(texts)
+        await settle(lambda: True)
+        before, start = seen.written, time.process_time()
+        answer = await post_lines(server, data)
+        spent = time.process_time() - start
+        check_answer(answer, 10_000)
+        if seen.written == before:
+            raise SystemExit("the subscriber got nothing: the relay did not apply the events")
+        passes.append(spent / events * 1e9)
+    subscriber.connection_lost(None)
+    return min(passes[1:])
+
+
 async def fanout(server: HttpServer, subscribers: int, repeat: int) -> float:
     """Nanoseconds of CPU per subscriber to deliver one message, the lowest over messages."""
     seen = [connect(server, "/subscribe?channel=f")[1] for _ in range(subscribers)]
@@ -234,6 +318,7 @@ async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]
     server = await relay.start()
     rows.append(("ingest, a frame per event", await ingest(relay, 1, repeat), "event"))
     rows.append(("ingest, 100 events per frame", await ingest(relay, 100, repeat), "event"))
+    rows.append(("ingest as NDJSON in one chunked POST", await ndjson(relay, repeat), "event"))
     for batch, frames in ((1, "a frame each"), (100, "100 per frame")):
         # Messages of 1 and of 100 deltas, solved for what a delta and a message cost.
         short = await ingest(relay, batch, repeat, deltas=1)  # (message + delta) / 2

@@ -55,6 +55,7 @@ import asyncio
 import collections
 import json
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from ..core.errors import ErrorCode, FrameRejected
@@ -209,6 +210,20 @@ class AiSdkProducer(HttpProducer):
         super().end()
 
     # ------------------------------------------------------------------ events out
+
+    async def dispatch(
+        self,
+        handle: Callable[[Item], Awaitable[None] | None],
+        settle: Callable[[], None] | None = None,
+    ) -> None:
+        """Hand every event (or refusal, or abort) to ``handle``, in order, waiting for what
+        it returns before the next. Its events are applied one by one, never as runs of
+        deltas, so nothing is put off: ``settle`` is not taken."""
+        assert settle is None, "an AI SDK body's events are applied one by one"
+        async for item in self:
+            later = handle(item)
+            if later is not None:
+                await later
 
     async def __anext__(self) -> Item:
         """The next event to apply (or refusal, or abort); the iteration ends with the

@@ -113,24 +113,37 @@ class HttpProducer(PeerBase):
         if not self.ndjson:
             self._arriving += chunk
             return
-        view, start = memoryview(chunk), 0
-        newline = chunk.find(b"\n")
-        while newline >= 0:
-            self._line_ends(view[start:newline])
-            start = newline + 1
-            newline = chunk.find(b"\n", start)
+        last = chunk.rfind(b"\n")
+        start = 0
+        if last >= 0:
+            # The lines that end in this chunk, split at once; the first ends the line
+            # arriving, if one is.
+            lines = chunk[:last].split(b"\n")
+            first = 0
+            if self._arriving or self._skipping:
+                self._line_ends(lines[0])
+                first = 1
+            queue, max_line = self._queue, self.max_line
+            for at in range(first, len(lines)):
+                line = lines[at]
+                self._lines += 1
+                if len(line) > max_line:
+                    self._too_long(self._lines)
+                else:
+                    queue(line)
+            start = last + 1
         if not self._skipping:
             if len(self._arriving) + len(chunk) - start > self.max_line:
                 self._too_long(self._lines + 1)
                 self._skipping = True  # the rest of it, up to its newline, is dropped
-            else:
-                self._arriving += view[start:]
+            elif start < len(chunk):
+                self._arriving += chunk[start:] if start else chunk
         if not self._paused and (len(self._items) >= MAX_LINES or self._queued >= self.max_line):
             self._paused = True
             self.transport.pause_reading()
         self._wake()
 
-    def _line_ends(self, tail: memoryview) -> None:
+    def _line_ends(self, tail: bytes) -> None:
         """The line arriving ends with ``tail``: queue it (or its refusal)."""
         self._lines += 1
         if self._skipping:  # refused already
@@ -212,13 +225,34 @@ class HttpProducer(PeerBase):
     def __aiter__(self) -> HttpProducer:
         return self
 
-    async def dispatch(self, handle: Callable[[Item], Awaitable[None] | None]) -> None:
+    async def dispatch(
+        self,
+        handle: Callable[[Item], Awaitable[None] | None],
+        settle: Callable[[], None] | None = None,
+    ) -> None:
         """Hand every line (or the whole body), or its refusal, to ``handle``, in order,
-        waiting for what it returns before the next."""
-        async for item in self:
-            later = handle(item)
-            if later is not None:
-                await later
+        waiting for what it returns before the next.
+
+        The lines read so far are handed over in a row, with no wait between them.
+        ``settle``, if given, is called before every wait: whatever ``handle`` put off is
+        done before the loop runs anything else (as :meth:`WebSocket.dispatch` calls it)."""
+        items = self._items
+        while True:
+            while items and not self._displaced:
+                later = handle(self._next())
+                if later is not None:
+                    if settle is not None:
+                        settle()
+                    await later
+            if settle is not None:
+                settle()
+            if self._ended or self._displaced:
+                return
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     async def __anext__(self) -> Item:
         """The next line (or the whole JSON body); the iteration ends with the body."""
@@ -230,6 +264,10 @@ class HttpProducer(PeerBase):
                 await self._waiter
             finally:
                 self._waiter = None
+        return self._next()
+
+    def _next(self) -> Item:
+        """Take the first line waiting; the socket is read again once few are left."""
         item, size = self._items.popleft()
         self._queued -= size
         self.taken += 1

@@ -321,11 +321,12 @@ class ProducerEndpoint:
             await self._take_requests(session.owner, channel, taker, True)
         received, waiting, streams = self.metrics.frames_in_producer, self._replies, session.streams
         self.clock = loop_time = loop_clock(loop)
-        # A WebSocket ends each read's run of deltas (see _DeltaRun); HTTP bodies' lines are
-        # applied one by one.
+        # A WebSocket ends each read's run of deltas (see _DeltaRun), and an NDJSON body each
+        # run of the lines read so far; an AI SDK body's events are applied one by one.
         run = (
             _DeltaRun(self, session)
-            if self.delta_runs and isinstance(connection, WebSocket)
+            if self.delta_runs
+            and (isinstance(connection, WebSocket) or type(connection) is HttpProducer)
             else None
         )
 
@@ -346,11 +347,7 @@ class ProducerEndpoint:
             return self._after_frame(connection, later)
 
         try:
-            if run is None:
-                await connection.dispatch(handle)
-            else:
-                assert isinstance(connection, WebSocket)
-                await connection.dispatch(handle, run.end)
+            await connection.dispatch(handle, None if run is None else run.end)
         except _Stopped:
             pass
         finally:
@@ -476,6 +473,8 @@ class ProducerEndpoint:
                     return None
         elif isinstance(raw, AbortMessage):
             # The producer's own word, not a frame: neither decoded nor charged.
+            if run is not None:
+                run.end()
             unfinished = session.streams.abort(raw.message_id)
             return None if unfinished is None else self._abort(session, unfinished, raw.reason)
         else:
