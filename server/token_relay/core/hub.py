@@ -98,7 +98,7 @@ class ChannelHub(Generic[S]):
         """The live set of a channel's subscribers, in the order they subscribed (use it
         at once: it changes as they come and go)."""
         members = self._subscribers_of.get(channel)
-        return members.keys() if members is not None else cast(KeysView[S], _NONE)
+        return members.keys() if members is not None else cast("KeysView[S]", _NONE)
 
     @property
     def delta_channels(self) -> Mapping[str, Mapping[S, None]]:
@@ -109,7 +109,7 @@ class ChannelHub(Generic[S]):
         """The live set of a channel's subscribers that asked for deltas, in the order
         they asked."""
         members = self._deltas_of.get(channel)
-        return members.keys() if members is not None else cast(KeysView[S], _NONE)
+        return members.keys() if members is not None else cast("KeysView[S]", _NONE)
 
     def channels(self, subscriber: S) -> Set[str]:
         """The channels a subscriber holds."""
