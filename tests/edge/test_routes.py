@@ -6,13 +6,17 @@ Every route, every refusal the parser gives, and every shape of the numeric argu
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from token_relay.core.grants import Grant, Role
 from token_relay.core.settings import Settings
 from token_relay.edge import http, routes
 from token_relay.edge.http import Gate
@@ -519,3 +523,30 @@ def test_the_gate_keeps_a_bounded_number_of_routes_and_no_long_target() -> None:
         )
         assert len(gate._routes) <= http.REMEMBERED_ROUTES
     assert gate.parse("POST", "/produce", "channel=a") == first
+
+
+@pytest.mark.parametrize("kind", ["reply", "admit", "read"])
+def test_cors_adds_its_headers_and_keeps_every_other_field(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cross-origin surface's decision, built again with the CORS headers, is the route's
+    decision with them and nothing else changed: every field set to a value of its own."""
+    request = http.HttpRequest.of(
+        "POST", "/produce?channel=c", [("Origin", "https://chat.example")], "10.0.0.1", ()
+    )
+    grant = Grant(Role.PRODUCE, ("c",))
+    decision: http.Reply | http.Admit | http.ReadBody
+    if kind == "reply":
+        decision = http.Reply(418, b"body", "text/x-test", (("X-Own", "1"),))
+    elif kind == "admit":
+        route = routes.Sse(channels=("c",))
+        decision = http.Admit(request, route, grant, {"c": (3, "E")}, (("X-Own", "1"),))
+    else:
+        gone = cast("asyncio.Future[None]", object())
+        route = routes.HttpProduce(channel="c")
+        decision = http.ReadBody(request, route, grant, (("X-Own", "1"),), gone)
+    gate = _gate()
+    monkeypatch.setattr(gate, "_route", lambda _: decision)
+    cors = (("Access-Control-Allow-Origin", "https://chat.example"), ("Vary", "Origin"))
+    headers = decision.headers + cors if kind == "reply" else cors
+    assert gate.route(request) == dataclasses.replace(decision, headers=headers)

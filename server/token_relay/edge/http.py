@@ -26,7 +26,6 @@ handshake refused after this check (by the ``Origin`` check, or for a missing
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import json
 import logging
@@ -362,9 +361,15 @@ class Gate:
         decision = self._route(request)
         if not headers:
             return decision  # no Origin: nothing to add (_route's decisions carry none)
+        # Built directly: dataclasses.replace costs three times as much.
         if isinstance(decision, Reply):
-            return dataclasses.replace(decision, headers=decision.headers + headers)
-        return dataclasses.replace(decision, headers=headers)
+            both = decision.headers + headers
+            return Reply(decision.status, decision.body, decision.content_type, both)
+        if isinstance(decision, ReadBody):
+            body = decision
+            return ReadBody(body.request, body.route, body.grant, headers, body.gone)
+        admit = decision
+        return Admit(admit.request, admit.route, admit.grant, admit.positions, headers)
 
     def _route(self, request: HttpRequest) -> Reply | Admit | ReadBody:
         """Parse the request's route (once), then decide what the relay's state says of it."""
