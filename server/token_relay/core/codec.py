@@ -61,7 +61,7 @@ _Channel = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)
 _Seq = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class FastEvent(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class FastEvent(msgspec.Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     """A producer event as msgspec reads it: the fields of ``ProducerEvent``, absent ones
     ``MISSING`` as there."""
 
