@@ -482,9 +482,16 @@ async def test_the_documented_producer_route_aborts_its_model_on_stop(js_clients
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "RELAY_URL": _base(running)},
         )  # fmt: skip
-        # The model streams to the relay: press Stop on its reply.
+        # The model streams to the relay: press Stop on its reply once its text has begun
+        # there (its first chunks, before any word, may still be on their way).
         await eventually(lambda: bool(relay.owned_messages()), 15, what="the reply started")
-        [(_, _, reply_id)] = relay.owned_messages()
+        [(_, owner, reply_id)] = relay.owned_messages()
+
+        def words_arrived() -> bool:
+            live = relay.live_parts(owner, reply_id)
+            return live is not None and live[0].startswith("word0 ")
+
+        await eventually(words_arrived, 15, what="the reply's first word reached the relay")
         status, _ = await _post(running, f"/ai-sdk/chat-stop/stop?id={reply_id}", b"")
         assert status == 204
         out, _ = await asyncio.wait_for(node.communicate(), 30)
