@@ -183,12 +183,13 @@ def _run_of_deltas(events: Sequence[Event], start: int, first: str) -> list[str]
 
 
 class _DeltaRun:
-    """A WebSocket producer's deltas of one plain message, a frame each, read in a row:
-    applied together when the run ends (as :meth:`MessageStreams.plain_deltas` applies a
-    batch's run, with one call to the broker). It ends before anything else is done: at the
-    producer's next frame that is not one of them, and at the end of each read of its
-    socket, before the loop runs anything else. So nobody can see anything but what
-    applying each frame as it came shows, in the same order.
+    """A producer's deltas of one plain message, a frame each (a WebSocket's) or a line each
+    (an NDJSON body's), read in a row: applied together when the run ends (as
+    :meth:`MessageStreams.plain_deltas` applies a batch's run, with one call to the broker).
+    It ends before anything else is done: at the producer's next frame or line that is not
+    one of them, and at the end of each read of its socket (for a body, once the lines read
+    so far are handed over), before the loop runs anything else. So nobody can see anything
+    but what applying each frame as it came shows, in the same order.
 
     It takes only deltas that :meth:`MessageStreams.plain_deltas` applies as
     :meth:`MessageStreams.plain_delta` would one by one: of a plain message in progress on
@@ -263,9 +264,9 @@ class ProducerEndpoint:
         """Whether a one-shot message may be answered at once (:mod:`.oneshot`); when
         False, every producer request takes the general path (the tests play both)."""
         self.delta_runs = True
-        """Whether a WebSocket producer's deltas read in a row are applied as runs
-        (:class:`_DeltaRun`); when False, each frame is applied as it is read (the tests
-        play both)."""
+        """Whether a producer's deltas read in a row (a WebSocket's frames, an NDJSON body's
+        lines) are applied as runs (:class:`_DeltaRun`); when False, each is applied as it
+        is read (the tests play both)."""
         self.memory_used = 0
         """Bytes of text held, as last counted (see :meth:`overloaded`)."""
         self.held_elsewhere: Callable[[], int] = lambda: 0
