@@ -43,7 +43,7 @@ from tests.harness import RedisServer
 
 from .durableprotocol import APPEND_TEXT
 from .inprocess import (
-    MemoryTransport,
+    KeptTransport,
     check_answer,
     connect,
     feed,
@@ -85,18 +85,6 @@ async def _ingest(messages: int, batch: int, setup_only: bool, broker: str) -> N
         raise SystemExit("the relay did not apply every frame")
 
 
-class _KeptTransport(MemoryTransport):
-    """A transport that keeps what is written: the answers, checked."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = bytearray()
-
-    def write(self, data: bytes) -> None:
-        super().write(data)
-        self.out += data
-
-
 HTTP_CASES = {
     "produce": "POST /produce, a message per request",
     "browser": "  the same, a browser's through nginx",
@@ -131,7 +119,7 @@ def _request(kind: str, number: int) -> bytes:
 
 async def _answered(server: HttpServer, request: bytes, ends: bytes) -> bytes:
     """Hand ``request`` to a new connection of ``server``; its whole answer."""
-    connection, transport = HttpConnection(server), _KeptTransport()
+    connection, transport = HttpConnection(server), KeptTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     connection.data_received(request)
     await _until(lambda: transport.out.endswith(ends))
@@ -159,7 +147,7 @@ async def _http(kind: str, requests: int, setup_only: bool) -> None:
     loads = [_request(kind, number) for number in range(requests)]
     if setup_only:
         return
-    connection, transport = HttpConnection(server), _KeptTransport()
+    connection, transport = HttpConnection(server), KeptTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     produce = kind != "append"
     ends, status = (b"]}", b"HTTP/1.1 200") if produce else (b"\r\n\r\n", b"HTTP/1.1 204")

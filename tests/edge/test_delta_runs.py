@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 import os
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import pytest
@@ -100,6 +101,50 @@ def _reads(draw: st.DrawFn) -> list[bytes]:
     return [data[start:end] for start, end in itertools.pairwise(bounds) if end > start]
 
 
+async def fed(producer: HttpConnection, written: FakeTransport, reads: list[bytes]) -> None:
+    """Hand ``producer`` its socket's ``reads``, each once the socket is read again (the
+    kernel holds what a paused socket is sent), until the connection closes."""
+    for read in reads:
+        await settle()
+        for _ in range(100):
+            if not written.paused:
+                break
+            await asyncio.sleep(0)
+        if written.closing:
+            break
+        producer.data_received(read)
+
+
+async def observed(
+    relay: Relay,
+    ends: Sequence[HttpConnection],
+    seen: dict[str, FakeTransport],
+    upgraded: Collection[str],
+) -> dict[str, Any]:
+    """What a play left: channel "c"'s history and messages in progress, the relay's
+    counters, and the bytes each transport of ``seen`` was sent (those in ``upgraded``
+    after their 101, whose ``Date`` may differ), with session tokens and the epoch written
+    alike; the connections ``ends`` are closed first."""
+    cut = await relay.broker.catch_up("c", None, live=True, rewind=1000)
+    tokens = list(relay.producers.sessions.by_token)
+    for one in ends:
+        one.connection_lost(None)
+    await settle()
+    played: dict[str, Any] = {
+        "history": [frame.replace(cut.epoch, "E") for frame in cut.frames],
+        "live": [(m.message_id, m.text) for m in cut.live],
+        "counters": _counters(relay),
+    }
+    for name, transport in seen.items():
+        frames = bytes(transport.written)
+        if name in upgraded:
+            _, _, frames = frames.partition(b"\r\n\r\n")
+        for token in tokens:
+            frames = frames.replace(token.encode(), b"T")
+        played[name] = frames.replace(cut.epoch.encode(), b"E")
+    return played
+
+
 async def _play(runs: bool, reads: list[bytes]) -> dict[str, Any]:
     relay = Relay(Settings(port=0, max_message_chars=MAX_CHARS, id_hold=60.0, **NO_SWEEPS))
     await relay.start()
@@ -112,36 +157,10 @@ async def _play(runs: bool, reads: list[bytes]) -> dict[str, Any]:
         # Frames start here: an opening message "a" in progress, so that the first deltas
         # may run at once.
         producer.data_received(_frame(b'{"id": "a", "delta": "go "}'))
-        for read in reads:
-            await settle()
-            for _ in range(100):  # the kernel holds what a paused socket is sent
-                if not written.paused:
-                    break
-                await asyncio.sleep(0)
-            if written.closing:
-                break
-            producer.data_received(read)
+        await fed(producer, written, reads)
         await settle()
-        cut = await relay.broker.catch_up("c", None, live=True, rewind=1000)
-        tokens = list(relay.producers.sessions.by_token)
-        for one in (deltas, messages, producer):
-            one.connection_lost(None)
-        await settle()
-        played: dict[str, Any] = {
-            "history": [frame.replace(cut.epoch, "E") for frame in cut.frames],
-            "live": [(m.message_id, m.text) for m in cut.live],
-            "counters": _counters(relay),
-        }
-        for name, seen in (
-            ("producer", written),
-            ("deltas", seen_deltas),
-            ("messages", seen_messages),
-        ):
-            _, _, frames = bytes(seen.written).partition(b"\r\n\r\n")  # after the 101
-            for token in tokens:
-                frames = frames.replace(token.encode(), b"T")
-            played[name] = frames.replace(cut.epoch.encode(), b"E")
-        return played
+        seen = {"producer": written, "deltas": seen_deltas, "messages": seen_messages}
+        return await observed(relay, (deltas, messages, producer), seen, set(seen))
     finally:
         await relay.stop()
 
@@ -181,9 +200,11 @@ def test_a_run_ends_where_a_delta_may_not_join_it_as_one_by_one(deltas: tuple[st
     assert sum(map(len, deltas[:5])) == MAX_CHARS or "\ud83d" in deltas
 
 
-def test_a_run_is_published_with_one_call_to_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The short way is taken: ten deltas of a message in one read reach the broker in one
-    call, and the subscriber has each of them, in order, before the final's message."""
+def published_in_one_call(send: Callable[[Relay], Awaitable[FakeTransport]]) -> None:
+    """``send`` has a producer of channel "c" send message "m": its delta "0" (which opens
+    it), "1" to "10" in a row, then its final; it returns the producer's transport. The
+    ten must reach the broker in one call, and a deltas subscriber must have each of the
+    eleven, in order, before the final's message; the producer gets its ack."""
     calls: list[tuple[str, list[str]]] = []
 
     async def play() -> tuple[bytes, bytes]:
@@ -195,17 +216,10 @@ def test_a_run_is_published_with_one_call_to_the_broker(monkeypatch: pytest.Monk
             calls.append((message_id, list(run)))
             deltas(channel, owner, message_id, run, count)
 
-        monkeypatch.setattr(relay.broker, "deltas", counted)
+        relay.broker.deltas = counted  # type: ignore[method-assign]
         try:
             _, seen = _upgraded(relay, b"/subscribe?channel=c&deltas=1")
-            producer, written = _upgraded(relay, b"/produce?channel=c")
-            await settle()
-            producer.data_received(_frame(b'{"id": "m", "delta": "0"}'))
-            await settle()
-            events: list[dict[str, Any]] = [{"id": "m", "delta": str(n)} for n in range(1, 11)]
-            events.append({"id": "m", "final": True})
-            producer.data_received(b"".join(_frame(json.dumps(e).encode()) for e in events))
-            await settle()
+            written = await send(relay)
             return bytes(seen.written), bytes(written.written)
         finally:
             await relay.stop()
@@ -216,3 +230,20 @@ def test_a_run_is_published_with_one_call_to_the_broker(monkeypatch: pytest.Monk
         assert b'"delta":"%d"' % n in seen
     assert seen.index(b'"delta":"10"') < seen.index(b'"text":"012345678910"')
     assert b'"type":"ack"' in written
+
+
+def test_a_run_is_published_with_one_call_to_the_broker() -> None:
+    """The short way is taken: ten deltas of a message in one read are one run."""
+
+    async def send(relay: Relay) -> FakeTransport:
+        producer, written = _upgraded(relay, b"/produce?channel=c")
+        await settle()
+        producer.data_received(_frame(b'{"id": "m", "delta": "0"}'))
+        await settle()
+        events: list[dict[str, Any]] = [{"id": "m", "delta": str(n)} for n in range(1, 11)]
+        events.append({"id": "m", "final": True})
+        producer.data_received(b"".join(_frame(json.dumps(e).encode()) for e in events))
+        await settle()
+        return written
+
+    published_in_one_call(send)

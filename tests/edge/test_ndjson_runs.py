@@ -28,8 +28,16 @@ from token_relay import Relay, Settings
 
 from tests.conftest import NO_SWEEPS
 from tests.edge.played import connection, settle
-from tests.edge.test_delta_runs import EXAMPLES, MAX_CHARS, _event, _upgraded
-from tests.edge.test_oneshot import _counters
+from tests.edge.test_delta_runs import (
+    EXAMPLES,
+    MAX_CHARS,
+    _event,
+    _upgraded,
+    fed,
+    observed,
+    published_in_one_call,
+)
+from tests.edge.test_http11 import FakeTransport
 
 MAX_LINE = 120
 """``--max-frame-bytes``: the longest line taken."""
@@ -98,39 +106,11 @@ async def _play(runs: bool, reads: list[bytes]) -> dict[str, Any]:
             b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%b"
             % (len(opening), opening)
         )
-        for read in reads:
-            await settle()
-            for _ in range(100):  # the kernel holds what a paused socket is sent
-                if not written.paused:
-                    break
-                await asyncio.sleep(0)
-            if written.closing:
-                break
-            producer.data_received(read)
+        await fed(producer, written, reads)
         for _ in range(5):
             await settle()
-        cut = await relay.broker.catch_up("c", None, live=True, rewind=1000)
-        tokens = list(relay.producers.sessions.by_token)
-        for one in (deltas, messages, producer):
-            one.connection_lost(None)
-        await settle()
-        played: dict[str, Any] = {
-            "history": [frame.replace(cut.epoch, "E") for frame in cut.frames],
-            "live": [(m.message_id, m.text) for m in cut.live],
-            "counters": _counters(relay),
-        }
-        for name, seen in (
-            ("producer", written),
-            ("deltas", seen_deltas),
-            ("messages", seen_messages),
-        ):
-            frames = bytes(seen.written)
-            if seen is not written:
-                _, _, frames = frames.partition(b"\r\n\r\n")  # after the 101 (and its Date)
-            for token in tokens:
-                frames = frames.replace(token.encode(), b"T")
-            played[name] = frames.replace(cut.epoch.encode(), b"E")
-        return played
+        seen = {"producer": written, "deltas": seen_deltas, "messages": seen_messages}
+        return await observed(relay, (deltas, messages, producer), seen, {"deltas", "messages"})
     finally:
         await relay.stop()
 
@@ -155,41 +135,21 @@ def test_runs_of_ndjson_deltas_are_applied_as_one_by_one() -> None:
 
 
 def test_a_body_s_run_is_published_with_one_call_to_the_broker() -> None:
-    """The short way is taken: ten deltas of a message in one body reach the broker in one
-    call, and the subscriber has each of them, in order, before the final's message."""
-    calls: list[tuple[str, list[str]]] = []
+    """The short way is taken: ten deltas of a message in one body are one run."""
 
-    async def play() -> tuple[bytes, bytes]:
-        relay = Relay(Settings(port=0, **NO_SWEEPS))
-        await relay.start()
-        deltas = relay.broker.deltas
-
-        def counted(channel: str, owner: str, message_id: str, run: Any, count: int) -> None:
-            calls.append((message_id, list(run)))
-            deltas(channel, owner, message_id, run, count)
-
-        relay.broker.deltas = counted  # type: ignore[method-assign]
-        try:
-            _, seen = _upgraded(relay, b"/subscribe?channel=c&deltas=1")
-            producer, written = connection(relay)
+    async def send(relay: Relay) -> FakeTransport:
+        producer, written = connection(relay)
+        await settle()
+        events: list[dict[str, Any]] = [{"id": "m", "delta": str(n)} for n in range(11)]
+        events.append({"id": "m", "final": True})
+        body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        producer.data_received(
+            b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
+            b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%b"
+            % (len(body), body)
+        )
+        for _ in range(5):
             await settle()
-            events: list[dict[str, Any]] = [{"id": "m", "delta": str(n)} for n in range(11)]
-            events.append({"id": "m", "final": True})
-            body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
-            producer.data_received(
-                b"POST /produce?channel=c HTTP/1.1\r\nHost: relay\r\n"
-                b"Content-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n%b"
-                % (len(body), body)
-            )
-            for _ in range(5):
-                await settle()
-            return bytes(seen.written), bytes(written.written)
-        finally:
-            await relay.stop()
+        return written
 
-    seen, written = asyncio.run(play())
-    assert calls == [("m", [str(n) for n in range(1, 11)])]
-    for n in range(11):
-        assert b'"delta":"%d"' % n in seen
-    assert seen.index(b'"delta":"10"') < seen.index(b'"text":"012345678910"')
-    assert b'"type":"ack"' in written
+    published_in_one_call(send)
