@@ -7,10 +7,12 @@ shares the measurement, so the figures move little from run to run, and they say
 relay's own Python costs:
 
 * ``ingest``: CPU per producer event, one producer to one subscriber, each event in its own
-  frame, then 100 to an array frame; in memory, and through a private ``redis-server``
-  (the relay's side only). Messages of 10 deltas and a final; those of 1 delta and of 100,
-  solved for the two unknowns, split it into what a plain delta costs and what a message's
-  own work costs (its open and its final: claim, completion, history, delivery, ack).
+  frame, then 100 to an array frame, then as NDJSON lines in one chunked ``POST
+  /produce`` (its answer checked); in memory, and through a private ``redis-server`` (the
+  relay's side only, a frame each). Messages of 10 deltas and a final; those of 1 delta
+  and of 100, solved for the two unknowns, split it into what a plain delta costs and what
+  a message's own work costs (its open and its final: claim, completion, history,
+  delivery, ack).
 * ``framing``: the part of ingest spent reading frames and handing them over, with the
   events left unapplied; and the part spent decoding them too.
 * ``fan-out``: CPU per subscriber for one completed message to 10,000 subscribers.

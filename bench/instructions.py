@@ -8,7 +8,8 @@ even on a busy, shared machine where times move by half from run to run.
 Each figure is the difference between two runs, one with ``--messages`` more messages than
 the other, less the same difference for a run that only builds the load: what remains is
 the relay's own work per event (reading frames, rules, assembly, broker, acks, delivery to
-one subscriber). ``--compare-python`` counts another installation's relay the same way.
+one subscriber), sent a frame each, 100 to an array frame, and as NDJSON lines in one
+chunked ``POST /produce``. ``--compare-python`` counts another installation's relay the same way.
 With ``redis-server`` on the PATH, ingest through a private Redis is counted too: the
 relay's side only (Redis is another process).
 
