@@ -476,3 +476,51 @@ async def test_one_shot_posts_across_relay_processes_on_redis_each_land_once(
             await client.aclose()
     finally:
         await asyncio.gather(a.stop(), w.stop(), b.stop())
+
+
+@pytest.mark.parametrize("first", ["slow-redis", "workers-2"])
+async def test_a_named_producers_runs_of_deltas_survive_a_cut_and_continue_elsewhere(
+    redis_server: RedisServer, first: str
+) -> None:
+    """A named producer's plain deltas, read in a row (applied as runs), on a first process:
+    one whole request, then one that a proxy cuts in mid-line once its whole lines are
+    applied; then the rest of the message on another process on the same Redis. Every delta
+    that came whole is kept, once and in order; the cut line is not."""
+    async with Proxy(redis_server.port) as link:
+        if first == "slow-redis":
+            link.delay = 0.05
+            a = relay_process("--broker", f"redis://127.0.0.1:{link.port}/0")
+        else:
+            a = relay_process("--broker", redis_server.url, "--workers", "2")
+        b = relay_process("--broker", redis_server.url)
+        await asyncio.gather(a.start(), b.start())
+        try:
+            async with connect(f"{b.url}/subscribe?channel=c&deltas=1") as sub:
+                await recv_json(sub)
+                path, ndjson = "/produce?channel=c&producer=gateway-9", "application/x-ndjson"
+                whole = _lines(*({"id": "z", "delta": f"{n} "} for n in range(6)))
+                assert (await _post(a.port, path, whole, ndjson))[0] == 200
+                async with Proxy(a.port) as front:
+                    _, writer = await asyncio.open_connection("127.0.0.1", front.port)
+                    lines = _lines(*({"id": "z", "delta": f"{n} "} for n in range(6, 12)))
+                    chunk = lines + b'{"id": "z", "delta": "never '
+                    writer.write(
+                        f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Type: {ndjson}\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n".encode()
+                        + b"%x\r\n%b\r\n" % (len(chunk), chunk)
+                    )
+                    # Deltas may reach a subscriber merged (a run is one write to Redis).
+                    seen = ""
+                    while not seen.endswith("11 "):
+                        seen += (await asyncio.wait_for(recv_json(sub), 10))["delta"]
+                    front.cut()
+                    writer.close()
+                rest = _lines({"id": "z", "delta": "end"}, {"id": "z", "final": True})
+                status, answer = await _post(b.port, path, rest, ndjson)
+                assert (status, [ack["id"] for ack in answer["acks"]]) == (200, ["z"]), answer
+                while (frame := await asyncio.wait_for(recv_json(sub), 10))["type"] == "delta":
+                    seen += frame["delta"]
+            whole_lines = "".join(f"{n} " for n in range(12)) + "end"
+            assert (seen, frame["type"], frame["text"]) == (whole_lines, "message", whole_lines)
+        finally:
+            await asyncio.gather(a.stop(), b.stop())

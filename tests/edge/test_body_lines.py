@@ -10,15 +10,14 @@ line for one over the limit or not UTF-8.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from typing import Any, cast
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 from token_relay.core.errors import ErrorCode, FrameRejected
-from token_relay.core.grants import Grant, Role
-from token_relay.edge.httpproducer import HttpProducer
+
+from tests.edge.test_statuses import ndjson_producer
 
 MAX_LINE = 23
 
@@ -60,15 +59,7 @@ def test_any_chunks_of_a_body_queue_the_lines_of_the_model(
 ) -> None:
     body = b"\n".join(lines) + (b"\n" if last_newline else b"")
     bounds = sorted({0, len(body), *(cut for cut in cuts if cut < len(body))})
-    producer = HttpProducer(
-        cast(asyncio.Transport, _Socket()),
-        path="/produce",
-        client="test",
-        grant=Grant(Role.PRODUCE, ("*",)),
-        ndjson=True,
-        named=False,
-        max_line=MAX_LINE,
-    )
+    producer = ndjson_producer(_Socket(), MAX_LINE)
     for start, end in itertools.pairwise(bounds):
         producer.feed(body[start:end])
     producer.end()

@@ -49,15 +49,16 @@ def test_each_surface_maps_only_its_own_codes() -> None:
     assert status_of("not_a_code_at_all", JOIN_CODES) == 400
 
 
-def _producer() -> HttpProducer:
+def ndjson_producer(transport: object = None, max_line: int = 1000) -> HttpProducer:
+    """An unnamed producer of an NDJSON ``POST /produce`` on ``transport``, any channel."""
     return HttpProducer(
-        cast(asyncio.Transport, object()),
+        cast(asyncio.Transport, transport),
         path="/produce",
         client="test",
         grant=Grant(Role.PRODUCE, ("*",)),
         ndjson=True,
         named=False,
-        max_line=1000,
+        max_line=max_line,
     )
 
 
@@ -88,7 +89,7 @@ def test_the_answer_is_the_frames_own_json_joined() -> None:
         b'{"type":"cancel","channel":"c","id":"m1"}',
         b'{"type":"session","session":"s","resumed":false}',  # not part of the answer
     ]
-    producer = _producer()
+    producer = ndjson_producer()
     for data in frames:
         producer.collect(data)
     assert producer.answer() == _as_before(frames)
@@ -97,7 +98,7 @@ def test_the_answer_is_the_frames_own_json_joined() -> None:
 
 
 def test_an_empty_answer() -> None:
-    assert _producer().answer() == b'{"acks":[],"errors":[],"cancels":[]}'
+    assert ndjson_producer().answer() == b'{"acks":[],"errors":[],"cancels":[]}'
 
 
 text = st.text(max_size=6) | st.text(alphabet=st.sampled_from('a"\\\n\x00\u2028\u00e9\U0001f600,'))
@@ -134,7 +135,7 @@ reordered = frame.map(lambda data: json.dumps(dict(reversed(json.loads(data).ite
 @settings(max_examples=500, deadline=None)
 @given(st.lists(st.one_of(frame, respaced, reordered), max_size=8))
 def test_frames_are_told_apart_by_their_start_as_by_reading_them(frames: list[str]) -> None:
-    fast, read = _producer(), _producer()
+    fast, read = ndjson_producer(), ndjson_producer()
     for data in frames:
         fast.collect(data.encode())
         read.collect_parsed(data.encode())
@@ -151,7 +152,7 @@ def test_frames_are_told_apart_by_their_start_as_by_reading_them(frames: list[st
 def test_the_answer_to_generated_frames_is_what_loading_and_dumping_them_gave(
     frames: list[str],
 ) -> None:
-    producer = _producer()
+    producer = ndjson_producer()
     for data in frames:
         producer.collect(data.encode())
     assert producer.answer() == _as_before([data.encode() for data in frames])

@@ -78,6 +78,9 @@ class AiSdkProducer(HttpProducer):
     """One request's UI message stream in, one message's events out (see the module's
     docstring)."""
 
+    takes_runs = False
+    """Its events come translated from the stream's chunks, one by one (:meth:`dispatch`)."""
+
     def __init__(
         self,
         transport: asyncio.Transport,

@@ -65,6 +65,10 @@ class HttpProducer(PeerBase):
     its line). The lines after either are applied as usual.
     """
 
+    takes_runs = True
+    """Whether its deltas read in a row may be applied as one run (see
+    :meth:`dispatch`'s ``settle``)."""
+
     def __init__(
         self,
         transport: asyncio.Transport,

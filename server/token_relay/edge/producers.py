@@ -326,8 +326,7 @@ class ProducerEndpoint:
         # run of the lines read so far; an AI SDK body's events are applied one by one.
         run = (
             _DeltaRun(self, session)
-            if self.delta_runs
-            and (isinstance(connection, WebSocket) or type(connection) is HttpProducer)
+            if self.delta_runs and (isinstance(connection, WebSocket) or connection.takes_runs)
             else None
         )
 
