@@ -501,16 +501,15 @@ class MessageStreams:
         state = self._plain(message_id)
         if state is None:
             return None
-        chars = state.chars
-        count = 0
-        for delta in deltas:
-            if delta:
-                if not delta.isascii() and has_surrogate(delta):
-                    return None
-                chars += len(delta)
-                count += 1
+        # One string of the run: a surrogate half in it is one in a delta of it (a lone
+        # half stays lone when strings are joined), and its length theirs together.
+        joined = "".join(deltas)
+        if not joined.isascii() and has_surrogate(joined):
+            return None
+        chars = state.chars + len(joined)
         if chars > self.max_chars:
             return None
+        count = len(deltas) - deltas.count("")
         state.last_event = now
         assembler = self.assembler
         if not assembler.extend(message_id, deltas):

@@ -597,7 +597,11 @@ class ProducerEndpoint:
             ):
                 # Most events: a delta of a plain message in progress, on the default
                 # channel: the short way of _apply (as in _frame).
-                if index >= tried:
+                if index >= tried and streams.phase(event.id) is not Phase.STREAMING:
+                    # It opens its message (or needs the long way): alone, and a run may
+                    # start at the next event (no run is looked for, to be refused).
+                    tried = index + 1
+                elif index >= tried:
                     deltas = _run_of_deltas(events, index, event.delta)
                     run = index + len(deltas)
                     if run > index + 1:
@@ -608,9 +612,9 @@ class ProducerEndpoint:
                             self.published_run(owner, event.id, deltas, ran)
                             skip = run
                             continue
-                        # One at a time: from the next event on if this one opens its
-                        # message, else the whole run.
-                        tried = run if streams.phase(event.id) is Phase.STREAMING else index + 1
+                        # A message in progress whose run needs the long way: one at
+                        # a time, the whole run.
+                        tried = run
                 streamed = plain_delta(event.id, event.delta, now)
                 if streamed is not None:
                     channel, wait, first = streamed
