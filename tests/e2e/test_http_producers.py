@@ -14,7 +14,7 @@ from token_relay.core.grants import Role
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, start_relay
-from ..harness import Proxy, RedisServer, ServiceProcess, relay_process
+from ..harness import Proxy, RedisServer, ServiceProcess, eventually, relay_process
 
 SECRET = "http-producer-secret-of-at-least-32-bytes"
 
@@ -524,3 +524,89 @@ async def test_a_named_producers_runs_of_deltas_survive_a_cut_and_continue_elsew
             assert (seen, frame["type"], frame["text"]) == (whole_lines, "message", whole_lines)
         finally:
             await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_a_redis_restart_mid_body_leaves_every_ndjson_reply_exact(
+    redis_server: RedisServer,
+) -> None:
+    """NDJSON bodies of plain deltas, a few lines a chunk (applied as runs), streaming to
+    two processes on one Redis, which is killed while every body is under way, stays down
+    while more chunks come, and restarts empty. Every reply is acked in its answer and ends
+    in exactly one message, with its whole text."""
+    a, b = relay_process("--broker", redis_server.url), relay_process("--broker", redis_server.url)
+    await asyncio.gather(a.start(), b.start())
+    expected = {f"r{n}": "".join(f"{n}.{t} " for t in range(24)) for n in range(8)}
+    chunks_sent: dict[str, int] = {}
+    down, restarted = asyncio.Event(), asyncio.Event()
+
+    async def gateway(port: int, message_id: str) -> tuple[int, Any]:
+        reader, writer = await _chunked(port, "/produce?channel=restart")
+        tokens = [token + " " for token in expected[message_id].split(" ")[:-1]]
+        for at in range(0, len(tokens), 3):
+            if at == 12:
+                await down.wait()  # the next chunks come while Redis is down
+            elif at == 18:
+                await restarted.wait()
+            await _chunk(writer, *({"id": message_id, "delta": t} for t in tokens[at : at + 3]))
+            chunks_sent[message_id] = chunks_sent.get(message_id, 0) + 1
+            await asyncio.sleep(0.01)
+        await _chunk(writer, {"id": message_id, "final": True}, last=True)
+        answer = await _answered(reader)
+        writer.close()
+        return answer
+
+    try:
+        ids = sorted(expected)
+        gateways = asyncio.gather(
+            *(gateway((a, b)[n % 2].port, message_id) for n, message_id in enumerate(ids))
+        )
+        await eventually(
+            lambda: all(chunks_sent.get(message_id, 0) >= 4 for message_id in ids),
+            15,
+            what="every body under way",
+        )
+        redis_server.kill()  # empty on restart: a new epoch for the channel
+        down.set()
+        await eventually(
+            lambda: all(chunks_sent.get(message_id, 0) >= 6 for message_id in ids),
+            15,
+            what="every body's chunks sent while Redis is down",
+        )
+        for relay in (a, b):  # each has seen Redis go, with chunks of runs applied since
+            await eventually(
+                lambda relay=relay: _not_ready(relay), 15, what="the relay seeing Redis gone"
+            )
+        redis_server.start()
+        for relay in (a, b):
+            await eventually(lambda relay=relay: _ready(relay), 15, what="the relay ready again")
+        restarted.set()
+        answers = await asyncio.wait_for(gateways, 30)
+        assert [(status, [ack["id"] for ack in answer["acks"]]) for status, answer in answers] == [
+            (200, [message_id]) for message_id in ids
+        ], answers
+        # Every final came after the restart: the new epoch's history holds every reply.
+        async with connect(f"{a.url}/subscribe") as replay:
+            await replay.send(json.dumps({"type": "subscribe", "channel": "restart"}))
+            current = await recv_json(replay)
+            await replay.send(json.dumps({"type": "unsubscribe", "channel": "restart"}))
+            await recv_json(replay)
+            since = {"offset": 0, "epoch": current["epoch"]}
+            await replay.send(
+                json.dumps({"type": "subscribe", "channel": "restart", "since": since})
+            )
+            assert (await recv_json(replay))["recovered"] is True
+            history = [await recv_json(replay) for _ in range(current["offset"])]
+        assert sorted(frame["id"] for frame in history) == ids  # each exactly once
+        assert {frame["id"]: (frame["type"], frame["text"]) for frame in history} == {
+            message_id: ("message", text) for message_id, text in expected.items()
+        }
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def _ready(relay: ServiceProcess) -> bool:
+    return await relay.http_status("/readyz") == 200
+
+
+async def _not_ready(relay: ServiceProcess) -> bool:
+    return not await _ready(relay)
