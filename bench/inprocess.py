@@ -149,13 +149,20 @@ async def feed(
 
 
 def load(
-    messages: int, batch: int, prefix: str = "m", deltas: int = 10
+    messages: int, batch: int, prefix: str = "m", deltas: int = 10, interleave: int = 1
 ) -> tuple[int, list[str], list[bytes]]:
     """``messages`` messages of ``deltas`` deltas and a final, their ids starting with
     ``prefix``, in frames of ``batch`` events: how many events, the frames' texts, and their
-    bytes as the socket's reads would bring them."""
+    bytes as the socket's reads would bring them. With ``interleave``, the messages go in
+    groups of that many, streamed together: each group's first events, then their second,
+    and so on (a gateway streaming several replies at once)."""
     built = build_messages(messages, deltas, prefix)
-    texts = [frame for message in built for frame in message.frames]
+    texts = [
+        frame
+        for at in range(0, len(built), interleave)
+        for step in zip(*(message.frames for message in built[at : at + interleave]), strict=True)
+        for frame in step
+    ]
     events = len(texts)
     if batch > 1:
         texts = ["[" + ",".join(texts[at : at + batch]) + "]" for at in range(0, len(texts), batch)]

@@ -8,8 +8,9 @@ even on a busy, shared machine where times move by half from run to run.
 Each figure is the difference between two runs, one with ``--messages`` more messages than
 the other, less the same difference for a run that only builds the load: what remains is
 the relay's own work per event (reading frames, rules, assembly, broker, acks, delivery to
-one subscriber), sent a frame each, 100 to an array frame, and as NDJSON lines in one
-chunked ``POST /produce``. ``--compare-python`` counts another installation's relay the same way.
+one subscriber), sent a frame each, 100 to an array frame (also with ten messages streamed
+at once, their events interleaved), and as NDJSON lines in one chunked ``POST /produce``.
+``--compare-python`` counts another installation's relay the same way.
 With ``redis-server`` on the PATH, ingest through a private Redis is counted too: the
 relay's side only (Redis is another process).
 
@@ -62,15 +63,18 @@ EVENTS_PER_MESSAGE = 11
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _ingest(messages: int, batch: int, setup_only: bool, broker: str) -> None:
+async def _ingest(
+    messages: int, batch: int, setup_only: bool, broker: str, interleave: int = 1
+) -> None:
     """Build the load; unless ``setup_only``, feed it to a relay and check it was applied:
-    in frames of ``batch`` events, or (``batch`` 0) as NDJSON lines in one chunked POST."""
+    in frames of ``batch`` events, or (``batch`` 0) as NDJSON lines in one chunked POST;
+    the messages ``interleave`` at a time (see :func:`~bench.inprocess.load`)."""
     relay = Relay(settings(broker))
     server = await relay.start()
     _, seen = connect(server, "/subscribe?channel=c")
     quiet = None if broker == "memory://" else seen  # Redis's replies come back later
     await settle(lambda: True, quiet)
-    _, texts, reads = load(messages, max(batch, 1))
+    _, texts, reads = load(messages, max(batch, 1), interleave=interleave)
     post = b"" if batch else ndjson_post(texts)
     if setup_only:
         return
@@ -164,11 +168,11 @@ async def _http(kind: str, requests: int, setup_only: bool) -> None:
         raise SystemExit(f"the relay did not answer every request with {status.decode()}")
 
 
-async def _child(messages: int, batch: int, setup_only: bool, redis: bool) -> None:
+async def _child(messages: int, batch: int, setup_only: bool, redis: bool, interleave: int) -> None:
     """One counted run; with ``redis``, on a private ``redis-server`` (not counted: it is
     another process)."""
     if not redis:
-        return await _ingest(messages, batch, setup_only, "memory://")
+        return await _ingest(messages, batch, setup_only, "memory://", interleave)
     with tempfile.TemporaryDirectory(prefix="token-relay-instructions-") as directory:
         server = RedisServer(Path(directory))
         server.start()
@@ -183,9 +187,12 @@ class CountFailed(Exception):
     ``redis``): its row is reported failed, and the other rows are still counted."""
 
 
-def _count(python: str, messages: int, batch: int, setup_only: bool, redis: bool) -> int:
+def _count(
+    python: str, messages: int, batch: int, setup_only: bool, redis: bool, interleave: int
+) -> int:
     """Instructions one child run executes, as callgrind counts them."""
     arguments = [str(messages), str(batch), "1" if setup_only else "0", "1" if redis else "0"]
+    arguments.append(str(interleave))
     return _counted(python, ["--child", *arguments])
 
 
@@ -208,12 +215,15 @@ def _counted(python: str, arguments: list[str]) -> int:
     return int(found.group(1))
 
 
-def per_event(python: str, batch: int, messages: int, redis: bool = False) -> float:
-    """The relay's instructions per event, frames of ``batch`` events."""
+def per_event(
+    python: str, batch: int, messages: int, redis: bool = False, interleave: int = 1
+) -> float:
+    """The relay's instructions per event, frames of ``batch`` events, the messages
+    ``interleave`` at a time."""
     runs = [(BASE, False), (BASE + messages, False), (BASE, True), (BASE + messages, True)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         small, large, setup_small, setup_large = pool.map(
-            lambda run: _count(python, run[0], batch, run[1], redis), runs
+            lambda run: _count(python, run[0], batch, run[1], redis, interleave), runs
         )
     return ((large - small) - (setup_large - setup_small)) / (messages * EVENTS_PER_MESSAGE)
 
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compare-python", default="", metavar="PYTHON", help="another installation's python"
     )
-    parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=5, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--http-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.http_child:
@@ -246,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(0)
     if args.child:
-        messages, batch, setup_only, redis = args.child
-        run = _child(messages, batch, bool(setup_only), bool(redis))
+        messages, batch, setup_only, redis, interleave = args.child
+        run = _child(messages, batch, bool(setup_only), bool(redis), interleave)
         asyncio.new_event_loop().run_until_complete(run)
         sys.stdout.flush()
         os._exit(0)  # the relay's leftover tasks need no orderly end
@@ -258,20 +268,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_python:
         pythons.append(("--compare-python's relay", args.compare_python))
     cases = [
-        (1, False, "a frame per event"),
-        (100, False, "100 events per frame"),
-        (0, False, "as NDJSON lines"),
+        (1, False, 1, "a frame per event"),
+        (100, False, 1, "100 events per frame"),
+        (100, False, 10, "the same, 10 at a time"),
+        (0, False, 1, "as NDJSON lines"),
     ]
     if shutil.which("redis-server"):
-        cases.append((1, True, "through Redis"))
+        cases.append((1, True, 1, "through Redis"))
     failed = 0
     rows: list[tuple[str, str, Callable[[str], float]]] = [
         (
             f"ingest, {what:<22}",
             "event",
-            functools.partial(per_event, batch=batch, messages=args.messages, redis=redis),
+            functools.partial(
+                per_event, batch=batch, messages=args.messages, redis=redis, interleave=interleave
+            ),
         )
-        for batch, redis, what in cases
+        for batch, redis, interleave, what in cases
     ]
     rows += [
         (
