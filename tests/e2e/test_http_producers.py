@@ -574,11 +574,13 @@ async def test_a_redis_restart_mid_body_leaves_every_ndjson_reply_exact(
         )
         for relay in (a, b):  # each has seen Redis go, with chunks of runs applied since
             await eventually(
-                lambda relay=relay: _not_ready(relay), 15, what="the relay seeing Redis gone"
+                lambda relay=relay: _readyz_is(relay, 503), 15, what="the relay seeing Redis gone"
             )
         redis_server.start()
         for relay in (a, b):
-            await eventually(lambda relay=relay: _ready(relay), 15, what="the relay ready again")
+            await eventually(
+                lambda relay=relay: _readyz_is(relay, 200), 15, what="the relay ready again"
+            )
         restarted.set()
         answers = await asyncio.wait_for(gateways, 30)
         assert [(status, [ack["id"] for ack in answer["acks"]]) for status, answer in answers] == [
@@ -604,9 +606,5 @@ async def test_a_redis_restart_mid_body_leaves_every_ndjson_reply_exact(
         await asyncio.gather(a.stop(), b.stop())
 
 
-async def _ready(relay: ServiceProcess) -> bool:
-    return await relay.http_status("/readyz") == 200
-
-
-async def _not_ready(relay: ServiceProcess) -> bool:
-    return not await _ready(relay)
+async def _readyz_is(relay: ServiceProcess, status: int) -> bool:
+    return await relay.http_status("/readyz") == status

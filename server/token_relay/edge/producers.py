@@ -597,26 +597,27 @@ class ProducerEndpoint:
             ):
                 # Most events: a delta of a plain message in progress, on the default
                 # channel: the short way of _apply (as in _frame).
-                if index >= tried and index + 1 < count and events[index + 1].id == event.id:
-                    # The next event is of the same message: a run may start here.
-                    if streams.phase(event.id) is not Phase.STREAMING:
-                        # This delta opens its message (or needs the long way): alone,
-                        # and a run may start at the next event (none is looked for
-                        # here, to be refused).
-                        tried = index + 1
-                    else:
-                        deltas = _run_of_deltas(events, index, event.delta)
-                        run = index + len(deltas)
-                        if run > index + 1:
-                            # Its next events are more deltas of the same message, applied
-                            # together, as one after another (MessageStreams.plain_deltas).
-                            ran = streams.plain_deltas(event.id, deltas, now)
-                            if ran is not None:
-                                self.published_run(owner, event.id, deltas, ran)
-                                skip = run
-                                continue
-                            # Its run needs the long way: one at a time, the whole run.
-                            tried = run
+                if (
+                    index >= tried
+                    and index + 1 < count
+                    and events[index + 1].id == event.id
+                    and streams.phase(event.id) is Phase.STREAMING
+                ):
+                    # A run may start here: the message is in progress and the next event
+                    # is of it. (A delta that opens its message is applied alone, below,
+                    # and its run looked for from the next event: none would be taken.)
+                    deltas = _run_of_deltas(events, index, event.delta)
+                    run = index + len(deltas)
+                    if run > index + 1:
+                        # Its next events are more deltas of the same message, applied
+                        # together, as one after another (see MessageStreams.plain_deltas).
+                        ran = streams.plain_deltas(event.id, deltas, now)
+                        if ran is not None:
+                            self.published_run(owner, event.id, deltas, ran)
+                            skip = run
+                            continue
+                        # Its run needs the long way: one at a time, the whole run.
+                        tried = run
                 streamed = plain_delta(event.id, event.delta, now)
                 if streamed is not None:
                     channel, wait, first = streamed
