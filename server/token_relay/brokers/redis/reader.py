@@ -14,6 +14,11 @@ from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
 
+try:
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+except ImportError:  # pragma: no cover - a redis-py without it reads a message at a time
+    NOT_ENOUGH_DATA = None
+
 from ...core.errors import BrokerUnavailable
 from ...core.events import Delta, FrameKind
 from .. import BrokerListener
@@ -187,6 +192,11 @@ class Reader:
                             quiet.reschedule(now + PUBSUB_QUIET)
                         if message is not None:
                             self._take(message, inbox)
+                        other = self._take_buffered(pubsub, inbox)
+                        if other is not None:  # read already: taken as get_message would
+                            message = await _handled(pubsub, other)
+                            if message is not None:
+                                self._take(message, inbox)
             except TimeoutError:
                 if not quiet.expired():
                     raise
@@ -194,6 +204,21 @@ class Reader:
                     raise BrokerUnavailable("the pub/sub connection stopped answering") from None
                 await pubsub.ping()
                 pinged = True
+
+    def _take_buffered(self, pubsub: Any, inbox: bytes) -> Any:
+        """Take the messages already read and parsed behind the one just taken, in order,
+        without a pass through redis-py's layers each (a burst arrives in one read). The
+        first reply that is not a channel's message (a subscription confirmed, a pong) is
+        returned, for :func:`_handled`; None once none is left."""
+        gets = _buffered(pubsub)
+        if gets is None:
+            return None
+        while (reply := gets()) is not NOT_ENOUGH_DATA:
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
+                self._take({"type": "message", "channel": reply[1], "data": reply[2]}, inbox)
+            else:
+                return reply
+        return None
 
     def _take(self, message: dict[str, Any], inbox: bytes) -> None:
         """One pub/sub message: a subscription confirmed, a note to this process, or a
@@ -236,4 +261,34 @@ class Reader:
         elif frame_kind == b"p":  # a structured message's chunks: for deltas subscribers
             listener.on_frame(channel, FrameKind.DELTA, int(seq), payload)
         else:
-            listener.on_frame(channel, FrameKind(frame_kind.decode()), int(seq), payload)
+            listener.on_frame(channel, _KINDS[frame_kind], int(seq), payload)
+
+
+_KINDS = {kind.value.encode(): kind for kind in FrameKind}
+"""A frame's kind, by the letter it is published under."""
+
+
+def _buffered(pubsub: Any) -> Callable[[], Any] | None:
+    """What reads the replies the pub/sub connection has read and not yet taken: the
+    ``gets`` of hiredis's reader, through which redis-py parses them (redis-py's own
+    parser, or a version that keeps it elsewhere: None, and each message is read
+    through ``get_message``)."""
+    if NOT_ENOUGH_DATA is None:
+        return None
+    reader = getattr(getattr(pubsub.connection, "_parser", None), "_reader", None)
+    gets: Callable[[], Any] | None = getattr(reader, "gets", None)
+    return gets
+
+
+async def _handled(pubsub: Any, reply: Any) -> dict[str, Any] | None:
+    """A reply taken from :func:`_buffered` that is not a channel's message, handled as
+    ``get_message`` would have: a push of RESP3 through the parser's push handling, then
+    the message it makes (redis-py's bookkeeping of subscriptions included)."""
+    if isinstance(reply, Exception):
+        raise reply  # as the connection's read_response raises it (an error reply, a reset)
+    parser = pubsub.connection._parser
+    push = getattr(parser, "_hiredis_PushNotificationType", None)
+    if push is not None and isinstance(reply, push):
+        reply = await parser.handle_push_response(reply)
+    message: dict[str, Any] | None = await pubsub.handle_message(reply)
+    return message

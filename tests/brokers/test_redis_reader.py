@@ -1,0 +1,136 @@
+"""The pub/sub reader takes a burst of messages read at once in order, each exactly once,
+without a pass through redis-py's layers per message; anything else still goes through them."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import hiredis
+import pytest
+from redis.asyncio import Redis
+from token_relay.brokers import open_broker
+from token_relay.brokers.redis import RedisBroker
+from token_relay.brokers.redis.connections import Connections
+from token_relay.brokers.redis.health import Health
+from token_relay.brokers.redis.reader import NOT_ENOUGH_DATA, Reader, _buffered
+from token_relay.core.events import FrameKind
+from token_relay.core.settings import Settings
+
+from ..harness import RedisServer
+from .test_contract import Recorder, until
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+def _message(topic: bytes, data: bytes, resp3: bool) -> bytes:
+    """A channel's message as Redis sends it: a RESP3 push, or a RESP2 array."""
+    return (b">3\r\n" if resp3 else b"*3\r\n") + _bulk(b"message") + _bulk(topic) + _bulk(data)
+
+
+def _reading(wire: bytes) -> tuple[Reader, Recorder, Any]:
+    """A reader whose pub/sub connection has read ``wire`` (parsed by hiredis, as redis-py
+    parses it) and not taken any of it yet."""
+    parser = SimpleNamespace(_reader=hiredis.Reader(notEnoughData=NOT_ENOUGH_DATA))
+    parser._reader.feed(wire)
+    pubsub = SimpleNamespace(connection=SimpleNamespace(_parser=parser))
+    reader, recorder = Reader(Connections("redis://unused"), Health(), "here"), Recorder()
+    reader.listener = recorder
+    return reader, recorder, pubsub
+
+
+def test_a_burst_is_taken_in_order_up_to_the_first_reply_that_is_not_a_message() -> None:
+    frames = [b't|%d|{"n":%d}' % (n, n) for n in range(1, 7)]
+    wire = b"".join(_message(b"tr:m:c", frame, n % 2 == 0) for n, frame in enumerate(frames[:4]))
+    wire += b"*3\r\n" + _bulk(b"subscribe") + _bulk(b"tr:m:other") + b":2\r\n"
+    wire += b"".join(_message(b"tr:m:c", frame, True) for frame in frames[4:])
+    wire += _message(b"tr:m:c", b"t|7|{", True)[:-3]  # the next one, not read whole yet
+    reader, recorder, pubsub = _reading(wire)
+
+    other = reader._take_buffered(pubsub, b"tr:i:here")
+    assert list(other) == [b"subscribe", b"tr:m:other", 2]  # left for redis-py's bookkeeping
+    assert [(channel, kind, seq) for channel, kind, seq, _ in recorder.frames] == [
+        ("c", FrameKind.TERMINAL, n) for n in range(1, 5)
+    ]
+    assert reader._take_buffered(pubsub, b"tr:i:here") is None
+    assert [text for _, _, _, text in recorder.frames] == [f'{{"n":{n}}}' for n in range(1, 7)]
+    assert reader._take_buffered(pubsub, b"tr:i:here") is None  # nothing taken twice
+
+
+def test_a_note_to_this_process_and_a_delta_read_in_a_burst_are_taken_as_one_at_a_time() -> None:
+    wire = _message(b"tr:i:here", b'c|owner.1|{"type":"cancel"}', True)
+    wire += _message(b"tr:d:c", b"d|3|1|mhello", True)
+    reader, recorder, pubsub = _reading(wire)
+    assert reader._take_buffered(pubsub, b"tr:i:here") is None
+    assert recorder.cancels == [("owner.1", '{"type":"cancel"}')]
+    delta = '{"type":"delta","channel":"c","id":"m","delta":"hello"}'
+    assert recorder.frames == [("c", FrameKind.DELTA, 3, delta)]
+
+
+@pytest.mark.parametrize("reply", [b"-ERR wrong\r\n", b"+PONG\r\n"])
+def test_an_error_or_a_pong_is_never_taken_as_a_message(reply: bytes) -> None:
+    reader, recorder, pubsub = _reading(_message(b"tr:m:c", b"t|1|{}", True) + reply)
+    other = reader._take_buffered(pubsub, b"tr:i:here")
+    assert other is not None and not isinstance(other, list)
+    assert len(recorder.frames) == 1
+
+
+async def test_the_installed_redis_py_lends_the_reader_its_parsed_replies(
+    redis_server: RedisServer,
+) -> None:
+    broker = open_broker(Settings(broker=redis_server.url), "alpha")
+    assert isinstance(broker, RedisBroker)
+    await broker.start(Recorder())
+    try:
+        pubsub = broker._reader._pubsub
+        assert _buffered(pubsub) is not None, "redis-py no longer parses with hiredis here"
+    finally:
+        await broker.close()
+
+
+async def test_a_burst_over_a_real_socket_arrives_whole_in_order_with_a_subscribe_amid_it(
+    redis_server: RedisServer,
+) -> None:
+    broker = open_broker(Settings(broker=redis_server.url), "alpha")
+    assert isinstance(broker, RedisBroker)
+    recorder = Recorder()
+    await broker.start(recorder)
+    publisher = Redis.from_url(redis_server.url)
+    try:
+        await broker.listen("c", True, True)
+        pubsub = broker._reader._pubsub
+        reads = 0
+        get_message = pubsub.get_message
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await get_message(*args, **kwargs)
+
+        pubsub.get_message = counted
+        burst = 500
+
+        async def publish(first: int) -> None:
+            async with publisher.pipeline(transaction=False) as pipe:
+                for n in range(first, first + burst // 2):
+                    pipe.publish("tr:m:c", f't|{n}|{{"n":{n}}}')
+                await pipe.execute()
+
+        # A subscription is confirmed amid the burst: its reply goes through redis-py.
+        subscribing = asyncio.ensure_future(broker.listen("other", True, False))
+        await publish(1)
+        await publish(251)
+        await subscribing
+        await until(lambda: len(recorder.frames) >= burst)
+        assert [seq for _, _, seq, _ in recorder.frames] == list(range(1, burst + 1))
+        assert [text for _, _, _, text in recorder.frames][-1] == f'{{"n":{burst}}}'
+        assert reads < burst // 5  # most messages were taken from the burst they came in
+        await publisher.publish("tr:m:other", 't|1|{"n":0}')  # the subscription took effect
+        await until(lambda: len(recorder.frames) > burst)
+        assert recorder.frames[-1][0] == "other"
+    finally:
+        await publisher.aclose()
+        await broker.close()
