@@ -91,7 +91,7 @@ async def test_a_run_of_entries_is_one_script_and_an_entry_never_joins_a_plain_r
     broker.part(*target, {"type": "start-step"}, convert="1")
     for n in range(5):
         broker.part(*target, str(n))
-    queued = list(broker._pipeline.queue._queue)  # type: ignore[attr-defined]
+    queued = list(broker._pipeline.queue)
     assert [write.script for write in queued] == ["open", "part"]
     assert queued[0].parts == ["", "plain"]
     assert queued[1].entries == [partlog.chunk_entry({"type": "start-step"})] + [

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
-from token_relay.core.history import ChannelLog, HistoryStore, Replay
+from token_relay.core import history
+from token_relay.core.history import ChannelLog, HistoryStore, Replay, new_epoch
 
 
 def _render(offset: int, epoch: str) -> str:
@@ -12,6 +16,35 @@ def _render(offset: int, epoch: str) -> str:
 
 def _fill(log: ChannelLog, count: int, now: float = 0.0) -> list[str]:
     return [log.record(now, _render) for _ in range(count)]
+
+
+# ------------------------------------------------------------------------ epochs
+
+
+def test_epoch_names_are_12_url_safe_characters_each_handed_out_once() -> None:
+    names = [new_epoch() for _ in range(1000)]  # several draws from the OS
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{12}", name) for name in names)
+    assert len(set(names)) == len(names)
+
+
+def test_a_forked_process_never_hands_out_its_parents_epoch_names() -> None:
+    new_epoch()  # the parent holds names drawn, not yet handed out
+    kept = list(history._drawn)
+    assert kept
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's side
+        try:
+            os.write(write, "".join(new_epoch() for _ in range(len(kept) + 1)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        told = pipe.read()
+    os.waitpid(child, 0)
+    theirs = {told[at : at + 12] for at in range(0, len(told), 12)}
+    assert len(theirs) == len(kept) + 1 and not theirs & set(kept)
+    assert history._drawn == kept  # the parent's are still its own to hand out
 
 
 # ------------------------------------------------------------------------ ChannelLog

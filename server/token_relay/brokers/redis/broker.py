@@ -330,7 +330,7 @@ class RedisBroker:
 
     def _drain_outbox(self) -> None:
         outbox, pipeline = self._outbox, self._pipeline
-        while outbox and not pipeline.queue.full():
+        while outbox and pipeline.has_room():
             deferred = outbox.take()
             target = (deferred.channel, deferred.owner, deferred.message_id)
             write = self._terminal(

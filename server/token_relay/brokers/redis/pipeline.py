@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from .health import Health
 from .outbox import Outbox
 from .packing import packed_together
 from .partlog import log_value
+from .replies import NOT_ENOUGH_DATA, buffered, push_type
 from .writes import Runs, Target, Write, progress_write, resync_write, taken
 
 __all__ = ["MAX_BATCH", "MAX_BROKEN_LOGS", "MAX_QUEUE", "Pipeline"]
@@ -50,7 +52,10 @@ class Pipeline:
         self._text_ttl = text_ttl
         self.listener: BrokerListener | None = None
         self.webhooks: WebhookStore | None = None
-        self.queue: asyncio.Queue[Write] = asyncio.Queue(MAX_QUEUE)
+        self.queue: deque[Write] = deque()
+        """Writes waiting for the writer, at most :data:`MAX_QUEUE`."""
+        self._waiting: asyncio.Future[None] | None = None
+        """The writer's, while it waits for a write to be queued."""
         self.runs = Runs()
         """The queued delta writes the next deltas of their messages join."""
         self.last: Write | None = None
@@ -75,22 +80,36 @@ class Pipeline:
 
     def full(self) -> bool:
         """No write may be queued now: Redis is not healthy, or the queue is full."""
-        return not self._health.healthy or self.queue.full()
+        return not self._health.healthy or len(self.queue) >= MAX_QUEUE
+
+    def has_room(self) -> bool:
+        """The queue is not full (whether or not Redis is healthy)."""
+        return len(self.queue) < MAX_QUEUE
 
     def enqueue(self, write: Write, target: Target) -> bool:
         """Queue a write of ``target``'s; if it can't be, mark the message for a resync."""
-        if not self._health.healthy or self.queue.full():
+        if not self._health.healthy or len(self.queue) >= MAX_QUEUE:
             self.dirty.add(target)
             return False
         self.put(write)
         return True
 
     def put(self, write: Write) -> None:
-        """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`)."""
+        """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`).
+        Past :data:`MAX_QUEUE` it is refused with :class:`asyncio.QueueFull` (callers look
+        at :meth:`full` first)."""
+        queue = self.queue
+        if len(queue) >= MAX_QUEUE:
+            raise asyncio.QueueFull
         if write.script != "delta" and write.script != "part":
             self.runs.close()
-        self.queue.put_nowait(write)
+        queue.append(write)
         self.last = write
+        waiting = self._waiting
+        if waiting is not None:
+            self._waiting = None
+            if not waiting.done():
+                waiting.set_result(None)
 
     async def flush_writes(self) -> None:
         """Wait until every write queued so far has been executed (or has failed)."""
@@ -141,11 +160,13 @@ class Pipeline:
     async def write_forever(self) -> None:
         """Take the queue's writes in batches of at most :data:`MAX_BATCH`, send each batch
         as one pipeline, and settle each write with its reply."""
-        queue = self.queue
+        queue, loop = self.queue, asyncio.get_running_loop()
         while not self._health.closing:
-            batch = [await queue.get()]
-            while len(batch) < MAX_BATCH and not queue.empty():
-                batch.append(queue.get_nowait())
+            if not queue:
+                waiting = self._waiting = loop.create_future()
+                await waiting
+                continue
+            batch = [queue.popleft() for _ in range(min(len(queue), MAX_BATCH))]
             self.runs.close()  # taken: no delta joins these any more
             self.last = None
             batch = [taken(write) for write in batch]
@@ -263,10 +284,7 @@ class Pipeline:
             packed = packed_together(commands) or connection.pack_commands(commands)
             await connection.send_packed_command(packed, check_health=False)
             for _ in commands:
-                try:
-                    results.append(await connection.read_response())
-                except redis_errors.ResponseError as exc:
-                    results.append(exc)
+                results.append(await _reply(connection))
         if any(isinstance(r, redis_errors.NoScriptError) for r in results):
             await self._connections.load_scripts()
             retry = [
@@ -279,3 +297,27 @@ class Pipeline:
                 next(again) if isinstance(r, redis_errors.NoScriptError) else r for r in results
             ]
         return results
+
+
+async def _reply(connection: AbstractConnection) -> Any:
+    """The next reply on the writer's connection, an error reply as its exception: taken
+    from what the connection has read already (a pipeline's replies come in a burst; see
+    :mod:`.replies`), or else read through redis-py."""
+    gets = buffered(connection)
+    reply = NOT_ENOUGH_DATA if gets is None else gets()
+    if reply is not NOT_ENOUGH_DATA:
+        if isinstance(reply, redis_errors.ResponseError):
+            return reply
+        if isinstance(reply, Exception):
+            raise reply  # the connection broke, as redis-py's read raises it
+        push = push_type(connection)
+        if push is None or not isinstance(reply, push):
+            return reply
+        # A RESP3 push amid the replies (a server's notice): redis-py's handling, as its
+        # read would, then the reply after it.
+        parser: Any = connection._parser
+        await parser.handle_push_response(reply)
+    try:
+        return await connection.read_response()
+    except redis_errors.ResponseError as exc:
+        return exc

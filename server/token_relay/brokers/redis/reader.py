@@ -14,17 +14,13 @@ from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
 
-try:
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA
-except ImportError:  # pragma: no cover - a redis-py without it reads a message at a time
-    NOT_ENOUGH_DATA = None
-
 from ...core.errors import BrokerUnavailable
 from ...core.events import Delta, FrameKind
 from .. import BrokerListener
 from .connections import DOWN, Connections
 from .health import Health
 from .keys import key, text
+from .replies import NOT_ENOUGH_DATA, buffered, push_type
 
 __all__ = ["PUBSUB_DEAD", "PUBSUB_QUIET", "Notes", "Reader"]
 
@@ -210,7 +206,7 @@ class Reader:
         without a pass through redis-py's layers each (a burst arrives in one read). The
         first reply that is not a channel's message (a subscription confirmed, a pong) is
         returned, for :func:`_handled`; None once none is left."""
-        gets = _buffered(pubsub)
+        gets = buffered(pubsub.connection)
         if gets is None:
             return None
         while (reply := gets()) is not NOT_ENOUGH_DATA:
@@ -268,27 +264,14 @@ _KINDS = {kind.value.encode(): kind for kind in FrameKind}
 """A frame's kind, by the letter it is published under."""
 
 
-def _buffered(pubsub: Any) -> Callable[[], Any] | None:
-    """What reads the replies the pub/sub connection has read and not yet taken: the
-    ``gets`` of hiredis's reader, through which redis-py parses them (redis-py's own
-    parser, or a version that keeps it elsewhere: None, and each message is read
-    through ``get_message``)."""
-    if NOT_ENOUGH_DATA is None:
-        return None
-    reader = getattr(getattr(pubsub.connection, "_parser", None), "_reader", None)
-    gets: Callable[[], Any] | None = getattr(reader, "gets", None)
-    return gets
-
-
 async def _handled(pubsub: Any, reply: Any) -> dict[str, Any] | None:
-    """A reply taken from :func:`_buffered` that is not a channel's message, handled as
-    ``get_message`` would have: a push of RESP3 through the parser's push handling, then
-    the message it makes (redis-py's bookkeeping of subscriptions included)."""
+    """A reply taken from :func:`~.replies.buffered` that is not a channel's message,
+    handled as ``get_message`` would have: a push of RESP3 through the parser's push
+    handling, then the message it makes (redis-py's bookkeeping of subscriptions included)."""
     if isinstance(reply, Exception):
         raise reply  # as the connection's read_response raises it (an error reply, a reset)
-    parser = pubsub.connection._parser
-    push = getattr(parser, "_hiredis_PushNotificationType", None)
+    push = push_type(pubsub.connection)
     if push is not None and isinstance(reply, push):
-        reply = await parser.handle_push_response(reply)
+        reply = await pubsub.connection._parser.handle_push_response(reply)
     message: dict[str, Any] | None = await pubsub.handle_message(reply)
     return message

@@ -1,25 +1,33 @@
-"""The pub/sub reader takes a burst of messages read at once in order, each exactly once,
-without a pass through redis-py's layers per message; anything else still goes through them."""
+"""Replies read in a burst are taken from hiredis's parsed replies, in order, each exactly
+once, without a pass through redis-py's layers each: the pub/sub reader's messages (anything
+else still goes through redis-py) and the writer's pipeline replies (error replies in their
+places)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
 import hiredis
 import pytest
+from redis import exceptions as redis_errors
+from redis._parsers import _AsyncHiredisParser
 from redis.asyncio import Redis
 from token_relay.brokers import open_broker
-from token_relay.brokers.redis import RedisBroker
+from token_relay.brokers.redis import RedisBroker, pipeline
 from token_relay.brokers.redis.connections import Connections
 from token_relay.brokers.redis.health import Health
-from token_relay.brokers.redis.reader import NOT_ENOUGH_DATA, Reader, _buffered
+from token_relay.brokers.redis.pipeline import _reply
+from token_relay.brokers.redis.reader import Reader
+from token_relay.brokers.redis.replies import NOT_ENOUGH_DATA, buffered
+from token_relay.core.errors import BrokerUnavailable
 from token_relay.core.events import FrameKind
 from token_relay.core.settings import Settings
 
 from ..harness import RedisServer
-from .test_contract import Recorder, until
+from .test_contract import Recorder, message_body, until
 
 
 def _bulk(data: bytes) -> bytes:
@@ -86,7 +94,9 @@ async def test_the_installed_redis_py_lends_the_reader_its_parsed_replies(
     await broker.start(Recorder())
     try:
         pubsub = broker._reader._pubsub
-        assert _buffered(pubsub) is not None, "redis-py no longer parses with hiredis here"
+        assert buffered(pubsub.connection) is not None, (
+            "redis-py no longer parses with hiredis here"
+        )
     finally:
         await broker.close()
 
@@ -133,4 +143,90 @@ async def test_a_burst_over_a_real_socket_arrives_whole_in_order_with_a_subscrib
         assert recorder.frames[-1][0] == "other"
     finally:
         await publisher.aclose()
+        await broker.close()
+
+
+def _connection(wire: bytes) -> Any:
+    """A connection whose replies hiredis has parsed from ``wire`` as redis-py's parser
+    would (its error replies as redis-py's exceptions), none taken yet; reading more from
+    it fails the test."""
+    errors = _AsyncHiredisParser(65536).parse_error
+    reader = hiredis.Reader(notEnoughData=NOT_ENOUGH_DATA, replyError=errors)
+    reader.feed(wire)
+
+    async def read_response() -> Any:
+        raise AssertionError("read from the socket, with replies parsed already")
+
+    return SimpleNamespace(_parser=SimpleNamespace(_reader=reader), read_response=read_response)
+
+
+async def test_a_pipelines_replies_read_at_once_are_taken_in_order_errors_in_their_places() -> None:
+    wire = b":1\r\n-NOSCRIPT No matching script.\r\n*2\r\n$2\r\n{}\r\n:1\r\n"
+    wire += b"-ERR wrong\r\n:0\r\n"
+    connection = _connection(wire)
+    replies = [await _reply(connection) for _ in range(5)]
+    assert replies[0] == 1 and replies[2] == [b"{}", 1] and replies[4] == 0
+    assert isinstance(replies[1], redis_errors.NoScriptError)
+    assert type(replies[3]) is redis_errors.ResponseError
+
+
+async def test_a_reply_not_read_whole_yet_is_read_through_redis_py() -> None:
+    connection = _connection(b":7\r\n$5\r\nhel")
+    assert await _reply(connection) == 7
+    with pytest.raises(AssertionError, match="read from the socket"):
+        await _reply(connection)
+
+
+async def test_a_script_flushed_from_redis_is_loaded_again_for_a_whole_pipeline(
+    redis_server: RedisServer,
+) -> None:
+    broker = open_broker(Settings(broker=redis_server.url), "alpha")
+    assert isinstance(broker, RedisBroker)
+    recorder = Recorder()
+    await broker.start(recorder)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        await broker.listen("c", True, False)
+        await admin.script_flush()
+        # One pass of the loop: every write goes in one pipeline, each refused NOSCRIPT.
+        ends = []
+        for n in range(6):
+            broker.open("c", "alpha.1", f"m{n}")
+            broker.delta("c", "alpha.1", f"m{n}", f"text {n}")
+            ends.append(broker.terminal("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", "x")))
+        frames = [json.loads(frame) for frame in await asyncio.gather(*ends)]
+        assert [frame["offset"] for frame in frames] == list(range(1, 7))
+        assert [frame["id"] for frame in frames] == [f"m{n}" for n in range(6)]
+        await until(lambda: len(recorder.frames) == 6)
+        assert [json.loads(text)["id"] for _, _, _, text in recorder.frames] == [
+            f"m{n}" for n in range(6)
+        ]
+    finally:
+        await admin.aclose()
+        await broker.close()
+
+
+async def test_the_write_queue_is_bounded_and_a_write_past_it_is_refused_or_resynced(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = open_broker(Settings(broker=redis_server.url), "alpha")
+    assert isinstance(broker, RedisBroker)
+    await broker.start(Recorder())
+    try:
+        monkeypatch.setattr(pipeline, "MAX_QUEUE", 3)
+        writes = broker._pipeline
+        # Nothing awaited: the writer takes none of them meanwhile.
+        for n in range(3):
+            broker.open("c", "alpha.1", f"m{n}")
+        assert len(writes.queue) == 3 and writes.full() and not writes.has_room()
+        broker.delta("c", "alpha.1", "late", "x")  # no room: its message resynced later
+        assert len(writes.queue) == 3 and ("c", "alpha.1", "late") in writes.dirty
+        with pytest.raises(asyncio.QueueFull):
+            writes.put(writes.queue[0])
+        refused = broker.terminal("c", "alpha.1", "m0", message_body("c", "m0", ""))
+        with pytest.raises(BrokerUnavailable):
+            await refused
+        await until(lambda: not writes.queue)  # the writer took the three
+        assert writes.has_room()
+    finally:
         await broker.close()
