@@ -382,6 +382,25 @@ async def test_held_ids_are_one_hash_per_channel_bounded_in_count_and_time(
         await beta.terminal("c", "beta.1", "z", message_body("c", "z", "held"))
 
 
+async def test_an_owners_completed_ids_are_the_last_max_completed_per_producer(
+    redis_server: RedisServer,
+) -> None:
+    broker = open_broker(Settings(broker=redis_server.url, max_completed_per_producer=3), "a")
+    await broker.start(Recorder())
+    try:
+        for n in range(7):
+            # m4 completed twice (another text, so published again): listed once more.
+            message_id, text = ("m4", "again") if n == 5 else (f"m{n}", "")
+            broker.open("c", "a.1", message_id)
+            await broker.terminal("c", "a.1", message_id, message_body("c", message_id, text))
+        async with _client(redis_server.url) as redis:
+            assert await redis.lrange("tr:dl:a.1", 0, -1) == [b"m6", b"m4", b"m4"]
+            assert sorted(await redis.hkeys("tr:done:a.1")) == [b"m4", b"m6"]
+            assert await redis.ttl("tr:dl:a.1") > 0 and await redis.ttl("tr:done:a.1") > 0
+    finally:
+        await broker.close()
+
+
 async def test_a_session_taken_over_keeps_the_holds_of_the_ids_it_ended(
     two_brokers: tuple[Broker, Broker],
 ) -> None:

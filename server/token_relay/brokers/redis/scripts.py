@@ -205,12 +205,14 @@ if ARGV[12] ~= '0' then
   local done = 'tr:done:' .. owner
   local order = 'tr:dl:' .. owner
   redis.call('HSET', done, ARGV[8], ARGV[11] .. '|' .. ARGV[10] .. '|' .. ARGV[14])
-  redis.call('LPUSH', order, ARGV[8])
-  while redis.call('LLEN', order) > tonumber(ARGV[12]) do
+  local listed = redis.call('LPUSH', order, ARGV[8])
+  local most = tonumber(ARGV[12])
+  while listed > most do
     local old = redis.call('RPOP', order)
     if old ~= ARGV[8] then
       redis.call('HDEL', done, old)
     end
+    listed = listed - 1
   end
   redis.call('EXPIRE', done, ARGV[7])
   redis.call('EXPIRE', order, ARGV[7])
@@ -220,8 +222,8 @@ if hold > 0 then
   -- Held for its owner until the hold ends; one hash per channel, at most ARGV[20] ids
   -- (past it, the hash starts again: the oldest holds end early), gone once all ended.
   local held = 'tr:held:' .. ARGV[14]
-  if redis.call('HEXISTS', held, ARGV[8]) == 0
-      and redis.call('HLEN', held) >= tonumber(ARGV[20]) then
+  if redis.call('HLEN', held) >= tonumber(ARGV[20])
+      and redis.call('HEXISTS', held, ARGV[8]) == 0 then
     -- tr:published:C (below) is written with it, so it holds no more ids: reset together.
     redis.call('DEL', held, 'tr:published:' .. ARGV[14])
   end
