@@ -4,6 +4,7 @@ only with the grant its handshake earned."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -199,6 +200,47 @@ async def test_a_handshake_trickled_too_slowly_is_cut() -> None:
         writer.close()
         async with running.connect("/subscribe?channel=c") as fine:
             assert (await recv_json(fine))["type"] == "subscribed"
+
+
+async def _refused_for_timeout(port: int) -> float:
+    """``relay_sockets_refused_total{reason="handshake timeout"}``, read from ``/metrics``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+    text = (await asyncio.wait_for(reader.read(), 5)).decode()
+    writer.close()
+    for line in text.splitlines():
+        if line.startswith('relay_sockets_refused_total{reason="handshake timeout"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_an_idle_kept_alive_connection_is_closed_quietly_and_a_slow_next_head_is_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running, relay = await start_relay(handshake_timeout=0.5)
+    port = int(running.url.rsplit(":", 1)[1])
+    async with relay:
+        with caplog.at_level(logging.DEBUG, logger="token_relay"):
+            idle = await asyncio.open_connection("127.0.0.1", port)
+            slow = await asyncio.open_connection("127.0.0.1", port)
+            for reader, writer in (idle, slow):
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+            slow[1].write(b"GET /healthz HTTP/1.1\r\nHo")  # a next head, and then nothing
+            started = asyncio.get_running_loop().time()
+            # Both are closed past the timeout: the idle one with a FIN, the slow one cut.
+            assert await asyncio.wait_for(idle[0].read(), 5) == b""
+            with contextlib.suppress(ConnectionResetError):
+                assert await asyncio.wait_for(slow[0].read(), 5) == b""
+            assert asyncio.get_running_loop().time() - started < 3
+            for _, writer in (idle, slow):
+                writer.close()
+        refusals = [r for r in caplog.records if "refused a socket" in r.getMessage()]
+        assert len(refusals) == 1  # the slow head's, not the idle connection's
+        assert await _refused_for_timeout(port) == 1
 
 
 async def test_a_clean_close_is_logged_as_1000_and_a_vanished_peer_as_1006(

@@ -187,7 +187,8 @@ class Settings:
     """Channels whose history is kept; the least recently used one is dropped (new epoch)."""
     handshake_timeout: float = 5.0
     """Seconds a connection may take to send a whole request head (the opening handshake,
-    or the next request on a kept-alive connection); a slower one is cut."""
+    or the next request on a kept-alive connection); a slower one is cut, and a kept-alive
+    one that sends nothing more is closed as idle."""
     max_handshakes: int = 1024
     """Handshakes in flight at once (request heads not yet complete); one more cuts the
     oldest."""

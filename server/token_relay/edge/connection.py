@@ -190,6 +190,9 @@ class HttpConnection(asyncio.Protocol):
         """The client address this request counts against, while its body is read."""
         self._gone: asyncio.Future[None] | None = None
         """Done when the socket closes, while a long-poll waits on it (:meth:`_until_gone`)."""
+        self._kept_alive = False
+        """A response has gone whole and the connection was kept for the next request: past
+        ``--handshake-timeout`` with no byte of one, it is closed as idle, not refused."""
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -317,6 +320,11 @@ class HttpConnection(asyncio.Protocol):
         silent = loop.time() - self._heard
         if silent < self._limit:
             self._timer = loop.call_later(self._limit - silent, self._expire)
+            return
+        if self._kept_alive and self.request is None and not self.http.pending:
+            # Idle since its last response, nothing asked: closed as any server closes an
+            # idle kept-alive connection, neither logged nor counted as a refusal.
+            self.transport_close()
             return
         self.server.refused(self.peer, self._reason)
         self.abort()
@@ -757,6 +765,7 @@ class HttpConnection(asyncio.Protocol):
             return False
         self.request = None
         self._view_of = None
+        self._kept_alive = True
         self._waiting()
         assert self.transport is not None
         self.transport.resume_reading()
