@@ -221,7 +221,7 @@ async def test_the_write_queue_is_bounded_and_a_write_past_it_is_refused_or_resy
         assert len(writes.queue) == 3 and writes.full() and not writes.has_room()
         broker.delta("c", "alpha.1", "late", "x")  # no room: its message resynced later
         assert len(writes.queue) == 3 and ("c", "alpha.1", "late") in writes.dirty
-        with pytest.raises(asyncio.QueueFull):
+        with pytest.raises(BrokerUnavailable, match="queue of writes to Redis is full"):
             writes.put(writes.queue[0])
         refused = broker.terminal("c", "alpha.1", "m0", message_body("c", "m0", ""))
         with pytest.raises(BrokerUnavailable):

@@ -96,11 +96,11 @@ class Pipeline:
 
     def put(self, write: Write) -> None:
         """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`).
-        Past :data:`MAX_QUEUE` it is refused with :class:`asyncio.QueueFull` (callers look
+        Past :data:`MAX_QUEUE` it is refused with :class:`BrokerUnavailable` (callers look
         at :meth:`full` first)."""
         queue = self.queue
         if len(queue) >= MAX_QUEUE:
-            raise asyncio.QueueFull
+            raise BrokerUnavailable("the queue of writes to Redis is full")
         if write.script != "delta" and write.script != "part":
             self.runs.close()
         queue.append(write)
