@@ -20,7 +20,7 @@ try:
 except ImportError:  # pragma: no cover - a redis-py without it reads a reply at a time
     NOT_ENOUGH_DATA = None
 
-__all__ = ["NOT_ENOUGH_DATA", "buffered"]
+__all__ = ["NOT_ENOUGH_DATA", "buffered", "push_type"]
 
 
 def buffered(connection: Any) -> Callable[[], Any] | None:
