@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,64 +87,67 @@ def test_an_error_or_a_pong_is_never_taken_as_a_message(reply: bytes) -> None:
     assert len(recorder.frames) == 1
 
 
-async def test_the_installed_redis_py_lends_the_reader_its_parsed_replies(
-    redis_server: RedisServer,
-) -> None:
-    broker = open_broker(Settings(broker=redis_server.url), "alpha")
-    assert isinstance(broker, RedisBroker)
-    await broker.start(Recorder())
-    try:
-        pubsub = broker._reader._pubsub
-        assert buffered(pubsub.connection) is not None, (
-            "redis-py no longer parses with hiredis here"
-        )
-    finally:
-        await broker.close()
+Started = tuple[RedisBroker, Recorder, Redis]
 
 
-async def test_a_burst_over_a_real_socket_arrives_whole_in_order_with_a_subscribe_amid_it(
-    redis_server: RedisServer,
-) -> None:
+@pytest.fixture
+async def started(redis_server: RedisServer) -> AsyncIterator[Started]:
+    """A Redis broker started on a private ``redis-server``, what it hands its listener, and
+    a plain client of the test's own."""
     broker = open_broker(Settings(broker=redis_server.url), "alpha")
     assert isinstance(broker, RedisBroker)
     recorder = Recorder()
     await broker.start(recorder)
-    publisher = Redis.from_url(redis_server.url)
+    client = Redis.from_url(redis_server.url)
     try:
-        await broker.listen("c", True, True)
-        pubsub = broker._reader._pubsub
-        reads = 0
-        get_message = pubsub.get_message
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal reads
-            reads += 1
-            return await get_message(*args, **kwargs)
-
-        pubsub.get_message = counted
-        burst = 500
-
-        async def publish(first: int) -> None:
-            async with publisher.pipeline(transaction=False) as pipe:
-                for n in range(first, first + burst // 2):
-                    pipe.publish("tr:m:c", f't|{n}|{{"n":{n}}}')
-                await pipe.execute()
-
-        # A subscription is confirmed amid the burst: its reply goes through redis-py.
-        subscribing = asyncio.ensure_future(broker.listen("other", True, False))
-        await publish(1)
-        await publish(251)
-        await subscribing
-        await until(lambda: len(recorder.frames) >= burst)
-        assert [seq for _, _, seq, _ in recorder.frames] == list(range(1, burst + 1))
-        assert [text for _, _, _, text in recorder.frames][-1] == f'{{"n":{burst}}}'
-        assert reads < burst // 5  # most messages were taken from the burst they came in
-        await publisher.publish("tr:m:other", 't|1|{"n":0}')  # the subscription took effect
-        await until(lambda: len(recorder.frames) > burst)
-        assert recorder.frames[-1][0] == "other"
+        yield broker, recorder, client
     finally:
-        await publisher.aclose()
+        await client.aclose()
         await broker.close()
+
+
+async def test_the_installed_redis_py_lends_the_reader_its_parsed_replies(
+    started: Started,
+) -> None:
+    pubsub = started[0]._reader._pubsub
+    assert buffered(pubsub.connection) is not None, "redis-py no longer parses with hiredis here"
+
+
+async def test_a_burst_over_a_real_socket_arrives_whole_in_order_with_a_subscribe_amid_it(
+    started: Started,
+) -> None:
+    broker, recorder, publisher = started
+    await broker.listen("c", True, True)
+    pubsub = broker._reader._pubsub
+    reads = 0
+    get_message = pubsub.get_message
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await get_message(*args, **kwargs)
+
+    pubsub.get_message = counted
+    burst = 500
+
+    async def publish(first: int) -> None:
+        async with publisher.pipeline(transaction=False) as pipe:
+            for n in range(first, first + burst // 2):
+                pipe.publish("tr:m:c", f't|{n}|{{"n":{n}}}')
+            await pipe.execute()
+
+    # A subscription is confirmed amid the burst: its reply goes through redis-py.
+    subscribing = asyncio.ensure_future(broker.listen("other", True, False))
+    await publish(1)
+    await publish(251)
+    await subscribing
+    await until(lambda: len(recorder.frames) >= burst)
+    assert [seq for _, _, seq, _ in recorder.frames] == list(range(1, burst + 1))
+    assert [text for _, _, _, text in recorder.frames][-1] == f'{{"n":{burst}}}'
+    assert reads < burst // 5  # most messages were taken from the burst they came in
+    await publisher.publish("tr:m:other", 't|1|{"n":0}')  # the subscription took effect
+    await until(lambda: len(recorder.frames) > burst)
+    assert recorder.frames[-1][0] == "other"
 
 
 def _connection(wire: bytes) -> Any:
@@ -178,55 +182,42 @@ async def test_a_reply_not_read_whole_yet_is_read_through_redis_py() -> None:
 
 
 async def test_a_script_flushed_from_redis_is_loaded_again_for_a_whole_pipeline(
-    redis_server: RedisServer,
+    started: Started,
 ) -> None:
-    broker = open_broker(Settings(broker=redis_server.url), "alpha")
-    assert isinstance(broker, RedisBroker)
-    recorder = Recorder()
-    await broker.start(recorder)
-    admin = Redis.from_url(redis_server.url)
-    try:
-        await broker.listen("c", True, False)
-        await admin.script_flush()
-        # One pass of the loop: every write goes in one pipeline, each refused NOSCRIPT.
-        ends = []
-        for n in range(6):
-            broker.open("c", "alpha.1", f"m{n}")
-            broker.delta("c", "alpha.1", f"m{n}", f"text {n}")
-            ends.append(broker.terminal("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", "x")))
-        frames = [json.loads(frame) for frame in await asyncio.gather(*ends)]
-        assert [frame["offset"] for frame in frames] == list(range(1, 7))
-        assert [frame["id"] for frame in frames] == [f"m{n}" for n in range(6)]
-        await until(lambda: len(recorder.frames) == 6)
-        assert [json.loads(text)["id"] for _, _, _, text in recorder.frames] == [
-            f"m{n}" for n in range(6)
-        ]
-    finally:
-        await admin.aclose()
-        await broker.close()
+    broker, recorder, admin = started
+    await broker.listen("c", True, False)
+    await admin.script_flush()
+    # One pass of the loop: every write goes in one pipeline, each refused NOSCRIPT.
+    ends = []
+    for n in range(6):
+        broker.open("c", "alpha.1", f"m{n}")
+        broker.delta("c", "alpha.1", f"m{n}", f"text {n}")
+        ends.append(broker.terminal("c", "alpha.1", f"m{n}", message_body("c", f"m{n}", "x")))
+    frames = [json.loads(frame) for frame in await asyncio.gather(*ends)]
+    assert [frame["offset"] for frame in frames] == list(range(1, 7))
+    assert [frame["id"] for frame in frames] == [f"m{n}" for n in range(6)]
+    await until(lambda: len(recorder.frames) == 6)
+    assert [json.loads(text)["id"] for _, _, _, text in recorder.frames] == [
+        f"m{n}" for n in range(6)
+    ]
 
 
 async def test_the_write_queue_is_bounded_and_a_write_past_it_is_refused_or_resynced(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    started: Started, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broker = open_broker(Settings(broker=redis_server.url), "alpha")
-    assert isinstance(broker, RedisBroker)
-    await broker.start(Recorder())
-    try:
-        monkeypatch.setattr(pipeline, "MAX_QUEUE", 3)
-        writes = broker._pipeline
-        # Nothing awaited: the writer takes none of them meanwhile.
-        for n in range(3):
-            broker.open("c", "alpha.1", f"m{n}")
-        assert len(writes.queue) == 3 and writes.full() and not writes.has_room()
-        broker.delta("c", "alpha.1", "late", "x")  # no room: its message resynced later
-        assert len(writes.queue) == 3 and ("c", "alpha.1", "late") in writes.dirty
-        with pytest.raises(BrokerUnavailable, match="queue of writes to Redis is full"):
-            writes.put(writes.queue[0])
-        refused = broker.terminal("c", "alpha.1", "m0", message_body("c", "m0", ""))
-        with pytest.raises(BrokerUnavailable):
-            await refused
-        await until(lambda: not writes.queue)  # the writer took the three
-        assert writes.has_room()
-    finally:
-        await broker.close()
+    broker = started[0]
+    monkeypatch.setattr(pipeline, "MAX_QUEUE", 3)
+    writes = broker._pipeline
+    # Nothing awaited: the writer takes none of them meanwhile.
+    for n in range(3):
+        broker.open("c", "alpha.1", f"m{n}")
+    assert len(writes.queue) == 3 and writes.full() and not writes.has_room()
+    broker.delta("c", "alpha.1", "late", "x")  # no room: its message resynced later
+    assert len(writes.queue) == 3 and ("c", "alpha.1", "late") in writes.dirty
+    with pytest.raises(BrokerUnavailable, match="queue of writes to Redis is full"):
+        writes.put(writes.queue[0])
+    refused = broker.terminal("c", "alpha.1", "m0", message_body("c", "m0", ""))
+    with pytest.raises(BrokerUnavailable):
+        await refused
+    await until(lambda: not writes.queue)  # the writer took the three
+    assert writes.has_room()
