@@ -211,15 +211,14 @@ class Reader:
             return None
         while (reply := gets()) is not NOT_ENOUGH_DATA:
             if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
-                self._take({"type": "message", "channel": reply[1], "data": reply[2]}, inbox)
+                self._message(reply[1], reply[2], inbox)
             else:
                 return reply
         return None
 
     def _take(self, message: dict[str, Any], inbox: bytes) -> None:
-        """One pub/sub message: a subscription confirmed, a note to this process, or a
-        channel's frame for the listener."""
-        listener = self.listener
+        """One pub/sub message as redis-py hands it out: a subscription confirmed, or a
+        message (:meth:`_message`)."""
         kind = message["type"]
         if kind == "pong":
             return
@@ -229,9 +228,15 @@ class Reader:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
-        if kind != "message" or listener is None:
+        if kind == "message":
+            self._message(topic, message["data"], inbox)
+
+    def _message(self, topic: bytes, data: bytes, inbox: bytes) -> None:
+        """A message published on ``topic``: a note to this process (its inbox), or a
+        channel's frame for the listener."""
+        listener = self.listener
+        if listener is None:
             return
-        data: bytes = message["data"]
         if topic == inbox:
             what, name, payload = data.split(b"|", 2)
             if what == b"f":
