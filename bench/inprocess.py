@@ -17,13 +17,18 @@ relay's own Python costs:
   events left unapplied; and the part spent decoding them too.
 * ``fan-out``: CPU per subscriber for one completed message to 10,000 subscribers.
 
-Each figure is the lowest of ``--repeat`` passes (the least disturbed).
+Each figure is the lowest of ``--repeat`` passes (the least disturbed). A pass in which the
+garbage collector scans every object it tracks is among the slowest, so one more row puts
+the collector's own time over every pass of batched ingest, per event, and a note gives its
+share of the CPU and its longest pause. The relay starts as ``python -m token_relay``
+starts it (see :func:`as_the_cli_starts`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import os
 import sys
@@ -117,6 +122,18 @@ async def settle(done: Callable[[], bool], quiet: MemoryTransport | None = None)
         while quiet.written != previous:
             previous = quiet.written
             await asyncio.sleep(0.05)
+
+
+def as_the_cli_starts(relay: Relay) -> Relay:
+    """``relay``, after what ``python -m token_relay`` does before its relay starts, where
+    the installation measured does it (``--compare-python``'s may be older): the objects of
+    its start frozen out of the garbage collector's scans."""
+    try:
+        from token_relay.edge.workers import freeze_start
+    except ImportError:
+        return relay
+    freeze_start()
+    return relay
 
 
 def settings(broker: str = "memory://") -> Settings:
@@ -299,6 +316,34 @@ async def fanout(server: HttpServer, subscribers: int, repeat: int) -> float:
     return min(passes[2:])
 
 
+class Collections:
+    """The time the cyclic garbage collector spends, while :meth:`counting`: every
+    collection's, whichever code's allocation set it off."""
+
+    def __init__(self) -> None:
+        self.nanoseconds = 0
+        self.count = 0
+        self.longest = 0
+        self._started = 0
+
+    def _phase(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+            return
+        spent = time.perf_counter_ns() - self._started
+        self.nanoseconds += spent
+        self.count += 1
+        self.longest = max(self.longest, spent)
+
+    @contextmanager
+    def counting(self) -> Iterator[Collections]:
+        gc.callbacks.append(self._phase)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self._phase)
+
+
 @contextmanager
 def unapplied(decode: bool) -> Iterator[None]:
     """Producer frames read and handed over but not applied (``decode``: decoded too)."""
@@ -319,14 +364,24 @@ def unapplied(decode: bool) -> Iterator[None]:
         ProducerEndpoint._frame = original  # type: ignore[method-assign]
 
 
-async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]:
-    """Every figure: (what, nanoseconds, per what)."""
+async def measure(repeat: int, subscribers: int) -> tuple[list[tuple[str, float, str]], list[str]]:
+    """Every figure: (what, nanoseconds, per what); and notes on them."""
 
     rows = []
-    relay = Relay(settings())
+    notes: list[str] = []
+    relay = as_the_cli_starts(Relay(settings()))
     server = await relay.start()
     rows.append(("ingest, a frame per event", await ingest(relay, 1, repeat), "event"))
-    rows.append(("ingest, 100 events per frame", await ingest(relay, 100, repeat), "event"))
+    with Collections().counting() as collections:
+        # Every pass (each figure above is its least disturbed one): what collecting costs.
+        started, before = time.process_time(), relay.metrics.frames_in_producer.value
+        rows.append(("ingest, 100 events per frame", await ingest(relay, 100, repeat), "event"))
+        spent = time.process_time() - started
+        events = (relay.metrics.frames_in_producer.value - before) * 100
+    rows.append(("  garbage collection, every pass", collections.nanoseconds / events, "event"))
+    share = f"{collections.nanoseconds / 1e9 / spent:.1%} of the CPU"
+    longest = f"the longest {collections.longest / 1e6:.1f} ms"
+    notes.append(f"garbage collection: {collections.count} collections, {share}, {longest}")
     rows.append(("ingest as NDJSON in one chunked POST", await ndjson(relay, repeat), "event"))
     for batch, frames in ((1, "a frame each"), (100, "100 per frame")):
         # Messages of 1 and of 100 deltas, solved for what a delta and a message cost.
@@ -347,7 +402,7 @@ async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]
         redis = RedisServer(Path(directory))
         redis.start()
         try:
-            relay = Relay(settings(redis.url))
+            relay = as_the_cli_starts(Relay(settings(redis.url)))
             server = await relay.start()
             row = (
                 "ingest through Redis, a frame per event",
@@ -357,7 +412,7 @@ async def measure(repeat: int, subscribers: int) -> list[tuple[str, float, str]]
             await relay.stop()
         finally:
             redis.kill()
-    return rows
+    return rows, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,9 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subscribers", type=int, default=10_000, help="fan-out (10000)")
     args = parser.parse_args(argv)
     # Not asyncio.run: the relays' leftover tasks need no orderly end (see below).
-    rows = asyncio.new_event_loop().run_until_complete(measure(args.repeat, args.subscribers))
+    measuring = measure(args.repeat, args.subscribers)
+    rows, notes = asyncio.new_event_loop().run_until_complete(measuring)
     for what, nanoseconds, per in rows:
         print(f"{what:<42} {nanoseconds / 1000:6.2f} µs of CPU per {per}")
+    for note in notes:
+        print(note)
     sys.stdout.flush()
     os._exit(0)
 

@@ -46,6 +46,7 @@ from tests.harness import RedisServer
 from .durableprotocol import APPEND_TEXT
 from .inprocess import (
     KeptTransport,
+    as_the_cli_starts,
     check_answer,
     connect,
     feed,
@@ -69,7 +70,7 @@ async def _ingest(
     """Build the load; unless ``setup_only``, feed it to a relay and check it was applied:
     in frames of ``batch`` events, or (``batch`` 0) as NDJSON lines in one chunked POST;
     the messages ``interleave`` at a time (see :func:`~bench.inprocess.load`)."""
-    relay = Relay(settings(broker))
+    relay = as_the_cli_starts(Relay(settings(broker)))
     server = await relay.start()
     _, seen = connect(server, "/subscribe?channel=c")
     quiet = None if broker == "memory://" else seen  # Redis's replies come back later
@@ -143,7 +144,7 @@ async def _until(done: Callable[[], bool]) -> None:
 async def _http(kind: str, requests: int, setup_only: bool) -> None:
     """Build ``requests`` requests of ``kind``; unless ``setup_only``, send them one at a
     time on one connection, each answered (and checked) before the next."""
-    relay = Relay(settings())
+    relay = as_the_cli_starts(Relay(settings()))
     server = await relay.start()
     create = b"PUT /v1/stream/counted HTTP/1.1\r\nHost: relay\r\nContent-Length: 0\r\n"
     create += b"Content-Type: text/plain; charset=utf-8\r\n\r\n"

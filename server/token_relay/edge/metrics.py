@@ -258,6 +258,11 @@ class Metrics:
         self.broker_healthy = Gauge(
             "relay_broker_healthy", "1 while the broker is reachable, else 0.", registry=registry
         )
+        self.gc_frozen = Gauge(
+            "relay_gc_frozen_objects",
+            "Objects of the process's start, kept out of the garbage collector's scans.",
+            registry=registry,
+        )
         self.handshakes = Gauge(
             "relay_handshakes_in_flight",
             "Sockets whose request head is not complete yet.",
