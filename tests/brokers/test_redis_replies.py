@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +21,7 @@ from token_relay.brokers import open_broker
 from token_relay.brokers.redis import RedisBroker, pipeline
 from token_relay.brokers.redis.connections import Connections
 from token_relay.brokers.redis.health import Health
+from token_relay.brokers.redis.partlog import delta_entry
 from token_relay.brokers.redis.pipeline import _reply
 from token_relay.brokers.redis.reader import Reader
 from token_relay.brokers.redis.replies import NOT_ENOUGH_DATA, buffered
@@ -221,3 +223,101 @@ async def test_the_write_queue_is_bounded_and_a_write_past_it_is_refused_or_resy
         await refused
     await until(lambda: not writes.queue)  # the writer took the three
     assert writes.has_room()
+
+
+async def test_each_write_counts_the_text_it_carries_until_the_writer_settled_it(
+    started: Started,
+) -> None:
+    broker, recorder, _ = started
+    writes = broker._pipeline
+    held = writes.held
+    # Nothing awaited: the writer takes none of them meanwhile.
+    broker.open("c", "p.1", "a")
+    broker.delta("c", "p.1", "a", "hello ")  # joins its open
+    broker.delta("c", "p.1", "a", "world")
+    assert held.chars == 11
+    broker.meta("c", "p.1", "a", '{"k":1}')
+    broker.delta("c", "p.1", "a", "!")  # a run of its own, after the meta
+    expected = 11 + len('{"k":1}') + 1
+    assert held.chars == expected
+    body = message_body("c", "a", "hello world!")
+    completed = broker.terminal("c", "p.1", "a", body)
+    expected += len(body)
+    broker.open("c", "p.1", "w")
+    broker.delta("c", "p.1", "w", "abc")
+    whole_body = message_body("c", "w", "abc")
+    joined = broker.terminal("c", "p.1", "w", whole_body)  # WHOLE, in its open's place
+    expected += 3 + len(whole_body)
+    one_shot_body = message_body("c", "o", "one shot")
+    one_shot = broker.whole("c", "anon", "o", "one shot", one_shot_body)
+    expected += len("one shot") + len(one_shot_body)
+    entry = delta_entry("part text")
+    broker.part("c", "p.1", "s", "part text", live=[{"type": "text-delta", "delta": "x"}])
+    expected += 2 * len(entry)  # its log entry, and its chunks counted as long
+    writes.dirty.add(("c", "p.1", "r"))
+    recorder.texts[("p.1", "r")] = "resynced text"
+    broker.delta("c", "p.1", "r", "text")  # a resync: its whole text and its snapshot
+    resync = writes.queue[-1]
+    assert resync.script == "resync"
+    expected += len("resynced text") + len(resync.args[2])
+    assert held.chars == expected
+    assert broker.memory_bytes() == expected  # the outbox holds nothing
+    assert one_shot is not None
+    await asyncio.gather(completed, joined, one_shot)
+    await writes.flush_writes()
+    assert not writes.queue and held.chars == 0
+    assert broker.memory_bytes() == 0
+
+
+async def test_a_stalled_redis_queues_at_most_its_bound_of_text_and_no_text_is_lost(
+    started: Started, redis_server: RedisServer
+) -> None:
+    """While Redis answers nothing, the writes queued for it stop at the bound in
+    characters (the one that crosses it is the last taken); what comes after is refused:
+    deltas mark their message for a resync, a final gets ``broker_unavailable``. Once Redis
+    answers, every message's text in Redis is whole and exact."""
+    broker, recorder, client = started
+    writes = broker._pipeline
+    held = writes.held
+    held.limit = 200_000
+    chunk = "x" * 10_000
+    texts: dict[str, str] = {}
+    assert redis_server.process is not None
+    redis_server.process.send_signal(signal.SIGSTOP)  # alive, but answers nothing
+    try:
+        broker.open("c", "p.1", "m0")
+        broker.delta("c", "p.1", "m0", chunk)
+        texts["m0"] = recorder.texts[("p.1", "m0")] = chunk
+        await until(lambda: not writes.queue)  # the writer took it, and waits for Redis
+        assert held.chars == len(chunk) and broker.memory_bytes() == len(chunk)
+        # Nothing awaited from here: Redis's probe cannot run either.
+        for n in range(1, 40):
+            message_id = f"m{n}"
+            broker.open("c", "p.1", message_id)
+            for k in range(3):
+                delta = f"{n}.{k}:" + chunk
+                texts[message_id] = texts.get(message_id, "") + delta
+                recorder.texts[("p.1", message_id)] = texts[message_id]  # as assembled
+                broker.delta("c", "p.1", message_id, delta)
+        assert held.limit <= held.chars < held.limit + len(chunk) + 10
+        assert broker.memory_bytes() == held.chars
+        refused = {message_id for _, _, message_id in writes.dirty}
+        assert {f"m{n}" for n in range(25, 40)} <= refused  # the bound came before them
+        assert not writes.has_room() and writes.full()
+        final = broker.terminal("c", "p.1", "m1", message_body("c", "m1", texts["m1"]))
+        assert final.done()
+        with pytest.raises(BrokerUnavailable):
+            final.result()
+    finally:
+        redis_server.process.send_signal(signal.SIGCONT)
+    await until(lambda: not writes.queue and held.chars == 0 and writes.has_room(), 15)
+    await until(lambda: broker.healthy, 15)
+    for message_id in texts:  # each message's next delta: a resync where one is due
+        await until(writes.has_room)  # resyncs are bounded too: each waits for room
+        texts[message_id] += "!"
+        recorder.texts[("p.1", message_id)] = texts[message_id]
+        broker.delta("c", "p.1", message_id, "!")
+    await until(lambda: not writes.dirty and held.chars == 0 and writes.has_room())
+    await writes.flush_writes()
+    stored = {message_id: await client.get(f"tr:text:p.1|{message_id}") for message_id in texts}
+    assert stored == {message_id: text.encode() for message_id, text in texts.items()}

@@ -228,8 +228,8 @@ class Metrics:
         )
         self.memory = Gauge(
             "relay_memory_bytes",
-            "Bytes of text held: messages, parked sessions, history, the broker's outbox, durable "
-            "stream data, and "
+            "Bytes of text held: messages, parked sessions, history, the broker's outbox and "
+            "writes waiting for Redis, durable stream data, and "
             "with the memory broker the webhook outbox and dead letters.",
             registry=registry,
         )

@@ -46,8 +46,10 @@ events reach Redis in order without a round trip each. A message's deltas join i
 queued write (one script per message per pipeline, not per delta), and a message whose
 final comes while its open is still the last write queued goes whole, in one script
 (``WHOLE``): it is never listed as in progress, since nobody could have seen it there.
-The queue holds at most ``MAX_QUEUE`` writes; past that, deltas are not queued and their
-message is marked for a resync. If Redis is down, terminal writes raise
+The queue holds at most ``MAX_QUEUE`` writes and ``MAX_QUEUE_CHARS`` characters of the
+text they carry, counted until the writer settled them (``Held``); past either, deltas are
+not queued and their message is marked for a resync, and terminal writes are refused as
+below. What it holds counts in ``memory_bytes``. If Redis is down, terminal writes raise
 :class:`~token_relay.core.errors.BrokerUnavailable` (the producer gets
 ``broker_unavailable`` and no ack, so it retries), deltas mark their message
 for a resync, and the reader reconnects with backoff. Once it is back, every

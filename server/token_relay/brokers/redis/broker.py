@@ -285,6 +285,7 @@ class RedisBroker:
         # Nothing of the message reached Redis yet, and nothing was queued after its open:
         # the open, its deltas and the terminal frame go as one script, in the open's place.
         make_whole(opening, write, target)
+        pipeline.held.chars += write.chars  # the frame, now in the queued open's place
         self._runs.close()
         return done
 
@@ -350,8 +351,9 @@ class RedisBroker:
         return len(self._outbox)
 
     def memory_bytes(self) -> int:
-        """Characters this process holds for the broker: the outbox's frames."""
-        return self._outbox.bytes
+        """Characters this process holds for the broker: the outbox's frames, and the text
+        the writes queued for Redis (and in flight) carry."""
+        return self._outbox.bytes + self._pipeline.held.chars
 
     async def cancel(self, channel: str, message_id: str, frame: str) -> int:
         """Publish the cancel to each process owning the message; count those that got it."""

@@ -21,7 +21,7 @@ from .outbox import Outbox
 from .packing import packed_together
 from .partlog import log_value
 from .replies import NOT_ENOUGH_DATA, buffered, push_type
-from .writes import Runs, Target, Write, progress_write, resync_write, taken
+from .writes import Held, Runs, Target, Write, progress_write, resync_write, taken
 
 __all__ = ["MAX_BATCH", "MAX_BROKEN_LOGS", "MAX_QUEUE", "Pipeline"]
 
@@ -54,9 +54,12 @@ class Pipeline:
         self.webhooks: WebhookStore | None = None
         self.queue: deque[Write] = deque()
         """Writes waiting for the writer, at most :data:`MAX_QUEUE`."""
+        self.held = Held()
+        """The characters of text the queued writes and those in flight carry, at most
+        :data:`~.writes.MAX_QUEUE_CHARS` (the write that crosses it is the last taken)."""
         self._waiting: asyncio.Future[None] | None = None
         """The writer's, while it waits for a write to be queued."""
-        self.runs = Runs()
+        self.runs = Runs(self.held)
         """The queued delta writes the next deltas of their messages join."""
         self.last: Write | None = None
         """The write queued last, while it waits in the queue."""
@@ -80,15 +83,17 @@ class Pipeline:
 
     def full(self) -> bool:
         """No write may be queued now: Redis is not healthy, or the queue is full."""
-        return not self._health.healthy or len(self.queue) >= MAX_QUEUE
+        return not self._health.healthy or not self.has_room()
 
     def has_room(self) -> bool:
-        """The queue is not full (whether or not Redis is healthy)."""
-        return len(self.queue) < MAX_QUEUE
+        """The queue is not full, in writes or in characters (whether or not Redis is
+        healthy)."""
+        held = self.held
+        return len(self.queue) < MAX_QUEUE and held.chars < held.limit
 
     def enqueue(self, write: Write, target: Target) -> bool:
         """Queue a write of ``target``'s; if it can't be, mark the message for a resync."""
-        if not self._health.healthy or len(self.queue) >= MAX_QUEUE:
+        if self.full():
             self.dirty.add(target)
             return False
         self.put(write)
@@ -96,14 +101,15 @@ class Pipeline:
 
     def put(self, write: Write) -> None:
         """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`).
-        Past :data:`MAX_QUEUE` it is refused with :class:`BrokerUnavailable` (callers look
-        at :meth:`full` first)."""
+        Past :data:`MAX_QUEUE` writes or :data:`~.writes.MAX_QUEUE_CHARS` it is refused with
+        :class:`BrokerUnavailable` (callers look at :meth:`full` first)."""
         queue = self.queue
-        if len(queue) >= MAX_QUEUE:
+        if not self.has_room():
             raise BrokerUnavailable("the queue of writes to Redis is full")
         if write.script != "delta" and write.script != "part":
             self.runs.close()
         queue.append(write)
+        self.held.chars += write.chars
         self.last = write
         waiting = self._waiting
         if waiting is not None:
@@ -178,6 +184,7 @@ class Pipeline:
                 self._health.suspect()
                 results = [BrokerUnavailable(str(exc))] * len(batch)
             self._settle_all(batch, results)
+            self.held.chars -= sum(write.chars for write in batch)
 
     def _settle_all(self, batch: list[Write], results: list[Any]) -> None:
         kept_back = any_failed = False

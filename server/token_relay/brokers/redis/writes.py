@@ -23,8 +23,10 @@ from .webhooks import OUTBOX, OUTBOX_BYTES
 __all__ = [
     "CLAIMED",
     "MAX_HELD_PER_CHANNEL",
+    "MAX_QUEUE_CHARS",
     "OPENED_HERE",
     "DeltaArgs",
+    "Held",
     "MetaArgs",
     "OpenArgs",
     "PartArgs",
@@ -56,6 +58,10 @@ hold is refused, not answered as published (see ``TERMINAL``)."""
 MAX_HELD_PER_CHANNEL = 10_000
 """Ids held after their message ended (``--id-hold``) per channel in ``tr:held:C``, at most:
 past it the channel's holds start again (the ones before end early)."""
+
+MAX_QUEUE_CHARS = 64 * 1024 * 1024
+"""Characters of text the writes queued for Redis and in flight carry, at most (beside
+the count, ``MAX_QUEUE``): past it a write is not queued, as past the count."""
 
 Target = tuple[str, str, str]
 """A message: (channel, owner, id). A plain tuple: one is made per event."""
@@ -192,6 +198,20 @@ class Write:
     """The chunks of a run of a structured message's, published as one ``chunks`` frame."""
     seq: int = 0
     """The seq of a run's last event."""
+    chars: int = 0
+    """The characters of text it carries (texts, entries, frames), counted in
+    :class:`Held` from its queueing until the writer settled it."""
+
+
+class Held:
+    """What the queued writes and those in flight carry, in characters of text (see
+    :attr:`Write.chars`), and its bound."""
+
+    __slots__ = ("chars", "limit")
+
+    def __init__(self, limit: int = MAX_QUEUE_CHARS) -> None:
+        self.chars = 0
+        self.limit = limit
 
 
 class Runs:
@@ -203,19 +223,28 @@ class Runs:
     write, so each message's text and order are unchanged; subscribers get fewer, longer
     delta frames, as with ``--delta-flush-ms``. A joined write's event ``seq`` is its
     run's last. The texts are kept as parts and joined once, when the writer takes them.
+    What joins is counted in ``held``, and nothing joins once that is at its bound: the
+    event is then queued as its own write, which is refused as the queue is full.
     """
 
-    __slots__ = ("_open",)
+    __slots__ = ("_open", "held")
 
-    def __init__(self) -> None:
+    def __init__(self, held: Held | None = None) -> None:
         self._open: dict[Target, Write] = {}
+        self.held = Held() if held is None else held
 
     def join(self, target: Target, delta: str, seq: int) -> bool:
-        """Add ``delta`` to the queued run of ``target``; False if there is none."""
+        """Add ``delta`` to the queued run of ``target``; False if there is none (or no
+        more text may be held)."""
         write = self._open.get(target)
         if write is None or write.parts is None or write.script == "part":
             return False
+        held = self.held
+        if held.chars >= held.limit:
+            return False
         write.parts.append(delta)
+        write.chars += len(delta)
+        held.chars += len(delta)
         if seq:
             write.seq = seq
         return True
@@ -224,11 +253,18 @@ class Runs:
         self, target: Target, entry: bytes, seq: int, live: Sequence[dict[str, Any]] | None
     ) -> bool:
         """Add a structured message's log ``entry`` (and the ``live`` chunks to publish) to
-        its queued run; False if there is none (or the run is of its plain deltas)."""
+        its queued run; False if there is none (or the run is of its plain deltas, or no
+        more text may be held). The ``live`` chunks count as long as their entry."""
         write = self._open.get(target)
         if write is None or write.script != "part" or write.entries is None:
             return False
+        held = self.held
+        if held.chars >= held.limit:
+            return False
         write.entries.append(entry)
+        grown = 2 * len(entry) if live else len(entry)
+        write.chars += grown
+        held.chars += grown
         if live:
             if write.live is None:
                 write.live = list(live)
@@ -248,7 +284,10 @@ class Runs:
     ) -> None:
         """``write``, a part write just queued with ``entry``, starts its message's run."""
         write.entries = [entry]
-        write.live = list(live) if live else None
+        if live:
+            write.live = list(live)
+            write.chars += len(entry)  # the chunks, counted as long as their entry
+            self.held.chars += len(entry)
         write.seq = seq
         self._open[target] = write
 
@@ -331,6 +370,7 @@ def delta_write(target: Target, delta: str, seq: int, claimed: bool, text_ttl: i
         _text_keys(channel, f"{owner}|{message_id}"),
         DeltaArgs(delta, message_id, text_ttl, KEY_TTL, owner, seq, channel, int(claimed)),
         message=target,
+        chars=len(delta),
     )
 
 
@@ -356,6 +396,7 @@ def part_write(
             "",
         ),
         message=target,
+        chars=len(entry),
     )
 
 
@@ -368,7 +409,7 @@ def progress_write(target: Target, seq: int, done: asyncio.Future[Any] | None = 
 
 def meta_write(owner: str, message_id: str, meta: str) -> Write:
     """Keep a message's merged metadata."""
-    return Write("meta", [key("meta", owner)], MetaArgs(message_id, meta, KEY_TTL))
+    return Write("meta", [key("meta", owner)], MetaArgs(message_id, meta, KEY_TTL), chars=len(meta))
 
 
 def resync_write(
@@ -389,6 +430,7 @@ def resync_write(
         _text_keys(channel, member),
         ResyncArgs(member, text, snapshot, text_ttl, KEY_TTL, message_id, owner),
         message=target,
+        chars=len(text) + len(snapshot),
     )
 
 
@@ -446,6 +488,7 @@ def terminal_write(
         ),
         done,
         webhook=(channel, message_id) if webhook else None,
+        chars=len(body),
     )
 
 
@@ -457,6 +500,8 @@ def make_whole(opening: Write, terminal: Write, target: Target) -> None:
     opening.keys = [*terminal.keys, f"tr:d:{channel}"]
     opening.args = terminal.args
     opening.webhook = terminal.webhook
+    if opening is not terminal:
+        opening.chars += terminal.chars
 
 
 def whole_write(
@@ -473,5 +518,6 @@ def whole_write(
     script, with nothing of it kept per owner."""
     write = terminal_write(settings, webhook, target, body, done, producer=producer, session=False)
     write.parts = [text]
+    write.chars += len(text)
     make_whole(write, write, target)  # its own open: the terminal write, and its text
     return write
