@@ -6,6 +6,7 @@ import asyncio
 import random
 
 import pytest
+from token_relay.edge.frames import MAX_FRAGMENTS
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
 from ..conftest import (
@@ -390,6 +391,54 @@ async def test_invalid_utf8_closes_with_1007(relay: RunningRelay) -> None:
         with pytest.raises(ConnectionClosedError) as closed:
             await recv_json(producer)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+
+
+def _raw_frame(first: int, payload: bytes) -> bytes:
+    """A client's frame of under 126 bytes, written raw: ``first`` is FIN and the opcode;
+    a zero mask, so the payload goes as it is."""
+    return bytes([first, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
+
+
+async def test_a_message_in_too_many_frames_closes_with_1009_and_others_go_on(
+    relay: RunningRelay,
+) -> None:
+    """A message may come in fragments, up to MAX_FRAGMENTS frames; a peer sending empty
+    continuation frames past that is closed (1009), holding nothing for them meanwhile,
+    and the channel's other producers go on."""
+    async with relay.connect("/subscribe?channel=frag") as sub:
+        await recv_core(sub)
+        async with (
+            relay.connect("/produce?channel=frag") as fragmented,
+            relay.connect("/produce?channel=frag") as flooding,
+            relay.connect("/produce?channel=frag") as other,
+        ):
+            # Within the limit: one character a frame, and empty frames between them.
+            text = b'{"id": "f", "delta": "in pieces", "final": true}'
+            frames = [_raw_frame(0x01, text[:1])]
+            for n in range(1, len(text)):
+                frames += [_raw_frame(0x00, b"")] * 100
+                frames.append(_raw_frame(0x80 if n == len(text) - 1 else 0x00, text[n : n + 1]))
+            assert len(frames) <= MAX_FRAGMENTS
+            assert fragmented.transport is not None
+            fragmented.transport.write(b"".join(frames))
+            assert await recv_core(sub) == {
+                "type": "message",
+                "channel": "frag",
+                "id": "f",
+                "text": "in pieces",
+            }
+            # Past it: the frame after the limit fails the connection.
+            flood = [_raw_frame(0x01, b'{"id": "x", ')]
+            flood += [_raw_frame(0x00, b"")] * MAX_FRAGMENTS
+            assert flooding.transport is not None
+            flooding.transport.write(b"".join(flood))
+            with pytest.raises(ConnectionClosedError) as closed:
+                while True:
+                    await recv_json(flooding)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+            assert closed.value.rcvd.reason == f"message in more than {MAX_FRAGMENTS} frames"
+            await send_json(other, {"id": "o", "delta": "still here", "final": True})
+            assert (await recv_core(sub))["text"] == "still here"
 
 
 async def test_meta_rides_on_the_message_and_on_an_abort(relay: RunningRelay) -> None:

@@ -7,7 +7,7 @@ length in its 7-, 16- or 64-bit form; a fixed mask), so every malformed shape is
 from __future__ import annotations
 
 import pytest
-from token_relay.edge.frames import MAX_HELD_FRAME, FrameReader, text_frame
+from token_relay.edge.frames import MAX_FRAGMENTS, MAX_HELD_FRAME, FrameReader, text_frame
 from websockets.frames import Close, Frame, Opcode
 
 MASK = b"\x37\xfa\x21\x3d"
@@ -255,6 +255,23 @@ def test_a_fragmented_message_over_the_limit_fails_with_1009() -> None:
     assert reading.messages == []
     reason = "frame with 401 bytes after reading 600 bytes exceeds limit of 1000 bytes"
     failed(reading, 1009, reason)
+
+
+def test_a_message_in_the_most_frames_allowed_is_read_and_one_more_fails_with_1009() -> None:
+    within = text("a", fin=False) + cont(b"", fin=False) * (MAX_FRAGMENTS - 2) + cont("b")
+    assert read(within).messages == ["ab"]
+    past = text("a", fin=False) + cont(b"", fin=False) * (MAX_FRAGMENTS - 1) + cont("b")
+    reading = read(past + text("after"))
+    assert reading.messages == []
+    failed(reading, 1009, f"message in more than {MAX_FRAGMENTS} frames")
+
+
+def test_empty_continuation_frames_hold_nothing_of_their_own() -> None:
+    reading = read(text("ab", fin=False) + cont(b"", fin=False) * 10_000)
+    assert reading.reader._fragments == bytearray(b"ab")
+    reading.receive(cont("c"))
+    assert reading.messages == ["abc"]
+    assert reading.reader._fragments == bytearray()
 
 
 def test_a_64_bit_length_over_the_limit_fails_at_its_header() -> None:

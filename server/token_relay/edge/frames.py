@@ -28,7 +28,8 @@ close code:
   frame over 125 bytes or fragmented, a continuation frame with no message under way, a
   data frame in the middle of a fragmented message, a close frame with a 1-byte payload or
   a code a peer may not send;
-* 1009 (message too big): a frame or a fragmented message over ``max_size`` bytes;
+* 1009 (message too big): a frame or a fragmented message over ``max_size`` bytes, or a
+  message in more than :data:`MAX_FRAGMENTS` frames;
 * 1007 (invalid data): a text message, or a close frame's reason, that is not UTF-8.
 
 A message read before a close frame or a failure counts; nothing after it is read.
@@ -48,7 +49,7 @@ try:
 except ImportError:  # pragma: no cover - websockets without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["MAX_HELD_FRAME", "Deliver", "FrameReader", "frames_log", "text_frame"]
+__all__ = ["MAX_FRAGMENTS", "MAX_HELD_FRAME", "Deliver", "FrameReader", "frames_log", "text_frame"]
 
 frames_log = logging.getLogger("token_relay.frames")
 """websockets' protocol logs each open and close at INFO; the relay logs its own."""
@@ -56,6 +57,12 @@ frames_log.setLevel(logging.WARNING)
 
 MAX_HELD_FRAME = 64 * 1024
 """The largest frame the lean parser gathers across reads; a larger one is websockets'."""
+
+MAX_FRAGMENTS = 65_536
+"""The most frames one fragmented message may come in (1009 past it): far more than any
+client sends (a message of 1 MiB in 16-byte frames), yet a peer sending empty continuation
+frames cannot keep one message under way for ever. What the frames hold is gathered as one
+buffer, so their count costs no memory of its own; their bytes are bounded by ``max_size``."""
 
 Deliver = Callable[[str | bytes, bytes], bool]
 """Takes one whole message (``str`` for text) and its payload's bytes (whose size is what
@@ -78,7 +85,16 @@ def text_frame(payload: bytes) -> bytes:
 class FrameReader:
     """The frames of one client connection, read into messages."""
 
-    __slots__ = ("_fragments", "_slow_left", "_text", "failed", "max_size", "partial", "protocol")
+    __slots__ = (
+        "_fragments",
+        "_frames",
+        "_slow_left",
+        "_text",
+        "failed",
+        "max_size",
+        "partial",
+        "protocol",
+    )
 
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
@@ -89,10 +105,14 @@ class FrameReader:
         """Bytes not parsed yet: the start of a frame the lean parser is gathering (or a
         frame header), or the rest of a read that :meth:`receive` was told to stop in."""
         self.failed = False
-        """Whether a text message was not UTF-8 (1007): nothing more is read."""
+        """Whether the reader failed the connection itself: a text message that is not UTF-8
+        (1007), or one in too many frames (1009). Nothing more is read."""
         self._slow_left = 0
         """Bytes still to come of a frame websockets is reading."""
-        self._fragments: list[bytes] = []
+        self._fragments = bytearray()
+        """The payload of a fragmented message under way, gathered."""
+        self._frames = 0
+        """The frames it came in so far, at most :data:`MAX_FRAGMENTS`."""
         self._text = False
 
     @property
@@ -251,13 +271,20 @@ class FrameReader:
             if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
                 data = bytes(frame.data)
                 if not frame.fin:
-                    self._fragments, self._text = [data], opcode is Opcode.TEXT
+                    self._fragments, self._text = bytearray(data), opcode is Opcode.TEXT
+                    self._frames = 1
                     continue
                 stop = self._message(data, opcode is Opcode.TEXT, deliver, stop)
             elif opcode is Opcode.CONT:
-                self._fragments.append(bytes(frame.data))
+                self._frames += 1
+                if self._frames > MAX_FRAGMENTS:
+                    self._fragments = bytearray()
+                    reason = f"message in more than {MAX_FRAGMENTS} frames"
+                    self._fail_with(CloseCode.MESSAGE_TOO_BIG, reason)
+                    break
+                self._fragments += frame.data
                 if frame.fin:
-                    data, self._fragments = b"".join(self._fragments), []
+                    data, self._fragments = bytes(self._fragments), bytearray()
                     stop = self._message(data, self._text, deliver, stop)
         return stop
 
@@ -272,5 +299,8 @@ class FrameReader:
         return deliver(message, payload)
 
     def _fail(self, exc: UnicodeDecodeError) -> None:
-        self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at {exc.start}")
+        self._fail_with(CloseCode.INVALID_DATA, f"{exc.reason} at {exc.start}")
+
+    def _fail_with(self, code: CloseCode, reason: str) -> None:
+        self.protocol.fail(code, reason)
         self.failed = True
