@@ -53,6 +53,9 @@ class Recorder:
     def partial(self, owner: str, message_id: str) -> str | None:
         return self.texts.get((owner, message_id))
 
+    def live_parts(self, owner: str, message_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+        return None  # no structured message in progress here
+
     def wants_deltas(self, channel: str) -> bool:
         return True
 

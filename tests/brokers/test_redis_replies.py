@@ -225,6 +225,34 @@ async def test_the_write_queue_is_bounded_and_a_write_past_it_is_refused_or_resy
     assert writes.has_room()
 
 
+async def test_the_messages_marked_for_a_resync_stay_within_twice_those_in_progress(
+    started: Started, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While Redis is down, each message opened is marked for a resync; those that ended
+    meanwhile are forgotten as the set grows, those in progress are kept, and once Redis is
+    back each of them is rewritten whole."""
+    broker, recorder, client = started
+    writes = broker._pipeline
+    monkeypatch.setattr(pipeline, "MAX_DIRTY", 100)
+    writes._dirty_bound = 100
+    redis_server.kill()
+    await until(lambda: not broker.healthy, 10)
+    live: set[tuple[str, str, str]] = set()
+    for n in range(5_000):
+        message_id = f"m{n}"
+        if n % 50 == 0:  # one in fifty still in progress here; the rest ended meanwhile
+            recorder.texts[("p.1", message_id)] = f"text of {message_id}"
+            live.add(("c", "p.1", message_id))
+        broker.open("c", "p.1", message_id)  # not queued: marked for a resync
+        assert len(writes.dirty) <= max(100, 2 * len(live))
+    assert live <= writes.dirty
+    redis_server.start()
+    await until(lambda: broker.healthy and not writes.dirty, 15)  # each resynced
+    await writes.flush_writes()
+    for _, owner, message_id in live:
+        assert await client.get(f"tr:text:{owner}|{message_id}") == f"text of {message_id}".encode()
+
+
 async def test_each_write_counts_the_text_it_carries_until_the_writer_settled_it(
     started: Started,
 ) -> None:

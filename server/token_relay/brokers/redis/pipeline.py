@@ -23,7 +23,7 @@ from .partlog import log_value
 from .replies import NOT_ENOUGH_DATA, buffered, push_type
 from .writes import Held, Runs, Target, Write, progress_write, resync_write, taken
 
-__all__ = ["MAX_BATCH", "MAX_BROKEN_LOGS", "MAX_QUEUE", "Pipeline"]
+__all__ = ["MAX_BATCH", "MAX_BROKEN_LOGS", "MAX_DIRTY", "MAX_QUEUE", "Pipeline"]
 
 MAX_QUEUE = 100_000
 """Writes waiting for Redis, at most."""
@@ -31,6 +31,9 @@ MAX_BATCH = 1000
 """Writes sent in one pipeline, at most."""
 MAX_BROKEN_LOGS = 10_000
 """Structured messages remembered as having a broken log, at most (see ``broken_logs``)."""
+MAX_DIRTY = 10_000
+"""Messages marked for a resync before those no longer in progress here are forgotten (see
+:meth:`Pipeline.mark_dirty`)."""
 OUTBOX_RETRY = 1.0
 """Seconds after a write of the outbox failed before the outbox is tried again, whether or
 not Redis was seen to go away (a write that timed out on a Redis that still answers PING)."""
@@ -64,7 +67,10 @@ class Pipeline:
         self.last: Write | None = None
         """The write queued last, while it waits in the queue."""
         self.dirty: set[Target] = set()
-        """Messages whose text in Redis may be behind: resynced before their next delta."""
+        """Messages whose text in Redis may be behind: resynced before their next delta.
+        Marked with :meth:`mark_dirty`, which keeps it within twice the messages in progress
+        here (or :data:`MAX_DIRTY`)."""
+        self._dirty_bound = MAX_DIRTY
         self.broken_logs: set[Target] = set()
         """Structured messages a log entry of which failed or was not queued: their log is
         cut by their next entry (see :mod:`.partlog`), forgotten at their terminal write,
@@ -83,7 +89,8 @@ class Pipeline:
 
     def full(self) -> bool:
         """No write may be queued now: Redis is not healthy, or the queue is full."""
-        return not self._health.healthy or not self.has_room()
+        held = self.held
+        return not self._health.healthy or len(self.queue) >= MAX_QUEUE or held.chars >= held.limit
 
     def has_room(self) -> bool:
         """The queue is not full, in writes or in characters (whether or not Redis is
@@ -93,8 +100,9 @@ class Pipeline:
 
     def enqueue(self, write: Write, target: Target) -> bool:
         """Queue a write of ``target``'s; if it can't be, mark the message for a resync."""
-        if self.full():
-            self.dirty.add(target)
+        held = self.held
+        if not self._health.healthy or len(self.queue) >= MAX_QUEUE or held.chars >= held.limit:
+            self.mark_dirty(target)
             return False
         self.put(write)
         return True
@@ -103,13 +111,13 @@ class Pipeline:
         """Queue a write; any but a delta (or a log entry) ends every run (see :class:`Runs`).
         Past :data:`MAX_QUEUE` writes or :data:`~.writes.MAX_QUEUE_CHARS` it is refused with
         :class:`BrokerUnavailable` (callers look at :meth:`full` first)."""
-        queue = self.queue
-        if not self.has_room():
+        queue, held = self.queue, self.held
+        if len(queue) >= MAX_QUEUE or held.chars >= held.limit:
             raise BrokerUnavailable("the queue of writes to Redis is full")
         if write.script != "delta" and write.script != "part":
             self.runs.close()
         queue.append(write)
-        self.held.chars += write.chars
+        held.chars += write.chars
         self.last = write
         waiting = self._waiting
         if waiting is not None:
@@ -127,6 +135,27 @@ class Pipeline:
             await asyncio.wait_for(done, 5)
 
     # ------------------------------------------------------------------ resync
+
+    def mark_dirty(self, target: Target) -> None:
+        """Mark a message for a resync. Once :attr:`dirty` reaches its bound, the messages
+        in it no longer in progress here are forgotten (a resync of one would forget it
+        too: there is nothing of it here to rewrite), and the bound becomes twice what is
+        left, at least :data:`MAX_DIRTY`: the set stays within twice the messages in
+        progress here, each pass over it paid for by as many marks."""
+        dirty = self.dirty
+        dirty.add(target)
+        if len(dirty) < self._dirty_bound:
+            return
+        listener = self.listener
+        if listener is not None:
+            for marked in list(dirty):
+                _, owner, message_id = marked
+                if (
+                    listener.partial(owner, message_id) is None
+                    and listener.live_parts(owner, message_id) is None
+                ):
+                    dirty.discard(marked)
+        self._dirty_bound = max(MAX_DIRTY, 2 * len(dirty))
 
     def resync(self, target: Target) -> None:
         """Rewrite a message's whole text to Redis and send it as a snapshot."""
@@ -208,7 +237,7 @@ class Pipeline:
             failed = isinstance(result, Exception)
             any_failed = any_failed or failed
             if failed and write.message is not None:
-                self.dirty.add(write.message)
+                self.mark_dirty(write.message)
                 if write.script == "part":
                     self.log_broken(write.message)
             if write.claim is not None and result == 0 and self.listener is not None:

@@ -243,8 +243,9 @@ class Runs:
         if held.chars >= held.limit:
             return False
         write.parts.append(delta)
-        write.chars += len(delta)
-        held.chars += len(delta)
+        size = len(delta)
+        write.chars += size
+        held.chars += size
         if seq:
             write.seq = seq
         return True
