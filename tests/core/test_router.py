@@ -173,6 +173,30 @@ def test_a_full_join_buffer_closes_that_subscriber_only() -> None:
     assert not router.hub.is_subscribed("s", "c")
 
 
+def test_a_join_buffer_past_its_bytes_closes_that_subscriber_only() -> None:
+    big = _message(1, text="x" * 600)
+    router: ChannelRouter[str] = ChannelRouter(10, max_join_buffer_bytes=2 * len(big))
+    _subscribed(router, "other")
+    join, _ = router.join("s", "c", deltas=True, resuming=False)
+    held = router.deliver("c", T, 1, big)
+    assert _sent_to(held, "other") == [big] and _sent_to(held, "s") == []  # held for "s"
+    router.deliver("c", T, 2, big)
+    assert join.buffered == 2 * len(big)
+    actions = router.deliver("c", D, 3, Delta("c", "m", "y"))  # one byte more: too much
+    assert Close("s", "too slow to join") in actions
+    assert _sent_to(actions, "other") == [Delta("c", "m", "y")]
+    assert router.joined(join, _cut(0)) == []
+    assert not router.hub.is_subscribed("s", "c")
+
+
+def test_a_join_buffer_within_its_bytes_is_sent_whole_after_the_cut() -> None:
+    router: ChannelRouter[str] = ChannelRouter(10, max_join_buffer_bytes=3 * len(_message(1)))
+    join, _ = router.join("s", "c", deltas=False, resuming=False)
+    for n in (1, 2, 3):
+        router.deliver("c", T, n, _message(n))
+    assert router.joined(join, _cut(0))[1:] == [_message(n) for n in (1, 2, 3)]
+
+
 def test_abandon_undoes_a_new_subscription_but_keeps_an_old_one() -> None:
     router: ChannelRouter[str] = ChannelRouter(10)
     join, _ = router.join("s", "c", deltas=True, resuming=False)

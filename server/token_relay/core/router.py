@@ -36,8 +36,10 @@ Any other frame of the channel flushes the window first, so nothing overtakes
 a delta. While a subscriber of the channel is joining or has a floor, its
 deltas skip the window, so no merged frame straddles a cut.
 
-Limits: a join buffer holds at most ``max_join_buffer`` frames; one more
-closes that subscriber (:class:`Close`, "too slow to join"), which can resume
+Limits: a join buffer holds at most ``max_join_buffer`` frames and
+``max_join_buffer_bytes`` bytes of them (the edge gives it
+``--max-subscriber-buffer-bytes``: what it holds is the joiner's unsent frames); one
+more frame past either closes that subscriber (:class:`Close`, "too slow to join"), which can resume
 by offset. Floors and buffers exist only for live subscriptions, so they are
 bounded by the hub's own limits.
 """
@@ -54,12 +56,22 @@ from .hub import ChannelHub
 from .merge import DeltaQueue
 from .protocol import Snapshot, Subscribed, encode
 
-__all__ = ["MAX_JOIN_BUFFER", "ChannelRouter", "Close", "Hold", "Join", "Send"]
+__all__ = [
+    "MAX_JOIN_BUFFER",
+    "MAX_JOIN_BUFFER_BYTES",
+    "ChannelRouter",
+    "Close",
+    "Hold",
+    "Join",
+    "Send",
+]
 
 S = TypeVar("S", bound=Hashable)
 
 MAX_JOIN_BUFFER = 10_000
 """Frames buffered for one joining subscription while its catch-up is read."""
+MAX_JOIN_BUFFER_BYTES = 4 * 1024 * 1024
+"""Their bytes (a frame's ``len``), by default."""
 
 TOO_SLOW_TO_JOIN = "too slow to join"
 
@@ -98,6 +110,8 @@ class Join(Generic[S]):
     """Whether it gave ``since`` (its missed terminal frames come from the cut)."""
     was_subscribed: bool
     buffer: list[tuple[FrameKind, int, Outgoing]] = field(default_factory=list)
+    buffered: int = 0
+    """The bytes of the frames in :attr:`buffer`."""
 
 
 class _Floor(NamedTuple):
@@ -114,9 +128,11 @@ class ChannelRouter(Generic[S]):
         *,
         window: bool = False,
         max_join_buffer: int = MAX_JOIN_BUFFER,
+        max_join_buffer_bytes: int = MAX_JOIN_BUFFER_BYTES,
     ) -> None:
         self.hub: ChannelHub[S] = ChannelHub(max_channels_per_subscriber)
         self.max_join_buffer = max_join_buffer
+        self.max_join_buffer_bytes = max_join_buffer_bytes
         self._window: dict[str, DeltaQueue] | None = {} if window else None
         self._joins: dict[tuple[S, str], Join[S]] = {}
         self._floors: dict[str, dict[S, _Floor]] = {}
@@ -285,8 +301,13 @@ class ChannelRouter(Generic[S]):
         for receiver in receivers:
             join = self._joins.get((receiver, channel))
             if join is not None:
-                if len(join.buffer) < self.max_join_buffer:
+                size = len(item)
+                if (
+                    len(join.buffer) < self.max_join_buffer
+                    and join.buffered + size <= self.max_join_buffer_bytes
+                ):
                     join.buffer.append((kind, seq, item))
+                    join.buffered += size
                 else:
                     closes.append(Close(receiver, TOO_SLOW_TO_JOIN))
                 continue

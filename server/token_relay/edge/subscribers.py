@@ -70,7 +70,9 @@ class SubscriberEndpoint:
         self.writer = writer
         self.spawn = spawn
         self.router: ChannelRouter[Peer] = ChannelRouter(
-            settings.max_channels_per_subscriber, window=settings.delta_flush_ms > 0
+            settings.max_channels_per_subscriber,
+            window=settings.delta_flush_ms > 0,
+            max_join_buffer_bytes=settings.max_subscriber_buffer_bytes,
         )
         self.also_listening: Callable[[str], bool] = lambda channel: False
         """Whether another reader of this process needs a channel's terminal frames (a
