@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 from token_relay.brokers.redis import durable as redis_durable
 from token_relay.brokers.redis.durable import RedisStore
-from token_relay.core.durable import Limits
+from token_relay.core.durable import ENTRY_OVERHEAD, Limits
 from token_relay.core.durableproducers import Producer
 from token_relay.core.durablestore import Create, DurableStore, LocalStore, MemoryStore
 from token_relay.core.errors import StreamRefused
@@ -34,7 +34,10 @@ from token_relay.core.settings import Settings
 EXAMPLES = int(os.environ.get("DURABLE_GROUP_EXAMPLES", "40"))
 TEXT = "text/plain"
 JSON = "application/json"
-MAX_STREAM_BYTES = 400
+MAX_STREAM_BYTES = 400 + 16 * ENTRY_OVERHEAD
+"""Met by some generated sequences: each entry counts its data and ENTRY_OVERHEAD."""
+ROOMY = 1 << 20
+"""A stream bound the tests of many appends never meet."""
 
 
 @st.composite
@@ -86,13 +89,13 @@ def _local() -> LocalStore:
     return LocalStore(MemoryStore(max_streams=10, max_total_bytes=1 << 20, limits=limits))
 
 
-async def _redis_store(url: str) -> RedisStore:
+async def _redis_store(url: str, max_stream_bytes: int = MAX_STREAM_BYTES) -> RedisStore:
     client = Redis.from_url(url)
     try:
         await client.flushall()
     finally:
         await client.aclose()
-    bounds = {"max_durable_stream_bytes": MAX_STREAM_BYTES, "max_durable_producers": 4}
+    bounds = {"max_durable_stream_bytes": max_stream_bytes, "max_durable_producers": 4}
     store = RedisStore(Settings(broker=url, **bounds))
     store.max_total_bytes = 1 << 20
     return store
@@ -125,7 +128,7 @@ def test_appends_queued_together_go_in_one_script(redis_url: str) -> None:
     it), not forty, and land in the order they came."""
 
     async def play() -> tuple[int, bytes]:
-        store = await _redis_store(redis_url)
+        store = await _redis_store(redis_url, ROOMY)
         client = Redis.from_url(redis_url)
         try:
             await store.create("/s", Create(TEXT), 0.0)
@@ -155,7 +158,7 @@ def test_a_group_past_the_store_bytes_is_written_one_at_a_time(redis_url: str) -
         store = await _redis_store(redis_url)
         try:
             await store.create("/s", Create(TEXT), 0.0)
-            store.max_total_bytes = 25
+            store.max_total_bytes = 25 + 2 * ENTRY_OVERHEAD  # two appends of 10 bytes fit
             sends = [
                 store.append("/s", b"x" * 10, content_type=TEXT, close=False, now=1.0)
                 for _ in range(4)
@@ -178,7 +181,8 @@ def test_groups_racing_another_process_land_once_each(redis_url: str) -> None:
     is where its bytes are."""
 
     async def play() -> tuple[bytes, list[Any]]:
-        first, second = await _redis_store(redis_url), RedisStore(Settings(broker=redis_url))
+        first = await _redis_store(redis_url, ROOMY)
+        second = RedisStore(Settings(broker=redis_url))
         second.max_total_bytes = 1 << 20
         try:
             await first.create("/s", Create(TEXT), 0.0)

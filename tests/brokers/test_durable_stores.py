@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from token_relay.brokers.redis.durable import RedisStore
-from token_relay.core.durable import Expiry, Limits
+from token_relay.core.durable import ENTRY_OVERHEAD, Expiry, Limits
 from token_relay.core.durableproducers import Producer
 from token_relay.core.durablestore import Create, DurableStore, LocalStore, MemoryStore
 from token_relay.core.errors import StreamRefused
@@ -19,9 +19,12 @@ from token_relay.core.settings import Settings
 from ..harness import RedisServer
 
 TEXT = "text/plain"
+JSON = "application/json"
+MAX_STREAM_BYTES = 20 + 2 * ENTRY_OVERHEAD
+"""Two entries and 20 bytes of data (each entry counts its data and ENTRY_OVERHEAD)."""
 BOUNDS: dict[str, Any] = {
     "max_durable_streams": 3,
-    "max_durable_stream_bytes": 20,
+    "max_durable_stream_bytes": MAX_STREAM_BYTES,
     "max_durable_producers": 4,
 }
 
@@ -33,7 +36,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
             MemoryStore(
                 max_streams=3,
                 max_total_bytes=1000,
-                limits=Limits(max_bytes=20, max_producers=4),
+                limits=Limits(max_bytes=MAX_STREAM_BYTES, max_producers=4),
             )
         )
         return
@@ -99,11 +102,11 @@ async def test_bounds_refuse_and_change_nothing(store: DurableStore) -> None:
     await store.create("/c", Create(TEXT), 0.0)
     many = await _refused(store.create, "/d", Create(TEXT), 0.0)
     assert (many.status, many.code) == (507, "too_many_streams")
-    store.max_total_bytes = 18
+    store.max_total_bytes = 18 + 2 * ENTRY_OVERHEAD
     total = await _refused(store.append, "/b", b"z" * 4, content_type=TEXT, close=False, now=0.0)
     assert (total.status, total.code) == (507, "store_full")
     assert (await store.get("/b", 0.0)).tail == 0
-    assert store.total_bytes == 15
+    assert store.total_bytes == 15 + ENTRY_OVERHEAD
 
 
 async def test_producers_and_closure_are_kept_with_the_stream(store: DurableStore) -> None:
@@ -142,7 +145,7 @@ async def test_a_stream_whose_keys_redis_expired_first_leaves_the_counts_at_the_
         made = Create(TEXT, expiry=Expiry(ttl=10), forked_from="/src", body=b"de")
         fork = (await store.create("/fork", made, start)).stream
         await store.delete("/src", start)  # a tombstone: the fork reads it
-        assert (len(store), store.total_bytes) == (2, 5)
+        assert (len(store), store.total_bytes) == (2, 5 + 2 * ENTRY_OVERHEAD)
         # As if no relay swept within the minute of grace: Redis forgot the fork's keys.
         removed = await client.delete(
             "tr:ds:p:/fork", *(f"tr:ds:{kind}:{fork.stream_id}" for kind in "sla")
@@ -165,3 +168,30 @@ async def test_an_append_tells_the_tail_it_found(store: DurableStore) -> None:
     assert (closed.before, closed.next, closed.closed, closed.duplicate) == (5, 5, True, False)
     again = await store.append("/t", b"", content_type=TEXT, close=True, now=0.0)
     assert (again.before, again.next, again.duplicate) == (5, 5, True)
+
+
+async def test_many_tiny_messages_count_their_overhead_and_are_refused(
+    store: DurableStore,
+) -> None:
+    """A JSON-array body appends one entry per element, each counted with ENTRY_OVERHEAD:
+    20 tiny messages are 20 bytes of data, under the stream's bound as data alone, and
+    20 * (1 + ENTRY_OVERHEAD) counted, past it. Refused whole; nothing changes."""
+    body = b"[" + b",".join([b"1"] * 20) + b"]"
+    assert 20 <= MAX_STREAM_BYTES < 20 * (1 + ENTRY_OVERHEAD)
+    made = await _refused(store.create, "/c", Create(JSON, body=body), 0.0)
+    assert (made.status, made.code) == (413, "stream_full")
+    await store.create("/j", Create(JSON), 0.0)
+    full = await _refused(store.append, "/j", body, content_type=JSON, close=False, now=0.0)
+    assert (full.status, full.code) == (413, "stream_full")
+    assert ((await store.get("/j", 0.0)).tail, store.total_bytes) == (0, 0)
+    # What is written counts the same in either store: data and overhead per entry.
+    appended = await store.append("/j", b"[1,2]", content_type=JSON, close=False, now=0.0)
+    assert appended.added_bytes == store.total_bytes == 2 * (1 + ENTRY_OVERHEAD)
+    await store.create("/k", Create(JSON, body=b"[3]"), 0.0)
+    assert store.total_bytes == 3 * (1 + ENTRY_OVERHEAD)
+    # Room for one byte of data, not for its entry: the store's total refuses it.
+    store.max_total_bytes = store.total_bytes + ENTRY_OVERHEAD
+    total = await _refused(store.append, "/k", b"[4]", content_type=JSON, close=False, now=0.0)
+    assert (total.status, total.code) == (507, "store_full")
+    assert ((await store.get("/k", 0.0)).tail, store.total_bytes) == (1, 3 * (1 + ENTRY_OVERHEAD))
+    assert await _text(store, "/j") == b"12"

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from token_relay.core.durable import (
+    ENTRY_OVERHEAD,
     OFFSET_EPOCH,
     OFFSET_WIDTH,
     Appended,
@@ -156,13 +157,13 @@ def test_a_producers_duplicate_appends_nothing_and_answers_its_last_seq() -> Non
 
 
 def test_bounds_refuse_and_change_nothing() -> None:
-    stream = _stream()
-    _append(stream, b"x" * 990)
-    full = _refused(stream, b"y" * 11)
+    stream = _stream()  # each entry counts its bytes and ENTRY_OVERHEAD
+    _append(stream, b"x" * (890 - ENTRY_OVERHEAD))
+    full = _refused(stream, b"y" * (111 - ENTRY_OVERHEAD))
     assert (full.status, full.code) == (413, "stream_full")
-    store = _refused(stream, b"y" * 5, room=4)
+    store = _refused(stream, b"y" * 5, room=4 + ENTRY_OVERHEAD)
     assert (store.status, store.code) == (507, "store_full")
-    assert (stream.tail, stream.own_bytes) == (990, 990)
+    assert (stream.tail, stream.own_bytes) == (890 - ENTRY_OVERHEAD, 890)
 
 
 def test_the_sliding_ttl_counts_from_the_last_touch() -> None:
@@ -188,7 +189,7 @@ def test_a_fork_reads_its_source_to_the_fork_point_then_its_own() -> None:
     assert fork.read(0) == Chunk((b"hel", b"p!"), 5)
     assert fork.read(1) == Chunk((b"el", b"p!"), 5)
     assert fork.read(4) == Chunk((b"!",), 5)
-    assert fork.own_bytes == 2
+    assert fork.own_bytes == 2 + ENTRY_OVERHEAD
 
 
 def test_the_etag_changes_with_the_data_and_the_closure() -> None:
@@ -266,13 +267,16 @@ def test_a_duplicate_tells_the_tail_as_before_and_next() -> None:
 
 
 @given(
-    st.lists(st.tuples(st.binary(max_size=30), st.integers(0, 60)), max_size=10),
+    st.lists(
+        st.tuples(st.binary(max_size=30), st.integers(0, 60).map(lambda n: n + ENTRY_OVERHEAD)),
+        max_size=10,
+    ),
     st.sampled_from(["text/plain", "application/json"]),
 )
 def test_an_append_logs_as_the_general_path_does(
     steps: list[tuple[bytes, int]], content_type: str
 ) -> None:
-    limits = Limits(max_bytes=80, max_producers=10, max_read_bytes=1000)
+    limits = Limits(max_bytes=80 + 3 * ENTRY_OVERHEAD, max_producers=10, max_read_bytes=1000)
     fast, general = _stream(content_type, limits=limits), _stream(content_type, limits=limits)
     for body, room in steps:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from token_relay.core.durable import Expiry, Limits, offset_text
+from token_relay.core.durable import ENTRY_OVERHEAD, Expiry, Limits, offset_text
 from token_relay.core.durablestore import Create, MemoryStore
 from token_relay.core.errors import StreamRefused
 
@@ -69,7 +69,7 @@ def test_the_sweep_drops_expired_streams() -> None:
     store.create("/b", Create(TEXT, body=b"z"), 0.0)
     assert store.expire(9.0) == []
     assert store.expire(10.0) == ["/a"]
-    assert (sorted(store.streams), store.total_bytes) == (["/b"], 1)
+    assert (sorted(store.streams), store.total_bytes) == (["/b"], 1 + ENTRY_OVERHEAD)
 
 
 def test_a_deleted_source_is_a_tombstone_while_forks_read_it() -> None:
@@ -97,7 +97,7 @@ def test_deleting_the_last_fork_of_a_chain_frees_every_tombstone() -> None:
     assert store.get("/c", 0.0).read(0).entries == (b"1", b"2")
     store.delete("/a", 1.0)
     store.delete("/b", 1.0)
-    assert store.total_bytes == 2
+    assert store.total_bytes == 2 + 2 * ENTRY_OVERHEAD
     store.delete("/c", 1.0)
     assert (store.streams, store.total_bytes) == ({}, 0)
 
@@ -127,16 +127,16 @@ def test_a_fork_inherits_its_sources_expiry_unless_it_asks_for_its_own() -> None
 
 
 def test_bounds_on_streams_and_bytes_refuse_and_change_nothing() -> None:
-    store = _store(max_streams=2, max_total_bytes=10)
+    store = _store(max_streams=2, max_total_bytes=10 + ENTRY_OVERHEAD)  # and ENTRY_OVERHEAD each
     store.create("/a", Create(TEXT, body=b"12345678"), 0.0)
     store.create("/b", Create(TEXT), 0.0)
     assert _refused(store.create, "/c", Create(TEXT), 0.0).code == "too_many_streams"
     refused = _refused(store.append, "/b", b"abc", content_type=TEXT, close=False, now=0.0)
     assert (refused.status, refused.code) == (507, "store_full")
-    assert (store.total_bytes, store.get("/b", 0.0).tail) == (8, 0)
+    assert (store.total_bytes, store.get("/b", 0.0).tail) == (8 + ENTRY_OVERHEAD, 0)
     store.delete("/a", 0.0)
     store.append("/b", b"abc", content_type=TEXT, close=False, now=0.0)
-    assert store.total_bytes == 3
+    assert store.total_bytes == 3 + ENTRY_OVERHEAD
 
 
 def test_tails_and_paths_are_of_live_streams_only() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from token_relay.core.durable import ENTRY_OVERHEAD
 from token_relay.core.grants import Role
 from token_relay.tokens import mint
 
@@ -49,7 +50,9 @@ async def test_the_documented_recipe_prints_what_the_page_shows(relay: RunningRe
 
 
 async def test_streams_and_bytes_are_bounded_and_a_refusal_changes_nothing() -> None:
-    async with relay_with(max_durable_streams=2, max_durable_stream_bytes=10) as running:
+    # Each entry counts its bytes and ENTRY_OVERHEAD: room for one of 10 bytes.
+    bounds = {"max_durable_streams": 2, "max_durable_stream_bytes": 10 + ENTRY_OVERHEAD}
+    async with relay_with(**bounds) as running:
         base = _http(running) + "/v1/stream/"
         async with httpx.AsyncClient() as client:
             assert (
@@ -71,11 +74,13 @@ async def test_streams_and_bytes_are_bounded_and_a_refusal_changes_nothing() -> 
             assert (await client.put(base + "c", headers=TEXT)).status_code == 201
             metrics = (await client.get(_http(running) + "/metrics")).text
     assert re.search(r"^relay_durable_streams 2\.0$", metrics, re.M), metrics
-    assert re.search(r"^relay_durable_bytes 8\.0$", metrics, re.M), metrics
+    counted = 8 + ENTRY_OVERHEAD
+    assert re.search(rf"^relay_durable_bytes {counted}\.0$", metrics, re.M), metrics
 
 
 async def test_all_streams_data_counts_in_max_memory_bytes() -> None:
-    async with relay_with(max_memory_bytes=12) as running, httpx.AsyncClient() as client:
+    limit = 12 + 2 * ENTRY_OVERHEAD  # 12 bytes in two entries
+    async with relay_with(max_memory_bytes=limit) as running, httpx.AsyncClient() as client:
         base = _http(running) + "/v1/stream/"
         assert (await client.put(base + "a", headers=TEXT, content=b"1234567")).status_code == 201
         assert (await client.put(base + "b", headers=TEXT, content=b"12345")).status_code == 201

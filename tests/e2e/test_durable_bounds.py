@@ -5,9 +5,12 @@ per address."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import httpx
+import pytest
+from token_relay.core.durable import ENTRY_OVERHEAD, offset_text
 
 from ..conftest import RunningRelay, start_relay
 from ..harness import eventually
@@ -55,6 +58,40 @@ async def test_a_body_over_max_body_bytes_is_refused_before_it_is_read() -> None
         # A channel's stream refuses a write before its body too: it takes none.
         channel = await client.post(base + "__channel/c", headers=JSON, content=b"[1]")
         assert (channel.status_code, channel.json()["code"]) == (405, "read_only")
+
+
+@pytest.mark.parametrize("broker", ["memory", "redis"])
+async def test_a_body_of_many_tiny_messages_counts_each_ones_overhead(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
+    """1,000 one-byte messages in one body are 1,000 bytes of data, under a stream bound of
+    4,096 as data alone; each is an entry, counted with ENTRY_OVERHEAD, so the append is
+    refused (413 ``stream_full``) and nothing lands. Another stream's appends go on."""
+    settings: dict[str, Any] = {"max_durable_stream_bytes": 4096}
+    if broker == "redis":
+        settings["broker"] = request.getfixturevalue("redis_server").url
+    running, server = await start_relay(**settings)
+    async with server, httpx.AsyncClient() as client:
+        base = _http(running) + "/v1/stream/"
+        assert (await client.put(base + "tiny", headers=JSON)).status_code == 201
+        body = b"[" + b",".join([b"1"] * 1000) + b"]"
+        refused = await client.post(base + "tiny", headers=JSON, content=body)
+        assert refused.status_code == 413
+        assert refused.json()["code"] == "stream_full"
+        read = await client.get(base + "tiny", params={"offset": "-1"})
+        assert (read.json(), read.headers["stream-next-offset"]) == ([], offset_text(0))
+        assert (await client.put(base + "normal", headers=JSON)).status_code == 201
+        messages = [b'{"n": 1}', b'{"n": 2}', b'"two"']
+        first = await client.post(base + "normal", headers=JSON, content=messages[0])
+        second = await client.post(
+            base + "normal", headers=JSON, content=b"[" + b", ".join(messages[1:]) + b"]"
+        )
+        assert (first.status_code, second.status_code) == (204, 204)
+        back = await client.get(base + "normal", params={"offset": "-1"})
+        assert back.content == b"[" + b",".join(messages) + b"]"
+        metrics = (await client.get(_http(running) + "/metrics")).text
+    counted = sum(map(len, messages)) + len(messages) * ENTRY_OVERHEAD
+    assert re.search(rf"^relay_durable_bytes {counted}\.0$", metrics, re.M), metrics
 
 
 async def test_a_request_head_over_16_kib_gets_431(relay: RunningRelay) -> None:

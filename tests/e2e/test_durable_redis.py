@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 from redis.asyncio import Redis
+from token_relay.core.durable import ENTRY_OVERHEAD
 
 from ..conftest import RunningRelay, start_relay
 from ..harness import (
@@ -465,13 +466,14 @@ async def test_keys_are_named_as_documented_and_expire_after_the_stream(
         stream_id = await redis.get("tr:ds:p:/v1/stream/keys")
         assert stream_id is not None
         fields = await redis.hgetall(f"tr:ds:s:{stream_id.decode()}")
+        counted = b"%d" % (3 + ENTRY_OVERHEAD)  # its data and one entry's overhead
         assert (fields[b"bytes"], fields[b"ttl"], fields[b"path"]) == (
-            b"3",
+            counted,
             b"100",
             b"/v1/stream/keys",
         )
         assert await redis.hgetall(f"tr:ds:l:{stream_id.decode()}") == {b"0": b"abc"}
-        assert await redis.mget("tr:ds:count", "tr:ds:bytes") == [b"1", b"3"]
+        assert await redis.mget("tr:ds:count", "tr:ds:bytes") == [b"1", counted]
         for key in ("tr:ds:p:/v1/stream/keys", f"tr:ds:s:{stream_id.decode()}"):
             # The stream's TTL, and the sweep's minute of grace after it.
             assert 100_000 < await redis.pttl(key) <= 160_000

@@ -8,6 +8,7 @@ import asyncio
 import time
 
 from token_relay.client import RelayProducer
+from token_relay.core.durable import ENTRY_OVERHEAD
 
 from ..conftest import recv_json, send_json, start_relay
 from ..harness import eventually
@@ -72,7 +73,7 @@ async def test_durable_stream_data_counts_against_the_limit_for_new_messages() -
         await send_json(producer, {"id": "under-way", "delta": "x" * 20})
         await eventually(lambda: relay.producers.memory_in_use() == 20, 5)
         # The stream takes what the message leaves; the two together reach the limit.
-        assert await _http(http, "PUT", "/v1/stream/big", b"x" * 9_990) == 201
+        assert await _http(http, "PUT", "/v1/stream/big", b"x" * (9_990 - ENTRY_OVERHEAD)) == 201
         await eventually(lambda: relay.producers.overloaded(time.monotonic()), 5)
         await send_json(producer, {"id": "after", "delta": "hello"})
         refused = await recv_json(producer)

@@ -49,8 +49,9 @@ final comes while its open is still the last write queued goes whole, in one scr
 The queue holds at most ``MAX_QUEUE`` writes and ``MAX_QUEUE_CHARS`` characters of the
 text they carry, counted until the writer settled them (``Held``); past either, deltas are
 not queued and their message is marked for a resync, and terminal writes are refused as
-below. What it holds counts in ``memory_bytes``. The messages marked for a resync stay within twice
-those in progress here (or ``MAX_DIRTY``): those that ended are forgotten as the set grows. If Redis is down, terminal writes raise
+below. What it holds counts in ``memory_bytes``. The messages marked for a resync stay
+within twice those in progress here (or ``MAX_DIRTY``): those that ended are forgotten as
+the set grows. If Redis is down, terminal writes raise
 :class:`~token_relay.core.errors.BrokerUnavailable` (the producer gets
 ``broker_unavailable`` and no ack, so it retries), deltas mark their message
 for a resync, and the reader reconnects with backoff. Once it is back, every

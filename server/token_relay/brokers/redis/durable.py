@@ -28,7 +28,8 @@ found unchanged). Two round trips serve a group, not each append.
 Bounds, all counted in Redis within the write's script, so they hold for the cluster: at most
 ``--max-durable-streams`` paths (``tr:ds:count``), ``--max-durable-stream-bytes`` per stream,
 and as many bytes in all (``tr:ds:bytes``) as the writing process's ``--max-memory-bytes``
-leaves. A write past one is refused (507 or 413); nothing is dropped to make room.
+leaves; each entry counts its data and :data:`~token_relay.core.durable.ENTRY_OVERHEAD`, as
+in one process. A write past one is refused (507 or 413); nothing is dropped to make room.
 
 Expiry: each stream's expiry time is in ``tr:ds:deadlines``; a lookup past it, or the sweep,
 drops it (:data:`~.durablescripts.DROP`). Its keys also expire in Redis
@@ -50,6 +51,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from ...core.durable import (
+    ENTRY_OVERHEAD,
     Appended,
     Chunk,
     DurableStream,
@@ -434,6 +436,7 @@ class RedisStore:
                         self.max_total_bytes,
                         "" if expiry.ttl is None else expiry.ttl,
                         "" if expiry.expires_at is None else repr(expiry.expires_at),
+                        ENTRY_OVERHEAD,
                         *_pairs(stream),
                     ],
                 )
@@ -558,6 +561,7 @@ class RedisStore:
                 repr(max(pending.now for pending in group)),
                 self.max_total_bytes,
                 "1" if changed else "0",
+                ENTRY_OVERHEAD,
                 *_pairs(stream),
             ],
         )

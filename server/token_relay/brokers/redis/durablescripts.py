@@ -9,8 +9,9 @@ index; ``tr:ds:a:ID`` each entry's index scored by its start position; ``tr:ds:c
 ``tr:ds:bytes`` the streams and bytes of all; ``tr:ds:deadlines`` each stream's expiry time;
 ``tr:ds:held`` each stream's bytes and source (``BYTES|SOURCE``), which never expire: a
 stream whose keys Redis expired before the sweep dropped it is still counted there, and the
-sweep takes it off the counts (and its source's forks). A change publishes on
-``tr:ds:w:PATH``.
+sweep takes it off the counts (and its source's forks). Bytes are counted as in one process:
+each entry its data and ``OVERHEAD`` (:data:`~token_relay.core.durable.ENTRY_OVERHEAD`, which
+the writer passes). A change publishes on ``tr:ds:w:PATH``.
 
 The scripts name most keys as they go (a stream's sources are found on the way), so they
 need one Redis server (or a primary with its replicas), not a Redis Cluster.
@@ -107,13 +108,13 @@ local function totals()
           tonumber(redis.call('GET', 'tr:ds:bytes') or '0'),
           redis.call('HLEN', 'tr:ds:subs')}}
 end
-local function log_entries(id, first, args, from)
+local function log_entries(id, first, args, from, overhead)
   local n = first
   local added = 0
   for i = from, #args, 2 do
     redis.call('HSET', 'tr:ds:l:' .. id, n, args[i + 1])
     redis.call('ZADD', 'tr:ds:a:' .. id, args[i], n)
-    added = added + string.len(args[i + 1])
+    added = added + string.len(args[i + 1]) + overhead
     n = n + 1
   end
   return n, added
@@ -194,7 +195,7 @@ if held[2] + tonumber(ARGV[6]) > tonumber(ARGV[8]) then
   return 'full'
 end
 redis.call('SET', 'tr:ds:p:' .. path, id)
-local n, added = log_entries(id, 0, ARGV, 11)
+local n, added = log_entries(id, 0, ARGV, 12, tonumber(ARGV[11]))
 redis.call('HSET', meta, 'v', 1, 'state', ARGV[3], 'touched', ARGV[4], 'forks', 0,
   'deleted', 0, 'bytes', added, 'path', path, 'source', source, 'n', n,
   'ttl', ARGV[9], 'exp', ARGV[10])
@@ -211,9 +212,9 @@ return totals()
 """
 )
 """Make a stream at a path: ``PATH, ID, STATE, TOUCHED, SOURCE, BYTES, MAX_STREAMS,
-MAX_BYTES, TTL, EXPIRES_AT``, then ``START, ENTRY`` pairs. ``exists`` (another stream took the
-path), ``source_gone``, ``too_many`` or ``full`` refuse it and change nothing; else the
-totals."""
+MAX_BYTES, TTL, EXPIRES_AT, OVERHEAD``, then ``START, ENTRY`` pairs (``BYTES`` what they
+count: each entry's data and ``OVERHEAD``). ``exists`` (another stream took the path),
+``source_gone``, ``too_many`` or ``full`` refuse it and change nothing; else the totals."""
 
 COMMIT = (
     _COMMON
@@ -223,14 +224,15 @@ local meta = 'tr:ds:s:' .. id
 if redis.call('HGET', meta, 'v') ~= ARGV[2] or redis.call('HGET', meta, 'deleted') ~= '0' then
   return 'conflict'
 end
+local overhead = tonumber(ARGV[7])
 local size = 0
-for i = 7, #ARGV, 2 do
-  size = size + string.len(ARGV[i + 1])
+for i = 8, #ARGV, 2 do
+  size = size + string.len(ARGV[i + 1]) + overhead
 end
 if size > 0 and totals()[2] + size > tonumber(ARGV[5]) then
   return 'full'
 end
-local n, added = log_entries(id, tonumber(redis.call('HGET', meta, 'n')), ARGV, 7)
+local n, added = log_entries(id, tonumber(redis.call('HGET', meta, 'n')), ARGV, 8, overhead)
 redis.call('HSET', meta, 'state', ARGV[3], 'n', n)
 redis.call('HINCRBY', meta, 'v', 1)
 redis.call('HINCRBY', meta, 'bytes', added)
@@ -247,8 +249,9 @@ return totals()
 """
 )
 """Write a stream's new state if it is still at the version it was read at: ``ID, VERSION,
-STATE, TOUCHED, MAX_BYTES, CHANGED``, then the new ``START, ENTRY`` pairs. ``conflict``
-(another write came first: read again) or ``full`` change nothing; else the totals."""
+STATE, TOUCHED, MAX_BYTES, CHANGED, OVERHEAD``, then the new ``START, ENTRY`` pairs (each
+counts its data and ``OVERHEAD``). ``conflict`` (another write came first: read again) or
+``full`` change nothing; else the totals."""
 
 TOUCH = (
     _COMMON
