@@ -139,7 +139,8 @@ class ProducerEvent(_Frame):
     ``text-delta``, a ``tool-input-start``, a ``source-url``...) builds one of its parts,
     and makes the message structured. An event carries one or the other, never both
     (``invalid_event``). ``meta`` is merged into its message's metadata, shallowly, last
-    write wins; it is at most ``--max-meta-bytes`` of JSON.
+    write wins; the merged metadata is at most ``--max-meta-bytes`` of JSON (an event that
+    would pass it gets ``invalid_event``).
 
     ``abort`` is the producer's own end of an unfinished message: ``"cancelled"`` (it obeyed
     a Stop) or ``"error"`` (its model failed; ``meta.errorText`` may say how). Subscribers

@@ -136,7 +136,8 @@ class Settings:
     max_frame_bytes: int = MIB
     """A bigger incoming frame closes the connection with 1009."""
     max_meta_bytes: int = 4 * KIB
-    """Bytes of JSON an event's ``meta`` object may hold; a bigger one gets ``invalid_event``."""
+    """Bytes of JSON a message's merged ``meta`` may hold (an event's own too); an event whose
+    ``meta`` would pass it gets ``invalid_event`` and changes nothing."""
     max_message_chars: int = MIB
     """Characters one message may reach; past it the message is aborted (``message_too_large``)."""
     max_streaming_per_producer: int = 1000

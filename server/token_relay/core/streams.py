@@ -66,6 +66,10 @@ Lifecycle. Each message id is in one :class:`Phase`, kept as data in
   message, counted as :meth:`~token_relay.core.parts.MessageParts.chars` for a
   structured one (a delta that would pass it aborts the message before it applies; a
   chunk of another kind, once it applied; a new message's first event is refused).
+  At most ``max_meta_bytes`` bytes of JSON of ``meta``: an event's own, and its message's
+  merged meta once the event's merges in (see :meth:`MessageStreams.merged_meta_bytes`).
+  An event past either is refused (``invalid_event``) and changes nothing: not its
+  delta, chunk, ``seq``, final or abort, nor the message's meta.
 
 Refusals follow the rule of :mod:`token_relay.core.errors`: one that changes
 nothing is raised (:class:`~token_relay.core.errors.FrameRejected`); a delta
@@ -205,6 +209,7 @@ class _Open:
         "last_delta",
         "last_event",
         "meta",
+        "meta_bytes",
         "opened",
         "parts",
         "seq",
@@ -218,6 +223,8 @@ class _Open:
         self.last_delta: float | None = None
         self.chars = 0
         self.meta: dict[str, Any] | None = None
+        self.meta_bytes = 0
+        """Bytes of JSON of ``meta``, as :func:`_json_bytes` counts them (0 while None)."""
         self.held = ""
         """A high surrogate waiting for its low half (see :func:`mend`)."""
         self.parts: MessageParts | None = None
@@ -285,7 +292,11 @@ class MessageStreams:
                 message_id,
             )
         seq = None if event.seq is MISSING else event.seq
-        meta = None if event.meta is MISSING else self._checked(event.meta, message_id)
+        meta: dict[str, Any] | None = None
+        meta_bytes = 0
+        if event.meta is not MISSING:
+            meta = event.meta
+            meta_bytes = self._checked(meta, message_id)
         state = self._streaming.get(message_id)
         if state is not None:
             if channel != state.channel:
@@ -295,6 +306,8 @@ class MessageStreams:
                     return Applied(channel, message_id, None, duplicate=True)
                 if seq != state.seq + 1:
                     raise _seq_gap(message_id, state.seq + 1, seq)
+            if meta:
+                meta_bytes = self._merged(state, meta, meta_bytes, message_id)
             structured = state.parts
             if structured is not None or event.chunk is not MISSING:
                 if (
@@ -313,12 +326,13 @@ class MessageStreams:
                         state.last_event = now
                         state.chars = chars
                         return Applied(channel, message_id, None, chunks=(event.chunk,))
-                return self._structured(event, channel, seq, meta, now, state)
+                return self._structured(event, channel, seq, meta, meta_bytes, now, state)
             if seq is not None:
                 state.seq = seq
             state.last_event = now
             if meta:
                 state.meta = {**state.meta, **meta} if state.meta else meta
+                state.meta_bytes = meta_bytes
             # The hot path of a relay: a plain message's delta. ``wait`` is the time since
             # its previous non-empty delta, or since it opened (``first``).
             given = event.delta
@@ -394,7 +408,7 @@ class MessageStreams:
         if seq is not None and seq != 1:
             raise _seq_gap(message_id, 1, seq)
         if event.chunk is not MISSING:
-            return self._structured(event, channel, seq, meta, now, None)
+            return self._structured(event, channel, seq, meta, meta_bytes, now, None)
         delta = None if event.delta is MISSING else event.delta
         held = ""
         if delta is not None and not delta.isascii():
@@ -406,7 +420,8 @@ class MessageStreams:
         if text is None:
             state = self._streaming[message_id] = _Open(channel, now, seq or 0)
             state.held = held
-            state.meta = meta or None
+            if meta:
+                state.meta, state.meta_bytes = meta, meta_bytes
             if delta:
                 state.chars = len(delta)
                 state.last_delta = now
@@ -613,6 +628,24 @@ class MessageStreams:
         state = self._streaming.get(message_id)
         return None if state is None else state.meta
 
+    def merged_meta_bytes(self, message_id: str) -> int | None:
+        """Bytes of JSON of the merged metadata of a message in progress (0 if it has
+        none), or None if it is not in progress.
+
+        Counted as an event's ``meta`` is: the UTF-8 bytes of
+        ``json.dumps(merged, separators=(",", ":"), ensure_ascii=False)``; never more than
+        ``max_meta_bytes`` for meta merged here. Kept as a running count, exact, not
+        estimated: a compact JSON object's length is 1 plus, for each of its pairs
+        ``"key":value``, the pair's length plus 1 (a comma, or the closing brace), whatever
+        their order. So merging an event's ``meta`` E into M gives
+        ``bytes(M) + bytes(E) - bytes(R)``, R the pairs of M that E replaces (a dict of
+        them; ``bytes(R)`` is taken as 1 if there is none). So the whole merged meta is
+        never encoded again: a pair is encoded by its event's own check, and at most once
+        more, when an event replaces it.
+        """
+        state = self._streaming.get(message_id)
+        return None if state is None else state.meta_bytes
+
     def held_chars(self) -> int:
         """Characters of text the unfinished messages hold."""
         return sum(state.chars for state in self._streaming.values())
@@ -631,12 +664,15 @@ class MessageStreams:
         a structured one with its ``parts``, rebuilt there (its ``text`` is theirs)."""
         if parts is not None:
             state = self._streaming[message_id] = _Open(channel, now, seq)
-            state.parts, state.chars, state.meta = parts, parts.chars(), meta or None
+            state.parts, state.chars = parts, parts.chars()
+            if meta:
+                state.meta, state.meta_bytes = meta, _json_bytes(meta)
             return
         self.assembler.feed(message_id, text, False)
         state = self._streaming[message_id] = _Open(channel, now, seq)
         state.chars = len(text)
-        state.meta = meta or None
+        if meta:
+            state.meta, state.meta_bytes = meta, _json_bytes(meta)
         if text:
             state.last_delta = now
 
@@ -717,9 +753,12 @@ class MessageStreams:
         if event.channel is not MISSING and event.channel != state.channel:
             _check_channel(message_id, state.channel, event.channel)
         if event.meta is not MISSING:
-            meta = self._checked(event.meta, message_id)
+            meta = event.meta
+            size = self._checked(meta, message_id)
             if meta:
+                size = self._merged(state, meta, size, message_id)
                 state.meta = {**state.meta, **meta} if state.meta else meta
+                state.meta_bytes = size
         return self._abort(message_id)
 
     def expire(self, deadline: float) -> list[Unfinished]:
@@ -759,16 +798,44 @@ class MessageStreams:
         self._remember(self._aborted, message_id, state.channel)
         return Unfinished(state.channel, message_id, text, state.meta)
 
-    def _checked(self, meta: dict[str, Any], message_id: str) -> dict[str, Any]:
-        """An event's ``meta``, if it fits ``max_meta_bytes`` as JSON; else refused."""
-        size = len(json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode())
+    def _checked(self, meta: dict[str, Any], message_id: str) -> int:
+        """The bytes of JSON of an event's ``meta`` (:func:`_json_bytes`), if they fit
+        ``max_meta_bytes``; else refused. So is one holding half a surrogate pair (JSON's
+        ``\\ud800`` alone), which is no text: nothing could send it on."""
+        try:
+            size = _json_bytes(meta)
+        except UnicodeEncodeError:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT,
+                "'meta' holds half a surrogate pair, which is not text",
+                message_id,
+            ) from None
         if size > self.max_meta_bytes:
             raise FrameRejected(
                 ErrorCode.INVALID_EVENT,
                 f"'meta' is {size} bytes of JSON, over --max-meta-bytes ({self.max_meta_bytes})",
                 message_id,
             )
-        return meta
+        return size
+
+    def _merged(self, state: _Open, meta: dict[str, Any], size: int, message_id: str) -> int:
+        """The bytes of JSON of ``state``'s merged meta once ``meta`` (not empty, ``size``
+        bytes as :meth:`_checked` counted them) merges in, if they fit ``max_meta_bytes``;
+        else refused, as an event's own meta is. Counted as
+        :meth:`merged_meta_bytes` says; nothing changes here."""
+        merged = state.meta
+        if not merged:
+            return size
+        replaced = {key: merged[key] for key in meta if key in merged}
+        total = state.meta_bytes + size - (_json_bytes(replaced) if replaced else 1)
+        if total > self.max_meta_bytes:
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT,
+                f"'meta' would make the merged meta of message '{message_id}' {total} bytes "
+                f"of JSON, over --max-meta-bytes ({self.max_meta_bytes}); nothing was applied",
+                message_id,
+            )
+        return total
 
     def _remember(self, memory: dict[str, str], message_id: str, channel: str) -> None:
         """Note an ended id in ``memory`` (completed, aborted or refused), evicting the
@@ -799,11 +866,15 @@ class MessageStreams:
         channel: str,
         seq: int | None,
         meta: dict[str, Any] | None,
+        meta_bytes: int,
         now: float,
         state: _Open | None,
     ) -> Applied | Overflow:
         """Apply an event to a structured message, or one its ``chunk`` makes structured
-        (``state`` None: a new message). Raises, changing nothing, if the parts refuse it."""
+        (``state`` None: a new message). Raises, changing nothing, if the parts refuse it.
+
+        ``meta_bytes``: the bytes of the message's merged meta once ``meta`` merges in,
+        checked already (:meth:`_merged`; the event's own for a new message)."""
         message_id = event.id
         if event.chunk is not MISSING and event.delta is not MISSING:
             raise FrameRejected(
@@ -859,6 +930,7 @@ class MessageStreams:
         state.last_event = now
         if meta:
             state.meta = {**state.meta, **meta} if state.meta else meta
+            state.meta_bytes = meta_bytes
         state.chars = parts.chars()
         if state.chars > self.max_chars:
             if opened:
@@ -897,6 +969,12 @@ changed)."""
 def _implicit_delta(delta: str) -> dict[str, Any]:
     """A top-level delta of a structured message, as its deltas subscribers get it."""
     return {"type": "text-delta", "id": IMPLICIT, "delta": delta}
+
+
+def _json_bytes(meta: dict[str, Any]) -> int:
+    """The bytes ``--max-meta-bytes`` counts of a ``meta`` object: its compact JSON, not
+    escaping non-ASCII, in UTF-8."""
+    return len(json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:
