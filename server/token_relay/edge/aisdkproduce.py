@@ -42,6 +42,12 @@ framing, and that the body is one message:
   Stop) while the body still streams aborts it at once (reason ``cancelled``) and ends the
   request: the events still waiting are dropped, nothing more of the body is read, and the
   answer goes out before the body ends, so that the app aborts its model.
+* **Bounded.** The answer is bounded as ``POST /produce``'s is
+  (:data:`~token_relay.edge.httpproducer.MAX_ANSWER_ERRORS` errors,
+  :data:`~token_relay.edge.httpproducer.MAX_ANSWER_BYTES` of frames): past it the events
+  still waiting are dropped, nothing more of the body is applied, and the request ends as
+  one over ``--max-body-bytes`` does: ``body_too_large`` (naming the first ``line`` not
+  applied), and the message aborts as at the end of a body.
 
 The answer (:meth:`AiSdkProducer.answer`) is an
 :class:`~token_relay.core.protocol.AiSdkProduced`: the message's id, its outcome, its
@@ -186,7 +192,35 @@ class AiSdkProducer(HttpProducer):
         self._data, self._data_size = [], 0
 
     def _refuse(self, refusal: FrameRejected) -> None:
-        self._items.append((refusal, 0))
+        self._refuse_line(refusal)
+
+    def _left(self) -> bool:
+        """Whether some of the body is still to apply: nothing is after a Stop, or once the
+        iteration has ended (the message's end, if it waits, is applied still)."""
+        return not self._closed and super()._left()
+
+    def _drop_waiting(self) -> None:
+        super()._drop_waiting()
+        self._event_lines.clear()
+
+    def _cut_refusal(self, bound: str, ahead: bool) -> FrameRejected:
+        """The refusal that ends a body cut at the answer's ``bound``, naming the first of
+        its lines not applied."""
+        first = None if ahead or not self._items else self._items[0][0]
+        if isinstance(first, FrameRejected) and first.line is not None:
+            line = first.line
+        elif isinstance(first, str):
+            line = self._event_lines[0]
+        elif self._data:
+            line = self._data_line  # the event arriving
+        else:
+            line = self._lines + 1
+        return FrameRejected(
+            ErrorCode.BODY_TOO_LARGE,
+            f"the answer to this request reached {bound}: its events from line {line} on "
+            "were not applied, and the rest of the body was not read",
+            line=line,
+        )
 
     def _dispatch(self) -> None:
         """A blank line: the event arriving is complete."""

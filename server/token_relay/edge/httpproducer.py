@@ -10,6 +10,12 @@ The body is one of:
 The relay answers once the body has ended, with every frame a WebSocket producer would
 have been sent, sorted: ``{"acks": [...], "errors": [...], "cancels": [...]}``.
 
+The answer is bounded, as the body is: once the frames it keeps reach
+:data:`MAX_ANSWER_BYTES`, or its errors :data:`MAX_ANSWER_ERRORS`, nothing more of the body
+is applied, and the request ends as one over ``--max-body-bytes`` does (``body_too_large``,
+413). Nothing it earned is dropped: the acks say exactly what was applied whole, and the
+producer sends the rest again.
+
 An :class:`HttpProducer` stands where a producer's
 :class:`~token_relay.edge.websocket.WebSocket` would, for the producer endpoint and the
 writer: its frames are collected for the response rather than written to the socket.
@@ -32,12 +38,28 @@ from ..core.protocol import AbortReason
 from .broadcast import Broadcast
 from .flow import PeerBase
 
-__all__ = ["NDJSON", "AbortMessage", "HttpProducer", "Item", "answer_of"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "MAX_ANSWER_ERRORS",
+    "NDJSON",
+    "AbortMessage",
+    "HttpProducer",
+    "Item",
+    "answer_of",
+]
 
 NDJSON = "application/x-ndjson"
 MAX_LINES = 64
 """Lines of an NDJSON body waiting to be applied before its socket stops being read (it also
 stops once they hold ``--max-frame-bytes``)."""
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""Bytes of frames (acks, errors, cancels) one request's answer keeps before the rest of its
+body is refused (see :meth:`HttpProducer.collect`). A reply streamed in one request earns one
+ack; this is the acks of some 100,000 whole messages on a short channel (a 1 MiB body of the
+smallest earns 1.7 MB of them), or of 14,000 on a channel of 256 characters."""
+MAX_ANSWER_ERRORS = 1024
+"""Errors one request's answer keeps before the rest of its body is refused: a body that
+earns more is broken, and the ones listed already say how."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +85,11 @@ class HttpProducer(PeerBase):
     over that is refused whole (``line_too_long``, naming its line), and the rest of it is
     dropped up to its newline; a line that is not UTF-8 is refused (``invalid_json``, naming
     its line). The lines after either are applied as usual.
+
+    The frames kept for the answer are bounded too (:data:`MAX_ANSWER_BYTES`,
+    :data:`MAX_ANSWER_ERRORS`): past either, the lines still waiting are dropped, the rest
+    of the body is read and dropped, and one ``body_too_large`` refusal ends the request
+    (:meth:`_overflow`).
     """
 
     takes_runs = True
@@ -91,6 +118,13 @@ class HttpProducer(PeerBase):
         self.cancels: list[bytes] = []
         self.codes: set[str] = set()
         """The codes of the errors so far."""
+        self.held = 0
+        """Bytes of the frames kept in :attr:`acks`, :attr:`errors` and :attr:`cancels`, a
+        comma each: the answer is at most this and its 37 bytes of keys."""
+        self._full = False
+        """The answer reached its bound: nothing more of the body is applied."""
+        self._refusals = 0
+        """Lines refused before they were applied (each an error of the answer), so far."""
         self._arriving = bytearray()
         """The line still arriving (or, for a JSON body, the body so far)."""
         self._lines = 0
@@ -127,6 +161,8 @@ class HttpProducer(PeerBase):
             if self._arriving or self._skipping:
                 self._line_ends(lines[0])
                 first = 1
+                if self._ended:
+                    return  # cut at the answer's bound (_refuse_line)
             queue, max_line = self._queue, self.max_line
             for at in range(first, len(lines)):
                 line = lines[at]
@@ -135,7 +171,11 @@ class HttpProducer(PeerBase):
                     self._too_long(self._lines)
                 else:
                     queue(line)
+                if self._ended:
+                    return  # cut at the answer's bound (_refuse_line)
             start = last + 1
+        if self._ended:
+            return
         if not self._skipping:
             if len(self._arriving) + len(chunk) - start > self.max_line:
                 self._too_long(self._lines + 1)
@@ -164,12 +204,14 @@ class HttpProducer(PeerBase):
     def _too_long(self, number: int) -> None:
         """Line ``number`` is over the limit: refuse it whole."""
         self._arriving = bytearray()
+        if self._ended:
+            return
         refusal = FrameRejected(
             ErrorCode.LINE_TOO_LONG,
             f"line {number} is over {self.max_line} bytes; none of it was applied",
             line=number,
         )
-        self._items.append((refusal, 0))
+        self._refuse_line(refusal)
 
     def _queue(self, line: bytes) -> None:
         if not line or line.isspace():
@@ -181,7 +223,7 @@ class HttpProducer(PeerBase):
             refusal = FrameRejected(
                 ErrorCode.INVALID_JSON, f"line {number} is not UTF-8", line=number
             )
-            self._items.append((refusal, 0))
+            self._refuse_line(refusal)
             return
         self._items.append((text, len(line)))
         self._queued += len(line)
@@ -212,6 +254,61 @@ class HttpProducer(PeerBase):
     def lost(self) -> None:
         """The socket is gone in mid-body: apply the lines that came whole, then end."""
         self._finish()
+
+    def _refuse_line(self, refusal: FrameRejected) -> None:
+        """Queue the refusal of a line. Each is an error of the answer once applied: past
+        :data:`MAX_ANSWER_ERRORS` of them the answer reaches its bound, so the body is cut
+        right here, before a line more of it is queued (:meth:`_cut`)."""
+        self._items.append((refusal, 0))
+        self._refusals += 1
+        if self._refusals >= MAX_ANSWER_ERRORS:
+            self._cut(f"{MAX_ANSWER_ERRORS} errors", ahead=True)
+
+    def _overflow(self) -> None:
+        """The answer reached its bound while the body was applied: apply nothing more of
+        it (:meth:`_cut`). Nothing to refuse if nothing of the body is left."""
+        self._full = True
+        if self._displaced or not self._left():
+            return
+        if len(self.errors) >= MAX_ANSWER_ERRORS:
+            self._cut(f"{MAX_ANSWER_ERRORS} errors", ahead=False)
+        else:
+            self._cut(f"{MAX_ANSWER_BYTES} bytes of frames", ahead=False)
+
+    def _cut(self, bound: str, *, ahead: bool) -> None:
+        """End the body at the answer's ``bound``, as when it passes ``--max-body-bytes``:
+        after every line queued (``ahead``: the refusals waiting will take the answer to
+        its bound), or after the line being applied (its frames are kept, and so are those
+        still to come of the lines before it), the lines waiting dropped. What still comes
+        of the body is read and dropped, and one ``body_too_large`` refusal, the body's
+        last event, says from where nothing was applied."""
+        refusal = self._cut_refusal(bound, ahead)
+        if not ahead:
+            self._drop_waiting()
+        self._items.append((refusal, 0))
+        self._finish()
+
+    def _left(self) -> bool:
+        """Whether some of the body is still to apply: lines waiting, or still to come."""
+        return bool(self._items) or not self._ended
+
+    def _drop_waiting(self) -> None:
+        """Drop what waits to be applied."""
+        self._items.clear()
+        self._queued = 0
+
+    def _cut_refusal(self, bound: str, ahead: bool) -> FrameRejected:
+        """The refusal that ends a body cut at the answer's ``bound`` (see :meth:`_cut`);
+        its ``index`` is the first of its lines not applied, counted from 0 (as for
+        ``producer_moved``)."""
+        index = self.taken + len(self._items) if ahead else self.taken
+        return FrameRejected(
+            ErrorCode.BODY_TOO_LARGE,
+            f"the answer to this request reached {bound}: its lines from index {index} on "
+            "were not applied, and the rest of the body was not read; send what was not "
+            "acked again, in another request",
+            index=index,
+        )
 
     def _finish(self) -> None:
         self._arriving = bytearray()
@@ -295,12 +392,17 @@ class HttpProducer(PeerBase):
         """A frame the relay sends this producer, kept for the response as it was encoded:
         it is told by how it starts (the relay's encoders put ``type`` first, and an
         error's ``code`` next), never decoded nor encoded again. A frame that starts
-        otherwise is read as JSON for its type (and its code)."""
+        otherwise is read as JSON for its type (and its code).
+
+        Every frame is kept, but once they reach the answer's bound nothing more of the
+        body is applied (:meth:`_overflow`)."""
         if data.startswith(ACK_HEAD):
             self.acks.append(data)
         elif data.startswith(ACKS_HEAD) and data.endswith(b"]}"):
-            if len(data) > len(ACKS_HEAD) + 2:
-                self.acks.append(data[len(ACKS_HEAD) : -2])
+            if len(data) <= len(ACKS_HEAD) + 2:
+                return
+            data = data[len(ACKS_HEAD) : -2]
+            self.acks.append(data)
         elif data.startswith(ERROR_HEAD):
             start = len(ERROR_HEAD)
             code = CODES.get(data[start : data.find(b'"', start)])
@@ -311,8 +413,11 @@ class HttpProducer(PeerBase):
             self.codes.add(code)
         elif data.startswith(CANCEL_HEAD):
             self.cancels.append(data)
-        elif not data.startswith(SESSION_HEAD):
-            self.collect_parsed(data)
+        else:
+            if not data.startswith(SESSION_HEAD):
+                self.collect_parsed(data)
+            return
+        self._kept(len(data))
 
     def collect_parsed(self, data: bytes) -> None:
         """:meth:`collect` for a frame of any spacing: read as JSON for its type."""
@@ -321,14 +426,26 @@ class HttpProducer(PeerBase):
         if kind == "ack":
             self.acks.append(data)
         elif kind == "acks":
-            entries = _entries(data, frame)
-            if entries:
-                self.acks.append(entries)
+            data = _entries(data, frame)
+            if not data:
+                return
+            self.acks.append(data)
         elif kind == "error":
             self.errors.append(data)
             self.codes.add(str(frame.get("code")))
         elif kind == "cancel":
             self.cancels.append(data)
+        else:
+            return
+        self._kept(len(data))
+
+    def _kept(self, size: int) -> None:
+        """A frame of ``size`` bytes was kept for the answer."""
+        self.held += size + 1
+        if (
+            self.held >= MAX_ANSWER_BYTES or len(self.errors) >= MAX_ANSWER_ERRORS
+        ) and not self._full:
+            self._overflow()
 
     def answer(self) -> bytes:
         """The response's body: ``{"acks": [...], "errors": [...], "cancels": [...]}``, the
