@@ -84,7 +84,7 @@ def test_text_part_start_delta_end() -> None:
     ) == [0, 0, 0, 0]
     assert message.parts() == [{"type": "text", "text": "Hello", "state": "done"}]
     assert message.text() == "Hello"
-    assert message.chars() == 5
+    assert message.chars() == len("t1") + len("Hello")  # its chunk id and its text
 
 
 def test_text_part_keeps_provider_metadata_and_citations_as_ai_does() -> None:
@@ -126,7 +126,7 @@ def test_reasoning_part_carries_its_id() -> None:
         }
     ]
     assert message.text() == ""
-    assert message.chars() == 5
+    assert message.chars() == len("r1") + len("think") + len('{"p":{"sig":"s"}}')
 
 
 def test_text_and_reasoning_ids_are_separate_and_an_ended_id_starts_anew() -> None:
@@ -206,10 +206,10 @@ def test_a_delta_must_be_a_string() -> None:
 def test_a_surrogate_pair_split_across_deltas_is_joined(kind: str) -> None:
     message = built([{"type": f"{kind}-start", "id": "p"}, text_delta("a" + HIGH, "p", kind)])
     assert message.parts()[0]["text"] == "a"  # the half waits for its pair
-    assert message.chars() == 1
+    assert message.chars() == len("p") + 1
     message.apply(text_delta(LOW + "b", "p", kind))
     assert message.parts()[0]["text"] == "a" + GRIN + "b"
-    assert message.chars() == 3
+    assert message.chars() == len("p") + 3
 
 
 def test_a_pair_split_by_empty_deltas_is_still_joined() -> None:
@@ -232,7 +232,7 @@ def test_a_lone_half_becomes_u_fffd_when_the_part_ends(ending: Chunk | None) -> 
     else:
         message.apply(ending)
     assert message.text() == "a\ufffd"
-    assert message.chars() == 2
+    assert message.chars() == len("p") + 2
 
 
 def test_a_half_that_does_not_pair_becomes_u_fffd_at_once() -> None:
@@ -306,7 +306,15 @@ def test_tool_streams_its_input_as_partial_json_then_gets_input_and_output() -> 
             "resultProviderMetadata": {"p": {"id": 1}},
         }
     ]
-    assert message.chars() == len('{"city":"Paris"}') * 2 + len('{"temperature":20}')
+    # The input text and the input, the output, and the strings and metadata kept.
+    assert message.chars() == (
+        len('{"city":"Paris"}') * 2
+        + len('{"temperature":20}')
+        + len("c1")
+        + len("weather")
+        + len("Weather")
+        + len('{"p":{"id":1}}')
+    )
 
 
 def test_tool_start_without_deltas_has_no_input_key() -> None:
@@ -567,7 +575,12 @@ def test_data_parts_update_in_place_by_type_and_id() -> None:
         {"type": "data-note", "data": [1]},
         {"type": "data-note", "data": [2]},
     ]
-    assert message.chars() == len('{"n":22}') + len("0") + len("[1]") * 2
+    # Each part's data (the one replaced by id counted as it is now), name and id.
+    assert message.chars() == (
+        (len('{"n":22}') + len("status") + len("s"))
+        + (len("0") + len("other") + len("s"))
+        + (len("[1]") + len("note")) * 2
+    )
 
 
 def test_transient_data_is_not_stored() -> None:
@@ -1016,7 +1029,7 @@ def test_max_part_chars_at_its_limit_and_one_past(kind: str) -> None:
     assert message.parts()[0]["text"] == "abcde"
     refused(message, text_delta("f", "p", kind), "part_too_large")
     message.apply(text_delta("", "p", kind))  # an empty delta still fits
-    assert message.chars() == 5
+    assert message.chars() == len("p") + 5
 
 
 def test_max_part_chars_counts_a_held_half_and_a_pair_as_one() -> None:
@@ -1079,7 +1092,7 @@ def test_max_data_bytes_bounds_an_update_in_place() -> None:
     refused(message, {"type": "data-x", "id": "d", "data": 12345}, "part_too_large")
     message.apply({"type": "data-x", "id": "d", "data": 1234})
     assert message.parts() == [{"type": "data-x", "id": "d", "data": 1234}]
-    assert message.chars() == 4
+    assert message.chars() == len("1234") + len("x") + len("d")
 
 
 # ------------------------------------------------------------------ text()

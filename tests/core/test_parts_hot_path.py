@@ -69,12 +69,13 @@ def test_extend_applies_a_plain_delta_and_returns_the_message_characters() -> No
     message = MessageParts()
     message.apply({"type": "text-start", "id": "t"})
     message.apply({"type": "tool-input-start", "toolCallId": "c", "toolName": "w"})
-    assert message.extend({"type": "text-delta", "id": "t", "delta": "abc"}, 10) == 3
+    assert message.chars() == len("t") + len("c") + len("w")  # the ids and the tool's name
+    assert message.extend({"type": "text-delta", "id": "t", "delta": "abc"}, 10) == 6
     assert (
         message.extend({"type": "tool-input-delta", "toolCallId": "c", "inputTextDelta": "[1"}, 10)
-        == 5
+        == 8
     )
-    assert message.extend({"type": "text-delta", "id": "t", "delta": ""}, 5) == 5
+    assert message.extend({"type": "text-delta", "id": "t", "delta": ""}, 8) == 8
     assert message.text() == "abc"
     assert message.parts()[1]["input"] == [1]
 
@@ -129,14 +130,14 @@ def test_a_hot_delta_in_the_streams_keeps_its_seq_size_and_clock() -> None:
     streams.receive(ProducerEvent(id="m", seq=1, chunk={"type": "text-start", "id": "t"}), 1.0)
     delta = ProducerEvent(id="m", seq=2, chunk={"type": "text-delta", "id": "t", "delta": "abc"})
     assert streams.receive(delta, 2.0) == Applied("c", "m", None, chunks=(delta.chunk,))
-    assert streams.held_chars() == 3
+    assert streams.held_chars() == len("t") + 3  # its chunk id and its text
     assert streams.receive(delta, 3.0) == Applied("c", "m", None, duplicate=True)
     with pytest.raises(FrameRejected) as gap:
         streams.receive(
             ProducerEvent(id="m", seq=4, chunk={"type": "text-delta", "id": "t", "delta": "d"})
         )
     assert gap.value.expected == 3
-    assert streams.held_chars() == 3
+    assert streams.held_chars() == len("t") + 3
     done = streams.receive(ProducerEvent(id="m", seq=3, final=True), 4.0)
     assert done.text == "abc"
     assert done.parts == [{"type": "text", "text": "abc", "state": "done"}]

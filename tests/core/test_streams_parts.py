@@ -295,7 +295,7 @@ def test_max_chars_counts_the_parts_and_a_delta_past_it_aborts_without_it() -> N
     streams = with_parts("c", max_chars=10)
     streams.receive(chunk(type="text-start", id="t"))
     streams.receive(chunk(type="text-delta", id="t", delta="12345678"))
-    assert streams.held_chars() == 8
+    assert streams.held_chars() == len("t") + 8  # its id, and its text
     over = streams.receive(chunk(type="text-delta", id="t", delta="abc"))
     assert isinstance(over, Overflow)
     assert over.rejection.code is ErrorCode.MESSAGE_TOO_LARGE
@@ -351,9 +351,9 @@ def test_completed_parts_are_counted_and_freed_with_their_id() -> None:
     streams = with_parts("c", max_completed=1)
     streams.receive(chunk("a", type="text-start", id="t"))
     streams.receive(chunk("a", type="text-delta", id="t", delta="abcd"))
-    assert (streams.held_chars(), streams.completed_chars) == (4, 0)
+    assert (streams.held_chars(), streams.completed_chars) == (5, 0)  # "t" and "abcd"
     streams.receive(ProducerEvent(id="a", final=True))
-    assert (streams.held_chars(), streams.completed_chars) == (0, 4)
+    assert (streams.held_chars(), streams.completed_chars) == (0, 5)
     streams.receive(ProducerEvent(id="b", delta="xy", final=True))  # evicts a
     assert streams.completed_chars == 2
     assert streams.completed("a") is None
@@ -362,7 +362,7 @@ def test_completed_parts_are_counted_and_freed_with_their_id() -> None:
     streams.receive(chunk("d", type="text-start", id="t"))
     streams.receive(chunk("d", type="text-delta", id="t", delta="abc"))
     streams.receive(ProducerEvent(id="d", final=True))
-    assert streams.completed_chars == 3
+    assert streams.completed_chars == 4  # "t" and "abc"
     streams.refuse("d")
     assert streams.completed_chars == 0
 

@@ -93,6 +93,32 @@ each refusing the chunk and keeping the part as it was:
   (``providerMetadata``, ``toolMetadata``, ``citations``, approval values)
   (``part_too_large``).
 
+Size. :meth:`MessageParts.chars` is what the message holds: the count the relay bounds
+with ``--max-message-chars`` and counts toward ``--max-memory-bytes`` (with the parts of
+the completed messages it keeps). It is the sum of
+
+* the characters of every string a part keeps: the text of a text or reasoning part and a
+  tool's input text (``rawInput`` is that text, counted once; half a surrogate pair held
+  back counts once it is a character); the ids (a text or reasoning part's chunk id, but
+  the implicit text part's ``"text"``, ``toolCallId``, ``sourceId``, a data part's ``id``);
+  a tool's name and the name in ``data-<name>``; ``url``, ``title``, ``filename``,
+  ``mediaType``, ``errorText``, ``inputEncoding``;
+* the bytes of the compact UTF-8 JSON (as ``max_data_bytes`` measures it) of every JSON
+  value a part keeps: a data part's ``data``, a tool's ``input`` (a string too) and
+  ``output``, ``providerMetadata`` (a tool's ``callProviderMetadata`` and
+  ``resultProviderMetadata``), ``toolMetadata``, ``citations`` as kept, and a tool's
+  ``approval`` object (its id, descriptor, ``inputSchemaInput``, reasons, ``isAutomatic``,
+  signature, ``approved``).
+
+Nothing else counts: a part's type (but the name in it) and state, its booleans
+(``providerExecuted``, ``preliminary``), and what the core keeps to find and order the
+parts (a fixed size per part, and there are at most ``max_parts``). The count is of what the
+parts hold now: a value replaced (a data part's ``data`` by id, a tool's part through its
+states, ``providerMetadata`` given again, a preliminary output by the next) counts as it is
+now, and one ``ai`` drops leaves the count (a tool's output on an error, its
+``inputEncoding`` once its input is whole). So the same parts count the same however their
+chunks came: split otherwise, as a catch-up, finalized here or rebuilt from the result.
+
 The core keeps the values of the chunks it is given: the caller hands them over.
 :meth:`MessageParts.parts` returns new dicts, whose nested values are shared.
 

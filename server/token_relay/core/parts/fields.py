@@ -78,11 +78,12 @@ class Fields:
         return value
 
     def size(self, key: str, value: Any) -> int:
+        """The bytes of ``value``'s JSON (:func:`json_size`), checked against
+        ``max_data_bytes``."""
         try:
-            encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            size = json_size(value)
         except (TypeError, ValueError, RecursionError):
             raise self.bad(key, "a JSON value") from None
-        size = len(encoded.encode("utf-8", "surrogatepass"))
         if size > self.limits.max_data_bytes:
             raise reject(
                 PART_TOO_LARGE,
@@ -166,6 +167,15 @@ CITED_SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 """A citation's source by its ``sourceType``: the string fields it must have, then those
 it may have (``ai`` 7's citation schema)."""
+
+
+def json_size(value: Any) -> int:
+    """The bytes of ``value``'s compact JSON, not escaping non-ASCII, in UTF-8: what
+    ``max_data_bytes`` bounds and :meth:`~token_relay.core.parts.MessageParts.chars`
+    counts of a JSON value. Raises ``TypeError``, ``ValueError`` or ``RecursionError``
+    for a value that is not JSON."""
+    encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return len(encoded.encode("utf-8", "surrogatepass"))
 
 
 def put(target: dict[str, Any], key: str, value: Any) -> None:

@@ -51,9 +51,16 @@ class MessageParts(TextChunks, ToolChunks):
         )
 
     def chars(self) -> int:
-        """What the message holds, for the relay's memory accounting: characters of text
-        (text, reasoning, tool input text) plus bytes of the JSON values given (data,
-        tool input and output)."""
+        """What the message holds, the size the relay bounds (``--max-message-chars``) and
+        counts (``--max-memory-bytes``): the characters of every string a part keeps (its
+        text, a tool's input text, ids, names, urls, titles, media types, filenames, error
+        texts) plus the bytes of the compact UTF-8 JSON of every JSON value it keeps (data,
+        a tool's input and output, provider and tool metadata, citations, a tool's
+        approval). A part's type (but the name in ``tool-<name>`` or ``data-<name>``) and
+        state, its booleans, ``rawInput`` (the input text, counted once) and the implicit
+        text part's id count nothing. A value replaced counts as it is now: the count
+        depends on the parts held, not on how their chunks came. The package's docstring
+        lists each field."""
         return self._chars
 
     def catch_up(self) -> list[dict[str, Any]]:
@@ -227,6 +234,7 @@ class MessageParts(TextChunks, ToolChunks):
                     )
                 else:
                     record.update("input-available", input=value)
+                    self._recount(record)
                     record.input_end = "tool-input-available"
                 record.open = False
         self._texts.clear()
@@ -290,16 +298,16 @@ class MessageParts(TextChunks, ToolChunks):
         key = (fields.kind, data_id) if isinstance(data_id, str) else None
         found = None if key is None else self._data.get(key)
         if found is not None:
+            # Only its data changes: the count of the part, its data's bytes aside, stays.
             index, old = found
             part = self._parts[index]
             assert isinstance(part, dict)
             part["data"] = chunk["data"]
+            self._chars += size - old
         else:
             index = self._append(dict(chunk))
-            old = 0
         if key is not None:
             self._data[key] = (index, size)
-        self._chars += size - old
         return index
 
 

@@ -1,8 +1,12 @@
 """The records behind the parts (a part's text so far, text and reasoning parts, tool
-calls): each renders its part as ``ai`` holds it.
+calls): each renders its part as ``ai`` holds it, and counts what it holds.
 
 A record changes only through the message (:class:`~token_relay.core.parts.MessageParts`),
 which checks each chunk first; a record renders a new dict each time it is read.
+
+What a part holds, as :meth:`~token_relay.core.parts.MessageParts.chars` counts it: its
+text (:class:`TextBuffer`, counted as it grows), and the rest of it by :func:`held_size`
+(a part kept as a dict, a tool's object) or :meth:`TextRecord.count`.
 """
 
 from __future__ import annotations
@@ -11,12 +15,57 @@ from typing import Any, Final
 
 from ..assembler import RUN
 from ..surrogates import REPLACEMENT, mend
-from .fields import ABSENT, fallback, put
+from .fields import ABSENT, fallback, json_size, put
 from .partialjson import partial_json
 from .refusals import PART_TOO_LARGE, reject
 
 OUTPUT_STATES: Final = frozenset({"output-available", "output-error"})
 TERMINAL: Final = frozenset({"output-error", "output-denied"})
+
+IMPLICIT: Final = "text"
+"""Chunk id of the implicit text part, the one top-level deltas extend."""
+
+JSON_FIELDS: Final = frozenset(
+    {
+        "data",
+        "input",
+        "output",
+        "providerMetadata",
+        "callProviderMetadata",
+        "resultProviderMetadata",
+        "toolMetadata",
+        "citations",
+        "approval",
+    }
+)
+"""The keys of a part whose value is JSON, counted by the bytes of its JSON."""
+
+_NOT_HELD: Final = frozenset({"type", "state", "rawInput"})
+"""String keys of a part that count no characters: the type and state the core names
+(the name in a type aside: :func:`held_size`), and ``rawInput``, which is the tool's input
+text, counted once, as text."""
+
+_NAMED: Final = ("data-", "tool-")
+"""Types that carry a name the producer gave: ``data-<name>``, ``tool-<name>``."""
+
+
+def held_size(part: dict[str, Any]) -> int:
+    """What :meth:`~token_relay.core.parts.MessageParts.chars` counts of a part kept as
+    an object (a source, a file, a step, a data part, a tool's object): the bytes of the
+    JSON (:func:`~token_relay.core.parts.fields.json_size`) of each JSON value
+    (:data:`JSON_FIELDS`), the characters of each other string but its type, state and
+    ``rawInput``, and those of the name in a ``data-<name>`` or ``tool-<name>`` type.
+    Booleans count nothing."""
+    size = 0
+    for key, value in part.items():
+        if key in JSON_FIELDS:
+            size += json_size(value)
+        elif isinstance(value, str) and key not in _NOT_HELD:
+            size += len(value)
+    kind = part.get("type")
+    if isinstance(kind, str) and kind.startswith(_NAMED):
+        size += len(kind.partition("-")[2])
+    return size
 
 
 class TextBuffer:
@@ -71,7 +120,17 @@ class TextBuffer:
 class TextRecord:
     """A ``text`` or ``reasoning`` part."""
 
-    __slots__ = ("buffer", "chunk_id", "citations", "index", "kind", "metadata", "open", "state")
+    __slots__ = (
+        "buffer",
+        "chunk_id",
+        "citations",
+        "counted",
+        "index",
+        "kind",
+        "metadata",
+        "open",
+        "state",
+    )
 
     def __init__(self, kind: str, chunk_id: str, metadata: Any, index: int) -> None:
         self.index = index
@@ -83,6 +142,21 @@ class TextRecord:
         self.open = True
         """Whether deltas and the end may still come (not ended, no finish-step since)."""
         self.buffer = TextBuffer()
+        self.counted = 0
+        """What the message's chars count of this record beside its text: :meth:`count`
+        when it last changed."""
+
+    def count(self) -> int:
+        """What the part holds beside its text: the characters of its chunk id (none for
+        the implicit text part's, which no producer names), and the bytes of the JSON of
+        its ``providerMetadata`` and ``citations``."""
+        implicit = self.kind == "text" and self.chunk_id == IMPLICIT
+        size = 0 if implicit else len(self.chunk_id)
+        if self.metadata is not ABSENT:
+            size += json_size(self.metadata)
+        if self.citations is not ABSENT:
+            size += json_size(self.citations)
+        return size
 
     def render(self) -> dict[str, Any]:
         part: dict[str, Any] = {"type": self.kind}
@@ -101,6 +175,7 @@ class ToolRecord:
 
     __slots__ = (
         "buffer",
+        "counted",
         "dynamic",
         "encoding",
         "had_delta",
@@ -108,7 +183,6 @@ class ToolRecord:
         "input_end",
         "name",
         "open",
-        "output_bytes",
         "part",
         "tool_call_id",
     )
@@ -130,11 +204,18 @@ class ToolRecord:
         """Whether input deltas may still come: streaming, in the current step."""
         self.input_end: str | None = None
         """How the input ended: ``tool-input-available`` or ``tool-input-error``."""
-        self.output_bytes = 0
+        self.counted = 0
+        """What the message's chars count of this record beside its input text:
+        :meth:`count` when it last changed."""
 
     @property
     def state(self) -> str:
         return str(self.part["state"])
+
+    def count(self) -> int:
+        """What the part holds beside its input text: :func:`held_size` of its object
+        (``input`` and ``rawInput`` while the input streams are read from the text)."""
+        return held_size(self.part)
 
     def final(self) -> bool:
         """No chunk may change the part any more."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .records import Part, TextRecord, ToolRecord
+from .records import Part, TextRecord, ToolRecord, held_size
 from .refusals import TOO_MANY_PARTS, PartLimits, reject
 
 DEFAULT_LIMITS: Final = PartLimits()
@@ -52,7 +52,7 @@ class PartsState:
         self._approvals: dict[str, ToolRecord] = {}
         """Tool parts by the approval id asked for them."""
         self._data: dict[tuple[str, str], tuple[int, int]] = {}
-        """(type, id) of a data part → (its index, the bytes of its data)."""
+        """(type, id) of a data part → (its index, the bytes of its data's JSON)."""
         self._finish_marks: list[int] = []
         """The number of parts at each ``finish-step`` that ended open parts."""
         self._chars = 0
@@ -63,6 +63,15 @@ class PartsState:
             raise reject(TOO_MANY_PARTS, f"the message already has {self.limits.max_parts} parts")
 
     def _append(self, part: dict[str, Any]) -> int:
+        """Add a part kept as an object, counting what it holds (:func:`held_size`)."""
         self._room()
         self._parts.append(part)
+        self._chars += held_size(part)
         return len(self._parts) - 1
+
+    def _recount(self, record: TextRecord | ToolRecord) -> None:
+        """Count what ``record`` holds beside its text anew, in place of what it held:
+        after every change of it but its text."""
+        counted = record.count()
+        self._chars += counted - record.counted
+        record.counted = counted

@@ -4,16 +4,14 @@ extend.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from ..errors import UsageError
 from .fields import ABSENT, Fields, fallback
+from .records import IMPLICIT as IMPLICIT
 from .records import TextBuffer, TextRecord
 from .refusals import PART_ENDED, PART_EXISTS, UNKNOWN_PART, reject
 from .state import PartsState
-
-IMPLICIT: Final = "text"
-"""Chunk id of the implicit text part, the one top-level deltas extend."""
 
 
 class TextChunks(PartsState):
@@ -52,6 +50,7 @@ class TextChunks(PartsState):
         (self._texts if kind == "text" else self._reasonings)[chunk_id] = record
         self._text_ids.add((kind, chunk_id))
         self._parts.append(record)
+        self._recount(record)
         return len(self._parts) - 1
 
     def _extend(self, record: TextRecord, delta: str, metadata: Any = ABSENT) -> None:
@@ -60,6 +59,7 @@ class TextChunks(PartsState):
         self._chars += record.buffer.commit(appended, held)
         if metadata is not ABSENT:
             record.metadata = metadata
+            self._recount(record)
 
     def _open_record(self, fields: Fields, kind: str) -> TextRecord:
         chunk_id = fields.text("id")
@@ -93,5 +93,6 @@ class TextChunks(PartsState):
             record.citations = citations
         record.state = "done"
         record.open = False
+        self._recount(record)
         del (self._texts if record.kind == "text" else self._reasonings)[record.chunk_id]
         return record.index

@@ -38,6 +38,7 @@ class ToolChunks(PartsState):
             rawInput=ABSENT if tool.dynamic else raw,
             title=tool.part.get("title", ABSENT),
         )
+        self._recount(tool)
 
     def _tool_fields(self, fields: Fields) -> dict[str, Any]:
         """The options every tool chunk that names its tool may carry."""
@@ -76,6 +77,7 @@ class ToolChunks(PartsState):
         tool.encoding = encoding
         tool.open = True
         tool.update("input-streaming", inputEncoding=encoding, title=title, **options)
+        self._recount(tool)
         self._open_tools[tool_call_id] = tool
         return tool.index
 
@@ -115,8 +117,9 @@ class ToolChunks(PartsState):
             )
         return tool, name, dynamic, value
 
-    def _close_input(self, tool: ToolRecord, how: str, value: Any, fields: Fields) -> None:
-        self._chars += tool.buffer.flush() + fields.size("input", value)
+    def _close_input(self, tool: ToolRecord, how: str) -> None:
+        self._chars += tool.buffer.flush()
+        self._recount(tool)
         tool.open = False
         tool.input_end = how
         self._open_tools.pop(tool.tool_call_id, None)
@@ -135,7 +138,7 @@ class ToolChunks(PartsState):
         if tool is None:
             tool = self._new_tool(fields.text("toolCallId"), name, dynamic)
         tool.update("input-available", input=value, title=title, **options)
-        self._close_input(tool, "tool-input-available", value, fields)
+        self._close_input(tool, "tool-input-available")
         return tool.index
 
     def _tool_input_error(self, fields: Fields) -> int:
@@ -145,7 +148,7 @@ class ToolChunks(PartsState):
         if tool is None:
             tool = self._new_tool(fields.text("toolCallId"), name, dynamic)
         tool.update("output-error", input=value, errorText=error_text, **options)
-        self._close_input(tool, "tool-input-error", value, fields)
+        self._close_input(tool, "tool-input-error")
         return tool.index
 
     def _tool_approval_request(self, fields: Fields) -> int:
@@ -170,6 +173,7 @@ class ToolChunks(PartsState):
             raise reject(PART_EXISTS, f"approval '{approval_id}' exists", approval_id)
         tool.part["state"] = "approval-requested"
         tool.part["approval"] = approval
+        self._recount(tool)
         self._approvals[approval_id] = tool
         return tool.index
 
@@ -194,6 +198,7 @@ class ToolChunks(PartsState):
             tool.part["providerExecuted"] = executed
         if metadata is not ABSENT:
             tool.part["callProviderMetadata"] = metadata
+        self._recount(tool)
         return tool.index
 
     def _tool_stage(self, tool: ToolRecord, allowed: tuple[str, ...], kind: str) -> None:
@@ -221,12 +226,10 @@ class ToolChunks(PartsState):
     def _tool_output_available(self, fields: Fields) -> int:
         tool, options = self._output(fields)
         output = fields.value("output", required=True)
-        size = fields.size("output", output)
         preliminary = fields.optional_bool("preliminary")
         self._tool_stage(tool, _OUTPUT_FROM, fields.kind)
         tool.update("output-available", output=output, preliminary=preliminary, **options)
-        self._chars += size - tool.output_bytes
-        tool.output_bytes = size
+        self._recount(tool)
         return tool.index
 
     def _tool_output_error(self, fields: Fields) -> int:
@@ -242,8 +245,7 @@ class ToolChunks(PartsState):
         elif not tool.dynamic:
             options["rawInput"] = tool.part.get("rawInput", ABSENT)
         tool.update("output-error", errorText=error_text, **options)
-        self._chars -= tool.output_bytes
-        tool.output_bytes = 0
+        self._recount(tool)
         return tool.index
 
     def _tool_output_denied(self, fields: Fields) -> int:
