@@ -137,7 +137,7 @@ async def test_lines_trickled_in_tiny_chunks_are_applied_whole() -> None:
         assert (await recv_json(sub))["text"] == text + "!"
 
 
-class _Socket:
+class ReadSocket:
     """Whether a producer's socket is being read, as its transport would be told."""
 
     def __init__(self) -> None:
@@ -154,7 +154,7 @@ class _Socket:
 
 
 async def test_lines_waiting_to_be_applied_are_bounded_in_count_and_bytes() -> None:
-    sock = _Socket()
+    sock = ReadSocket()
     producer = HttpProducer(
         cast(asyncio.Transport, sock),
         path="/produce",

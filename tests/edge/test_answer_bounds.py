@@ -18,24 +18,11 @@ from token_relay.core.grants import Grant, Role
 from token_relay.edge.aisdkproduce import AiSdkProducer
 from token_relay.edge.httpproducer import MAX_ANSWER_BYTES, MAX_ANSWER_ERRORS, HttpProducer
 
+from tests.e2e.test_http_bodies import ReadSocket
 from tests.edge.test_statuses import ndjson_producer
 
 
-class _Socket:
-    def __init__(self) -> None:
-        self.reading = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def is_closing(self) -> bool:
-        return False
-
-
-def _ai_sdk_producer(sock: _Socket) -> HttpProducer:
+def _ai_sdk_producer(sock: ReadSocket) -> HttpProducer:
     return AiSdkProducer(
         cast(asyncio.Transport, sock),
         path="/ai-sdk/c/produce",
@@ -57,7 +44,7 @@ def _cut(item: object) -> FrameRejected:
 def test_lines_refused_as_they_are_read_are_queued_up_to_the_bound_then_the_body_ends(
     route: str,
 ) -> None:
-    sock = _Socket()
+    sock = ReadSocket()
     producer = ndjson_producer(sock) if route == "produce" else _ai_sdk_producer(sock)
     junk = b"\xff\n" if route == "produce" else b"x\n"  # not UTF-8; no SSE field
     producer.feed(junk * 100_000)
@@ -79,7 +66,7 @@ def test_lines_refused_as_they_are_read_are_queued_up_to_the_bound_then_the_body
 
 
 async def test_frames_past_the_byte_bound_drop_the_lines_waiting_and_keep_every_frame() -> None:
-    sock = _Socket()
+    sock = ReadSocket()
     producer = ndjson_producer(sock)
     producer.feed(b'{"id": "a", "delta": "x"}\n' * 100)  # 64 waiting: the socket is paused
     assert not sock.reading
@@ -105,7 +92,7 @@ async def test_frames_past_the_byte_bound_drop_the_lines_waiting_and_keep_every_
 
 
 async def test_a_body_applied_whole_before_the_bound_is_not_cut() -> None:
-    producer = ndjson_producer(_Socket())
+    producer = ndjson_producer(ReadSocket())
     producer.feed(b'{"id": "a", "delta": "x"}\n')
     producer.end()
     await anext(producer)
