@@ -213,7 +213,6 @@ class Pipeline:
                 self._health.suspect()
                 results = [BrokerUnavailable(str(exc))] * len(batch)
             self._settle_all(batch, results)
-            self.held.chars -= sum(write.chars for write in batch)
 
     def _settle_all(self, batch: list[Write], results: list[Any]) -> None:
         kept_back = any_failed = False
@@ -221,7 +220,9 @@ class Pipeline:
             if isinstance(result, Exception) and write.deferred is not None:
                 self._outbox.put_back(write.deferred)  # in order, for the next try
                 kept_back = True
+        settled = 0
         for n, (write, result) in enumerate(zip(batch, results, strict=True)):
+            settled += write.chars
             if write.script in ("terminal", "whole") and isinstance(result, list):
                 # The frame; whether its webhook was queued; a third value if the frame
                 # had been published already (its reply lost): nothing was done again.
@@ -249,6 +250,7 @@ class Pipeline:
                     self._settle(write.done, write.terminal, result)
                 else:
                     write.done.set_result(result)
+        self.held.chars -= settled  # what the batch carried is no longer held
         self._outbox_next(kept_back, any_failed)
 
     def _outbox_next(self, kept_back: bool, failed: bool) -> None:
