@@ -21,7 +21,7 @@ from token_relay.core.grants import Role
 from token_relay.edge.relay import Relay
 from token_relay.tokens import mint
 
-from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..conftest import RunningRelay, recv_json, send_json, start_relay, subscribed_pair
 from ..docs.blocks import docs_block
 from ..harness import SseReader, eventually
 from .test_ai_sdk import AI_MAJORS, NodeScript, _resume
@@ -358,12 +358,7 @@ async def test_a_body_that_ends_before_its_reply_aborts_it() -> None:
 
 async def test_bad_lines_and_chunks_are_refused_and_the_rest_applies() -> None:
     running, relay = await start_relay()
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as other,
-    ):
-        await recv_json(sub)
+    async with relay, subscribed_pair(running) as (sub, other):
         await send_json(other, {"id": "other", "delta": "untouched "})
         body = (
             (

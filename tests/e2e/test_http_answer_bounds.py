@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from token_relay.edge.httpproducer import MAX_ANSWER_BYTES, MAX_ANSWER_ERRORS
 
-from ..conftest import RunningRelay, recv_json, send_json, start_relay
+from ..conftest import RunningRelay, recv_json, send_json, start_relay, subscribed_pair
 
 HTTP_PARSERS = ("fast", "h11")
 """Every test runs under both request parsers (see ``tests/conftest.py``)."""
@@ -143,12 +143,7 @@ async def test_a_mebibyte_of_refused_lines_gets_a_bounded_answer_saying_where_it
 
 async def test_the_lines_before_the_cut_are_acked_and_delivered_exactly_and_none_after() -> None:
     running, relay = await start_relay()
-    async with (
-        relay,
-        running.connect("/subscribe?channel=c") as sub,
-        running.connect("/produce?channel=c") as other,
-    ):
-        await recv_json(sub)
+    async with relay, subscribed_pair(running) as (sub, other):
         # Another producer's reply streams all along.
         await send_json(other, {"id": "other", "delta": "before "})
         whole = [{"id": f"m{n}", "delta": f"text {n} é", "final": True} for n in range(50)]
