@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 from token_relay.brokers import Broker, open_broker
 from token_relay.brokers.redis import RedisBroker, catchup, outbox, writes
+from token_relay.brokers.redis.keys import KEY_TTL
 from token_relay.core.errors import BrokerUnavailable, ErrorCode, FrameRejected
 from token_relay.core.settings import Settings
 
@@ -350,6 +351,108 @@ async def test_reserved_epochs_are_bounded_and_the_least_recently_subscribed_goe
         assert order == ["junk-4", "junk-0", "junk-5", "junk-6", "junk-7"]
     assert (await alpha.catch_up("junk-0", None, False)).epoch == epochs[0]
     assert (await alpha.catch_up("junk-1", None, False)).epoch != epochs[1]  # a new one
+
+
+async def _channel_keys(redis: Redis) -> dict[str, set[str]]:
+    """Each channel's epoch, offset, event number, history and held ids' keys in Redis."""
+    kept: dict[str, set[str]] = {}
+    for kind in ("epoch", "offset", "seq", "history", "held", "published"):
+        async for name in redis.scan_iter(f"tr:{kind}:*"):
+            kept.setdefault(name.decode().split(":", 2)[2], set()).add(kind)
+    return kept
+
+
+async def test_channels_past_max_history_channels_drop_the_least_recently_used(
+    redis_server: RedisServer,
+) -> None:
+    broker = open_broker(Settings(broker=redis_server.url, max_history_channels=3), "alpha")
+    await broker.start(Recorder())
+    every = {"epoch", "offset", "seq", "history", "held", "published"}
+    try:
+        async with _client(redis_server.url) as redis:
+            epochs = {}
+            for channel in ("c0", "c1", "c2", "c0"):  # c0 is used again: c1 is the oldest
+                frame = await broker.terminal(
+                    channel,
+                    "alpha.1",
+                    f"m-{channel}-{len(epochs)}",
+                    message_body(channel, "m", "t"),
+                )
+                epochs[channel] = json.loads(frame)["epoch"]
+            assert await _channel_keys(redis) == {"c0": every, "c1": every, "c2": every}
+            await broker.terminal("c3", "alpha.1", "m", message_body("c3", "m", "t"))
+            assert await _channel_keys(redis) == {"c0": every, "c2": every, "c3": every}
+            order = [name.decode() for name in await redis.zrange("tr:channels", 0, -1)]
+            assert order == ["c2", "c0", "c3"]
+            assert 0 < await redis.ttl("tr:channels") <= KEY_TTL
+            # A channel with a subscriber on some process is passed over (c2 is the oldest),
+            # and so is one with a message in progress (c0, the next).
+            await broker.listen("c2", True, False)
+            assert broker.open("c0", "alpha.1", "open")
+            broker.delta("c0", "alpha.1", "open", "so far")
+            await broker.flush_writes()  # type: ignore[attr-defined]
+            await broker.terminal("c4", "alpha.1", "m", message_body("c4", "m", "t"))
+            assert set(await _channel_keys(redis)) == {"c0", "c2", "c4"}
+            order = [name.decode() for name in await redis.zrange("tr:channels", 0, -1)]
+            assert order[-1] == "c4" and sorted(order) == ["c0", "c2", "c4"]
+            # A dropped channel that comes back starts a new epoch, its offsets from 1.
+            frame = json.loads(
+                await broker.terminal("c1", "alpha.1", "again", message_body("c1", "again", "t"))
+            )
+            assert frame["epoch"] != epochs["c1"] and frame["offset"] == 1
+            cut = await broker.catch_up("c1", (1, epochs["c1"]), False)
+            assert cut.recovered is False
+            # Churn through many channels: Redis keeps at most the bound, beyond the busy.
+            for n in range(50):
+                await broker.terminal(f"churn-{n}", "alpha.1", "m", message_body("x", "m", "t"))
+            kept = await _channel_keys(redis)
+            assert len(kept) <= 3 + 2 and {"c0", "c2"} <= set(kept)
+            assert await redis.zcard("tr:channels") <= 3 + 2
+            assert "churn-49" in kept and "churn-0" not in kept
+    finally:
+        await broker.close()
+
+
+async def test_a_producer_spraying_channel_names_leaves_redis_only_the_bound(
+    redis_server: RedisServer,
+) -> None:
+    running, relay = await start_relay(broker=redis_server.url, max_history_channels=5)
+    async with relay, _client(redis_server.url) as redis:
+        async with (
+            running.connect("/subscribe?channel=watched") as watched,
+            running.connect("/produce?channel=watched") as producer,
+        ):
+            epoch = (await recv_json(watched))["epoch"]
+            await send_json(producer, {"id": "w", "delta": "kept", "final": True})
+            assert (await recv_json(producer))["type"] == "ack"
+            assert (await recv_json(watched))["text"] == "kept"
+            async with running.connect("/subscribe?channel=gone") as gone:
+                gone_epoch = (await recv_json(gone))["epoch"]
+                final = {"id": "g", "channel": "gone", "delta": "x", "final": True}
+                await send_json(producer, final)
+                assert (await recv_json(producer))["type"] == "ack"
+                assert (await recv_json(gone))["offset"] == 1
+
+            async def unheard() -> bool:
+                return await _numsub(redis_server.url, "tr:m:gone") == 0
+
+            await eventually(unheard, what="the process stopped listening to 'gone'")
+            for n in range(40):
+                event = {"id": f"s{n}", "channel": f"spray-{n}", "delta": "x", "final": True}
+                await send_json(producer, event)
+                assert (await recv_json(producer))["type"] == "ack"
+            kept = await _channel_keys(redis)
+            assert "watched" in kept and "gone" not in kept and len(kept) <= 5
+        # The subscribed channel kept its history; the dropped one tells a resuming client.
+        async with running.connect("/subscribe") as again:
+            since = {"offset": 0, "epoch": epoch}
+            await send_json(again, {"type": "subscribe", "channel": "watched", "since": since})
+            assert (await recv_json(again))["recovered"] is True
+            assert (await recv_json(again))["text"] == "kept"
+            since = {"offset": 1, "epoch": gone_epoch}
+            await send_json(again, {"type": "subscribe", "channel": "gone", "since": since})
+            resumed = await recv_json(again)
+            assert resumed["recovered"] is False and resumed["epoch"] != gone_epoch
 
 
 async def test_held_ids_are_one_hash_per_channel_bounded_in_count_and_time(

@@ -9,7 +9,10 @@ Per channel ``C``, Redis holds:
   channel's first terminal frame on (before it, a subscribe only reserves the
   epoch, in ``tr:reserved``, one hash for every channel, bounded by
   ``MAX_RESERVED_EPOCHS`` and ``RESERVED_EPOCH_TTL``: junk channel names create no
-  key of their own);
+  key of their own); ``tr:channels`` lists the channels with such keys by last use, and
+  past ``--max-history-channels`` of them a terminal script drops the least recently
+  used one's keys, history and held ids, passing over those with a subscriber or a message in
+  progress (see ``scripts``);
 * ``tr:history:C`` a Stream of terminal frames with ids ``<offset>-0``, capped
   at ``--history-size`` and expiring ``--history-ttl`` after the last one;
 * ``tr:live:C`` the set of messages in progress (``owner|id``), and for each

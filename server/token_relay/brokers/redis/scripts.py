@@ -6,6 +6,10 @@ maps each id in progress on ``C`` to the one owner (producer session) that holds
 (``UNTIL`` in milliseconds of Redis's clock): until then another owner may not open it.
 """
 
+EVICT_TRIES = 10
+"""Channels ``TERMINAL`` looks at, at most, to drop the least recently used past
+``--max-history-channels`` (see ``_CHANNELS``)."""
+
 _HELD = """
 local function held_by_another(channel, id, owner)
   local held = redis.call('HGET', 'tr:held:' .. channel, id)
@@ -161,8 +165,43 @@ return seq
 """
 """Rewrite a message's whole text (after an outage) and publish it as a snapshot."""
 
+_CHANNELS = (
+    """
+local function keep_channel(channel, most, ttl)
+  local now = redis.call('TIME')
+  local at = string.format('%.0f', now[1] * 1000000 + now[2])
+  redis.call('ZADD', 'tr:channels', at, channel)
+  redis.call('EXPIRE', 'tr:channels', ttl)
+  local extra = redis.call('ZCARD', 'tr:channels') - most
+  local tries = 0
+  while extra > 0 and tries < """
+    + str(EVICT_TRIES)
+    + """ do
+    tries = tries + 1
+    local name = redis.call('ZPOPMIN', 'tr:channels')[1]
+    if redis.call('EXISTS', 'tr:live:' .. name) == 1
+        or redis.call('PUBSUB', 'NUMSUB', 'tr:m:' .. name)[2] > 0 then
+      redis.call('ZADD', 'tr:channels', at, name)
+    else
+      redis.call('DEL', 'tr:epoch:' .. name, 'tr:offset:' .. name, 'tr:seq:' .. name,
+        'tr:history:' .. name, 'tr:held:' .. name, 'tr:published:' .. name)
+      extra = extra - 1
+    end
+  end
+end
+"""
+)
+"""A Lua function: list the channel in ``tr:channels`` as used now, and while that lists
+more than ``most`` channels, drop the least recently used one's epoch, offset, event number,
+history and held ids (as the memory broker drops a channel's log past
+``--max-history-channels``: it starts a new epoch when it comes back; its holds end early),
+passing over, as used now, a channel that has a message in progress or a subscriber on some
+process (its terminal topic has one): at most :data:`EVICT_TRIES` channels looked at per
+call."""
+
 TERMINAL = (
     _HELD
+    + _CHANNELS
     + """
 local owner = ARGV[9]
 if redis.call('EXISTS', 'tr:gone:' .. owner) == 1 then
@@ -241,6 +280,7 @@ if not epoch then
   redis.call('DEL', KEYS[2], KEYS[4])
 end
 redis.call('SET', KEYS[1], epoch, 'EX', ARGV[7])
+keep_channel(ARGV[14], tonumber(ARGV[21]), ARGV[7])
 local offset = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 local seq = redis.call('INCR', KEYS[3])
@@ -292,11 +332,11 @@ lost)."""
 _CLAIMED = TERMINAL.index("if holder ~= owner and (ARGV[13]")
 WHOLE = (
     TERMINAL[:_CLAIMED]
-    + """if ARGV[21] ~= '' then
+    + """if ARGV[22] ~= '' then
   local seq = redis.call('INCR', KEYS[3])
   redis.call('EXPIRE', KEYS[3], ARGV[7])
   local head = 'd|' .. seq .. '|' .. string.len(ARGV[8]) .. '|'
-  redis.call('PUBLISH', KEYS[11], head .. ARGV[8] .. ARGV[21])
+  redis.call('PUBLISH', KEYS[11], head .. ARGV[8] .. ARGV[22])
 end
 """
     + TERMINAL[_CLAIMED:]

@@ -168,6 +168,9 @@ class TerminalArgs(NamedTuple):
     webhook_max_pending_bytes: int
     hold_ms: int
     max_held: int
+    max_channels: int
+    """``--max-history-channels``: channels whose history and offsets Redis keeps, beyond
+    those with a subscriber or a message in progress (see ``TERMINAL``)."""
 
 
 @dataclass(slots=True)
@@ -486,6 +489,7 @@ def terminal_write(
             settings.webhook_max_pending_bytes,
             0 if aborted else int(settings.id_hold * 1000),  # completed ids only
             MAX_HELD_PER_CHANNEL,
+            settings.max_history_channels,
         ),
         done,
         webhook=(channel, message_id) if webhook else None,
