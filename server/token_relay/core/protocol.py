@@ -211,7 +211,8 @@ SubscriberFrame = Annotated[Subscribe | Unsubscribe | Cancel, Field(discriminato
 
 
 class Ack(_Frame):
-    """Answer to every ``final: true`` event, repeated finals included.
+    """Answer to every ``final: true`` event that completes its message, and to every one
+    repeated after it completed.
 
     ``duplicate`` is present (true) when the final's ``seq`` had already been applied.
     """
