@@ -58,6 +58,21 @@ async def _seen(store: WebhookStore) -> tuple[int, int]:
     return store.dead_count, store.dead_bytes
 
 
+async def test_dead_letters_count_the_bytes_of_their_json_not_its_characters(
+    broker: Broker,
+) -> None:
+    store = broker.webhooks
+    assert store is not None
+    plain = _letter("e", 0)
+    letter = plain.model_copy(
+        update={"payload": plain.payload.model_copy(update={"text": "🚀" * 300})}
+    )
+    size = len(letter.model_dump_json().encode())
+    assert size == len(letter.model_dump_json()) + 900  # four bytes a rocket, one character
+    assert await store.bury(letter) == 0
+    assert await _seen(store) == (1, size)
+
+
 async def test_dead_letters_are_bounded_in_count_and_bytes_oldest_dropped_first(
     broker: Broker,
 ) -> None:

@@ -50,7 +50,7 @@ class MemoryWebhooks:
         self._taken: dict[str, WebhookEntry] = {}
         self._bytes = 0
         self._dead: collections.deque[tuple[DeadLetter, int]] = collections.deque()
-        """Newest first, each with its size (characters of its JSON)."""
+        """Newest first, each with its size (bytes of its JSON, as Redis counts them)."""
         self._dead_bytes = 0
         self._keys = 0
         self._arrived: asyncio.Event | None = None
@@ -108,7 +108,7 @@ class MemoryWebhooks:
             self._bytes -= entry.size
 
     async def bury(self, letter: DeadLetter) -> int:
-        size = len(letter.model_dump_json())
+        size = len(letter.model_dump_json().encode())
         if size > self.max_dead_bytes:
             return 1  # alone over the bound: dropped at once, the others kept
         self._dead.appendleft((letter, size))

@@ -161,7 +161,9 @@ class WebhookEntry:
         )
         self.id = webhook_id(self.channel, self.payload.epoch, self.payload.offset)
         self.body = self.payload.model_dump_json(exclude_none=True).encode()
-        self.size = len(self.frame) + len(self.producer)
+        # Bytes (UTF-8), as --webhook-max-pending-bytes says and as the Redis outbox counts
+        # them (Lua's string.len), so that settling takes off what adding put on.
+        self.size = len(self.frame.encode()) + len(self.producer.encode())
 
 
 def backoff_delay(attempts: int, backoff: float, jitter: float) -> float:
