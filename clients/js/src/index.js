@@ -281,9 +281,15 @@ export class RelayClient {
     }
     this._socket = socket;
     this.transport = "websocket";
-    // A WebSocket a proxy lets open but never carries counts as failed.
+    // A WebSocket a proxy lets open but never carries counts as failed. It is given up here,
+    // not in onclose: a socket still connecting may fire no close event once closed (Node's).
     const deadline = setTimeout(() => {
-      if (generation === this._generation && !this._confirmed) socket.close(4000, "no answer");
+      if (generation !== this._generation || this._confirmed) return;
+      socket.onopen = socket.onmessage = socket.onclose = null;
+      socket.close(4000, "no answer");
+      this._socket = null;
+      this._lost();
+      this._webSocketFailed(generation, token, `no frame within ${this.openTimeout} ms`);
     }, this.openTimeout);
     socket.onopen = () => {
       if (generation !== this._generation) return;
@@ -411,6 +417,7 @@ export class RelayClient {
     const ceiling = Math.min(this.backoff.max, this.backoff.initial * 2 ** (this._attempt - 1));
     const delay = ceiling / 2 + Math.random() * (ceiling / 2);
     this._setStatus("reconnecting", { ...detail, attempt: this._attempt, delay });
+    if (this.status === "closed" || this.status === "error") return; // a listener closed it
     clearTimeout(this._timer);
     this._timer = setTimeout(() => this._connect(), delay);
   }

@@ -59,6 +59,66 @@ const until = async (check, what) => {
 const subscribed = { type: "subscribed", channel: "c", offset: 0, epoch: "E" };
 const message = (id, text, offset) => ({ type: "message", channel: "c", id, text, offset, epoch: "E" });
 
+/** A WebSocket whose upgrade is never answered, and that fires no close event once closed
+ * while still connecting (as Node's own WebSocket does). */
+class SilentWebSocket {
+  static made = 0;
+  static closed = [];
+  constructor(url) {
+    SilentWebSocket.made += 1;
+    this.url = url;
+    this.readyState = 0;
+  }
+  close(code, reason) {
+    SilentWebSocket.closed.push([code, reason]);
+    this.readyState = 3;
+  }
+  send() {
+    throw new Error("not open");
+  }
+}
+
+test("a WebSocket never answered is given up at openTimeout, close event or not, for SSE", async () => {
+  SilentWebSocket.made = 0;
+  SilentWebSocket.closed = [];
+  const { fetch, calls } = scriptedFetch([
+    { status: 200, body: sse([["subscribed", subscribed], ["message", message("a", "one", 1)]]) },
+  ]);
+  const client = new RelayClient("ws://relay.test/subscribe", {
+    channels: ["c"],
+    WebSocket: SilentWebSocket,
+    fetch,
+    openTimeout: 30,
+  });
+  await until(() => client.getChannel("c").messages.length === 1, "the message over SSE");
+  assert.equal(client.transport, "sse");
+  assert.equal(SilentWebSocket.made, 1);
+  assert.deepEqual(SilentWebSocket.closed, [[4000, "no answer"]]);
+  assert.equal(calls.length, 1);
+  client.close();
+});
+
+test("close() from a status listener stops the client for good", async () => {
+  RefusedWebSocket.made = 0;
+  const statuses = [];
+  const client = new RelayClient("ws://relay.test/subscribe", {
+    channels: ["c"],
+    WebSocket: RefusedWebSocket,
+    fetch: () => Promise.reject(new TypeError("refused")),
+    backoff: { initial: 5, max: 5 },
+  });
+  client.on("status", (status) => {
+    statuses.push(status);
+    if (status === "reconnecting") client.close();
+  });
+  await until(() => statuses.includes("closed"), "closed");
+  await sleep(60); // a dozen retry delays: none may come
+  assert.equal(client.status, "closed");
+  assert.equal(statuses.filter((s) => s === "reconnecting").length, 1);
+  assert.equal(statuses.at(-1), "closed");
+  assert.equal(RefusedWebSocket.made, 1);
+});
+
 test("WebSockets refused: it falls back to SSE, resumes by since, and stays on SSE", async () => {
   RefusedWebSocket.made = 0;
   const { fetch, calls } = scriptedFetch([
