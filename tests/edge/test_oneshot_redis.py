@@ -237,6 +237,7 @@ def test_one_shot_messages_keep_nothing_per_owner_in_redis(redis_url: str) -> No
     assert ids == [f"m{number}" for number in range(count)]
     assert scripts == count
     assert keys == [
+        "tr:channels",  # the channels with history, one shared set (--max-history-channels)
         "tr:epoch:c",
         "tr:held:c",
         "tr:history:c",
