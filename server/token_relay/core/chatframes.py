@@ -170,7 +170,7 @@ def _peek_request_id(raw: str | bytes) -> str | None:
     """The ``requestId`` of a refused frame, if it has a readable one."""
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     request_id = value.get("requestId") if isinstance(value, dict) else None
     return request_id if isinstance(request_id, str) else None

@@ -27,6 +27,7 @@ from pydantic import MISSING
 
 from .protocol import (
     MAX_BATCH,
+    MAX_JSON_DEPTH,
     MAX_NAME_LENGTH,
     Ack,
     AckBatch,
@@ -37,6 +38,8 @@ from .protocol import (
     SessionFrame,
     encode,
     encode_unpositioned,
+    may_nest_too_deep,
+    nested_too_deep,
 )
 from .protocol import decode_producer_frame as decode_by_models
 
@@ -53,6 +56,7 @@ __all__ = [
     "encode_delta",
     "encode_parts_snapshot",
     "message_body",
+    "nests_too_deep",
     "session_frame",
 ]
 
@@ -83,16 +87,40 @@ _ENCODER = msgspec.json.Encoder()
 decode_fast = _DECODER.decode
 """The msgspec half of :func:`decode_producer_frame`, for a caller that inlines it (a call
 less per frame): it raises :class:`msgspec.DecodeError` where the models must decide
-(:func:`decode_by_models`)."""
+(:func:`decode_by_models`), and :class:`RecursionError` for a frame nested past msgspec's
+own depth. A frame longer than :data:`~token_relay.core.protocol.MAX_JSON_DEPTH` may nest
+deeper than the models read: the caller asks :func:`nests_too_deep` of it, and leaves it to
+the models if so."""
+
+
+def nests_too_deep(raw: str | bytes, frame: FastEvent | list[FastEvent]) -> bool:
+    """Whether a frame msgspec read nests its ``meta`` or ``chunk`` deeper than the models'
+    parser reads (:data:`~token_relay.core.protocol.MAX_JSON_DEPTH`): the models decide it.
+    Cheap unless the frame holds that many brackets at all."""
+    if not may_nest_too_deep(raw):
+        return False
+    events = frame if isinstance(frame, list) else (frame,)
+    limit = MAX_JSON_DEPTH - 3  # the frame, a batch, and the event's own object
+    values: list[Any] = [value for event in events for value in (event.meta, event.chunk)]
+    return any(value is not MISSING and nested_too_deep(value, limit) for value in values)
+
+
+def _decode_checked(raw: str | bytes) -> FastEvent | list[FastEvent] | None:
+    """:func:`decode_fast`; None where the models must decide, a frame nested too deep
+    included."""
+    try:
+        frame = decode_fast(raw)
+    except (msgspec.DecodeError, RecursionError):  # a ValidationError is a DecodeError
+        return None
+    if len(raw) > MAX_JSON_DEPTH and nests_too_deep(raw, frame):
+        return None
+    return frame
 
 
 def decode_events(raw: str | bytes) -> FastEvent | list[FastEvent] | None:
     """The frame's event, or a batch's events, if msgspec accepts the frame as it stands;
     None to leave the frame to the pydantic models."""
-    try:
-        return _DECODER.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    return _decode_checked(raw)
 
 
 Event = FastEvent | ProducerEvent
@@ -102,10 +130,8 @@ Event = FastEvent | ProducerEvent
 def decode_producer_frame(raw: str | bytes) -> Event | list[FastEvent] | list[ProducerEvent]:
     """Validate a producer frame: one event, or a JSON array of them (all or nothing);
     raise :class:`~token_relay.core.errors.FrameRejected` as the models do."""
-    try:
-        return _DECODER.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return decode_by_models(raw)
+    frame = _decode_checked(raw)
+    return decode_by_models(raw) if frame is None else frame
 
 
 def _dumps(value: Any) -> bytes | None:

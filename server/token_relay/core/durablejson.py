@@ -43,6 +43,8 @@ def _value(text: str, index: int) -> int:
         _, end = _DECODER.raw_decode(text, index)
     except json.JSONDecodeError as exc:
         raise _invalid(f"invalid JSON: {exc.msg} at character {exc.pos}") from None
+    except RecursionError:
+        raise _invalid(f"the JSON value at character {index} is nested too deeply") from None
     return end
 
 

@@ -353,7 +353,14 @@ def plan_create(
             )
         position = source.tail
         if request.fork_offset is not None:
-            position = position_of(request.fork_offset)
+            try:
+                position = position_of(request.fork_offset)
+            except StreamRefused:
+                raise StreamRefused(
+                    400,
+                    "bad_fork_offset",
+                    f"Stream-Fork-Offset {request.fork_offset[:64]!r} is not an offset we sent",
+                ) from None
             if position > source.tail:
                 raise StreamRefused(
                     400, "bad_fork_offset", "the fork offset is past the source's tail"

@@ -21,9 +21,11 @@ from pydantic import MISSING, BaseModel, ConfigDict, Field, JsonValue, TypeAdapt
 from pydantic_core import ErrorDetails
 
 from .errors import ErrorCode, FrameRejected
+from .surrogates import has_surrogate
 
 __all__ = [
     "MAX_FRAME_HEADER",
+    "MAX_JSON_DEPTH",
     "PRODUCER_EVENT",
     "SERVER_FRAME",
     "SUBSCRIBER_FRAME",
@@ -61,6 +63,8 @@ __all__ = [
     "encode_unpositioned",
     "error_frame",
     "json_schema",
+    "may_nest_too_deep",
+    "nested_too_deep",
     "with_position",
 ]
 
@@ -77,6 +81,30 @@ MessageId = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
 
 MAX_BATCH = 10_000
 """Events one batch frame may hold."""
+
+MAX_JSON_DEPTH = 200
+"""How deep the models' JSON parser reads arrays and objects nested in a frame (deeper is
+``invalid_json``); what is nested deeper could not be serialized again either."""
+
+
+def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) nests arrays and objects more than ``limit`` deep."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def may_nest_too_deep(raw: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Cheap and conservative: False when ``raw`` has too few brackets to nest past ``limit``."""
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{") > limit
+    return raw.count(b"[") + raw.count(b"{") > limit
+
 
 MAX_POSITIONS = 1000
 """How many message ids a subscribe frame's ``positions`` may name."""
@@ -540,13 +568,14 @@ def _peek_id(raw: str | bytes, index: int | None = None) -> str | None:
     """Best effort: the ``id`` of a rejected frame, so the error can name it. Cold path."""
     try:
         parsed: Any = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if index is not None:
         parsed = parsed[index] if isinstance(parsed, list) and index < len(parsed) else None
     if isinstance(parsed, dict):
         message_id = parsed.get("id")
-        if isinstance(message_id, str):
+        # An id with half a surrogate pair is not readable: it could not be sent back.
+        if isinstance(message_id, str) and not has_surrogate(message_id):
             return message_id
     return None
 
@@ -594,9 +623,11 @@ def _with_surrogates(raw: str | bytes) -> Any:
     if not _SURROGATE_ESCAPE.search(data):
         return None
     try:
-        return json.loads(data, parse_constant=lambda name: _NOT_JSON)
-    except ValueError:
+        parsed = json.loads(data, parse_constant=lambda name: _NOT_JSON)
+    except (ValueError, RecursionError):
         return None
+    # Nested deeper than the fast parser reads: as invalid as it is there.
+    return None if nested_too_deep(parsed, MAX_JSON_DEPTH + 1) else parsed  # as it counts
 
 
 _NOT_JSON = object()

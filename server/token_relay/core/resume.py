@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 
 from .errors import ErrorCode, FrameRejected
 from .protocol import MAX_NAME_LENGTH
+from .surrogates import has_surrogate
 
 MAX_EPOCH_LENGTH = 64
 
@@ -66,7 +67,7 @@ def decode_positions(
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         value = json.loads(raw)
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise _bad("not base64url JSON") from None
     if not isinstance(value, dict):
         raise _bad("not an object")
@@ -81,6 +82,7 @@ def decode_positions(
             or position[0] < 0
             or not isinstance(position[1], str)
             or not 1 <= len(position[1]) <= MAX_EPOCH_LENGTH
+            or has_surrogate(position[1])  # no epoch the relay made
         ):
             raise _bad(f"the position of {channel!r} is not [offset, epoch]")
         if follows is None or channel in follows:

@@ -810,6 +810,12 @@ class MessageStreams:
                 "'meta' holds half a surrogate pair, which is not text",
                 message_id,
             ) from None
+        except ValueError:  # NaN, Infinity, or a number past a double (1e400): no JSON
+            raise FrameRejected(
+                ErrorCode.INVALID_EVENT,
+                "'meta' holds NaN, Infinity or a number out of range, which are not JSON",
+                message_id,
+            ) from None
         if size > self.max_meta_bytes:
             raise FrameRejected(
                 ErrorCode.INVALID_EVENT,
@@ -974,7 +980,9 @@ def _implicit_delta(delta: str) -> dict[str, Any]:
 def _json_bytes(meta: dict[str, Any]) -> int:
     """The bytes ``--max-meta-bytes`` counts of a ``meta`` object: its compact JSON, not
     escaping non-ASCII, in UTF-8."""
-    return len(json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode())
+    return len(
+        json.dumps(meta, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    )
 
 
 def _seq_gap(message_id: str, expected: int, got: int) -> FrameRejected:

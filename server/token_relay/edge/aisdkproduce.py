@@ -66,7 +66,14 @@ from typing import Any, Literal
 
 from ..core.errors import ErrorCode, FrameRejected
 from ..core.grants import Grant
-from ..core.protocol import AbortReason, AiSdkProduced, ErrorFrame
+from ..core.protocol import (
+    AbortReason,
+    AiSdkProduced,
+    ErrorFrame,
+    may_nest_too_deep,
+    nested_too_deep,
+)
+from ..core.surrogates import has_surrogate
 from .httpproducer import AbortMessage, HttpProducer, Item
 
 __all__ = ["DONE", "AiSdkProducer"]
@@ -285,16 +292,17 @@ class AiSdkProducer(HttpProducer):
         if data == DONE:
             self._finish_message({})
             return
+        why = ""
         try:
             chunk = json.loads(data)
-        except ValueError as exc:
-            self._pending.append(
-                FrameRejected(
-                    ErrorCode.INVALID_JSON,
-                    f"the event at line {line} is not JSON: {exc}",
-                    line=line,
-                )
-            )
+        except (ValueError, RecursionError) as exc:
+            why = str(exc) or "arrays and objects nested too deep"
+        else:
+            if may_nest_too_deep(data) and nested_too_deep(chunk):
+                why = "arrays and objects nested too deep"
+        if why:
+            why = f"the event at line {line} is not JSON: {why}"
+            self._pending.append(FrameRejected(ErrorCode.INVALID_JSON, why, line=line))
             return
         kind = chunk.get("type") if isinstance(chunk, dict) else None
         if not isinstance(kind, str):
@@ -327,6 +335,8 @@ class AiSdkProducer(HttpProducer):
         named, metadata = chunk.get("messageId"), chunk.get("messageMetadata")
         if named is not None and not isinstance(named, str):
             self._invalid(line, "'start' has a 'messageId' that is not a string")
+        elif named is not None and has_surrogate(named):
+            self._invalid(line, "'start' has a 'messageId' with half a surrogate pair")
         elif metadata is not None and not isinstance(metadata, dict):
             self._invalid(line, "'start' has a 'messageMetadata' that is not an object")
         elif named is not None and self._message(named) != named:
@@ -359,7 +369,11 @@ class AiSdkProducer(HttpProducer):
                 self._event({"meta": meta})
             self._end(AbortReason.ERROR)
             return
-        self._event({"final": True, **({"meta": meta} if meta else {})})
+        if meta:
+            # Its own event: metadata refused (half a surrogate pair, over --max-meta-bytes)
+            # gets its error, and the message still completes.
+            self._event({"meta": meta})
+        self._event({"final": True})
         self._end_sent = True
 
     def _end(self, reason: AbortReason) -> None:
@@ -369,8 +383,11 @@ class AiSdkProducer(HttpProducer):
 
     def _body_ended(self) -> None:
         """The body ended: a message it left unfinished aborts, as its producer is gone."""
-        if self.message_id is not None and not self._end_sent and not self.stopped:
-            self._end(AbortReason.ERROR if self.errored else AbortReason.PRODUCER_DISCONNECTED)
+        if self.message_id is not None and not self.stopped:
+            # Also after a final that was refused (rate_limited...): it aborts here, where
+            # the answer says so; after one applied, this changes nothing.
+            reason = AbortReason.ERROR if self.errored else AbortReason.PRODUCER_DISCONNECTED
+            self._pending.append(AbortMessage(self._message(), reason))
 
     def _event(self, fields: dict[str, Any]) -> None:
         """A producer event of the message (JSON escapes any lone surrogate, which the

@@ -609,7 +609,8 @@ class HttpConnection(asyncio.Protocol):
             # Built directly: dataclasses.replace costs three times as much.
             headers = reply.headers + reading.headers
             reply = Reply(reply.status, reply.body, reply.content_type, headers)
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() and not self.lingering:
+            # (lingering: the request was answered already, a 400 for its broken body)
             self._respond(reply, request, read=True)
         self._dropping = False
         self._gone = None

@@ -506,7 +506,7 @@ def _json(status: int, value: object) -> Reply:
 def _object(body: bytes) -> dict[str, object]:
     try:
         value = json.loads(body or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise SubscriptionError(400, "INVALID_REQUEST", "the body is not JSON") from None
     if not isinstance(value, dict):
         raise SubscriptionError(400, "INVALID_REQUEST", "the body is a JSON object")

@@ -173,7 +173,12 @@ def _header_line(name: str, value: str) -> tuple[bytes, bool]:
     """One header line, and whether its name is one the writer looks at
     (:data:`_WRITER_SPECIAL`); a name or value HTTP doesn't allow raises, as h11's writer
     did."""
-    raw_name, raw_value = name.encode("ascii"), value.encode("ascii")
+    try:
+        # A value echoed from the request (Origin, a stream's Content-Type) was decoded as
+        # latin-1: the same bytes go back.
+        raw_name, raw_value = name.encode("ascii"), value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise InvalidResponse(f"Illegal header {name!r}: {value!r}") from None
     if _NAME.fullmatch(raw_name) is None:
         raise InvalidResponse(f"Illegal header name {raw_name!r}")
     if _VALUE.fullmatch(raw_value) is None:

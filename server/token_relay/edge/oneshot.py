@@ -77,7 +77,7 @@ def apply_once(
         return None
     try:
         event: Event | list[FastEvent] = decode_fast(body)
-    except DecodeError:
+    except (DecodeError, RecursionError):
         return None
     if (
         isinstance(event, list)

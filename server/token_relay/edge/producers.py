@@ -46,6 +46,7 @@ from ..core.codec import (
     decode_by_models,
     decode_fast,
     message_body,
+    nests_too_deep,
     session_frame,
 )
 from ..core.errors import (
@@ -59,6 +60,7 @@ from ..core.errors import (
 from ..core.events import Payload
 from ..core.grants import Grant
 from ..core.protocol import (
+    MAX_JSON_DEPTH,
     Aborted,
     AbortReason,
     ProducerEvent,
@@ -461,9 +463,14 @@ class ProducerEndpoint:
         abort being published), if anything. With ``run`` (a WebSocket's), a plain delta
         may join the run of its message's deltas; any other frame ends the run first."""
         if isinstance(raw, str):
+            frame: Event | list[FastEvent] | list[ProducerEvent]
             try:  # codec.decode_producer_frame, inlined
-                frame: Event | list[FastEvent] | list[ProducerEvent] = decode_fast(raw)
-            except DecodeError:
+                fast = decode_fast(raw)
+                # Nested deeper than the models read: they say how (see nests_too_deep).
+                slow = len(raw) > MAX_JSON_DEPTH and nests_too_deep(raw, fast)
+            except (DecodeError, RecursionError):
+                slow = True
+            if slow:
                 try:
                     frame = decode_by_models(raw)
                 except FrameRejected as exc:
@@ -471,6 +478,8 @@ class ProducerEndpoint:
                         run.end()
                     self.reject_now(connection, exc)
                     return None
+            else:
+                frame = fast
         elif isinstance(raw, AbortMessage):
             # The producer's own word, not a frame: neither decoded nor charged.
             if run is not None:

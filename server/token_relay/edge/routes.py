@@ -448,7 +448,7 @@ def _ai_sdk(
         return AiSdkStop(token=token, fault=fault, channel=channel, wanted=wanted)
     if action == "messages":
         limit = _last(arguments, "limit") or str(MAX_UI_MESSAGES)
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_UI_MESSAGES:
+        if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= MAX_UI_MESSAGES:
             return Refusal(400, "bad_limit", f"?limit= must be 1 to {MAX_UI_MESSAGES}")
         return AiSdkMessages(token=token, fault=fault, channel=channel, limit=int(limit))
     wait = seconds_of(_last(arguments, "wait") or "0", MAX_WAIT_SECONDS)

@@ -307,7 +307,7 @@ def _as_cancel(body: bytes) -> bytes:
     """A body ``{"channel", "id"}`` as a cancel frame (``type`` may be left out)."""
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body  # refused by the decoder, with its own words
     if isinstance(value, dict) and "type" not in value:
         value = {"type": "cancel", **value}

@@ -34,19 +34,27 @@ _JSON: Final = json.JSONDecoder(parse_constant=_not_json, parse_float=_double)
 """One decoder for every parse: ``json.loads`` with these options builds one per call."""
 
 
+MAX_DEPTH: Final = 128
+"""The deepest tool input kept parsed: a deeper one is ABSENT (left as its text), as the
+relay could neither parse (Python's recursion limit) nor serialize (pydantic's, 254) one
+much deeper inside its frames."""
+
+
 def parse_json(text: str) -> Any:
     """``JSON.parse`` with ``secure-json-parse``'s refusals, as ``ai`` parses tool input:
-    ABSENT when it fails."""
+    ABSENT when it fails, or when it nests deeper than :data:`MAX_DEPTH`."""
     if text.startswith("\ufeff"):
         return ABSENT  # json.loads refuses a byte order mark, as JSON.parse does
     try:
         value = _JSON.decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's recursion limit too
         return ABSENT
-    nodes = [value]
+    nodes = [(value, 0)]
     while nodes:
-        node = nodes.pop()
+        node, depth = nodes.pop()
         if node is _NOT_JSON:
+            return ABSENT
+        if isinstance(node, (dict, list)) and depth >= MAX_DEPTH:
             return ABSENT
         if isinstance(node, dict):
             if "__proto__" in node:
@@ -54,9 +62,9 @@ def parse_json(text: str) -> Any:
             constructor = node.get("constructor")
             if isinstance(constructor, dict) and "prototype" in constructor:
                 return ABSENT
-            nodes.extend(node.values())
+            nodes.extend((child, depth + 1) for child in node.values())
         elif isinstance(node, list):
-            nodes.extend(node)
+            nodes.extend((child, depth + 1) for child in node)
     return value
 
 
