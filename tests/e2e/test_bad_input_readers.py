@@ -14,6 +14,7 @@ import logging
 import pytest
 
 from ..conftest import recv_json, start_relay
+from .test_http import _request
 
 HTTP_PARSERS = ("fast", "h11")
 
@@ -41,13 +42,6 @@ async def _ask(port: int, request: bytes) -> tuple[int, bytes, bytes]:
         return int(head.split()[1]), head, body
     finally:
         writer.close()
-
-
-def _request(method: str, target: str, *headers: str, body: bytes = b"") -> bytes:
-    lines = [f"{method} {target} HTTP/1.1", "Host: relay", *headers]
-    if body:
-        lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 def _port(running: object) -> int:

@@ -22,7 +22,15 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..conftest import NO_SWEEPS, RunningRelay, connect, recv_json, send_json, start_relay
+from ..conftest import (
+    NO_SWEEPS,
+    RunningRelay,
+    connect,
+    recv_json,
+    send_json,
+    start_relay,
+    subscribed_pair,
+)
 from ..docs.blocks import docs_block
 from ..harness.sse import SseReader
 from .test_docs_samples import _commands, _substitute
@@ -213,10 +221,11 @@ async def test_stop_reaches_the_owning_producer_as_printed() -> None:
     (printed,) = _frames(docs_block("producer-cancel"))
     async with (
         _relay() as running,
-        running.connect("/subscribe?channel=chat-42&deltas=1") as sub,
-        running.connect("/produce") as producer,
+        subscribed_pair(running, channel="chat-42", deltas=True, producer="/produce") as (
+            sub,
+            producer,
+        ),
     ):
-        await recv_json(sub)
         # The reply of producer-events, in progress (its first event, as printed).
         await producer.send(_lines(docs_block("producer-events"))[0])
         assert (await recv_json(sub))["delta"] == "Hel"
@@ -372,10 +381,8 @@ async def test_a_malformed_event_gets_the_printed_error_and_nothing_else() -> No
     (printed,) = _frames(docs_block("error-frame"))
     async with (
         _relay() as running,
-        running.connect("/subscribe?channel=chat-42&deltas=1") as sub,
-        running.connect("/produce?channel=chat-42") as producer,
+        subscribed_pair(running, channel="chat-42", deltas=True) as (sub, producer),
     ):
-        await recv_json(sub)
         # The event the error names: reply-1, with a delta that is not a string.
         await send_json(producer, {"id": printed["id"], "delta": 5})
         _exactly(await producer.recv(), printed)
@@ -392,24 +399,27 @@ def _port(running: RunningRelay) -> int:
     return int(running.url.rsplit(":", 1)[1])
 
 
+async def _curl(command: str, running: RunningRelay) -> asyncio.subprocess.Process:
+    """A block's curl command, run against ``running`` (its port in place of the block's)."""
+    return await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        "exec " + _substitute(command, {8765: _port(running)}),
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
 async def test_the_ai_sdk_stream_is_printed_whole() -> None:
     printed = docs_block("ai-sdk-output")
     (command,) = _commands(docs_block("ai-sdk-curl"))
     async with (
         _relay() as running,
-        running.connect("/subscribe?channel=chat-42&deltas=1") as watcher,
-        running.connect("/produce?channel=chat-42") as producer,
+        subscribed_pair(running, channel="chat-42", deltas=True) as (watcher, producer),
     ):
-        await recv_json(watcher)
         # reply-1 in progress with "Hello, wo" when the stream is asked for, then "rld".
         await send_json(producer, {"id": "reply-1", "delta": "Hello, wo"})
         assert (await recv_json(watcher))["delta"] == "Hello, wo"
-        curl = await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            "exec " + _substitute(command, {8765: _port(running)}),
-            stdout=asyncio.subprocess.PIPE,
-        )
+        curl = await _curl(command, running)
         assert curl.stdout is not None
         head = await asyncio.wait_for(curl.stdout.readuntil(b'"delta":"Hello, wo"}\n\n'), 10)
         await send_json(producer, {"id": "reply-1", "delta": "rld", "final": True})
@@ -438,12 +448,7 @@ async def test_the_sse_stream_is_printed_whole_ids_included() -> None:
     (printed_epoch,) = set(re.findall(r'"epoch":"([^"]+)"', printed))
     assert EPOCH.fullmatch(printed_epoch)
     async with _relay() as running:
-        curl = await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            "exec " + _substitute(command, {8765: _port(running)}),
-            stdout=asyncio.subprocess.PIPE,
-        )
+        curl = await _curl(command, running)
         assert curl.stdout is not None
         try:
             seen = await asyncio.wait_for(curl.stdout.readuntil(b"event: subscribed\n"), 10)

@@ -63,7 +63,7 @@ def _request(method: str, path: str, *headers: str, body: bytes = b"") -> bytes:
     lines = [f"{method} {path} HTTP/1.1", "Host: relay", *headers]
     if body:
         lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body  # a byte a character
 
 
 async def test_every_plain_request_gets_a_response_and_a_clean_close() -> None:
