@@ -227,3 +227,35 @@ def test_message_bodies_are_encoded_as_the_models_do(
 
     got = _or_error(lambda: codec.message_body(channel, message_id, text, meta, parts))
     assert got == _or_error(by_models)
+
+
+def _accepted_by(decode: Any, raw: str) -> bool:
+    try:
+        decode(raw)
+    except FrameRejected:
+        return False
+    return True
+
+
+def test_the_depth_the_models_read_is_the_depth_every_path_takes() -> None:
+    """A frame nesting ``meta`` or ``chunk`` around the models' depth: msgspec reads deeper,
+    so the frames it read that nest past it (``nests_too_deep``) go to the models, and the
+    fast path takes exactly what the models take, one event or a batch."""
+    shapes = [
+        '{"id":"d","delta":"x","meta":{"a":%s}}',
+        '{"id":"d","chunk":{"type":"data-x","data":%s}}',
+        '[{"id":"e","delta":"y"},{"id":"d","delta":"x","meta":{"a":%s}}]',
+    ]
+    cut = set()
+    for shape in shapes:
+        for depth in range(185, 215):
+            raw = shape % ("[" * depth + "]" * depth)
+            fast = codec.decode_events(raw)
+            read = fast is not None  # (decode_events leaves a frame nested too deep out)
+            by_models = _accepted_by(codec.decode_by_models, raw)
+            assert _accepted_by(codec.decode_producer_frame, raw) == by_models, (shape, depth)
+            if read:
+                assert by_models, (shape, depth)  # msgspec's reading is trusted only within
+            if not by_models:
+                cut.add(shape)
+    assert cut == set(shapes)  # each shape crosses the models' depth within the range

@@ -93,13 +93,13 @@ deeper than the models read: the caller asks :func:`nests_too_deep` of it, and l
 the models if so."""
 
 
-def nests_too_deep(raw: str | bytes, frame: FastEvent | list[FastEvent]) -> bool:
+def nests_too_deep(raw: str | bytes, frame: Event | Sequence[Event]) -> bool:
     """Whether a frame msgspec read nests its ``meta`` or ``chunk`` deeper than the models'
     parser reads (:data:`~token_relay.core.protocol.MAX_JSON_DEPTH`): the models decide it.
     Cheap unless the frame holds that many brackets at all."""
     if not may_nest_too_deep(raw):
         return False
-    events = frame if isinstance(frame, list) else (frame,)
+    events = frame if isinstance(frame, Sequence) else (frame,)
     limit = MAX_JSON_DEPTH - 3  # the frame, a batch, and the event's own object
     values: list[Any] = [value for event in events for value in (event.meta, event.chunk)]
     return any(value is not MISSING and nested_too_deep(value, limit) for value in values)

@@ -463,23 +463,13 @@ class ProducerEndpoint:
         abort being published), if anything. With ``run`` (a WebSocket's), a plain delta
         may join the run of its message's deltas; any other frame ends the run first."""
         if isinstance(raw, str):
-            frame: Event | list[FastEvent] | list[ProducerEvent]
             try:  # codec.decode_producer_frame, inlined
-                fast = decode_fast(raw)
-                # Nested deeper than the models read: they say how (see nests_too_deep).
-                slow = len(raw) > MAX_JSON_DEPTH and nests_too_deep(raw, fast)
+                frame: Event | list[FastEvent] | list[ProducerEvent] = decode_fast(raw)
             except (DecodeError, RecursionError):
-                slow = True
-            if slow:
-                try:
-                    frame = decode_by_models(raw)
-                except FrameRejected as exc:
-                    if run is not None:
-                        run.end()
-                    self.reject_now(connection, exc)
+                modelled = self._modelled(connection, raw, run)
+                if modelled is None:
                     return None
-            else:
-                frame = fast
+                frame = modelled
         elif isinstance(raw, AbortMessage):
             # The producer's own word, not a frame: neither decoded nor charged.
             if run is not None:
@@ -501,6 +491,11 @@ class ProducerEndpoint:
         if isinstance(frame, list):
             if run is not None:
                 run.end()
+            if len(raw) > MAX_JSON_DEPTH and nests_too_deep(raw, frame):
+                modelled = self._modelled(connection, raw, None)
+                if not isinstance(modelled, list):
+                    return None
+                frame = modelled
             if not session.bucket.take(now, len(frame)):
                 # The whole frame is refused, so the producer sends it again as it was.
                 self.reject_now(connection, self._rate_limited(frame, session))
@@ -532,6 +527,8 @@ class ProducerEndpoint:
                     if acks:  # settled now (else its reply waits its turn)
                         self.writer.send_to(connection, ack_frame(*acks[0]))
                     return None
+            if len(raw) > MAX_JSON_DEPTH and nests_too_deep(raw, frame):
+                return self._remodelled(connection, session, raw, now)
             return self._events(connection, session, (frame,), False, now, 0, [], False)
         # One event that is not a final: nothing to ack, nothing to publish but its delta.
         if (
@@ -565,12 +562,40 @@ class ProducerEndpoint:
                 return None
             if self._opened(connection, session, frame.id, frame.delta, now, None, None):
                 return None
-        elif run is not None:
-            run.end()
+        else:
+            if run is not None:
+                run.end()
+            if len(raw) > MAX_JSON_DEPTH and nests_too_deep(raw, frame):
+                return self._remodelled(connection, session, raw, now)
         applied = self._apply(connection, session, frame, now, None, None)
         if isinstance(applied, Overflow):
             return self._abort_then(session, applied.unfinished, None)
         return None
+
+    def _modelled(
+        self, connection: ProducerPeer, raw: str, run: _DeltaRun | None
+    ) -> Event | list[ProducerEvent] | None:
+        """A frame msgspec did not read, or read nesting deeper than the models read (see
+        :func:`~token_relay.core.codec.nests_too_deep`), as the models read it; None if
+        they refuse it (answered, the run under way ended first)."""
+        try:
+            return decode_by_models(raw)
+        except FrameRejected as exc:
+            if run is not None:
+                run.end()
+            self.reject_now(connection, exc)
+            return None
+
+    def _remodelled(
+        self, connection: ProducerPeer, session: Session, raw: str, now: float
+    ) -> Coroutine[Any, Any, None] | None:
+        """One event whose ``meta`` or ``chunk`` nests deeper than msgspec's reading is
+        trusted: applied as the models read it, if they take it (its rate already taken)."""
+        frame = self._modelled(connection, raw, None)
+        if frame is None:
+            return None
+        events = frame if isinstance(frame, list) else (frame,)
+        return self._events(connection, session, events, False, now, 0, [], False)
 
     def _events(
         self,
