@@ -245,6 +245,7 @@ def test_the_depth_the_models_read_is_the_depth_every_path_takes() -> None:
         '{"id":"d","delta":"x","meta":{"a":%s}}',
         '{"id":"d","chunk":{"type":"data-x","data":%s}}',
         '[{"id":"e","delta":"y"},{"id":"d","delta":"x","meta":{"a":%s}}]',
+        '{"id":"d","delta":"x","\\u006deta":{"a":%s}}',  # "meta", spelled with an escape
     ]
     cut = set()
     for shape in shapes:

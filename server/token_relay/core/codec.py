@@ -96,10 +96,11 @@ the models if so."""
 def nests_too_deep(raw: str | bytes, frame: Event | Sequence[Event]) -> bool:
     """Whether a frame msgspec read nests its ``meta`` or ``chunk`` deeper than the models'
     parser reads (:data:`~token_relay.core.protocol.MAX_JSON_DEPTH`): the models decide it.
-    Cheap unless the frame holds that many brackets at all."""
-    if not may_nest_too_deep(raw):
-        return False
+    Cheap unless the frame holds that many brackets beside its events' own objects (two
+    counts of a character: a frame's single scans cost the least)."""
     events = frame if isinstance(frame, Sequence) else (frame,)
+    if not may_nest_too_deep(raw, MAX_JSON_DEPTH - 10 + len(events)):
+        return False
     limit = MAX_JSON_DEPTH - 3  # the frame, a batch, and the event's own object
     values: list[Any] = [value for event in events for value in (event.meta, event.chunk)]
     return any(value is not MISSING and nested_too_deep(value, limit) for value in values)
