@@ -256,3 +256,36 @@ async def test_resume_token_with_a_half_surrogate_epoch_is_400(
         assert status == 400, body
         assert b"resume token is invalid" in body
     assert _tracebacks(errors) == []
+
+
+HANDSHAKE = (
+    "Upgrade: websocket",
+    "Connection: Upgrade",
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+    "Sec-WebSocket-Version: 13",
+)
+
+
+async def test_http_1_0_is_served_other_versions_and_a_1_0_handshake_are_refused(
+    errors: pytest.LogCaptureFixture,
+) -> None:
+    running, relay = await start_relay()
+    async with relay:
+        port = _port(running)
+
+        def versioned(request: bytes, version: bytes) -> bytes:
+            return request.replace(b" HTTP/1.1\r\n", b" HTTP/" + version + b"\r\n", 1)
+
+        # An HTTP/1.0 request is served, as HTTP/1.0.
+        status, _, body = await _ask(port, versioned(_request("GET", "/healthz"), b"1.0"))
+        assert (status, body) == (200, b"ok\n")
+        # A version other than 1.0 and 1.1: 505, named.
+        for version in (b"2.0", b"1.2", b"0.9", b"3.0"):
+            status, _, body = await _ask(port, versioned(_request("GET", "/healthz"), version))
+            assert status == 505 and b"HTTP/" + version in body, (version, body)
+        # A WebSocket handshake takes HTTP/1.1 (RFC 6455): over 1.0 it is 400, over 1.1 101.
+        handshake = _request("GET", "/subscribe?channel=a", *HANDSHAKE)
+        status, _, body = await _ask(port, versioned(handshake, b"1.0"))
+        assert status == 400 and b"HTTP/1.1" in body, body
+        assert (await _ask(port, handshake))[0] == 101
+    assert _tracebacks(errors) == []

@@ -431,6 +431,14 @@ class Http11:
         if isinstance(event, h11.Data):
             return Body(event.data)
         if isinstance(event, h11.Request):
+            version = bytes(event.http_version)
+            if version not in (b"1.0", b"1.1"):  # h11 reads any digit.digit
+                raise BadRequest(505, f"HTTP/{version.decode()} is not served: HTTP/1.1 is")
+            if version == b"1.0" and any(
+                name == b"upgrade" and b"websocket" in value.lower()
+                for name, value in event.headers
+            ):
+                raise BadRequest(400, "a WebSocket handshake takes HTTP/1.1 (RFC 6455)")
             head = self.request = _head_of(event)
             self.waiting_for_100_continue = conn.they_are_waiting_for_100_continue
             self._our = _State.SEND_RESPONSE
