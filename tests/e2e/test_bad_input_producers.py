@@ -6,31 +6,18 @@ on an AI SDK ``finish``, and a chunked body whose framing breaks."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from typing import Any
 
 import pytest
 
 from ..conftest import RunningRelay, recv_json, send_json, subscribed_pair
+from .test_http_producers import _post
 
 DEEP_META = '{"id":"d","delta":"x","final":true,"meta":{"a":' + "[" * 300 + "]" * 300 + "}}"
 DEEPER_META = '{"id":"d","delta":"x","meta":{"a":' + '{"a":' * 5000 + "1" + "}" * 5000 + "}}"
 DEEP_CHUNK = (
     '{"id":"d","chunk":{"type":"data-x","data":' + "[" * 300 + "]" * 300 + '},"final":true}'
 )
-
-
-async def _post(port: int, path: str, body: bytes, content_type: str) -> tuple[int, Any]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: r\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    writer.write(head.encode() + body)
-    response = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    return int(response.split()[1]), json.loads(response.partition(b"\r\n\r\n")[2])
 
 
 @pytest.mark.parametrize(
