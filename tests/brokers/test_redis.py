@@ -413,6 +413,33 @@ async def test_channels_past_max_history_channels_drop_the_least_recently_used(
         await broker.close()
 
 
+async def test_a_channel_subscribed_on_another_process_is_never_dropped(
+    redis_server: RedisServer,
+) -> None:
+    settings = Settings(broker=redis_server.url, max_history_channels=2)
+    alpha, beta = open_broker(settings, "alpha"), open_broker(settings, "beta")
+    for broker in (alpha, beta):
+        await broker.start(Recorder())
+    try:
+        await alpha.terminal("watched", "alpha.1", "m", message_body("watched", "m", "t"))
+        await beta.listen("watched", True, False)  # a subscriber there, on the other process
+        for n in range(6):
+            await alpha.terminal(f"other-{n}", "alpha.1", "m", message_body("x", "m", "t"))
+        async with _client(redis_server.url) as redis:
+            kept = await _channel_keys(redis)
+        assert "watched" in kept and "other-5" in kept and len(kept) <= 3
+        # Once nobody listens there, it ages as any channel: passed over last as used then,
+        # it goes within the next two new channels.
+        await beta.listen("watched", False, False)
+        for n in (6, 7):
+            await alpha.terminal(f"other-{n}", "alpha.1", "m", message_body("x", "m", "t"))
+        async with _client(redis_server.url) as redis:
+            assert "watched" not in await _channel_keys(redis)
+    finally:
+        for broker in (alpha, beta):
+            await broker.close()
+
+
 async def test_a_producer_spraying_channel_names_leaves_redis_only_the_bound(
     redis_server: RedisServer,
 ) -> None:
