@@ -127,6 +127,33 @@ async def test_deeply_nested_producer_frame_with_a_surrogate_is_an_error_frame()
         assert (await recv_json(ws))["type"] == "ack"
 
 
+@pytest.mark.parametrize(
+    ("frame", "field"),
+    [
+        ('{"type": "subscribe", "channel": "\\ud800"}', "'channel'"),
+        (
+            '{"type": "subscribe", "channel": "c", "since": {"offset": 1, "epoch": "\\udc00"}}',
+            "'since.epoch'",
+        ),
+        ('{"type": "cancel", "channel": "c", "id": "\\ud83d"}', "'id'"),
+    ],
+)
+async def test_subscriber_frame_with_half_a_surrogate_pair_names_its_field(
+    frame: str, field: str
+) -> None:
+    # JSON's grammar takes the escape, so the frame is valid JSON whose field is no text:
+    # invalid_frame naming the field (as a producer's event gets invalid_event), not
+    # invalid_json; the connection goes on.
+    running, relay = await start_relay()
+    async with relay, running.connect("/subscribe") as ws:
+        await ws.send(frame)
+        error = await recv_json(ws)
+        assert error["code"] == "invalid_frame" and error["id"] is None, error
+        assert error["message"].startswith(field), error
+        await ws.send(json.dumps({"type": "subscribe", "channel": "c"}))
+        assert (await recv_json(ws))["type"] == "subscribed"
+
+
 async def test_non_ascii_origin_is_answered(errors: pytest.LogCaptureFixture) -> None:
     origin = "Origin: \xc3\xa9"  # obs-text: HTTP allows it in a field value
     running, relay = await start_relay()

@@ -695,7 +695,7 @@ def _batch_rejection(exc: ValidationError, raw: str | bytes) -> FrameRejected:
 def decode_subscriber_frame(raw: str | bytes) -> Subscribe | Unsubscribe | Cancel:
     """Validate one subscriber frame, or raise :class:`FrameRejected`."""
     try:
-        return SUBSCRIBER_FRAME.validate_json(raw)
+        return _validate(SUBSCRIBER_FRAME, raw)
     except ValidationError as exc:
         raise _rejection(exc, raw, ErrorCode.INVALID_FRAME, "a frame") from None
 
