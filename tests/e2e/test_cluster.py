@@ -17,7 +17,14 @@ from token_relay.core.protocol import Aborted, MessageFrame
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from ..conftest import assert_silent, connect, open_producer, recv_json, send_json
+from ..conftest import (
+    assert_silent,
+    connect,
+    open_producer,
+    recv_json,
+    send_json,
+    start_relay,
+)
 from ..harness import (
     Balancer,
     Proxy,
@@ -472,6 +479,58 @@ async def test_a_rolling_restart_of_both_processes_aborts_nothing(
     assert {message_id: texts for message_id, texts in received.items()} == {
         message_id: [text] for message_id, text in expected.items()
     }
+
+
+async def test_a_frame_that_arrives_as_a_process_begins_to_stop_aborts_nothing(
+    redis_server: RedisServer,
+) -> None:
+    # Played step by step: a process begins to stop, a producer's frame arrives before the
+    # hand-off (not applied: it ends the connection's serving), then the process hands off
+    # and stops; the producer is told 1012 (it was told 1000, as if done with). The session
+    # waits in Redis: the producer resumes on the other process and its message completes
+    # once, never aborted first (its readers got the message aborted, then whole, when the
+    # session was ended there).
+    running_a, a = await start_relay(broker=redis_server.url, session_grace=15)
+    running_b, b = await start_relay(broker=redis_server.url, session_grace=15)
+    async with b:
+        watcher = await _subscribed(running_b.url, "channel=stopping&deltas=1")
+        async with a, open_producer(f"{running_a.url}/produce?channel=stopping") as producer:
+            token = producer.session["session"]  # type: ignore[attr-defined]
+            await send_json(producer, {"id": "m", "delta": "one ", "seq": 1})
+            assert (await recv_json(watcher))["delta"] == "one "
+            # A's stop is held at its first wait (its Durable Streams reads answered), after
+            # its first step (stopping) and before its hand-off.
+            gate, first_wait = asyncio.Event(), a.channels.stop
+
+            async def held() -> None:
+                await gate.wait()
+                await first_wait()
+
+            a.channels.stop = held  # type: ignore[method-assign]
+            stopping = asyncio.create_task(a.stop())
+            await asyncio.sleep(0.05)
+            await send_json(producer, {"id": "m", "delta": "two ", "seq": 2})
+            await asyncio.sleep(0.2)  # the frame is read, not applied, and serving ends
+            gate.set()
+            await stopping
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(producer.recv(), 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        async with open_producer(f"{running_b.url}/produce?session={token}") as resumed:
+            assert resumed.session["resumed"] is True  # type: ignore[attr-defined]
+            await send_json(resumed, [
+                {"id": "m", "delta": "one ", "seq": 1, "channel": "stopping"},
+                {"id": "m", "delta": "two ", "seq": 2, "channel": "stopping"},
+                {"id": "m", "final": True, "seq": 3, "channel": "stopping"},
+            ])  # fmt: skip
+            assert (await recv_json(resumed))["type"] == "acks"
+        assert await recv_json(watcher) == {
+            "type": "delta", "channel": "stopping", "id": "m", "delta": "two ",
+        }  # fmt: skip
+        message = await recv_json(watcher)
+        assert (message["type"], message["text"]) == ("message", "one two ")
+        await assert_silent(watcher, 0.3)  # nothing aborted, nothing twice
+        await watcher.close()
 
 
 async def test_a_redis_restart_mid_stream_loses_and_doubles_nothing(

@@ -377,8 +377,23 @@ class ProducerEndpoint:
     async def _detach(self, session: Session, connection: ProducerPeer) -> None:
         """The connection ended: park the session, end it, or (rolling restart) leave it."""
         loop = asyncio.get_running_loop()
-        if self.handing_off and session.connection is connection:
-            # The session lives on in the broker for another process to resume.
+        if session.connection is connection and (
+            self.handing_off
+            or (
+                self.stopping
+                and not connection.close_received
+                and self.broker.shares_sessions
+                and self.broker.healthy
+            )
+        ):
+            # The session lives on in the broker for another process to resume. So does one
+            # whose serving ended once the relay began to stop, before the hand-off: a frame
+            # that arrives then is not applied (``handle``), which ends its serving here,
+            # while the connection is still open. Ending the session would abort its
+            # messages, which the producer would then send again whole elsewhere, under the
+            # same ids (each reader would get the message aborted, then whole). Its
+            # connection is closed with the rest, with 1012. A producer that closed on its
+            # own, or a request that ends its producer, still ends it.
             self.sessions.forget(session.owner)
             return
         vanished = not connection.close_received and not self.stopping

@@ -187,7 +187,7 @@ class Relay:
         server = self.server
         if server is not None:
             server.close()
-        handing_off = self.broker.shares_sessions and self.broker.healthy
+        handing_off = self._shutdown_code() == CloseCode.SERVICE_RESTART
         if handing_off:
             log.info(
                 "token-relay stopping: handing producers off (their sessions wait in the broker "
@@ -243,6 +243,13 @@ class Relay:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.broker.close()
+
+    def _shutdown_code(self) -> CloseCode:
+        """What a shutdown closes connections with: 1012 when producers are handed off (a
+        broker that shares sessions, and is reachable), else 1001."""
+        if self.broker.shares_sessions and self.broker.healthy:
+            return CloseCode.SERVICE_RESTART
+        return CloseCode.GOING_AWAY
 
     async def __aenter__(self) -> Relay:
         if self.server is None:
@@ -322,9 +329,13 @@ class Relay:
             raise
         finally:
             if connection.open:
-                # The endpoint is done with it (the relay is stopping, or the session
-                # moved): close cleanly and wait, so the code logged below is the real one.
-                await connection.close(CloseCode.NORMAL_CLOSURE)
+                # The endpoint is done with it: the session moved (1000), or the relay is
+                # stopping (its shutdown's code, as for every connection: a producer told
+                # 1012 resumes elsewhere). Close and wait, so the code logged is the real one.
+                if self._stopping:
+                    await connection.close(self._shutdown_code(), SHUTDOWN_REASON)
+                else:
+                    await connection.close(CloseCode.NORMAL_CLOSURE)
             gauge.dec()
             code = connection.close_code
             log.info(
