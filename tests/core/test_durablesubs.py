@@ -8,7 +8,7 @@ import json
 
 import pytest
 from token_relay.core.durable import offset_text
-from token_relay.core.durablesubconfig import SubscriptionConfig, config_of
+from token_relay.core.durablesubconfig import MAX_EXPLICIT_CHARS, SubscriptionConfig, config_of
 from token_relay.core.durablesubs import Subscriptions, Wake, dump, load
 from token_relay.core.errors import SubscriptionError
 
@@ -262,6 +262,43 @@ def test_adding_too_many_explicit_streams_adds_none() -> None:
     refused = _refusal(subscriptions.add_streams, "s", many, Streams())
     assert (refused.status, refused.code) == (400, "INVALID_REQUEST")
     assert list(subscriptions.get("s").links) == ["x"]
+
+
+def test_links_to_streams_gone_unannounced_go_before_a_new_glob_link() -> None:
+    """A stream that expired at a lookup (or that Redis forgot) is gone with no call to
+    ``deleted``: its links go, as ``deleted`` would take them, when the pattern next links a
+    new stream, so stream after stream made and let expire holds one link, not one each."""
+    subscriptions = _subscriptions()
+    tails = Streams(manual__a=4)
+    subscriptions.put("s", _config(streams=["manual/a"]), 0.0, [], tails)
+    links = subscriptions.get("s").links
+    for n in range(1000):
+        tails.tails[f"events/{n}"] = 1
+        subscriptions.appended(f"events/{n}", 0, 1.0, tails)
+        del tails.tails[f"events/{n}"]  # expired, seen gone at a lookup: nobody told
+    del tails.tails["manual/a"]
+    subscriptions.appended("events/last", 0, 1.0, Streams(events__last=1))
+    assert {path: (link.kind, link.acked) for path, link in links.items()} == {
+        "manual/a": ("explicit", 0),
+        "events/last": ("glob", 0),
+    }
+
+
+def test_explicit_paths_are_bounded_in_characters_too() -> None:
+    """1,000 explicit paths of 1,000 characters are within the count but a mebibyte of
+    paths, naming no stream: refused whole, at the PUT and when added, so 1,000
+    subscriptions never hold a gibibyte of them."""
+    long = [f"{n:04d}/" + "p" * 995 for n in range(1000)]
+    body = {"type": "webhook", "webhook": {"url": HOOK}, "streams": long}
+    refused = _refusal(config_of, json.dumps(body).encode())
+    assert (refused.status, refused.code) == (400, "INVALID_REQUEST")
+    fits = long[: MAX_EXPLICIT_CHARS // 1000]
+    subscriptions = _subscriptions()
+    subscriptions.put("s", _config(streams=fits), 0.0, [], Streams())
+    more = _refusal(subscriptions.add_streams, "s", long[len(fits) : len(fits) + 1], Streams())
+    assert (more.status, more.code) == (400, "INVALID_REQUEST")
+    assert sorted(subscriptions.get("s").links) == sorted(fits)
+    subscriptions.add_streams("s", fits[:3], Streams())  # named again: no more characters
 
 
 def test_a_subscription_dumped_as_json_and_loaded_goes_on_the_same() -> None:

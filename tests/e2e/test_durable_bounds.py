@@ -170,3 +170,58 @@ async def test_sse_readers_count_per_address_until_they_end() -> None:
             assert again.status == 200
         await readers[1].__aexit__()
         await eventually(lambda: not running.relay.channels.listening("c"))
+
+
+@pytest.mark.parametrize("broker", ["memory", "redis"])
+async def test_a_pattern_over_streams_made_and_expired_holds_no_link_to_each(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
+    """300 streams a subscription's pattern matches, each made with ``Stream-TTL: 0`` and
+    looked up at once (404: dropped at the lookup, before any sweep): the subscription keeps
+    no link to each gone stream (it kept all 300, in Redis too, growing without bound past
+    ``--max-durable-streams``), only to the streams there are."""
+    settings: dict[str, Any] = {}
+    if broker == "redis":
+        settings["broker"] = request.getfixturevalue("redis_server").url
+    running, server = await start_relay(**settings)
+    async with server, httpx.AsyncClient() as client:
+        base = _http(running) + "/v1/stream/"
+        assert (await client.put(base + "wakes", headers=JSON)).status_code == 201
+        config = {"type": "pull-wake", "pattern": "g/*", "wake_stream": "wakes"}
+        made = await client.put(base + "__ds/subscriptions/s", json=config)
+        assert made.status_code == 201
+        for n in range(300):
+            put = await client.put(base + f"g/{n}", headers={"Stream-TTL": "0"})
+            assert put.status_code == 201
+            gone = await client.get(base + f"g/{n}", params={"offset": "-1"})
+            assert gone.status_code == 404
+        assert (await client.put(base + "g/live", headers=JSON)).status_code == 201
+        state = (await client.get(base + "__ds/subscriptions/s")).json()
+        assert [link["path"] for link in state["streams"]] == ["g/live"]
+
+
+@pytest.mark.parametrize("broker", ["memory", "redis"])
+async def test_a_subscription_naming_a_mebibyte_of_explicit_paths_is_refused(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
+    """1,000 explicit streams of 1,000 characters (within the count, naming no stream) were
+    a mebibyte kept per subscription, 1,000 subscriptions a gibibyte outside
+    ``--max-memory-bytes`` (in Redis too): refused whole (400), and nothing is kept."""
+    settings: dict[str, Any] = {}
+    if broker == "redis":
+        settings["broker"] = request.getfixturevalue("redis_server").url
+    running, server = await start_relay(**settings)
+    async with server, httpx.AsyncClient() as client:
+        base = _http(running) + "/v1/stream/__ds/subscriptions/"
+        streams = [f"{n:04d}/" + "p" * 995 for n in range(1000)]
+        config = {"type": "webhook", "webhook": {"url": "http://127.0.0.1:9/"}}
+        refused = await client.put(base + "big", json={**config, "streams": streams})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "INVALID_REQUEST"
+        assert (await client.get(base + "big")).status_code == 404
+        made = await client.put(base + "small", json={**config, "streams": streams[:60]})
+        assert made.status_code == 201
+        more = await client.post(base + "small/streams", json={"streams": streams[60:70]})
+        assert more.status_code == 400
+        state = (await client.get(base + "small")).json()
+        assert len(state["streams"]) == 60

@@ -14,6 +14,7 @@ import hashlib
 import ipaddress
 import json
 import re
+from collections.abc import Iterable
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -23,10 +24,12 @@ from .errors import SubscriptionError
 
 __all__ = [
     "DEFAULT_LEASE_MS",
+    "MAX_EXPLICIT_CHARS",
     "MAX_EXPLICIT_STREAMS",
     "MAX_TEXT",
     "SubscriptionConfig",
     "config_of",
+    "explicit_chars",
     "glob_match",
     "webhook_url_problem",
 ]
@@ -35,6 +38,10 @@ MAX_EXPLICIT_STREAMS = 1000
 """Explicit streams one subscription may link."""
 MAX_TEXT = 1024
 """Characters of a pattern, a stream path, a description or a webhook URL."""
+MAX_EXPLICIT_CHARS = 64 * 1024
+"""Characters of one subscription's explicit stream paths together: with
+:data:`MAX_EXPLICIT_STREAMS` and the subscriptions' count, what every subscription's explicit
+links may hold (a path need name no stream, so nothing else bounds them)."""
 DEFAULT_LEASE_MS = 30_000
 
 
@@ -79,6 +86,10 @@ def config_of(body: bytes) -> SubscriptionConfig:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "the body"
         raise SubscriptionError(400, "INVALID_REQUEST", f"{where}: {first['msg']}") from None
+    if explicit_chars(config.streams or ()) > MAX_EXPLICIT_CHARS:
+        raise SubscriptionError(
+            400, "INVALID_REQUEST", f"streams: at most {MAX_EXPLICIT_CHARS} characters in all"
+        )
     if config.pattern is None and not config.streams:
         raise SubscriptionError(400, "INVALID_REQUEST", "give a pattern, streams, or both")
     if config.type == "webhook":
@@ -90,6 +101,12 @@ def config_of(body: bytes) -> SubscriptionConfig:
     elif config.wake_stream is None:
         raise SubscriptionError(400, "INVALID_REQUEST", "a pull-wake needs wake_stream")
     return config
+
+
+def explicit_chars(paths: Iterable[str]) -> int:
+    """Characters of distinct explicit stream paths together (a path named twice is one
+    link)."""
+    return sum(len(path) for path in set(paths))
 
 
 def webhook_url_problem(url: str) -> str | None:

@@ -39,7 +39,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .durable import offset_text, position_of
-from .durablesubconfig import MAX_EXPLICIT_STREAMS, MAX_TEXT, SubscriptionConfig, glob_match
+from .durablesubconfig import (
+    MAX_EXPLICIT_CHARS,
+    MAX_EXPLICIT_STREAMS,
+    MAX_TEXT,
+    SubscriptionConfig,
+    explicit_chars,
+    glob_match,
+)
 from .errors import StreamRefused, SubscriptionError
 
 __all__ = ["Held", "Select", "Subscription", "Subscriptions", "TailOf", "Wake", "dump", "load"]
@@ -189,15 +196,20 @@ class Subscriptions:
 
     def add_streams(self, subscription_id: str, paths: list[str], tail_of: TailOf) -> None:
         """Link streams explicitly, at their tails (again: nothing changes); all of them or,
-        past :data:`MAX_EXPLICIT_STREAMS`, none."""
+        past :data:`MAX_EXPLICIT_STREAMS` (or :data:`MAX_EXPLICIT_CHARS` of paths), none."""
         subscription = self.get(subscription_id)
         new = {path for path in paths if path not in subscription.links}
-        explicit = sum(1 for link in subscription.links.values() if link.explicit)
-        if explicit + len(new) > MAX_EXPLICIT_STREAMS or any(len(p) > MAX_TEXT for p in paths):
+        explicit = [path for path, link in subscription.links.items() if link.explicit]
+        if (
+            len(explicit) + len(new) > MAX_EXPLICIT_STREAMS
+            or any(len(p) > MAX_TEXT for p in paths)
+            or explicit_chars([*explicit, *paths]) > MAX_EXPLICIT_CHARS
+        ):
             raise SubscriptionError(
                 400,
                 "INVALID_REQUEST",
-                f"at most {MAX_EXPLICIT_STREAMS} explicit streams of {MAX_TEXT} characters",
+                f"at most {MAX_EXPLICIT_STREAMS} explicit streams of {MAX_TEXT} characters, "
+                f"{MAX_EXPLICIT_CHARS} in all",
             )
         for path in paths:
             self._link_explicit(subscription, path, tail_of)
@@ -244,6 +256,7 @@ class Subscriptions:
             ):
                 link = subscription.links.get(path)
                 if link is None:
+                    self._forget_gone(subscription, tail_of)
                     subscription.links[path] = _Link(before, glob=True)
                 else:
                     link.glob = True
@@ -257,13 +270,17 @@ class Subscriptions:
         """A stream is gone: its glob links go; an explicit one stays, at the start, for a
         stream made again at that path."""
         for subscription in self.subscriptions.values():
-            link = subscription.links.get(path)
-            if link is None:
-                continue
-            if link.explicit:
-                link.acked, link.glob = 0, False
-            else:
-                del subscription.links[path]
+            _unlink(subscription, path)
+
+    @staticmethod
+    def _forget_gone(subscription: Subscription, tail_of: TailOf) -> None:
+        """Unlink, as :meth:`deleted` does, every linked stream that is gone without it being
+        called (one expired at a lookup, or forgotten by Redis). Done before each new glob
+        link, so a subscription's glob links never outnumber the streams there are (plus
+        those gone since its last new link): a pattern over stream after stream, each made
+        and let expire, holds no more."""
+        for path in [path for path in subscription.links if tail_of(path) is None]:
+            _unlink(subscription, path)
 
     def wake(self, subscription_id: str, now: float, tail_of: TailOf) -> Wake | None:
         """The wake the subscription starts if it is idle with work pending (a shared store
@@ -482,6 +499,17 @@ class Held:
 
 Select = Callable[[Subscription], bool]
 """Which subscriptions an operation looks at the linked streams of."""
+
+
+def _unlink(subscription: Subscription, path: str) -> None:
+    """The stream at ``path`` is gone: a glob link goes; an explicit one stays, at the start."""
+    link = subscription.links.get(path)
+    if link is None:
+        return
+    if link.explicit:
+        link.acked, link.glob = 0, False
+    else:
+        del subscription.links[path]
 
 
 def dump(subscription: Subscription) -> dict[str, Any]:
