@@ -25,6 +25,7 @@ from playwright.async_api import Browser, Page, async_playwright
 from websockets.asyncio.client import ClientConnection
 
 from ..conftest import RunningRelay, start_relay, subscribed_pair
+from ..harness import npm_installed
 
 
 class Opened(NamedTuple):
@@ -95,6 +96,14 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
 
 
 WS_CHAT_APP = Path(__file__).resolve().parents[1] / "js" / "ws-chat-app"
+
+
+@pytest.fixture(scope="session")
+def ds_clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/dsbridge with its pinned packages installed from the lockfile (npm reaches the
+    registry): the official Durable Streams clients."""
+    source = Path(__file__).resolve().parents[1] / "dsbridge"
+    return npm_installed(source, tmp_path_factory.mktemp("dsbridge"))
 
 
 @pytest.fixture(scope="module")

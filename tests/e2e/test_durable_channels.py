@@ -11,26 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from token_relay.core.grants import Role
 from token_relay.core.resume import decode_positions, encode_positions
 from token_relay.tokens import mint
 
 from ..conftest import RunningRelay, connect, recv_json, send_json, start_relay
 from ..docs.blocks import docs_block
-from ..harness import RedisServer, npm_installed
+from ..harness import RedisServer
 from ..harness.sse import SseReader
 
 CHANNEL_PATH = "/v1/stream/__channel/"
 SECRET = "s" * 32
-
-
-@pytest.fixture(scope="module")
-def ds_clients(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/dsbridge with its pinned packages installed from the lockfile (npm reaches the
-    registry): the official Durable Streams clients."""
-    source = Path(__file__).resolve().parents[1] / "dsbridge"
-    return npm_installed(source, tmp_path_factory.mktemp("dsbridge"))
 
 
 def _http(running: RunningRelay) -> str:
