@@ -101,6 +101,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_PRODUCERS = "too_many_producers"
     PRODUCER_BUSY = "producer_busy"
     PRODUCER_MOVED = "producer_moved"
+    RELAY_STOPPING = "relay_stopping"
     INVALID_CHUNK = "invalid_chunk"
     UNKNOWN_PART = "unknown_part"
     PART_ENDED = "part_ended"

@@ -139,6 +139,9 @@ class HttpProducer(PeerBase):
         self._displaced = False
         self.taken = 0
         """Lines (or bodies) handed on to be applied; after a displacement, none more."""
+        self.unapplied: int | None = None
+        """The first line (counted from 0) not applied because the relay began to stop (a
+        rolling restart) while this body was being applied; None if none was refused so."""
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
 

@@ -337,6 +337,9 @@ class ProducerEndpoint:
             if self.stopping or (
                 session.connection is not connection and connection not in session.joined
             ):
+                if self.stopping and isinstance(connection, HttpProducer):
+                    # Its answer must say so, or a 200 with no ack would pass for done.
+                    connection.unapplied = connection.taken - 1
                 return _stop()
             # Requests of one named producer may overlap, each with its own ?channel=.
             streams.default_channel = channel

@@ -448,7 +448,12 @@ class Relay:
             await self.producers.serve(producer, channel, request.grant, resume)
         finally:
             self._http_producers -= 1
-        if producer.displaced and producer.named:
+        if producer.unapplied is not None and isinstance(route, routes.HttpProduce):
+            # The relay began to stop (a rolling restart) before this body was applied
+            # whole: its session is handed off (named) or ended (unnamed), and the answer
+            # says from where to send again, with a status a gateway retries.
+            producer.collect(error_frame(_stopped(name, producer.unapplied)).encode())
+        elif producer.displaced and producer.named:
             # Another request of this producer took its session on another process: what
             # is left of this body was not applied, and the answer says from where.
             producer.collect(error_frame(_moved(name, producer.taken)).encode())
@@ -575,6 +580,27 @@ def _moved(name: str, taken: int) -> FrameRejected:
         "since the takeover may not have been either: send again what came after your last "
         "ack (with seq, nothing is applied twice)",
         index=taken,
+    )
+
+
+def _stopped(name: str, unapplied: int) -> FrameRejected:
+    """A request whose events from ``unapplied`` on were not applied: the relay process
+    began to stop. A named producer's session was handed off, as if taken over
+    (``producer_moved``, 409); an unnamed request is posted again elsewhere
+    (``relay_stopping``, 503)."""
+    if name:
+        return FrameRejected(
+            ErrorCode.PRODUCER_MOVED,
+            f"this relay process is restarting and handed producer '{name}' off: this "
+            f"body's events from number {unapplied} on (counted from 0) were not applied; "
+            "send again what came after your last ack (with seq, nothing is applied twice)",
+            index=unapplied,
+        )
+    return FrameRejected(
+        ErrorCode.RELAY_STOPPING,
+        f"this relay process is stopping: this body's events from number {unapplied} on "
+        "(counted from 0) were not applied; post them again (to another process)",
+        index=unapplied,
     )
 
 

@@ -37,6 +37,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.LINE_TOO_LONG: 413,
     ErrorCode.TOO_MANY_PRODUCERS: 429,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.RELAY_STOPPING: 503,
     ErrorCode.BROKER_UNAVAILABLE: 503,
 }
 """The status of each code an HTTP surface maps."""
@@ -49,6 +50,7 @@ PRODUCE_CODES = (
     ErrorCode.PRODUCER_BUSY,
     ErrorCode.PRODUCER_MOVED,
     ErrorCode.RATE_LIMITED,
+    ErrorCode.RELAY_STOPPING,
     ErrorCode.BROKER_UNAVAILABLE,
     ErrorCode.MESSAGE_TOO_LARGE,
     ErrorCode.PART_TOO_LARGE,
