@@ -7,7 +7,12 @@ import { stream } from "@durable-streams/client";
 const [url, offset, live] = process.argv.slice(2);
 const say = (line) => process.stdout.write(JSON.stringify(line) + "\n");
 try {
-  const response = await stream({ url, offset, live, json: true });
+  // The client's defaults end a live SSE read after three connections shorter than a
+  // second in a row (0.2.7 says it falls back to long-poll, but closes the stream): a test's
+  // rolling restart, one process after the other a fraction of a second apart, cuts that
+  // often. A deployment's restarts come seconds apart; here the client is told to reconnect.
+  const sseResilience = { maxShortConnections: 1000 };
+  const response = await stream({ url, offset, live, json: true, sseResilience });
   say({ items: [], offset: response.offset, ready: true });
   response.subscribeJson(async (batch) => {
     say({ items: batch.items, offset: batch.offset, upToDate: batch.upToDate });

@@ -336,6 +336,32 @@ async def test_the_stream_has_the_ui_message_stream_headers() -> None:
             ]
 
 
+async def test_a_stream_whose_reply_a_rolling_restart_interrupts_is_cut_not_ended(
+    redis_server: RedisServer,
+) -> None:
+    # On Redis a stopping process hands its producers off: their replies go on elsewhere,
+    # and its streams of them end unfinished. A UI message stream that ends cleanly reads
+    # to the AI SDK as a reply that is over: a page would keep the partial reply as if
+    # whole. Cut, it reads as the network's, which the SDK marks resumable. (It was ended:
+    # ": closed 1012 …", then the last chunk.)
+    running, relay = await start_relay(broker=redis_server.url)
+    port = int(running.url.rsplit(":", 1)[1])
+    async with running.connect("/produce?channel=chat-cut") as producer:
+        await send_json(producer, {"id": "m", "delta": "so far"})
+        await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /ai-sdk/chat-cut/stream HTTP/1.1\r\nHost: r\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower()
+        body = await asyncio.wait_for(reader.readuntil(b'"delta":"so far"}\n\n'), 5)
+        await relay.stop()
+        with contextlib.suppress(ConnectionError):
+            body += await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    assert b'"finish"' not in body and b"[DONE]" not in body and b": closed" not in body
+    assert not body.endswith(b"0\r\n\r\n"), body[-80:]
+
+
 # ---------------------------------------------------------------------- completed first
 
 

@@ -174,3 +174,19 @@ class AiSdkStream(SseStream):
             self._write(b"data: [DONE]\n\n")
         self.done = True
         self.start_close(1000, "done")
+
+    def start_close(self, code: int, reason: str = "") -> None:
+        """End the stream. One whose reply is not over yet, ended by the relay (a shutdown's
+        1001 or 1012, a slow reader's 1013), is cut, not ended: a UI message stream that
+        ends cleanly reads to the AI SDK as a reply that is over, and the page would keep
+        a partial reply as if whole; a cut reads as the network's, which the SDK marks
+        resumable (``useChat`` resumes it, as ``resumeStream()`` does)."""
+        if code != 1000 and not self.done and not self._ended:
+            self.done = True
+            self.reply.stop()
+            if self._timer is not None:
+                self._timer.cancel()
+            self._code, self._ended = code, True
+            self.transport.abort()
+            return
+        super().start_close(code, reason)
