@@ -201,7 +201,7 @@ async def _play(
             frames = await reader.frames()
             wrong += await reader.stop()
     seen = Seen(reader.name, [(f["type"], f["id"], f["text"]) for f in frames])
-    wrong += _judge(seen, acked, None)
+    wrong += _judge(seen, acked)
     positions = [(f["epoch"], f["offset"]) for f in frames]
     if any(b[1] <= a[1] for a, b in itertools.pairwise(positions) if a[0] == b[0]):
         wrong.append(f"{reader.name}: out of channel order: {positions}")

@@ -24,22 +24,22 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from ..harness import Balancer, RedisServer, ServiceProcess, SseReader, eventually, relay_process
+from ..harness import RedisServer, SseReader, eventually, relay_process
 from .test_fault_matrix import (
     Seen,
     _cluster,
+    _exactly_once,
     _flags,
     _gateway,
     _judge,
-    _long_poll_reader,
-    _sse_reader,
-    _stream_sse_reader,
+    _report,
+    _restarts,
     _text,
     _ws_reader,
 )
@@ -48,11 +48,6 @@ from .test_workers import _pids
 GATEWAYS = 4
 CHUNK = 5
 """Events per request of a named producer's reply."""
-
-Gateway = Callable[[int, list[float], dict[str, float], list[str]], Awaitable[None]]
-"""``gateway(number, until, acked, problems)``: replies one after the other until the time
-in ``until`` has passed, each acked reply's id in ``acked`` with when, and what the relay
-answered that a gateway could not take in ``problems``."""
 
 
 def _retryable(status: int) -> bool:
@@ -147,94 +142,6 @@ async def _named_gateway(
             reply += 1
 
 
-async def _readers(
-    url: str, port: int, channel: str
-) -> tuple[list[Seen], list[asyncio.Task[None]]]:
-    """The four readers of :mod:`.test_fault_matrix`, each following ``channel``."""
-    kinds: list[tuple[str, Any, Any]] = [
-        ("websocket", _ws_reader, url),
-        ("sse", _sse_reader, port),
-        ("stream-sse", _stream_sse_reader, port),
-        ("stream-long-poll", _long_poll_reader, port),
-    ]
-    seen, tasks = [], []
-    for name, reader, where in kinds:
-        seen.append(Seen(name))
-        ready = asyncio.Event()
-        tasks.append(asyncio.create_task(reader(where, channel, seen[-1], ready)))
-        await asyncio.wait_for(ready.wait(), 15)
-    return seen, tasks
-
-
-async def _exactly_once(
-    url: str, port: int, channel: str, gateway: Gateway, faults: Callable[[], Awaitable[int]]
-) -> tuple[list[str], str]:
-    """Readers follow ``channel`` while ``GATEWAYS`` gateways reply and ``faults()`` plays;
-    what went wrong, and a summary."""
-    loop = asyncio.get_running_loop()
-    acked: dict[str, float] = {}
-    until: list[float] = []
-    problems: list[str] = []
-    readers, tasks = await _readers(url, port, channel)
-    gateways = asyncio.gather(*(gateway(n, until, acked, problems) for n in range(GATEWAYS)))
-    try:
-        count = await faults()
-        until.append(loop.time() + 0.5)
-        await asyncio.wait_for(gateways, 60)
-
-        def all_read() -> bool:
-            return all(set(acked) <= seen.ids() for seen in readers)
-
-        with contextlib.suppress(AssertionError):
-            await eventually(all_read, 20, interval=0.05, what="every reader caught up")
-        await asyncio.sleep(0.5)  # anything more (a duplicate) would come now
-    finally:
-        until.append(0.0)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if not gateways.done():
-            gateways.cancel()
-            await asyncio.gather(gateways, return_exceptions=True)
-    wrong = list(problems)
-    for seen in readers:
-        wrong += _judge(seen, acked, None)
-    summary = f"{count} faults, {len(acked)} replies, " + ", ".join(
-        f"{seen.name}: {len(seen.frames)} frames, {seen.reconnects} reconnects" for seen in readers
-    )
-    return wrong, summary
-
-
-async def _restarts(
-    redis: RedisServer, relays: list[ServiceProcess], balancer: Balancer, fault: str,
-    stopped: list[ServiceProcess], rounds: int = 2,
-) -> int:  # fmt: skip
-    """Each process in turn killed or stopped mid-stream and started again, ``rounds``
-    times; the balancer sends new connections to the processes running."""
-    faults = 0
-    for _ in range(rounds):
-        for index in range(len(relays)):
-            await asyncio.sleep(0.3 + 0.1 * (faults % 3))
-            faults += 1
-            if fault == "sigkill":
-                await relays[index].kill()
-            else:
-                assert await relays[index].terminate(15) == 0, relays[index].log
-            stopped.append(relays[index])
-            relays[index] = relay_process(*_flags(redis))
-            await relays[index].start()
-            balancer.backends = [relay.port for relay in relays]
-    return faults
-
-
-def _report(wrong: list[str], summary: str, stopped: list[ServiceProcess]) -> None:
-    print(summary)
-    if wrong:  # the stopped processes' logs, to read beside what went wrong
-        for relay in stopped:
-            print("----", relay.pid, relay.log[-6000:])
-    assert wrong == []
-
-
 # ---------------------------------------------------------------------- HTTP producers
 
 
@@ -251,7 +158,9 @@ async def test_one_shot_posts_retried_on_a_cut_or_5xx_land_once_across_restarts(
         async def faults() -> int:
             return await _restarts(redis_server, relays, balancer, fault, stopped)
 
-        wrong, summary = await _exactly_once(balancer.url, balancer.port, channel, gateway, faults)
+        wrong, summary = await _exactly_once(
+            balancer.url, balancer.port, channel, gateway, faults, GATEWAYS
+        )
     _report(wrong, f"{fault} one-shot: {summary}", stopped)
 
 
@@ -268,7 +177,9 @@ async def test_named_producers_ndjson_chunks_continue_exactly_across_restarts(
         async def faults() -> int:
             return await _restarts(redis_server, relays, balancer, fault, stopped)
 
-        wrong, summary = await _exactly_once(balancer.url, balancer.port, channel, gateway, faults)
+        wrong, summary = await _exactly_once(
+            balancer.url, balancer.port, channel, gateway, faults, GATEWAYS
+        )
     _report(wrong, f"{fault} named: {retries[0]} requests sent again, {summary}", stopped)
 
 
@@ -304,7 +215,9 @@ async def test_a_worker_killed_leaves_every_reader_every_reply_once(
                     )
             return count
 
-        wrong, summary = await _exactly_once(relay.url, relay.port, channel, gateway, faults)
+        wrong, summary = await _exactly_once(
+            relay.url, relay.port, channel, gateway, faults, GATEWAYS
+        )
     finally:
         await relay.stop()
     print(relay.log[-3000:] if wrong else "")
@@ -536,7 +449,7 @@ async def test_a_one_shot_post_that_reaches_a_stopping_process_is_acked_or_told_
         acked -= set(silent)
         await eventually(lambda: acked <= seen.ids(), 10, what="every ack read")
         await asyncio.sleep(0.3)  # anything more (a duplicate) would come now
-        assert _judge(seen, dict.fromkeys(acked, 0.0), None) == []
+        assert _judge(seen, dict.fromkeys(acked, 0.0)) == []
         assert silent == {}, silent
     finally:
         reading.cancel()
@@ -620,7 +533,7 @@ async def test_a_named_producers_chunk_that_reaches_a_stopping_process_is_applie
         print(f"{len(acked)} replies acked; went wrong: {outcomes}")
         await eventually(lambda: set(acked) <= seen.ids(), 10, what="every ack read")
         await asyncio.sleep(0.3)  # anything more (a duplicate) would come now
-        assert _judge(seen, acked, None) == []
+        assert _judge(seen, acked) == []
         assert outcomes == {}
     finally:
         reading.cancel()
