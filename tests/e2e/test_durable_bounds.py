@@ -172,6 +172,14 @@ async def test_sse_readers_count_per_address_until_they_end() -> None:
         await eventually(lambda: not running.relay.channels.listening("c"))
 
 
+async def _relay_on(broker: str, request: pytest.FixtureRequest) -> tuple[RunningRelay, Any]:
+    """A relay on ``broker``: ``memory``, or ``redis`` (a private ``redis-server``)."""
+    settings: dict[str, Any] = {}
+    if broker == "redis":
+        settings["broker"] = request.getfixturevalue("redis_server").url
+    return await start_relay(**settings)
+
+
 @pytest.mark.parametrize("broker", ["memory", "redis"])
 async def test_a_pattern_over_streams_made_and_expired_holds_no_link_to_each(
     broker: str, request: pytest.FixtureRequest
@@ -180,10 +188,7 @@ async def test_a_pattern_over_streams_made_and_expired_holds_no_link_to_each(
     looked up at once (404: dropped at the lookup, before any sweep): the subscription keeps
     no link to each gone stream (it kept all 300, in Redis too, growing without bound past
     ``--max-durable-streams``), only to the streams there are."""
-    settings: dict[str, Any] = {}
-    if broker == "redis":
-        settings["broker"] = request.getfixturevalue("redis_server").url
-    running, server = await start_relay(**settings)
+    running, server = await _relay_on(broker, request)
     async with server, httpx.AsyncClient() as client:
         base = _http(running) + "/v1/stream/"
         assert (await client.put(base + "wakes", headers=JSON)).status_code == 201
@@ -207,10 +212,7 @@ async def test_a_subscription_naming_a_mebibyte_of_explicit_paths_is_refused(
     """1,000 explicit streams of 1,000 characters (within the count, naming no stream) were
     a mebibyte kept per subscription, 1,000 subscriptions a gibibyte outside
     ``--max-memory-bytes`` (in Redis too): refused whole (400), and nothing is kept."""
-    settings: dict[str, Any] = {}
-    if broker == "redis":
-        settings["broker"] = request.getfixturevalue("redis_server").url
-    running, server = await start_relay(**settings)
+    running, server = await _relay_on(broker, request)
     async with server, httpx.AsyncClient() as client:
         base = _http(running) + "/v1/stream/__ds/subscriptions/"
         streams = [f"{n:04d}/" + "p" * 995 for n in range(1000)]
